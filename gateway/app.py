@@ -1,0 +1,102 @@
+"""The app factory: routes.yaml -> one pipeline per route, built once, inside a Starlette app.
+
+Each route's ``access`` decides the middlewares stacked around its handler (design.md):
+
+    public:   CORS -> handler
+    exact:    CORS -> ChallengeRateLimit -> X402Exact -> handler
+    siwx:     CORS -> ChallengeRateLimit -> SignInWithX -> handler
+    internal: handler (gated by its shared secret; no CORS)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import groupby
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+
+from gateway.asgi import ASGIApp
+from gateway.config import Settings, startup_notes
+from gateway.handlers.catalog import CatalogHandler
+from gateway.handlers.health import HealthHandler
+from gateway.handlers.metrics import MetricsHandler
+from gateway.logs import configure_logging, log_event
+from gateway.router import GatewayRoute, MethodDispatcher, not_found
+from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes
+from gateway.services import Services
+from gateway.store import Store
+from middleware.cors import CorsMiddleware
+from middleware.telemetry import TelemetryMiddleware
+
+HandlerFactory = Callable[[RouteSpec, Services], ASGIApp]
+
+
+def _health(route: RouteSpec, services: Services) -> ASGIApp:
+    return HealthHandler()
+
+
+def _catalog(route: RouteSpec, services: Services) -> ASGIApp:
+    s = services.settings
+    return CatalogHandler(route, services.routes, s.base_url, s.usdc_mint, s.pay_to)
+
+
+def _metrics(route: RouteSpec, services: Services) -> ASGIApp:
+    return MetricsHandler(services.usage, [r.name for r in services.routes])
+
+
+HANDLERS: dict[str, HandlerFactory] = {
+    "health": _health,
+    "catalog": _catalog,
+    "metrics": _metrics,
+}
+ACCESS_LAYERS: dict[str, Callable[[ASGIApp, RouteSpec, Services], ASGIApp]] = {}
+
+
+def build_pipeline(route: RouteSpec, services: Services) -> ASGIApp:
+    """The handler with exactly the middlewares its access mode needs (CORS is per path)."""
+    app = HANDLERS[route.handler](route, services)
+    layer = ACCESS_LAYERS.get(route.access)
+    if layer is not None:
+        app = layer(app, route, services)
+    return app
+
+
+def create_app(
+    settings: Settings, routes: list[RouteSpec] | None = None, store: Store | None = None
+) -> Starlette:
+    """Build the whole gateway for ``settings``; ``routes`` defaults to the ROUTES_FILE table."""
+    configure_logging(settings.log_level)
+    if routes is None:
+        routes = load_routes(settings.routes_file, named_limits(settings))
+    mounted, notes = plan_routes([r for r in routes if r.handler in HANDLERS], settings)
+    for note in [*startup_notes(settings), *notes]:
+        log_event(note)
+    services = Services(settings, mounted, store)
+    starlette_routes = []
+    for path, group in groupby(sorted(mounted, key=_path_order), key=lambda r: r.path):
+        specs = list(group)
+        pipelines = {r.method: (r, build_pipeline(r, services)) for r in specs}
+        methods = [r.method for r in specs]
+        app: ASGIApp
+        if all(r.access == "internal" for r in specs):
+            app = MethodDispatcher(pipelines, ", ".join(methods))
+        else:
+            cors_methods = [*methods, "HEAD"] if "GET" in methods else methods
+            app = CorsMiddleware(MethodDispatcher(pipelines, ", ".join([*cors_methods, "OPTIONS"])), methods)
+        starlette_routes.append(GatewayRoute(path, app, specs[0].name))
+    starlette = Starlette(
+        routes=starlette_routes,
+        middleware=[Middleware(TelemetryMiddleware)],
+        lifespan=services.lifespan,
+    )
+    starlette.router.redirect_slashes = False
+    starlette.router.default = not_found
+    starlette.state.services = services
+    log_event("gateway ready", routes=len(mounted), base_url=settings.base_url)
+    return starlette
+
+
+def _path_order(route: RouteSpec) -> tuple[bool, str]:
+    """Fixed-segment paths first, so they win over ``{assetId}`` paths."""
+    return (route.has_path_params, route.path)

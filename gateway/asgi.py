@@ -1,0 +1,78 @@
+"""Small helpers for speaking raw ASGI: read a bounded body, send JSON, read a header.
+
+Middlewares and handlers are pure ASGI (design.md); these keep each of them short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+from gateway.errors import ErrorCode, GatewayError, error_body
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+RawHeaders = list[tuple[bytes, bytes]]
+
+JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """The first value of request header ``name`` (lower-case bytes), decoded as latin-1."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """Read the whole request body, refusing more than ``limit`` bytes with 413."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise GatewayError(ErrorCode.INVALID_REQUEST, "client disconnected before the body was read")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(
+                ErrorCode.BODY_TOO_LARGE, f"request body exceeds {limit} bytes", {"limit": limit}
+            )
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replay_body(body: bytes) -> Receive:
+    """A ``receive`` that hands an already-read body to the inner app once."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def send_bytes(
+    send: Send, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = (JSON_CONTENT_TYPE,)
+) -> None:
+    """Send a complete response with a Content-Length."""
+    raw: RawHeaders = list(headers)
+    raw.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, error: GatewayError) -> None:
+    """Send ``error`` in the one error shape with its status and extra headers."""
+    headers: RawHeaders = [JSON_CONTENT_TYPE]
+    headers.extend((k.lower().encode(), v.encode()) for k, v in error.headers.items())
+    await send_bytes(send, error.status, error_body(error.code, error.message, error.details), headers)

@@ -1,0 +1,136 @@
+"""``x402-gateway``: serve | check | routes.
+
+Configuration problems are printed as one message without a traceback, and never a secret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+
+from gateway.config import ConfigError, Settings, load_settings, startup_notes
+from gateway.redact import redact_url
+from gateway.routes import RoutesError, RouteSpec, load_routes, named_limits, plan_routes
+
+
+def _load(env: dict[str, str]) -> tuple[Settings, list[RouteSpec], list[RouteSpec], list[str]]:
+    settings = load_settings(env)
+    routes = load_routes(settings.routes_file, named_limits(settings))
+    mounted, notes = plan_routes(routes, settings)
+    return settings, routes, mounted, [*startup_notes(settings), *notes]
+
+
+def _store_kind(settings: Settings) -> str:
+    url = settings.store_url.reveal()
+    if not url or url.startswith("memory://"):
+        return "memory (one process only)"
+    return f"{url.split(':', 1)[0]} at {redact_url(url)}"
+
+
+def report(settings: Settings, notes: Sequence[str]) -> str:
+    """The configuration report of ``check`` (and start-up), secrets redacted."""
+    fac = settings.facilitator_url
+    lines = [
+        f"base URL:     {settings.base_url}",
+        f"store:        {_store_kind(settings)}",
+        f"facilitator:  {fac if fac == 'internal' else redact_url(fac)}",
+        f"payTo:        {settings.pay_to or '(unset)'}",
+        f"USDC mint:    {settings.usdc_mint}",
+        "upstreams:    "
+        + (
+            ", ".join(f"{n}={redact_url(u.reveal())}" for n, u in sorted(settings.upstreams.items()))
+            or "(none)"
+        ),
+    ]
+    lines += [f"note:         {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def route_table(routes: Sequence[RouteSpec]) -> str:
+    rows = ["METHOD  ACCESS    PRICE(uUSDC)  LIMITS                          PATH"]
+    for r in routes:
+        limits = ",".join(f"{x.scope}{'/wallet' if x.per == 'wallet' else ''}={x.limit}/{x.period_ms}ms"
+                          for x in r.rate_limits)  # fmt: skip
+        price = str(r.price_micro_usdc) if r.price_micro_usdc is not None else "-"
+        rows.append(f"{r.method:<7} {r.access:<9} {price:>12}  {limits[:30]:<30}  {r.path}")
+    return "\n".join(rows)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        settings, _, mounted, notes = _load(dict(os.environ))
+    except (ConfigError, RoutesError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(report(settings, notes))
+    print()
+    print(route_table(mounted))
+    return 0
+
+
+def cmd_routes(args: argparse.Namespace) -> int:
+    try:
+        _, routes, _, _ = _load(dict(os.environ))
+    except (ConfigError, RoutesError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(route_table(routes))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    env = dict(os.environ)
+    if args.port is not None:
+        env["PORT"] = os.environ["PORT"] = str(args.port)
+    try:
+        settings, _, _, _ = _load(env)
+    except (ConfigError, RoutesError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    store = settings.store_url.reveal()
+    if args.workers > 1 and (not store or store.startswith("memory://")):
+        print(
+            "refusing --workers > 1 on the in-memory store: replay protection and rate limits would not "
+            "hold across processes; set STATE_STORE_REST_URL to Redis or Upstash",
+            file=sys.stderr,
+        )
+        return 1
+    if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="x402-gateway-metrics-")
+    from hypercorn.config import Config
+    from hypercorn.run import run
+
+    config = Config()
+    config.application_path = "gateway.entry:app_from_env()"
+    config.bind = [f"{args.host}:{settings.port}"]
+    config.workers = args.workers
+    config.graceful_timeout = args.graceful_timeout
+    config.accesslog = None
+    config.errorlog = "-"
+    config.keep_alive_timeout = 75
+    return int(run(config))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="x402-gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway under hypercorn")
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=None, help="default: $PORT or 8080")
+    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--graceful-timeout", type=float, default=20.0)
+    serve.set_defaults(func=cmd_serve)
+    check = sub.add_parser("check", help="validate the configuration and print the route table")
+    check.set_defaults(func=cmd_check)
+    routes = sub.add_parser("routes", help="print the expanded routes.yaml table")
+    routes.set_defaults(func=cmd_routes)
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

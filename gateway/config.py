@@ -1,0 +1,254 @@
+"""Environment -> typed :class:`Settings`, parsed once, with every problem reported at once.
+
+Start-up stops only for a missing or invalid ``GATEWAY_BASE_URL`` or a malformed value; a
+route group whose configuration is merely absent is left unmounted (see ``gateway.routes``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import msgspec
+from solders.pubkey import Pubkey
+
+from gateway.redact import Secret
+from gateway.x402.types import USDC_MAINNET_MINT
+
+CDP_FACILITATOR_URL = "https://api.cdp.coinbase.com/platform/v2/x402"
+PUBLIC_MAINNET_RPC_URL = "https://api.mainnet-beta.solana.com"
+PACKAGED_ROUTES_FILE = Path(__file__).with_name("routes.yaml")
+INTERNAL = "internal"
+
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# Upstream config names used by routes.yaml -> the environment variable holding the URL.
+UPSTREAM_ENV: dict[str, str] = {
+    "provider_a_mainnet": "PROVIDER_A_MAINNET_RPC_URL",
+    "provider_a_devnet": "PROVIDER_A_DEVNET_RPC_URL",
+    "provider_b_mainnet": "PROVIDER_B_MAINNET_RPC_URL",
+    "provider_b_devnet": "PROVIDER_B_DEVNET_RPC_URL",
+    "asset_api": "ASSET_API_BASE_URL",
+}
+
+
+class ConfigError(Exception):
+    """Every problem found in the environment, one per line; never contains a secret."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+        self.problems = problems
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Typed, validated configuration. Secrets are :class:`Secret` and never print."""
+
+    base_url: str
+    port: int = 8080
+    facilitator_url: str = CDP_FACILITATOR_URL
+    facilitator_api_key_id: str = ""
+    facilitator_api_key_secret: Secret = Secret("")
+    pay_to: str = ""
+    usdc_mint: str = USDC_MAINNET_MINT
+    solana_mainnet_rpc_url: Secret = Secret(PUBLIC_MAINNET_RPC_URL)
+    solana_devnet_rpc_url: Secret = Secret("")
+    rate_limit_rpc_rps: int = 50
+    rate_limit_das_rps: int = 10
+    rate_limit_tokens_per_minute: int = 30
+    rate_limit_challenge_per_minute: int = 120
+    upstreams: dict[str, Secret] = msgspec.field(default_factory=dict)
+    asset_api_key: Secret = Secret("")
+    store_url: Secret = Secret("")
+    store_token: Secret = Secret("")
+    internal_secret: Secret = Secret("")
+    facilitator_wallet: Secret = Secret("")
+    siwx_secret: Secret = Secret("")
+    routes_file: Path = PACKAGED_ROUTES_FILE
+    upstream_timeout_s: float = 15.0
+    max_body_bytes: int = 65536
+    trusted_proxies: tuple[IpNetwork, ...] = ()
+    log_level: str = "INFO"
+    payment_timeout_s: int = 60
+
+    @property
+    def domain(self) -> str:
+        """Host of the base URL with its port, as SIWX compares it."""
+        return urlsplit(self.base_url).netloc
+
+    @property
+    def uses_internal_facilitator(self) -> bool:
+        return self.facilitator_url == INTERNAL
+
+    def upstream_url(self, name: str) -> str | None:
+        secret = self.upstreams.get(name)
+        return secret.reveal() if secret else None
+
+
+class _Reader:
+    """Collects problems while reading variables so one message can list them all."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.problems: list[str] = []
+
+    def text(self, name: str, default: str = "") -> str:
+        return self.env.get(name, "").strip() or default
+
+    def integer(self, name: str, default: int, low: int, high: int) -> int:
+        raw = self.text(name)
+        if not raw:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            self.problems.append(f"{name} must be an integer, got {raw[:20]!r}")
+            return default
+        if not low <= value <= high:
+            self.problems.append(f"{name} must be between {low} and {high}, got {value}")
+        return value
+
+    def number(self, name: str, default: float, low: float, high: float) -> float:
+        raw = self.text(name)
+        if not raw:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            self.problems.append(f"{name} must be a number, got {raw[:20]!r}")
+            return default
+        if not low <= value <= high:
+            self.problems.append(f"{name} must be between {low} and {high}, got {value}")
+        return value
+
+    def url(self, name: str, default: str = "", secret: bool = True) -> str:
+        raw = self.text(name, default)
+        if raw and not _is_http_url(raw):
+            shown = "(value hidden)" if secret else repr(raw[:60])
+            self.problems.append(f"{name} must be an http:// or https:// URL {shown}")
+            return ""
+        return raw.rstrip("/") if raw else raw
+
+    def pubkey(self, name: str, default: str = "") -> str:
+        raw = self.text(name, default)
+        if raw:
+            try:
+                Pubkey.from_string(raw)
+            except ValueError:
+                self.problems.append(f"{name} is not a valid Solana address")
+        return raw
+
+
+def _is_http_url(value: str) -> bool:
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _base_url(reader: _Reader) -> str:
+    raw = reader.text("GATEWAY_BASE_URL")
+    if not raw:
+        reader.problems.append("GATEWAY_BASE_URL is required (for example https://gateway.example.com)")
+        return ""
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        reader.problems.append(
+            f"GATEWAY_BASE_URL must be an absolute http(s) URL without query or fragment, got {raw[:80]!r}"
+        )
+        return ""
+    return raw.rstrip("/")
+
+
+def _trusted_proxies(reader: _Reader) -> tuple[IpNetwork, ...]:
+    networks: list[IpNetwork] = []
+    for item in filter(None, (p.strip() for p in reader.text("TRUSTED_PROXIES").split(","))):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            reader.problems.append(f"TRUSTED_PROXIES entry {item[:50]!r} is not an IP address or CIDR")
+    return tuple(networks)
+
+
+def _store_url(reader: _Reader) -> str:
+    raw = reader.text("STATE_STORE_REST_URL")
+    if raw and not raw.startswith(("https://", "http://", "redis://", "rediss://", "memory://")):
+        reader.problems.append(
+            "STATE_STORE_REST_URL must start with https://, http://, redis://, rediss:// or memory://"
+        )
+        return ""
+    return raw
+
+
+def _facilitator_url(reader: _Reader) -> str:
+    raw = reader.text("FACILITATOR_URL", CDP_FACILITATOR_URL)
+    if raw == INTERNAL:
+        return raw
+    return reader.url("FACILITATOR_URL", CDP_FACILITATOR_URL, secret=False) or CDP_FACILITATOR_URL
+
+
+def _log_level(reader: _Reader) -> str:
+    level = reader.text("LOG_LEVEL", "INFO").upper()
+    if level not in logging.getLevelNamesMapping():
+        reader.problems.append(f"LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, got {level[:20]!r}")
+        return "INFO"
+    return level
+
+
+def load_settings(env: Mapping[str, str]) -> Settings:
+    """Read the environment once; raise :class:`ConfigError` listing every problem."""
+    r = _Reader(env)
+    base_url = _base_url(r)
+    upstreams = {name: Secret(url) for name, var in UPSTREAM_ENV.items() if (url := r.url(var))}
+    settings = Settings(
+        base_url=base_url,
+        port=r.integer("PORT", 8080, 1, 65535),
+        facilitator_url=_facilitator_url(r),
+        facilitator_api_key_id=r.text("FACILITATOR_API_KEY_ID"),
+        facilitator_api_key_secret=Secret(r.text("FACILITATOR_API_KEY_SECRET")),
+        pay_to=r.pubkey("X402_PAY_TO_WALLET"),
+        usdc_mint=r.pubkey("X402_USDC_MINT", USDC_MAINNET_MINT),
+        solana_mainnet_rpc_url=Secret(r.url("SOLANA_MAINNET_RPC_URL", PUBLIC_MAINNET_RPC_URL)),
+        solana_devnet_rpc_url=Secret(r.url("SOLANA_DEVNET_RPC_URL")),
+        rate_limit_rpc_rps=r.integer("RATE_LIMIT_RPC_RPS", 50, 1, 1_000_000),
+        rate_limit_das_rps=r.integer("RATE_LIMIT_DAS_RPS", 10, 1, 1_000_000),
+        rate_limit_tokens_per_minute=r.integer("RATE_LIMIT_TOKENS_PER_MINUTE", 30, 1, 1_000_000),
+        rate_limit_challenge_per_minute=r.integer("RATE_LIMIT_CHALLENGE_PER_MINUTE", 120, 1, 1_000_000),
+        upstreams=upstreams,
+        asset_api_key=Secret(r.text("ASSET_API_KEY")),
+        store_url=Secret(_store_url(r)),
+        store_token=Secret(r.text("STATE_STORE_REST_TOKEN")),
+        internal_secret=Secret(r.text("INTERNAL_SETTLEMENT_SECRET")),
+        facilitator_wallet=Secret(r.text("FACILITATOR_WALLET_BASE58")),
+        siwx_secret=Secret(r.text("SIWX_SECRET")),
+        routes_file=Path(r.text("ROUTES_FILE") or PACKAGED_ROUTES_FILE),
+        upstream_timeout_s=r.number("UPSTREAM_TIMEOUT_SECONDS", 15.0, 0.1, 300.0),
+        max_body_bytes=r.integer("MAX_BODY_BYTES", 65536, 1024, 16 * 1024 * 1024),
+        trusted_proxies=_trusted_proxies(r),
+        log_level=_log_level(r),
+        payment_timeout_s=r.integer("X402_MAX_TIMEOUT_SECONDS", 60, 5, 3600),
+    )
+    if not settings.routes_file.is_file():
+        r.problems.append(f"ROUTES_FILE {str(settings.routes_file)[:200]!r} does not exist")
+    if r.problems:
+        raise ConfigError(r.problems)
+    return settings
+
+
+def startup_notes(settings: Settings) -> list[str]:
+    """Warnings worth one line each at start-up (the store, secrets); never fatal."""
+    notes: list[str] = []
+    store = settings.store_url.reveal()
+    if not store or store.startswith("memory://"):
+        notes.append(
+            "state store: in-memory (one process only; set STATE_STORE_REST_URL for replicas or workers)"
+        )
+    if not settings.siwx_secret:
+        notes.append("SIWX_SECRET unset: sign-in nonces use a random per-process secret (one replica only)")
+    secret = settings.internal_secret.reveal()
+    if secret and len(secret) < 32:
+        notes.append("INTERNAL_SETTLEMENT_SECRET is shorter than 32 characters: use a longer random secret")
+    return notes

@@ -1,0 +1,110 @@
+"""``GET /v1/catalog``: the routes this gateway sells (spec 2.3), precomputed per filter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from gateway import SERVICE_NAME
+from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
+from gateway.errors import ErrorCode, GatewayError
+from gateway.pricing import micro_usdc_string, usd_display
+from gateway.routes import RouteSpec
+from gateway.validation import InvalidInput, RequestValidator
+from gateway.x402.types import SOLANA_MAINNET
+
+PROVIDER_FILTERS = ("provider_a", "provider_b", "tokens")
+
+
+class CatalogPrice(msgspec.Struct):
+    microUsdc: str
+    usd: str
+
+
+class CatalogEntry(msgspec.Struct, omit_defaults=True):
+    name: str
+    path: str
+    url: str
+    method: str
+    access: str
+    provider: str
+    description: str
+    price: CatalogPrice
+    inputSchema: dict[str, Any]
+    outputSchema: dict[str, Any] | None = None
+    asset: str | None = None
+    network: str | None = None
+    payTo: str | None = None
+    scheme: str | None = None
+    operation: str | None = None
+    replayableUpToBytes: int | None = None
+
+
+class Catalog(msgspec.Struct):
+    ok: bool
+    service: str
+    baseUrl: str
+    x402Version: int
+    routes: list[CatalogEntry]
+
+
+def input_schema(route: RouteSpec) -> dict[str, Any]:
+    """The route's declared input as one JSON Schema: an object of path, query and body."""
+    return {"type": "object", "properties": dict(route.input), "required": sorted(route.input)}
+
+
+def catalog_entry(route: RouteSpec, base_url: str, asset: str, pay_to: str) -> CatalogEntry:
+    price = route.price_micro_usdc or 0
+    paid = route.access == "exact"
+    return CatalogEntry(
+        name=route.name,
+        path=route.path,
+        url=base_url + route.path,
+        method=route.method,
+        access=route.access,
+        provider=route.group,
+        description=route.description,
+        price=CatalogPrice(microUsdc=micro_usdc_string(price), usd=usd_display(price)),
+        inputSchema=input_schema(route),
+        outputSchema=route.output,
+        asset=asset if paid else None,
+        network=SOLANA_MAINNET if paid else None,
+        payTo=pay_to if paid else None,
+        scheme="exact" if paid else ("sign-in-with-x" if route.access == "siwx" else None),
+        operation=route.operation,
+        replayableUpToBytes=route.replay_cap_bytes if paid else None,
+    )
+
+
+class CatalogHandler:
+    """Serve the catalog of the mounted, listed routes; ``?provider=`` filters by group."""
+
+    def __init__(
+        self, route: RouteSpec, mounted: Sequence[RouteSpec], base_url: str, asset: str, pay_to: str
+    ) -> None:
+        self.validator = RequestValidator(route.input)
+        entries = [
+            catalog_entry(r, base_url, asset, pay_to) for r in mounted if r.listed and r.access != "internal"
+        ]
+        self.bodies: dict[str | None, bytes] = {
+            key: msgspec.json.encode(
+                Catalog(
+                    ok=True,
+                    service=SERVICE_NAME,
+                    baseUrl=base_url,
+                    x402Version=2,
+                    routes=[e for e in entries if key is None or e.provider == key],
+                )
+            )
+            for key in (None, *PROVIDER_FILTERS)
+        }
+        self.headers = [JSON_CONTENT_TYPE, (b"cache-control", b"public, max-age=60")]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            query = self.validator.query(scope.get("query_string", b""))
+        except InvalidInput as exc:
+            raise GatewayError(ErrorCode.INVALID_REQUEST, str(exc), {"parameter": exc.where}) from exc
+        await send_bytes(send, 200, self.bodies[query.get("provider")], self.headers)

@@ -1,0 +1,82 @@
+"""Prometheus metrics and the usage counters kept in the shared store.
+
+Prometheus counters are per process (aggregated across hypercorn workers by prometheus-client's
+multiprocess mode when ``PROMETHEUS_MULTIPROC_DIR`` is set, which ``x402-gateway serve`` does);
+the usage counters in the store are shared by every replica.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from gateway.logs import log_event
+from gateway.store import Store, StoreUnavailable
+
+OUTCOMES = ("unpaid", "paid", "failed")
+
+REQUESTS = Counter("x402_requests_total", "HTTP requests by route and status.", ["route", "method", "status"])
+LATENCY = Histogram(
+    "x402_request_duration_seconds",
+    "Request latency by route.",
+    ["route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+PAYMENTS = Counter("x402_payments_total", "Payment outcomes by route (this process).", ["route", "outcome"])
+
+
+def usage_key(route: str, outcome: str) -> str:
+    return f"x402gw:usage:{route}:{outcome}"
+
+
+class Usage:
+    """Counts unpaid, paid and failed flows per route in the store and in Prometheus."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def record(self, route: str, outcome: str) -> None:
+        PAYMENTS.labels(route, outcome).inc()
+        try:
+            await self.store.incr(usage_key(route, outcome))
+        except StoreUnavailable:
+            log_event("usage counter not recorded: store unavailable", route=route, outcome=outcome)
+
+    async def snapshot(self, routes: Iterable[str]) -> dict[tuple[str, str], int]:
+        pairs = [(r, o) for r in routes for o in OUTCOMES]
+        values = await self.store.counters([usage_key(r, o) for r, o in pairs])
+        return {pair: values.get(usage_key(*pair), 0) for pair in pairs}
+
+
+class _UsageCollector:
+    def __init__(self, snapshot: dict[tuple[str, str], int]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "x402_usage",
+            "Usage across all replicas (shared store) by route and outcome.",
+            labels=["route", "outcome"],
+        )
+        for (route, outcome), value in sorted(self.snapshot.items()):
+            family.add_metric([route, outcome], value)
+        yield family
+
+
+def render(snapshot: dict[tuple[str, str], int] | None) -> bytes:
+    """The exposition text: this process (or all workers) plus the shared usage counters."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        text = generate_latest(registry)
+    else:
+        text = generate_latest(REGISTRY)
+    if snapshot is not None:
+        usage = CollectorRegistry()
+        usage.register(_UsageCollector(snapshot))
+        text += generate_latest(usage)
+    return text

@@ -1,0 +1,107 @@
+"""Routing: one Starlette route per path, dispatching by method to pre-built pipelines.
+
+Starlette's own ``Route`` lets a later ``{assetId}`` route win over a fixed path that only has
+another method; ours matches on the path alone, so a wrong method on a fixed path is a 405
+with ``Allow`` rather than a request to the wrong operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from starlette.datastructures import URLPath
+from starlette.routing import BaseRoute, Match, NoMatchFound, compile_path
+from starlette.types import Receive as StarletteReceive
+from starlette.types import Scope as StarletteScope
+from starlette.types import Send as StarletteSend
+
+from gateway.asgi import ASGIApp, Message, Receive, Scope, Send, send_bytes, send_error
+from gateway.context import request_context
+from gateway.errors import ErrorCode, GatewayError, error_body
+from gateway.routes import RouteSpec
+
+
+class MethodDispatcher:
+    """Run the pipeline for the request's method; HEAD runs GET without a body; else 405.
+
+    It is also the boundary that turns a :class:`GatewayError` into the one error shape.
+    """
+
+    def __init__(self, pipelines: Mapping[str, tuple[RouteSpec, ASGIApp]], allow: str) -> None:
+        self.pipelines = dict(pipelines)
+        if "GET" in self.pipelines:
+            self.pipelines.setdefault("HEAD", self.pipelines["GET"])
+        self.allow = allow
+        self.not_allowed = error_body(ErrorCode.METHOD_NOT_ALLOWED, f"method not allowed; allowed: {allow}")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        entry = self.pipelines.get(scope["method"])
+        if entry is None:
+            headers = [(b"content-type", b"application/json"), (b"allow", self.allow.encode())]
+            await send_bytes(send, 405, self.not_allowed, headers)
+            return
+        route, pipeline = entry
+        ctx = request_context(scope)
+        ctx.route, ctx.access = route.name, route.access
+        if scope["method"] == "HEAD":
+            send = _without_body(send)
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await pipeline(scope, receive, send_tracked)
+        except GatewayError as error:
+            if started:
+                raise
+            ctx.error = ctx.error or error.code.value
+            await send_error(send_tracked, error)
+
+
+def _without_body(send: Send) -> Send:
+    async def send_headers_only(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            message = {
+                "type": "http.response.body",
+                "body": b"",
+                "more_body": message.get("more_body", False),
+            }
+        await send(message)
+
+    return send_headers_only
+
+
+class GatewayRoute(BaseRoute):
+    """Match a path (any method) and hand the request to its app with the path parameters."""
+
+    def __init__(self, path: str, app: ASGIApp, name: str) -> None:
+        self.path = path
+        self.app = app
+        self.name = name
+        self.regex, _, self.convertors = compile_path(path)
+
+    def matches(self, scope: StarletteScope) -> tuple[Match, StarletteScope]:
+        if scope["type"] != "http":
+            return Match.NONE, {}
+        found = self.regex.match(scope["path"])
+        if found is None:
+            return Match.NONE, {}
+        params = {k: self.convertors[k].convert(v) for k, v in found.groupdict().items()}
+        return Match.FULL, {"path_params": {**scope.get("path_params", {}), **params}}
+
+    def url_path_for(self, name: str, /, **path_params: object) -> URLPath:
+        raise NoMatchFound(name, dict(path_params))
+
+    async def handle(self, scope: StarletteScope, receive: StarletteReceive, send: StarletteSend) -> None:
+        request_context(scope).route = self.name
+        await self.app(scope, receive, send)
+
+
+async def not_found(scope: StarletteScope, receive: StarletteReceive, send: StarletteSend) -> None:
+    """Unknown paths: the one error shape with 404."""
+    if scope["type"] != "http":
+        return
+    await send_error(send, GatewayError(ErrorCode.NOT_FOUND, f"no route for {scope['path'][:200]}"))

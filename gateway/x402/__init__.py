@@ -1,0 +1,1 @@
+"""The x402 protocol, independent of any web framework: wire shapes, codecs, SVM and SIWX."""

@@ -1,0 +1,1 @@
+"""Pure-ASGI middlewares, one concern each; stacked per route by gateway.app."""
