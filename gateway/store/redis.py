@@ -1,0 +1,92 @@
+"""The Redis-protocol backend (Redis, Valkey, or anything speaking RESP): one pool per process.
+
+Every failure becomes :class:`StoreUnavailable`. The URL may carry a password, so a connection
+failure is named only by its kind (the client's own text names the host) and no original
+exception is chained; a server's error reply ("ERR ...") is kept, as it holds no secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+
+from gateway.store.base import RateDecision, StoreUnavailable
+from gateway.store.lua import (
+    GCRA_SCRIPT,
+    counters_from_reply,
+    decision_from_reply,
+    integer_from_reply,
+    text_from_reply,
+)
+
+T = TypeVar("T")
+
+
+class RedisStore:
+    """Store over ``redis.asyncio``; the rate limit runs as one server-side script."""
+
+    def __init__(self, url: str, *, timeout_s: float = 2.0, health_check_interval_s: int = 15) -> None:
+        try:
+            self._redis: aioredis.Redis = aioredis.Redis.from_url(
+                url,
+                decode_responses=True,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                health_check_interval=health_check_interval_s,
+                # One immediate retry, on a dropped connection only (never a timeout): it rescues a
+                # pooled connection the server closed, and a repeated SET NX can only lose the claim.
+                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            )
+        except ValueError:
+            raise ValueError("STATE_STORE_REST_URL is not a valid redis:// URL") from None
+        # register_script sends EVALSHA and falls back to loading the script on NOSCRIPT.
+        self._gcra = self._redis.register_script(GCRA_SCRIPT)
+
+    async def _call(self, awaitable: Awaitable[T]) -> T:
+        """Await one command, turning every client failure into StoreUnavailable."""
+        try:
+            return await awaitable
+        except ResponseError as exc:
+            raise StoreUnavailable(f"redis store error: {exc}") from None
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(f"redis store unreachable ({type(exc).__name__})") from None
+
+    async def claim(self, key: str, value: str, ttl_ms: int) -> bool:
+        return bool(await self._call(self._redis.set(key, value, nx=True, px=ttl_ms)))
+
+    async def get(self, key: str) -> str | None:
+        value: Any = await self._call(self._redis.get(key))
+        return text_from_reply(value)
+
+    async def put(self, key: str, value: str, ttl_ms: int) -> None:
+        await self._call(self._redis.set(key, value, px=ttl_ms))
+
+    async def rate_limit(self, key: str, limit: int, period_ms: int) -> RateDecision:
+        reply: Any = await self._call(self._gcra(keys=[key], args=[limit, period_ms]))
+        return decision_from_reply(reply)
+
+    async def incr(self, key: str, amount: int = 1) -> int:
+        value: Any = await self._call(self._redis.incrby(key, amount))
+        return integer_from_reply(value)
+
+    async def counters(self, keys: list[str]) -> dict[str, int]:
+        if not keys:
+            return {}
+        values: Any = await self._call(self._redis.mget(keys))
+        return counters_from_reply(keys, values)
+
+    async def ping(self) -> bool:
+        """True when the server answers; False (not an exception) so health checks stay simple."""
+        try:
+            return bool(await self._call(self._redis.ping()))
+        except StoreUnavailable:
+            return False
+
+    async def close(self) -> None:
+        await self._redis.aclose()

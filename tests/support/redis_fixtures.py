@@ -1,0 +1,47 @@
+"""Pytest plugin: one real Redis-protocol server per test session, and Upstash REST in front of it.
+
+``$REDIS_URL`` (a disposable database: tests flush it) replaces the local server, e.g. in CI
+with a Redis service container.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+import redis
+
+from tests.support.redis_server import start_redis_server
+from tests.support.upstash_rest import UpstashRestServer
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL of a Redis-protocol server that lives for the whole session."""
+    external = os.environ.get("REDIS_URL")
+    if external:
+        yield external
+        return
+    with start_redis_server() as server:
+        yield server.url
+
+
+@pytest.fixture
+def clean_redis_url(redis_url: str) -> str:
+    """``redis_url`` after FLUSHDB, for tests that must not see another test's keys."""
+    with redis.Redis.from_url(redis_url) as client:
+        client.flushdb()
+    return redis_url
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def upstash_url_and_token(redis_url: str) -> AsyncIterator[tuple[str, str]]:
+    """Base URL and bearer token of an Upstash REST server backed by the session's Redis."""
+    token = secrets.token_urlsafe(24)
+    server = UpstashRestServer(redis_url, token)
+    url = await server.start()
+    yield url, token
+    await server.stop()

@@ -1,0 +1,363 @@
+"""The store contract, run against every backend: in-process memory, Redis, Upstash REST over Redis.
+
+Payments fail closed on these semantics (one claim wins, limits are exact across processes, an
+unreachable store raises StoreUnavailable), so each backend must behave the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.store import Store, StoreUnavailable, open_store
+from gateway.store.lua import GCRA_SCRIPT
+from gateway.store.memory import MemoryStore, gcra
+from gateway.store.redis import RedisStore
+from gateway.store.upstash import UpstashStore
+from tests.support.redis_server import free_port
+
+StoreFactory = Callable[[], Store]
+
+
+@pytest.fixture(params=["memory", "redis", "upstash"])
+def make_store(request: pytest.FixtureRequest) -> StoreFactory:
+    """How to open the backend under test, on an empty database (sync, so it can pull fixtures)."""
+    if request.param == "memory":
+        return MemoryStore
+    redis_url: str = request.getfixturevalue("clean_redis_url")
+    if request.param == "redis":
+        return lambda: RedisStore(redis_url)
+    url, token = request.getfixturevalue("upstash_url_and_token")
+    return lambda: UpstashStore(url, token)
+
+
+@pytest.fixture
+async def store(make_store: StoreFactory) -> AsyncIterator[Store]:
+    opened = make_store()
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture
+async def raw_redis(clean_redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A plain client on the same server, to look at what the backends stored."""
+    client = aioredis.Redis.from_url(clean_redis_url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+# --- claim ---------------------------------------------------------------------------------------
+
+
+async def test_exactly_one_of_many_concurrent_claims_wins(store: Store) -> None:
+    results = await asyncio.gather(*(store.claim("claim:tx", f"caller-{i}", 10_000) for i in range(25)))
+
+    assert results.count(True) == 1
+    winner = results.index(True)
+    assert await store.get("claim:tx") == f"caller-{winner}"
+
+
+async def test_claim_can_be_taken_again_after_its_ttl(store: Store) -> None:
+    assert await store.claim("claim:ttl", "first", 150)
+    assert not await store.claim("claim:ttl", "second", 150)
+
+    await asyncio.sleep(0.25)
+
+    assert await store.claim("claim:ttl", "third", 150)
+    assert await store.get("claim:ttl") == "third"
+
+
+# --- get / put -----------------------------------------------------------------------------------
+
+
+async def test_get_of_an_absent_key_is_none(store: Store) -> None:
+    assert await store.get("value:absent") is None
+
+
+async def test_put_overwrites_and_expires_after_its_ttl(store: Store) -> None:
+    await store.put("value:k", "one", 10_000)
+    await store.put("value:k", "two", 150)
+    assert await store.get("value:k") == "two"
+
+    await asyncio.sleep(0.25)
+
+    assert await store.get("value:k") is None
+
+
+# --- counters ------------------------------------------------------------------------------------
+
+
+async def test_incr_adds_and_counters_read_absent_ones_as_zero(store: Store) -> None:
+    assert await store.incr("count:paid") == 1
+    assert await store.incr("count:paid", 5) == 6
+    assert await store.incr("count:failed") == 1
+
+    assert await store.counters(["count:paid", "count:failed", "count:unpaid"]) == {
+        "count:paid": 6,
+        "count:failed": 1,
+        "count:unpaid": 0,
+    }
+    assert await store.counters([]) == {}
+
+
+async def test_concurrent_increments_are_all_counted(store: Store) -> None:
+    await asyncio.gather(*(store.incr("count:concurrent") for _ in range(50)))
+
+    assert await store.counters(["count:concurrent"]) == {"count:concurrent": 50}
+
+
+# --- rate limit ----------------------------------------------------------------------------------
+
+
+async def test_rate_limit_allows_exactly_limit_in_a_burst_then_refuses(store: Store) -> None:
+    decisions = [await store.rate_limit("rl:burst", 5, 60_000) for _ in range(7)]
+
+    assert [d.allowed for d in decisions] == [True] * 5 + [False] * 2
+    # The next slot opens one emission interval (60 s / 5) after the first request, give or take
+    # the milliseconds the burst took.
+    for refused in decisions[5:]:
+        assert 11_000 < refused.retry_after_ms <= 12_000
+
+
+async def test_rate_limit_allows_exactly_limit_of_a_concurrent_burst(store: Store) -> None:
+    decisions = await asyncio.gather(*(store.rate_limit("rl:gather", 8, 60_000) for _ in range(40)))
+
+    assert sum(d.allowed for d in decisions) == 8
+
+
+async def test_rate_limit_refills_one_slot_per_interval_and_all_after_the_period(store: Store) -> None:
+    limit, period_ms = 2, 400  # one slot every 200 ms
+    assert (await store.rate_limit("rl:refill", limit, period_ms)).allowed
+    assert (await store.rate_limit("rl:refill", limit, period_ms)).allowed
+    refused = await store.rate_limit("rl:refill", limit, period_ms)
+    assert not refused.allowed
+    assert 0 < refused.retry_after_ms <= 200
+
+    await asyncio.sleep(refused.retry_after_ms / 1000 + 0.03)
+    assert (await store.rate_limit("rl:refill", limit, period_ms)).allowed
+    assert not (await store.rate_limit("rl:refill", limit, period_ms)).allowed
+
+    await asyncio.sleep(period_ms / 1000 + 0.03)
+    decisions = [await store.rate_limit("rl:refill", limit, period_ms) for _ in range(limit + 1)]
+    assert [d.allowed for d in decisions] == [True] * limit + [False]
+
+
+async def test_rate_limit_keys_are_independent(store: Store) -> None:
+    assert (await store.rate_limit("rl:wallet-a", 1, 60_000)).allowed
+    assert not (await store.rate_limit("rl:wallet-a", 1, 60_000)).allowed
+
+    assert (await store.rate_limit("rl:wallet-b", 1, 60_000)).allowed
+
+
+async def test_ping_answers_true(store: Store) -> None:
+    assert await store.ping()
+
+
+# --- one bucket, many connections ----------------------------------------------------------------
+
+
+async def test_rate_limit_is_exact_across_many_independent_connections(clean_redis_url: str) -> None:
+    stores = [RedisStore(clean_redis_url) for _ in range(6)]
+    try:
+        decisions = await asyncio.gather(
+            *(s.rate_limit("rl:shared", 25, 60_000) for s in stores for _ in range(40))
+        )
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+
+    assert sum(d.allowed for d in decisions) == 25
+
+
+async def test_redis_and_upstash_backends_share_claims_and_buckets(
+    clean_redis_url: str, upstash_url_and_token: tuple[str, str]
+) -> None:
+    redis_store, upstash_store = RedisStore(clean_redis_url), UpstashStore(*upstash_url_and_token)
+    try:
+        assert await redis_store.claim("claim:both", "redis", 10_000)
+        assert not await upstash_store.claim("claim:both", "upstash", 10_000)
+
+        decisions = await asyncio.gather(
+            *(s.rate_limit("rl:both", 10, 60_000) for s in (redis_store, upstash_store) for _ in range(15))
+        )
+        assert sum(d.allowed for d in decisions) == 10
+    finally:
+        await redis_store.close()
+        await upstash_store.close()
+
+
+# --- the script is memory.gcra() -----------------------------------------------------------------
+
+
+async def test_gcra_script_decides_exactly_as_memory_gcra(raw_redis: aioredis.Redis) -> None:
+    """Drive the script with explicit clocks and compare every decision and stored TAT."""
+    script = raw_redis.register_script(GCRA_SCRIPT)
+    rng = random.Random(402)
+    for case in range(20):
+        key, limit, period_ms = f"rl:diff:{case}", rng.randint(1, 20), rng.randint(10_000, 100_000)
+        now, tat = 1_700_000_000_000, None
+        for _ in range(30):
+            now += rng.choice([0, 0, 1, rng.randint(1, period_ms // limit), rng.randint(1, period_ms)])
+            expected, new_tat = gcra(tat, now, limit, period_ms)
+            reply = await script(keys=[key], args=[limit, period_ms, now])
+            assert reply == [int(expected.allowed), expected.retry_after_ms]
+            tat = new_tat if new_tat is not None else tat
+            if tat is not None and tat > now:
+                assert await raw_redis.get(key) == str(tat)
+
+
+async def test_rate_limit_key_expires_when_its_tat_passes(
+    clean_redis_url: str, raw_redis: aioredis.Redis
+) -> None:
+    store = RedisStore(clean_redis_url)
+    try:
+        await store.rate_limit("rl:ttl", 4, 2_000)  # TAT = now + 500 ms
+        await store.rate_limit("rl:ttl", 4, 2_000)  # TAT = now + 1000 ms
+    finally:
+        await store.close()
+
+    assert 900 < await raw_redis.pttl("rl:ttl") <= 1_000
+
+
+@pytest.mark.parametrize("backend", ["redis", "upstash"])
+async def test_rate_limit_loads_its_script_on_a_server_that_lacks_it(
+    backend: str, clean_redis_url: str, raw_redis: aioredis.Redis, request: pytest.FixtureRequest
+) -> None:
+    await raw_redis.script_flush()
+    store: Store = (
+        RedisStore(clean_redis_url)
+        if backend == "redis"
+        else UpstashStore(*request.getfixturevalue("upstash_url_and_token"))
+    )
+    try:
+        assert (await store.rate_limit("rl:noscript", 1, 60_000)).allowed
+        assert not (await store.rate_limit("rl:noscript", 1, 60_000)).allowed
+    finally:
+        await store.close()
+
+
+# --- failing closed ------------------------------------------------------------------------------
+
+SECRET = "hunter2-s3cret"
+
+
+def _unreachable_store(backend: str) -> tuple[Store, list[str]]:
+    """A store pointed at a port nothing listens on, and the strings that must never leak."""
+    port = free_port()
+    if backend == "redis":
+        url = f"redis://:{SECRET}@127.0.0.1:{port}/0"
+        return RedisStore(url), [SECRET, url, str(port)]
+    url = f"http://127.0.0.1:{port}/{SECRET}-path"
+    return UpstashStore(url, f"{SECRET}-token"), [SECRET, url, str(port)]
+
+
+OPERATIONS: dict[str, Callable[[Store], Awaitable[object]]] = {
+    "claim": lambda s: s.claim("k", "v", 1_000),
+    "get": lambda s: s.get("k"),
+    "put": lambda s: s.put("k", "v", 1_000),
+    "rate_limit": lambda s: s.rate_limit("k", 1, 1_000),
+    "incr": lambda s: s.incr("k"),
+    "counters": lambda s: s.counters(["k"]),
+}
+
+
+@pytest.mark.parametrize("backend", ["redis", "upstash"])
+@pytest.mark.parametrize("operation", list(OPERATIONS))
+async def test_unreachable_store_raises_store_unavailable_naming_no_secret(
+    backend: str, operation: str
+) -> None:
+    store, secrets = _unreachable_store(backend)
+    try:
+        with pytest.raises(StoreUnavailable) as raised:
+            await OPERATIONS[operation](store)
+    finally:
+        await store.close()
+
+    printed = "".join(traceback.format_exception(raised.value))
+    for secret in secrets:
+        assert secret not in printed
+
+
+@pytest.mark.parametrize("backend", ["redis", "upstash"])
+async def test_unreachable_store_pings_false(backend: str) -> None:
+    store, _ = _unreachable_store(backend)
+    try:
+        assert await store.ping() is False
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("backend", ["redis", "upstash"])
+async def test_a_server_that_never_answers_is_unavailable_after_the_timeout(backend: str) -> None:
+    hung: list[asyncio.StreamWriter] = []
+
+    async def accept_and_stay_silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hung.append(writer)
+
+    server = await asyncio.start_server(accept_and_stay_silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    store: Store = (
+        RedisStore(f"redis://127.0.0.1:{port}/0", timeout_s=0.2)
+        if backend == "redis"
+        else UpstashStore(f"http://127.0.0.1:{port}", "token", timeout_s=0.2)
+    )
+    started = asyncio.get_running_loop().time()
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.claim("claim:hung", "v", 1_000)
+    finally:
+        await store.close()
+        for writer in hung:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+    assert asyncio.get_running_loop().time() - started < 1.0
+
+
+async def test_upstash_with_a_wrong_token_is_unavailable_and_names_no_token(
+    upstash_url_and_token: tuple[str, str],
+) -> None:
+    url, _ = upstash_url_and_token
+    store = UpstashStore(url, f"{SECRET}-token")
+    try:
+        with pytest.raises(StoreUnavailable, match="Unauthorized") as raised:
+            await store.claim("claim:unauthorized", "v", 1_000)
+    finally:
+        await store.close()
+
+    assert SECRET not in "".join(traceback.format_exception(raised.value))
+
+
+# --- choosing a backend --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "backend"),
+    [
+        (None, MemoryStore),
+        ("", MemoryStore),
+        ("memory://", MemoryStore),
+        ("redis://127.0.0.1:6379/0", RedisStore),
+        ("rediss://:pw@cache.example:6380/0", RedisStore),
+        ("https://example-123.upstash.io", UpstashStore),
+        ("http://127.0.0.1:8079", UpstashStore),
+    ],
+)
+async def test_open_store_picks_the_backend_by_scheme(url: str | None, backend: type) -> None:
+    store = open_store(url, "token")
+    try:
+        assert isinstance(store, backend)
+    finally:
+        await store.close()
+
+
+def test_open_store_refuses_an_unknown_scheme_without_echoing_it() -> None:
+    with pytest.raises(ValueError, match="STATE_STORE_REST_URL") as raised:
+        open_store(f"postgres://user:{SECRET}@db.example/x", None)
+
+    assert SECRET not in str(raised.value)
