@@ -166,3 +166,20 @@ class SiwxPayload(Base):
     requestId: str | None = None
     resources: list[str] | None = None
     signatureScheme: str | None = None
+
+
+class SiwxExtension(Base):
+    """``extensions["sign-in-with-x"]`` of a 402: what to sign and on which chains.
+
+    ``info``, ``supportedChains`` and ``schema`` are the x402 extension proper; ``networks``,
+    ``statement``, ``expirationSeconds`` and ``resource`` are the spec's summary (section 2.5).
+    The summary is optional so a client can also decode other servers' challenges.
+    """
+
+    info: SiwxInfo
+    supportedChains: list[SiwxSupportedChain] = msgspec.field(default_factory=list)
+    schema: dict[str, Any] = msgspec.field(default_factory=dict)
+    networks: list[str] | None = None
+    statement: str | None = None
+    expirationSeconds: int | None = None
+    resource: str | None = None
