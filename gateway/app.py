@@ -23,10 +23,11 @@ from gateway.handlers.health import HealthHandler
 from gateway.handlers.metrics import MetricsHandler
 from gateway.logs import configure_logging, log_event
 from gateway.router import GatewayRoute, MethodDispatcher, not_found
-from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes
+from gateway.routes import RateLimitSpec, RouteSpec, load_routes, named_limits, plan_routes
 from gateway.services import Services
 from gateway.store import Store
 from middleware.cors import CorsMiddleware
+from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
 from middleware.telemetry import TelemetryMiddleware
 
 HandlerFactory = Callable[[RouteSpec, Services], ASGIApp]
@@ -51,6 +52,22 @@ HANDLERS: dict[str, HandlerFactory] = {
     "metrics": _metrics,
 }
 ACCESS_LAYERS: dict[str, Callable[[ASGIApp, RouteSpec, Services], ASGIApp]] = {}
+
+
+def _public(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
+    return ScopeRateLimit(app, services.limiter, route.rate_limits) if route.rate_limits else app
+
+
+def challenge_limit(app: ASGIApp, services: Services, credential_headers: tuple[bytes, ...]) -> ASGIApp:
+    """Unpaid requests (no credential header) are limited per client IP before any work."""
+    limit, period_ms = named_limits(services.settings)["challenge"]
+    spec = RateLimitSpec(scope="challenge:ip", limit=limit, period_ms=period_ms)
+    return ChallengeRateLimit(
+        app, services.limiter, spec, credential_headers, services.settings.trusted_proxies
+    )
+
+
+ACCESS_LAYERS["public"] = _public
 
 
 def build_pipeline(route: RouteSpec, services: Services) -> ASGIApp:

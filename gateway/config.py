@@ -231,6 +231,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         log_level=_log_level(r),
         payment_timeout_s=r.integer("X402_MAX_TIMEOUT_SECONDS", 60, 5, 3600),
     )
+    if settings.siwx_secret and len(settings.siwx_secret.reveal()) < 32:
+        r.problems.append("SIWX_SECRET must be at least 32 characters (shared by all replicas)")
     if not settings.routes_file.is_file():
         r.problems.append(f"ROUTES_FILE {str(settings.routes_file)[:200]!r} does not exist")
     if r.problems:

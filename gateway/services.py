@@ -17,6 +17,7 @@ from gateway.facilitators import Facilitator
 from gateway.metrics import Usage
 from gateway.routes import RouteSpec
 from gateway.store import Store, open_store
+from gateway.x402.siwx import SiwxIssuer, random_secret
 from middleware.ratelimit import RateLimiter
 
 UPSTREAM_CONNECTIONS = 100
@@ -32,6 +33,9 @@ class Services:
         self.facilitator: Facilitator | None = None
         self.upstream_names = sorted({r.upstream for r in routes if r.upstream})
         self._sessions: dict[str, aiohttp.ClientSession] = {}
+        secret = settings.siwx_secret.reveal().encode() or random_secret()
+        statement = "Sign in to use the asset-data routes of this gateway. No funds move."
+        self.siwx = SiwxIssuer(secret, settings.base_url, statement)
         self.extras: dict[str, Any] = {}
 
     def session(self, upstream: str) -> aiohttp.ClientSession:

@@ -63,3 +63,17 @@ class ChallengeRateLimit:
         if not any(header(scope, name) for name in self.credential_headers):
             await self.limiter.hit(self.spec, client_ip(scope, self.trusted_proxies))
         await self.app(scope, receive, send)
+
+
+class ScopeRateLimit:
+    """Apply a route's declared per-scope limits before its handler (public routes)."""
+
+    def __init__(self, app: ASGIApp, limiter: RateLimiter, specs: Sequence[RateLimitSpec]) -> None:
+        self.app = app
+        self.limiter = limiter
+        self.specs = tuple(s for s in specs if s.per == "scope")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        for spec in self.specs:
+            await self.limiter.hit(spec)
+        await self.app(scope, receive, send)

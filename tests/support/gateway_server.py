@@ -1,0 +1,78 @@
+"""Run the real gateway app under hypercorn on a loopback port inside the test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+from starlette.applications import Starlette
+
+from gateway.app import create_app
+from gateway.config import Settings, load_settings
+from gateway.routes import RouteSpec
+from gateway.store import Store
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    app: Starlette
+    settings: Settings
+
+    @property
+    def services(self) -> Any:
+        return self.app.state.services
+
+
+@asynccontextmanager
+async def run_app(app: Starlette, port: int | None = None) -> AsyncIterator[str]:
+    """Serve ``app`` on 127.0.0.1 until the block exits; yields the base URL."""
+    port = port or free_port()
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = None
+    config.errorlog = None
+    config.graceful_timeout = 1
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            break
+        except OSError:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+    try:
+        yield url
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+@asynccontextmanager
+async def run_gateway(
+    env: Mapping[str, str], routes: list[RouteSpec] | None = None, store: Store | None = None
+) -> AsyncIterator[RunningGateway]:
+    """Build the gateway from ``env`` (GATEWAY_BASE_URL defaults to the bound address) and serve it."""
+    port = free_port()
+    full = {"GATEWAY_BASE_URL": f"http://127.0.0.1:{port}", **env}
+    settings = load_settings(full)
+    app = create_app(settings, routes, store)
+    async with run_app(app, port) as url:
+        yield RunningGateway(url=url, app=app, settings=settings)
