@@ -8,9 +8,27 @@ The exact middleware only ever sees :class:`Facilitator`.
 
 from __future__ import annotations
 
-from typing import Protocol
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Final, Protocol, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
-from gateway.x402.types import PaymentPayload, PaymentRequirements, SettleResponse, SupportedResponse, VerifyResponse
+import aiohttp
+import msgspec
+
+from gateway.cdp_auth import CdpKey
+from gateway.redact import Secret, redact_url
+from gateway.x402.types import (
+    FacilitatorRequest,
+    PaymentPayload,
+    PaymentRequirements,
+    SettleResponse,
+    SupportedResponse,
+    VerifyResponse,
+)
+
+T = TypeVar("T")
 
 
 class FacilitatorUnavailable(Exception):
@@ -28,3 +46,207 @@ class Facilitator(Protocol):
     async def settle(self, payload: PaymentPayload, requirements: PaymentRequirements) -> SettleResponse: ...
 
     async def close(self) -> None: ...
+
+
+def fee_payer_for(supported: SupportedResponse, network: str, scheme: str = "exact") -> str | None:
+    """``extra.feePayer`` the facilitator advertises for ``scheme`` on ``network`` (the 402 needs it).
+
+    A v2 kind wins over a v1 kind for the same network; ``None`` when the facilitator does not
+    support the pair or names no fee payer.
+    """
+    found: str | None = None
+    for kind in supported.kinds:
+        if kind.scheme != scheme or kind.network != network or not kind.extra:
+            continue
+        fee_payer = kind.extra.get("feePayer")
+        if not isinstance(fee_payer, str) or not fee_payer:
+            continue
+        if kind.x402Version == 2:
+            return fee_payer
+        found = found or fee_payer
+    return found
+
+
+# --- the external facilitator over HTTP ------------------------------------------------------
+
+X402_VERSION: Final = 2
+DEFAULT_TIMEOUT_S: Final = 10.0
+SUPPORTED_TTL_S: Final = 300.0
+"""How long a ``/supported`` answer is trusted: fee payers change rarely, challenges need it often."""
+SUPPORTED_RETRY_S: Final = 15.0
+"""After a failed refresh, keep serving the stale answer and try again this much later."""
+MAX_RESPONSE_BYTES: Final = 1 << 20
+
+_ANSWER_STATUSES: Final = frozenset({400, 402, 409, 422})
+"""Non-2xx statuses whose body may still be a protocol answer (e.g. 400 with ``isValid: false``).
+Auth failures, rate limits and 5xx are never answers: they mean the facilitator is unusable."""
+
+_encoder = msgspec.json.Encoder()
+_verify_decoder = msgspec.json.Decoder(VerifyResponse)
+_settle_decoder = msgspec.json.Decoder(SettleResponse)
+_supported_decoder = msgspec.json.Decoder(SupportedResponse)
+
+
+class HttpFacilitator:
+    """Client of an external facilitator (``{base}/verify``, ``/settle``, ``/supported``).
+
+    One aiohttp session for its life (opened lazily or by :meth:`open`), a fresh CDP JWT per
+    request when an API key is configured, and ``/supported`` cached for ``supported_ttl_s``.
+    Every failure to get a well-formed answer becomes :class:`FacilitatorUnavailable`, whose
+    message never carries the URL's credentials or the key.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key_id: str | None = None,
+        api_key_secret: str | Secret | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        supported_ttl_s: float = SUPPORTED_TTL_S,
+        supported_retry_s: float = SUPPORTED_RETRY_S,
+        max_connections: int = 100,
+        session: aiohttp.ClientSession | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"facilitator URL must be an http(s) URL with a host: {redact_url(base_url)}")
+        if timeout_s <= 0:
+            raise ValueError("facilitator timeout must be positive")
+        has_secret = bool(api_key_secret.reveal() if isinstance(api_key_secret, Secret) else api_key_secret)
+        if bool(api_key_id) != has_secret:
+            raise ValueError("set both the facilitator API key id and its secret, or neither")
+        if has_secret and (parts.username or parts.password):
+            raise ValueError(
+                f"facilitator URL carries credentials and an API key is set; use one: {redact_url(base_url)}"
+            )
+        self._key = CdpKey.parse(api_key_id, api_key_secret) if api_key_id and api_key_secret else None
+        base_path = parts.path.rstrip("/")
+        self._endpoints = {
+            name: urlunsplit((parts.scheme, parts.netloc, f"{base_path}/{name}", parts.query, ""))
+            for name in ("verify", "settle", "supported")
+        }
+        self.url = _public_url(base_url)
+        self._redacted = redact_url(base_url)
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
+        self._max_connections = max_connections
+        self._session = session
+        self._owns_session = session is None
+        self._clock = clock
+        self._supported_ttl_s = supported_ttl_s
+        self._supported_retry_s = supported_retry_s
+        self._supported: SupportedResponse | None = None
+        self._supported_expires = 0.0
+        self._supported_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"HttpFacilitator({self._redacted!r}, authenticated={self._key is not None})"
+
+    async def open(self) -> None:
+        """Create the session now (e.g. in the app's lifespan) rather than on the first call."""
+        self._get_session()
+
+    async def close(self) -> None:
+        """Close the session if we created it; a later call would open a new one."""
+        session, self._session = self._session, None
+        if session is not None and self._owns_session:
+            await session.close()
+
+    async def verify(self, payload: PaymentPayload, requirements: PaymentRequirements) -> VerifyResponse:
+        """Ask the facilitator whether ``payload`` pays ``requirements``; ``isValid: false`` is an answer."""
+        body = _encoder.encode(FacilitatorRequest(X402_VERSION, payload, requirements))
+        return await self._call("POST", "verify", body, _verify_decoder)
+
+    async def settle(self, payload: PaymentPayload, requirements: PaymentRequirements) -> SettleResponse:
+        """Ask the facilitator to submit the payment; ``success: false`` is an answer, not an error."""
+        body = _encoder.encode(FacilitatorRequest(X402_VERSION, payload, requirements))
+        return await self._call("POST", "settle", body, _settle_decoder)
+
+    async def supported(self) -> SupportedResponse:
+        """``/supported``, cached; concurrent callers share one refresh, and a failed refresh
+        keeps the stale answer (retried every ``supported_retry_s``) rather than failing 402s."""
+        if self._supported is not None and self._clock() < self._supported_expires:
+            return self._supported
+        async with self._supported_lock:
+            if self._supported is not None and self._clock() < self._supported_expires:
+                return self._supported
+            try:
+                fresh = await self._call("GET", "supported", None, _supported_decoder)
+            except FacilitatorUnavailable:
+                if self._supported is None:
+                    raise
+                self._supported_expires = self._clock() + self._supported_retry_s
+                return self._supported
+            self._supported = fresh
+            self._supported_expires = self._clock() + self._supported_ttl_s
+            return fresh
+
+    async def fee_payer(self, network: str, scheme: str = "exact") -> str | None:
+        """The fee payer to put in a challenge's ``extra.feePayer`` for ``network``."""
+        return fee_payer_for(await self.supported(), network, scheme)
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                timeout=self._timeout,
+            )
+            self._owns_session = True
+        return self._session
+
+    async def _call(self, method: str, name: str, body: bytes | None, decoder: msgspec.json.Decoder[T]) -> T:
+        url = self._endpoints[name]
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        if self._key is not None:
+            headers["Authorization"] = self._key.bearer(method, url)
+        where = f"facilitator {name} at {self._redacted}"
+        try:
+            async with self._get_session().request(
+                method, url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
+            ) as response:
+                status = response.status
+                raw = await _read_limited(response, MAX_RESPONSE_BYTES)
+        except TimeoutError:
+            raise FacilitatorUnavailable(f"{where}: timed out after {self._timeout_s:g}s") from None
+        except _ResponseTooLarge:
+            raise FacilitatorUnavailable(f"{where}: answer larger than {MAX_RESPONSE_BYTES} bytes") from None
+        except aiohttp.ClientError as exc:
+            raise FacilitatorUnavailable(f"{where}: {type(exc).__name__}") from None
+        if 200 <= status < 300 or status in _ANSWER_STATUSES:
+            try:
+                return decoder.decode(raw)
+            except msgspec.DecodeError:
+                if 200 <= status < 300:
+                    raise FacilitatorUnavailable(f"{where}: answer is not a valid {name} response") from None
+        hint = " (API key refused)" if status in (401, 403) else ""
+        raise FacilitatorUnavailable(f"{where}: HTTP {status}{hint}")
+
+
+class _ResponseTooLarge(Exception):
+    pass
+
+
+async def _read_limited(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """Read the body but refuse more than ``limit`` bytes: a facilitator cannot exhaust our memory."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise _ResponseTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _public_url(base_url: str) -> str:
+    """The base URL as advertised to clients: no userinfo, query or fragment (where keys hide)."""
+    parts = urlsplit(base_url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
