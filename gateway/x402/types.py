@@ -102,9 +102,11 @@ class VerifyResponse(Base):
 
 
 class SettleResponse(Base):
+    """``transaction`` is required on the wire (``""`` on failure): the reference SDKs insist."""
+
     success: bool
     network: str
-    transaction: str = ""
+    transaction: str
     errorReason: str | None = None
     errorMessage: str | None = None
     payer: str | None = None

@@ -453,7 +453,11 @@ class CdpFacilitatorServer:
         elif fault is Fault.SETTLE_FAILURE:
             reason = scripted.reason or "unexpected_settle_error"
             answer = SettleResponse(
-                success=False, network=network, errorReason=reason, errorMessage=f"scripted: {reason}"
+                success=False,
+                network=network,
+                transaction="",
+                errorReason=reason,
+                errorMessage=f"scripted: {reason}",
             )
         else:
             assert body is not None

@@ -1,0 +1,439 @@
+"""The internal facilitator: verify and settle exact Solana payments with our own fee-payer wallet.
+
+``verify`` = the pure rules of :mod:`gateway.x402.svm` + ``simulateTransaction``; nothing is sent.
+``settle`` = verify again, claim the payment in the shared store, sign slot 0, broadcast, and
+poll until confirmed. State lives in the :class:`~gateway.store.Store` (never in process memory)
+under the payment's message hash, so several gateway processes share one duplicate guard:
+
+* record ``pending`` (written atomically, with the signature, *before* broadcasting);
+  a settle that finds it reconciles against that signature (``getSignatureStatuses``) and never
+  broadcasts again; a confirmation timeout answers ``settlement_pending``;
+* record ``settled``: any later settle of the same payment answers ``duplicate_settlement`` with
+  the original signature in ``transaction``. We chose the refusal over replaying the success: a
+  settle is the authority to charge for one delivery, the x402 SDKs and conformance checks
+  expect a second settle to be refused, and the signature still lets an honest caller that
+  lost the first answer reconcile;
+* record ``failed``: the transaction failed on chain or was refused by the node; the client must
+  sign a new payment.
+
+Several settles may watch one pending signature (a retry, another process); when it confirms,
+an atomic claim of ``<key>:done`` lets exactly one of them answer ``success``; the others answer
+``duplicate_settlement``. So one payment is broadcast once and reported settled once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Literal
+
+import aiohttp
+import msgspec
+from solders.keypair import Keypair
+
+from gateway.facilitators import FacilitatorUnavailable
+from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SignatureStatus, SolanaRpc
+from gateway.store.base import Store
+from gateway.x402.svm import (
+    SCHEME_EXACT,
+    ExactCheck,
+    ExactPolicy,
+    Reason,
+    check_exact_payment,
+    encode_transaction,
+    normalize_network,
+    parse_wallet,
+    payment_key,
+    sign_as_fee_payer,
+    transaction_signature,
+)
+from gateway.x402.types import (
+    SOLANA_DEVNET,
+    SOLANA_MAINNET,
+    PaymentPayload,
+    PaymentRequirements,
+    SettleResponse,
+    SupportedKind,
+    SupportedResponse,
+    VerifyResponse,
+)
+
+MIN_SECRET_LENGTH = 32
+KEY_PREFIX = "x402:svm:settle:"
+DONE_SUFFIX = ":done"
+
+
+class ConfigProblem(msgspec.Struct, frozen=True):
+    """A start-up finding about the internal facilitator's configuration (never holds a secret)."""
+
+    message: str
+    fatal: bool = False
+
+
+def facilitator_config_problems(secret: str | None, wallet_base58: str | None) -> list[ConfigProblem]:
+    """Problems with ``INTERNAL_SETTLEMENT_SECRET`` / ``FACILITATOR_WALLET_BASE58``.
+
+    ``fatal`` ones (a malformed wallet) should stop start-up; the others are warnings. With
+    either variable unset the routes stay mounted and answer 401.
+    """
+    problems: list[ConfigProblem] = []
+    if secret and len(secret) < MIN_SECRET_LENGTH:
+        problems.append(
+            ConfigProblem(
+                f"INTERNAL_SETTLEMENT_SECRET is shorter than {MIN_SECRET_LENGTH} characters; "
+                "use a long random value"
+            )
+        )
+    if wallet_base58:
+        try:
+            parse_wallet(wallet_base58)
+        except ValueError as exc:
+            problems.append(ConfigProblem(str(exc), fatal=True))
+    if secret and not wallet_base58:
+        problems.append(
+            ConfigProblem(
+                "INTERNAL_SETTLEMENT_SECRET is set but FACILITATOR_WALLET_BASE58 is not: "
+                "the internal facilitator routes answer 401"
+            )
+        )
+    if wallet_base58 and not secret:
+        problems.append(
+            ConfigProblem(
+                "FACILITATOR_WALLET_BASE58 is set but INTERNAL_SETTLEMENT_SECRET is not: "
+                "the internal facilitator routes answer 401"
+            )
+        )
+    return problems
+
+
+class SettlementRecord(msgspec.Struct, frozen=True):
+    """What the store remembers about one payment (keyed by its message hash)."""
+
+    state: Literal["pending", "settled", "failed"]
+    signature: str
+    network: str
+    payer: str
+    amount: str
+    error: str | None = None
+
+
+_record_decoder = msgspec.json.Decoder(SettlementRecord)
+_encoder = msgspec.json.Encoder()
+
+
+class LocalFacilitator:
+    """:class:`gateway.facilitators.Facilitator` backed by our own Solana fee-payer wallet."""
+
+    def __init__(
+        self,
+        wallet: Keypair,
+        store: Store,
+        *,
+        mainnet_rpc_url: str,
+        devnet_rpc_url: str | None = None,
+        url: str = "",
+        session: aiohttp.ClientSession | None = None,
+        policy: ExactPolicy | None = None,
+        rpc_timeout_s: float = 10.0,
+        confirm_interval_s: float = 1.0,
+        confirm_timeout_s: float = 30.0,
+        record_ttl_s: float = 900.0,
+    ) -> None:
+        """``url`` is the public URL advertised in challenges (no credentials).
+
+        ``record_ttl_s`` must outlive a blockhash (60-90 s): after it, the same transaction can
+        no longer land, so forgetting it is safe.
+        """
+        self.url = url
+        self._wallet = wallet
+        self._address = str(wallet.pubkey())
+        self._store = store
+        self._policy = policy or ExactPolicy()
+        self._session = session
+        self._owns_session = session is None
+        self._rpc_timeout_s = rpc_timeout_s
+        self._rpc_urls: dict[str, str] = {SOLANA_MAINNET: mainnet_rpc_url}
+        if devnet_rpc_url:
+            self._rpc_urls[SOLANA_DEVNET] = devnet_rpc_url
+        self._rpcs: dict[str, SolanaRpc] = {}
+        self._confirm_interval_s = confirm_interval_s
+        self._confirm_timeout_s = confirm_timeout_s
+        self._record_ttl_ms = int(record_ttl_s * 1000)
+
+    def __repr__(self) -> str:
+        return f"LocalFacilitator(fee_payer={self._address}, networks={self.networks})"
+
+    @property
+    def fee_payer(self) -> str:
+        return self._address
+
+    @property
+    def networks(self) -> list[str]:
+        return list(self._rpc_urls)
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None and not self._session.closed:
+            await self._session.close()
+
+    def _rpc_for(self, network: str | None) -> SolanaRpc:
+        """The RPC client of ``network`` (opened lazily, inside the event loop)."""
+        network = network if network in self._rpc_urls else SOLANA_MAINNET
+        rpc = self._rpcs.get(network)
+        if rpc is None:
+            if self._session is None or (self._owns_session and self._session.closed):
+                self._session = aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=self._rpc_timeout_s)
+                )
+                self._rpcs.clear()
+            rpc = SolanaRpc(self._rpc_urls[network], self._session, timeout_s=self._rpc_timeout_s)
+            self._rpcs[network] = rpc
+        return rpc
+
+    async def supported(self) -> SupportedResponse:
+        kinds = [
+            SupportedKind(
+                x402Version=2, scheme=SCHEME_EXACT, network=network, extra={"feePayer": self._address}
+            )
+            for network in self._rpc_urls
+        ]
+        return SupportedResponse(kinds=kinds, extensions=[], signers={"solana:*": [self._address]})
+
+    # --- verify ---------------------------------------------------------------------------
+
+    def _check(self, payload: PaymentPayload, requirements: PaymentRequirements) -> ExactCheck:
+        check = check_exact_payment(payload, requirements, (self._address,), self._policy)
+        if check.ok and normalize_network(requirements.network) not in self._rpc_urls:
+            return ExactCheck(
+                reason=Reason.INVALID_NETWORK,
+                message=f"this facilitator does not serve {requirements.network}",
+                payer=check.payer,
+                transaction=check.transaction,
+            )
+        return check
+
+    def _rpc(self, requirements: PaymentRequirements) -> SolanaRpc:
+        return self._rpc_for(normalize_network(requirements.network))
+
+    async def _simulate(self, check: ExactCheck, requirements: PaymentRequirements) -> VerifyResponse:
+        """Simulate the fee-payer-signed transaction; nothing is broadcast."""
+        assert check.transaction is not None
+        signed = sign_as_fee_payer(check.transaction, self._wallet)
+        try:
+            result = await self._rpc(requirements).simulate_transaction(encode_transaction(signed))
+        except RpcUnavailable as exc:
+            raise FacilitatorUnavailable(f"Solana RPC unavailable: {exc}") from None
+        except RpcResponseError as exc:
+            return VerifyResponse(
+                isValid=False,
+                invalidReason=Reason.SIMULATION_FAILED.value,
+                invalidMessage=f"simulation refused: {exc.rpc_message}",
+                payer=check.payer,
+            )
+        if result.err is not None:
+            return VerifyResponse(
+                isValid=False,
+                invalidReason=Reason.SIMULATION_FAILED.value,
+                invalidMessage=f"simulation failed: {_encoder.encode(result.err).decode()}",
+                payer=check.payer,
+            )
+        return VerifyResponse(isValid=True, payer=check.payer)
+
+    async def verify(self, payload: PaymentPayload, requirements: PaymentRequirements) -> VerifyResponse:
+        """Every rule, a look at the shared store, then ``simulateTransaction``. Nothing is sent.
+
+        Raises :class:`FacilitatorUnavailable` when the RPC node cannot be reached and
+        :class:`~gateway.store.StoreUnavailable` when the store cannot.
+        """
+        check = self._check(payload, requirements)
+        if not check.ok or check.transaction is None:
+            return check.verify_response()
+        record = await self._load(payment_key(check.transaction))
+        if record is not None:
+            return VerifyResponse(
+                isValid=False,
+                invalidReason=Reason.DUPLICATE_SETTLEMENT.value,
+                invalidMessage=f"this payment was already submitted ({record.state})",
+                payer=check.payer,
+            )
+        return await self._simulate(check, requirements)
+
+    # --- settle ---------------------------------------------------------------------------
+
+    async def settle(self, payload: PaymentPayload, requirements: PaymentRequirements) -> SettleResponse:
+        """Verify again, claim, sign, broadcast once, confirm (see the module docstring).
+
+        Raises :class:`FacilitatorUnavailable` when the node is unreachable before anything
+        was broadcast, :class:`~gateway.store.StoreUnavailable` when the store is.
+        """
+        network = requirements.network
+        check = self._check(payload, requirements)
+        if not check.ok or check.transaction is None:
+            return self._failure(network, check.reason or Reason.INVALID_PAYLOAD, check.message, check.payer)
+        payer = check.payer or ""
+        key = KEY_PREFIX + payment_key(check.transaction)
+
+        record = await self._load_key(key)
+        if record is not None:
+            return await self._resume(key, record)
+
+        verdict = await self._simulate(check, requirements)
+        if not verdict.isValid:
+            # A concurrent settle of the same payment may have landed it meanwhile.
+            record = await self._load_key(key)
+            if record is not None:
+                return await self._resume(key, record)
+            return self._failure(
+                network,
+                Reason(verdict.invalidReason or Reason.SIMULATION_FAILED),
+                verdict.invalidMessage,
+                payer,
+            )
+
+        signed = sign_as_fee_payer(check.transaction, self._wallet)
+        record = SettlementRecord(
+            state="pending",
+            signature=transaction_signature(signed),
+            network=network,
+            payer=payer,
+            amount=requirements.amount,
+        )
+        # Claim before broadcasting: whoever wins sends; everyone else reconciles or refuses.
+        if not await self._store.claim(key, _encoder.encode(record).decode(), self._record_ttl_ms):
+            existing = await self._load_key(key)
+            if existing is None:  # claimed and expired in between: only after record_ttl_s
+                return self._failure(network, Reason.DUPLICATE_SETTLEMENT, "payment seen before", payer)
+            return await self._resume(key, existing)
+
+        try:
+            await self._rpc(requirements).send_transaction(encode_transaction(signed), skip_preflight=True)
+        except RpcResponseError as exc:
+            # The node refused it outright: it cannot land. Terminal for this transaction.
+            message = f"broadcast refused: {exc.rpc_message}"
+            await self._put(key, msgspec.structs.replace(record, state="failed", error=message))
+            return self._failure(network, Reason.TRANSACTION_FAILED, message, payer)
+        except RpcUnavailable:
+            pass  # Ambiguous: it may have been forwarded. Watch the signature; never resend.
+        return await self._confirm(key, record)
+
+    async def _resume(self, key: str, record: SettlementRecord) -> SettleResponse:
+        """A settle of a payment the store already knows: refuse, or reconcile its signature."""
+        if record.state == "settled":
+            return self._duplicate(record)
+        if record.state == "failed":
+            return self._failure(record.network, Reason.TRANSACTION_FAILED, record.error, record.payer)
+        return await self._confirm(key, record)
+
+    async def _confirm(self, key: str, record: SettlementRecord) -> SettleResponse:
+        """Poll the recorded signature until confirmed, failed, or the timeout (never resend).
+
+        Several settles may watch one signature (retries, other processes); the atomic claim
+        of ``key + DONE_SUFFIX`` lets exactly one of them answer ``success``.
+        """
+        rpc = self._rpc_for(normalize_network(record.network))
+        deadline = time.monotonic() + self._confirm_timeout_s
+        while True:
+            status: SignatureStatus | None = None
+            with contextlib.suppress(RpcUnavailable, RpcResponseError):
+                statuses = await rpc.get_signature_statuses([record.signature])
+                status = statuses[0] if statuses else None
+            if status is not None and status.err is not None:
+                message = f"transaction failed: {_encoder.encode(status.err).decode()}"
+                await self._put(key, msgspec.structs.replace(record, state="failed", error=message))
+                return self._failure(record.network, Reason.TRANSACTION_FAILED, message, record.payer)
+            if status is not None and status.confirmed:
+                won = await self._store.claim(key + DONE_SUFFIX, record.signature, self._record_ttl_ms)
+                settled = msgspec.structs.replace(record, state="settled")
+                await self._put(key, settled)
+                if not won:
+                    return self._duplicate(settled)
+                return SettleResponse(
+                    success=True,
+                    transaction=record.signature,
+                    network=record.network,
+                    payer=record.payer,
+                    amount=record.amount,
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return self._failure(
+                    record.network,
+                    Reason.SETTLEMENT_PENDING,
+                    "broadcast, not yet confirmed; settle again to reconcile",
+                    record.payer,
+                    record.signature,
+                )
+            await asyncio.sleep(min(self._confirm_interval_s, remaining))
+
+    # --- store helpers ----------------------------------------------------------------------
+
+    async def _load(self, message_hash: str) -> SettlementRecord | None:
+        return await self._load_key(KEY_PREFIX + message_hash)
+
+    async def _load_key(self, key: str) -> SettlementRecord | None:
+        raw = await self._store.get(key)
+        if raw is None:
+            return None
+        try:
+            return _record_decoder.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            # Not ours to overwrite; treat as a payment in an unknown state (never resend).
+            return SettlementRecord(
+                state="failed", signature="", network="", payer="", amount="", error="unreadable record"
+            )
+
+    async def _put(self, key: str, record: SettlementRecord) -> None:
+        """Record a final state. Best effort: the outcome is on chain already, and if this
+        write is lost the ``pending`` record still blocks a re-broadcast."""
+        with contextlib.suppress(Exception):
+            await self._store.put(key, _encoder.encode(record).decode(), self._record_ttl_ms)
+
+    @staticmethod
+    def _duplicate(record: SettlementRecord) -> SettleResponse:
+        return SettleResponse(
+            success=False,
+            errorReason=Reason.DUPLICATE_SETTLEMENT.value,
+            errorMessage="this payment was already settled",
+            transaction=record.signature,
+            network=record.network,
+            payer=record.payer,
+            amount=record.amount,
+        )
+
+    @staticmethod
+    def _failure(
+        network: str, reason: Reason, message: str | None, payer: str | None, transaction: str = ""
+    ) -> SettleResponse:
+        return SettleResponse(
+            success=False,
+            errorReason=reason.value,
+            errorMessage=message,
+            transaction=transaction,
+            network=network,
+            payer=payer,
+        )
+
+
+def load_local_facilitator(
+    wallet_base58: str | None,
+    store: Store,
+    *,
+    mainnet_rpc_url: str,
+    devnet_rpc_url: str | None = None,
+    url: str = "",
+    session: aiohttp.ClientSession | None = None,
+) -> LocalFacilitator | None:
+    """The facilitator for ``FACILITATOR_WALLET_BASE58``, or None when it is unset.
+
+    Raises ValueError (safe message) when the wallet is malformed.
+    """
+    if not wallet_base58:
+        return None
+    return LocalFacilitator(
+        parse_wallet(wallet_base58),
+        store,
+        mainnet_rpc_url=mainnet_rpc_url,
+        devnet_rpc_url=devnet_rpc_url,
+        url=url,
+        session=session,
+    )
