@@ -26,6 +26,7 @@ class ErrorCode(enum.StrEnum):
     STORE_UNAVAILABLE = "store_unavailable"
     FACILITATOR_UNAVAILABLE = "facilitator_unavailable"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    SETTLEMENT_PENDING = "settlement_pending"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -41,6 +42,7 @@ STATUS_BY_CODE: dict[ErrorCode, int] = {
     ErrorCode.STORE_UNAVAILABLE: 503,
     ErrorCode.FACILITATOR_UNAVAILABLE: 503,
     ErrorCode.IDEMPOTENCY_CONFLICT: 409,
+    ErrorCode.SETTLEMENT_PENDING: 503,
     ErrorCode.INTERNAL_ERROR: 500,
 }
 

@@ -1,0 +1,108 @@
+"""JsonRpcProxy: forward a validated paid call to the provider as JSON-RPC 2.0.
+
+Success means HTTP 2xx and a JSON body with ``result`` and no ``error``; only then is
+``scope["state"]["upstream_ok"]`` set and the provider's JSON passed on (SettleAfterSuccess
+settles on that flag). Everything else is a 502 or 504 and nothing is settled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
+from gateway.errors import ErrorCode, GatewayError
+from gateway.routes import RouteSpec
+from gateway.services import Services
+
+MAX_UPSTREAM_BYTES = 8 * 1024 * 1024
+
+
+class JsonRpcRequest(msgspec.Struct):
+    jsonrpc: str
+    id: str | int | None
+    method: str
+    params: Any
+
+
+class JsonRpcError(msgspec.Struct):
+    code: int | None = None
+    message: str | None = None
+
+
+class JsonRpcReply(msgspec.Struct):
+    """Only what decides success; the body itself is passed through untouched."""
+
+    jsonrpc: str | None = None
+    result: msgspec.Raw = msgspec.Raw(b"")
+    error: JsonRpcError | None = None
+
+
+async def read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body, refusing more than ``limit`` bytes (a provider must not exhaust memory)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(65536):
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(ErrorCode.UPSTREAM_ERROR, "upstream answer too large; nothing was charged")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+_reply = msgspec.json.Decoder(JsonRpcReply)
+_encode = msgspec.json.Encoder().encode
+
+
+class JsonRpcProxy:
+    def __init__(self, route: RouteSpec, services: Services) -> None:
+        assert route.upstream is not None and route.operation is not None
+        self.services = services
+        self.upstream = route.upstream
+        self.url = services.settings.upstream_url(route.upstream) or ""
+        self.method = route.operation
+        self.named = route.forward_params == "named"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body: dict[str, Any] = scope["state"]["input"]
+        params = body["params"]
+        if self.named and isinstance(params, list) and len(params) == 1:
+            params = params[0]
+        request = JsonRpcRequest(jsonrpc="2.0", id=body.get("id", 1), method=self.method, params=params)
+        raw = await self._post(_encode(request))
+        try:
+            reply = _reply.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider answered with invalid JSON-RPC") from exc
+        if reply.error is not None:
+            raise GatewayError(
+                ErrorCode.UPSTREAM_ERROR,
+                "provider returned a JSON-RPC error; nothing was charged",
+                {"rpcError": {"code": reply.error.code, "message": (reply.error.message or "")[:200]}},
+            )
+        if not reply.result:
+            raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider answer has no result; nothing was charged")
+        scope["state"]["upstream_ok"] = True
+        await send_bytes(send, 200, raw, (JSON_CONTENT_TYPE,))
+
+    async def _post(self, payload: bytes) -> bytes:
+        session = self.services.session(self.upstream)
+        try:
+            async with session.post(
+                self.url, data=payload, headers={"content-type": "application/json"}
+            ) as resp:
+                status = resp.status
+                raw = await read_limited(resp, MAX_UPSTREAM_BYTES)
+        except TimeoutError as exc:
+            raise GatewayError(ErrorCode.UPSTREAM_TIMEOUT, "provider timed out; nothing was charged") from exc
+        except aiohttp.ClientError as exc:
+            raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider unreachable; nothing was charged") from exc
+        if not 200 <= status < 300:
+            raise GatewayError(
+                ErrorCode.UPSTREAM_ERROR,
+                f"provider answered HTTP {status}; nothing was charged",
+                {"status": status},
+            )
+        return raw

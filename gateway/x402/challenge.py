@@ -1,0 +1,135 @@
+"""The 402 challenge of an exact route, built once per route and re-encoded only when the
+facilitator's fee payer changes (design.md: nothing decided per request that can be decided
+at start-up)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from gateway.x402.headers import encode_header
+from gateway.x402.types import (
+    ChallengeAccept,
+    FacilitatorRef,
+    PaymentRequired,
+    PaymentRequirements,
+    ResourceInfo,
+)
+
+PAYMENT_IDENTIFIER = "payment-identifier"
+BAZAAR = "bazaar"
+PAYMENT_ID_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "required": {"type": "boolean"},
+        "id": {"type": "string", "minLength": 16, "maxLength": 128, "pattern": "^[a-zA-Z0-9_-]+$"},
+    },
+    "required": ["required"],
+}
+
+
+def bazaar_extension(
+    method: str, body_schema: dict[str, Any] | None, output: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The v2 ``bazaar`` discovery extension: how to call the resource, as info plus schema."""
+    info_input: dict[str, Any] = {
+        "type": "http",
+        "method": method,
+        "bodyType": "json",
+        "body": {"params": []},
+    }
+    return {
+        "info": {"input": info_input, "output": {"type": "json"}},
+        "schema": {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "properties": {
+                "input": {
+                    "type": "object",
+                    "properties": {
+                        "type": {"type": "string", "const": "http"},
+                        "method": {"type": "string", "enum": [method]},
+                        "bodyType": {"type": "string", "enum": ["json"]},
+                        "body": body_schema or {"type": "object"},
+                    },
+                    "required": ["type", "method", "bodyType", "body"],
+                },
+                "output": {
+                    "type": "object",
+                    "properties": {"type": {"type": "string"}, "example": output or {}},
+                },
+            },
+            "required": ["input"],
+        },
+    }
+
+
+class ExactChallenge:
+    """One route's PaymentRequired; ``render`` gives (JSON body, PAYMENT-REQUIRED header value)."""
+
+    def __init__(
+        self,
+        requirements: PaymentRequirements,
+        resource_url: str,
+        description: str,
+        input_schema: dict[str, Any] | None,
+        output_schema: dict[str, Any] | None,
+        facilitator_url: str,
+        method: str,
+    ) -> None:
+        self.requirements = requirements
+        self.resource = ResourceInfo(url=resource_url, description=description, mimeType="application/json")
+        self.description = description
+        self.output_schema = {"input": input_schema or {}, "output": output_schema or {}}
+        self.facilitator = FacilitatorRef(url=facilitator_url)
+        self.extensions: dict[str, Any] = {
+            BAZAAR: bazaar_extension(method, input_schema, output_schema),
+            PAYMENT_IDENTIFIER: {"info": {"required": False}, "schema": PAYMENT_ID_SCHEMA},
+        }
+        self._cache: dict[str, tuple[bytes, str]] = {}
+
+    def requirements_for(self, fee_payer: str) -> PaymentRequirements:
+        """What the facilitator is asked to verify and settle: v2 fields only."""
+        r = self.requirements
+        return PaymentRequirements(
+            scheme=r.scheme,
+            network=r.network,
+            amount=r.amount,
+            asset=r.asset,
+            payTo=r.payTo,
+            maxTimeoutSeconds=r.maxTimeoutSeconds,
+            extra={**(r.extra or {}), "feePayer": fee_payer},
+        )
+
+    def build(self, fee_payer: str, error: str | None = None) -> PaymentRequired:
+        r = self.requirements_for(fee_payer)
+        accept = ChallengeAccept(
+            scheme=r.scheme,
+            network=r.network,
+            amount=r.amount,
+            asset=r.asset,
+            payTo=r.payTo,
+            maxTimeoutSeconds=r.maxTimeoutSeconds,
+            extra=r.extra,
+            maxAmountRequired=r.amount,
+            resource=self.resource.url,
+            description=self.description,
+            mimeType="application/json",
+            outputSchema=self.output_schema,
+            facilitator=self.facilitator,
+        )
+        return PaymentRequired(
+            x402Version=2, resource=self.resource, accepts=[accept], error=error, extensions=self.extensions
+        )
+
+    def render(self, fee_payer: str, error: str | None = None) -> tuple[bytes, str]:
+        """Encoded body and header; the error-free form is cached per fee payer."""
+        if error is None and fee_payer in self._cache:
+            return self._cache[fee_payer]
+        challenge = self.build(fee_payer, error)
+        rendered = (msgspec.json.encode(challenge), encode_header(challenge))
+        if error is None:
+            self._cache[fee_payer] = rendered
+        return rendered
