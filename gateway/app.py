@@ -19,15 +19,21 @@ from starlette.middleware import Middleware
 from gateway.asgi import ASGIApp
 from gateway.config import Settings, startup_notes
 from gateway.handlers.catalog import CatalogHandler
+from gateway.handlers.facilitator import InternalFacilitatorRoutes
 from gateway.handlers.health import HealthHandler
+from gateway.handlers.jsonrpc import JsonRpcProxy
 from gateway.handlers.metrics import MetricsHandler
+from gateway.handlers.tokens import TokensHandler
 from gateway.logs import configure_logging, log_event
 from gateway.router import GatewayRoute, MethodDispatcher, not_found
 from gateway.routes import RateLimitSpec, RouteSpec, load_routes, named_limits, plan_routes
 from gateway.services import Services
 from gateway.store import Store
 from middleware.cors import CorsMiddleware
+from middleware.exact import CREDENTIAL_HEADERS, X402Exact, exact_challenge
 from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
+from middleware.settle import SettleAfterSuccess, Settler
+from middleware.siwx import SignInWithX
 from middleware.telemetry import TelemetryMiddleware
 
 HandlerFactory = Callable[[RouteSpec, Services], ASGIApp]
@@ -70,6 +76,49 @@ def challenge_limit(app: ASGIApp, services: Services, credential_headers: tuple[
 ACCESS_LAYERS["public"] = _public
 
 
+def _siwx(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
+    return challenge_limit(SignInWithX(app, route, services), services, (b"sign-in-with-x",))
+
+
+def _tokens(route: RouteSpec, services: Services) -> ASGIApp:
+    return TokensHandler(route, services)
+
+
+ACCESS_LAYERS["siwx"] = _siwx
+HANDLERS["tokens"] = _tokens
+
+
+def _jsonrpc(route: RouteSpec, services: Services) -> ASGIApp:
+    return JsonRpcProxy(route, services)
+
+
+def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
+    facilitator = services.facilitator
+    assert facilitator is not None, "exact routes are mounted only with a facilitator"
+    settler = Settler(route, services, facilitator, exact_challenge(route, services, facilitator))
+    return challenge_limit(X402Exact(SettleAfterSuccess(app, settler), settler), services, CREDENTIAL_HEADERS)
+
+
+def _internal(route: RouteSpec, services: Services) -> ASGIApp:
+    """The internal facilitator endpoint; it checks the shared secret before anything else."""
+    endpoints = services.extras.get("internal")
+    if endpoints is None:
+        secret = services.settings.internal_secret.reveal()
+        endpoints = InternalFacilitatorRoutes(
+            services.local_facilitator, secret or None, body_limit=services.settings.max_body_bytes
+        )
+        services.extras["internal"] = endpoints
+    endpoint: ASGIApp = getattr(endpoints, route.handler.removeprefix("facilitator_"))
+    return endpoint
+
+
+HANDLERS["jsonrpc"] = _jsonrpc
+HANDLERS["facilitator_supported"] = HANDLERS["facilitator_verify"] = HANDLERS["facilitator_settle"] = (
+    _internal
+)
+ACCESS_LAYERS["exact"] = _exact
+
+
 def build_pipeline(route: RouteSpec, services: Services) -> ASGIApp:
     """The handler with exactly the middlewares its access mode needs (CORS is per path)."""
     app = HANDLERS[route.handler](route, services)
@@ -96,8 +145,8 @@ def create_app(
         pipelines = {r.method: (r, build_pipeline(r, services)) for r in specs}
         methods = [r.method for r in specs]
         app: ASGIApp
-        if all(r.access == "internal" for r in specs):
-            app = MethodDispatcher(pipelines, ", ".join(methods))
+        if len(specs) == 1 and specs[0].access == "internal":
+            app = pipelines[specs[0].method][1]  # secret gate first, then its own method check
         else:
             cors_methods = [*methods, "HEAD"] if "GET" in methods else methods
             app = CorsMiddleware(MethodDispatcher(pipelines, ", ".join([*cors_methods, "OPTIONS"])), methods)

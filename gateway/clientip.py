@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 
-from gateway.asgi import Scope, header
+from gateway.asgi import Scope
 from gateway.config import IpNetwork
 
 
@@ -26,7 +26,9 @@ def client_ip(scope: Scope, proxies: Sequence[IpNetwork]) -> str:
     peer = client[0] if client else "unknown"
     if not proxies or not _trusted(peer, proxies):
         return str(peer)
-    forwarded = header(scope, b"x-forwarded-for")
+    # Several X-Forwarded-For lines are one list in order (RFC 9110 5.3): a proxy that adds its
+    # own line after the client's must still be read right-most first.
+    forwarded = ",".join(v.decode("latin-1") for k, v in scope["headers"] if k == b"x-forwarded-for")
     if not forwarded:
         return str(peer)
     hops = [h.strip() for h in forwarded.split(",") if h.strip()]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -15,7 +16,7 @@ from urllib.parse import urlsplit
 import msgspec
 from solders.pubkey import Pubkey
 
-from gateway.redact import Secret
+from gateway.redact import Secret, redact_url
 from gateway.x402.types import USDC_MAINNET_MINT
 
 CDP_FACILITATOR_URL = "https://api.cdp.coinbase.com/platform/v2/x402"
@@ -24,6 +25,10 @@ PACKAGED_ROUTES_FILE = Path(__file__).with_name("routes.yaml")
 INTERNAL = "internal"
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# ASCII digits only: int()/float() would also take "80_80", "+5" or non-ASCII digits.
+_INTEGER = re.compile(r"-?[0-9]+")
+_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 # Upstream config names used by routes.yaml -> the environment variable holding the URL.
 UPSTREAM_ENV: dict[str, str] = {
@@ -101,11 +106,10 @@ class _Reader:
         raw = self.text(name)
         if not raw:
             return default
-        try:
-            value = int(raw)
-        except ValueError:
+        if not _INTEGER.fullmatch(raw):
             self.problems.append(f"{name} must be an integer, got {raw[:20]!r}")
             return default
+        value = int(raw)
         if not low <= value <= high:
             self.problems.append(f"{name} must be between {low} and {high}, got {value}")
         return value
@@ -114,11 +118,10 @@ class _Reader:
         raw = self.text(name)
         if not raw:
             return default
-        try:
-            value = float(raw)
-        except ValueError:
+        if not _NUMBER.fullmatch(raw):
             self.problems.append(f"{name} must be a number, got {raw[:20]!r}")
             return default
+        value = float(raw)
         if not low <= value <= high:
             self.problems.append(f"{name} must be between {low} and {high}, got {value}")
         return value
@@ -154,10 +157,16 @@ def _base_url(reader: _Reader) -> str:
     if not raw:
         reader.problems.append("GATEWAY_BASE_URL is required (for example https://gateway.example.com)")
         return ""
-    parts = urlsplit(raw)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+    try:
+        parts = urlsplit(raw)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        valid = False
+    if not valid or parts.query or parts.fragment or parts.username or parts.password:
+        # Shown redacted: a query or userinfo may carry a key.
         reader.problems.append(
-            f"GATEWAY_BASE_URL must be an absolute http(s) URL without query or fragment, got {raw[:80]!r}"
+            "GATEWAY_BASE_URL must be an absolute http(s) URL without query, fragment or credentials, "
+            f"got {redact_url(raw)[:80]!r}"
         )
         return ""
     return raw.rstrip("/")
@@ -198,6 +207,26 @@ def _log_level(reader: _Reader) -> str:
     return level
 
 
+def _check_keys(settings: Settings, problems: list[str]) -> None:
+    """Key material is parsed at start-up so a bad key is a config problem, not a crash later."""
+    from gateway.cdp_auth import CdpKey
+    from gateway.x402.svm import parse_wallet
+
+    if settings.facilitator_wallet:
+        try:
+            parse_wallet(settings.facilitator_wallet.reveal())
+        except ValueError as exc:
+            problems.append(str(exc))
+    key_id, secret = settings.facilitator_api_key_id, settings.facilitator_api_key_secret
+    if bool(key_id) != bool(secret):
+        problems.append("set both FACILITATOR_API_KEY_ID and FACILITATOR_API_KEY_SECRET, or neither")
+    elif key_id and not settings.uses_internal_facilitator:
+        try:
+            CdpKey.parse(key_id, secret)
+        except ValueError as exc:
+            problems.append(f"FACILITATOR_API_KEY_SECRET: {exc}")
+
+
 def load_settings(env: Mapping[str, str]) -> Settings:
     """Read the environment once; raise :class:`ConfigError` listing every problem."""
     r = _Reader(env)
@@ -231,6 +260,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         log_level=_log_level(r),
         payment_timeout_s=r.integer("X402_MAX_TIMEOUT_SECONDS", 60, 5, 3600),
     )
+    _check_keys(settings, r.problems)
     if settings.siwx_secret and len(settings.siwx_secret.reveal()) < 32:
         r.problems.append("SIWX_SECRET must be at least 32 characters (shared by all replicas)")
     if not settings.routes_file.is_file():

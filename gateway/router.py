@@ -84,7 +84,7 @@ class GatewayRoute(BaseRoute):
         self.regex, _, self.convertors = compile_path(path)
 
     def matches(self, scope: StarletteScope) -> tuple[Match, StarletteScope]:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or _has_encoded_slash(scope):
             return Match.NONE, {}
         found = self.regex.match(scope["path"])
         if found is None:
@@ -98,6 +98,12 @@ class GatewayRoute(BaseRoute):
     async def handle(self, scope: StarletteScope, receive: StarletteReceive, send: StarletteSend) -> None:
         request_context(scope).route = self.name
         await self.app(scope, receive, send)
+
+
+def _has_encoded_slash(scope: StarletteScope) -> bool:
+    """``%2F`` decodes to ``/`` before matching, so ``a%2Fb`` would reach another route: refuse it."""
+    raw = scope.get("raw_path") or b""
+    return b"%2f" in raw.lower()
 
 
 async def not_found(scope: StarletteScope, receive: StarletteReceive, send: StarletteSend) -> None:

@@ -34,6 +34,7 @@ ROUTE_KEYS = {
     "price", "rate_limits", "input", "output", "description", "listed", "replay_cap_bytes",
     "forward_params",
 }  # fmt: skip
+METHOD_KEYS = {"description", "params", "output", "forward_params"}
 DEFAULT_REPLAY_CAP_BYTES = 1024 * 1024
 
 
@@ -98,18 +99,19 @@ def parse_routes(doc: Any, limits: Mapping[str, tuple[int, int]]) -> list[RouteS
     if not isinstance(doc, dict):
         raise RoutesError("routes.yaml: the top level must be a mapping")
     pricing = doc.get("pricing") or {}
-    routes: list[RouteSpec] = []
+    located: list[tuple[str, RouteSpec]] = []
     for i, raw in enumerate(doc.get("routes") or []):
-        routes.append(_route(raw, f"routes[{i}]", pricing, limits))
+        located.append((f"routes[{i}]", _route(raw, f"routes[{i}]", pricing, limits)))
     for i, template in enumerate(doc.get("templates") or []):
-        routes.extend(_expand(template, f"templates[{i}]", pricing, limits))
-    _check_unique(routes)
+        located.extend(_expand(template, f"templates[{i}]", pricing, limits))
+    routes = [route for _, route in located]
+    _check_unique(routes, [where for where, _ in located])
     return routes
 
 
 def _expand(
     template: Any, where: str, pricing: Mapping[str, Any], limits: Mapping[str, tuple[int, int]]
-) -> list[RouteSpec]:
+) -> list[tuple[str, RouteSpec]]:
     if not isinstance(template, dict):
         raise RoutesError(f"{where}: a template must be a mapping")
     methods = template.get("methods")
@@ -119,7 +121,7 @@ def _expand(
     if not isinstance(matrices, list) or not matrices:
         raise RoutesError(f"{where}.expand: a template needs a list of matrices")
     body = {k: v for k, v in template.items() if k not in ("methods", "expand")}
-    routes: list[RouteSpec] = []
+    routes: list[tuple[str, RouteSpec]] = []
     for m, matrix in enumerate(matrices):
         if not isinstance(matrix, dict) or set(matrix) - {"cluster", "provider"}:
             raise RoutesError(f"{where}.expand[{m}]: a matrix maps cluster and provider to lists")
@@ -131,7 +133,8 @@ def _expand(
                 raw.update(
                     _method_fields(_fill(method_spec or {}, values), method, f"{where}.methods.{method}")
                 )
-                routes.append(_route(raw, f"{where}[{'/'.join(values.values())}]", pricing, limits))
+                at = f"{where}[{'/'.join(values.values())}]"
+                routes.append((at, _route(raw, at, pricing, limits)))
     return routes
 
 
@@ -139,6 +142,9 @@ def _method_fields(spec: Any, method: str, where: str) -> dict[str, Any]:
     """A template method's description and params schema -> route fields (JSON-RPC body schema)."""
     if not isinstance(spec, dict):
         raise RoutesError(f"{where}: must be a mapping")
+    unknown = set(spec) - METHOD_KEYS
+    if unknown:
+        raise RoutesError(f"{where}: unknown field(s) {sorted(unknown)} (known: {sorted(METHOD_KEYS)})")
     fields: dict[str, Any] = {"description": spec.get("description", method)}
     params = spec.get("params", {"type": "array"})
     fields["input"] = {
@@ -210,6 +216,9 @@ def _route(
         raise RoutesError(f"{where}.price: an exact route needs a price")
     if access != "exact" and price is not None:
         raise RoutesError(f"{where}.price: only exact routes carry a price")
+    forward_params = raw.get("forward_params", "as_is")
+    if forward_params not in ("as_is", "named"):
+        raise RoutesError(f"{where}.forward_params: must be as_is or named")
     input_schemas = raw.get("input") or {}
     if not isinstance(input_schemas, dict) or set(input_schemas) - INPUT_LOCATIONS:
         raise RoutesError(f"{where}.input: maps path, query or body to a JSON Schema")
@@ -220,6 +229,7 @@ def _route(
             check_schema(raw["output"], f"{where}.output")
     except SchemaError as exc:
         raise RoutesError(str(exc)) from exc
+    rate_limits = _rate_limits(raw.get("rate_limits"), f"{where}.rate_limits", limits)
     try:
         return RouteSpec(
             name=name,
@@ -233,12 +243,12 @@ def _route(
             upstream_path=raw.get("upstream_path"),
             operation=raw.get("operation"),
             price_micro_usdc=price,
-            rate_limits=_rate_limits(raw.get("rate_limits"), f"{where}.rate_limits", limits),
+            rate_limits=rate_limits,
             input=input_schemas,
             output=raw.get("output"),
             listed=bool(raw.get("listed", True)),
             replay_cap_bytes=int(raw.get("replay_cap_bytes", DEFAULT_REPLAY_CAP_BYTES)),
-            forward_params=raw.get("forward_params", "as_is"),
+            forward_params=forward_params,
         )
     except (TypeError, ValueError, msgspec.ValidationError) as exc:
         raise RoutesError(f"{where}: {exc}") from exc
@@ -285,7 +295,7 @@ def _rate_limits(raw: Any, where: str, limits: Mapping[str, tuple[int, int]]) ->
             if limit not in limits:
                 raise RoutesError(f"{at}.limit: unknown named limit {limit!r} (known: {sorted(limits)})")
             count, period_ms = limits[limit]
-        elif isinstance(limit, int) and limit > 0 and isinstance(item.get("period_seconds"), int | float):
+        elif _positive(limit) and isinstance(limit, int) and _positive(item.get("period_seconds")):
             count, period_ms = limit, int(item["period_seconds"] * 1000)
         else:
             raise RoutesError(f"{at}.limit: a named limit or a positive integer with period_seconds")
@@ -296,16 +306,26 @@ def _rate_limits(raw: Any, where: str, limits: Mapping[str, tuple[int, int]]) ->
     return tuple(out)
 
 
-def _check_unique(routes: list[RouteSpec]) -> None:
-    names: set[str] = set()
-    paths: set[tuple[str, str]] = set()
-    for route in routes:
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _check_unique(routes: list[RouteSpec], locations: list[str]) -> None:
+    """No two routes share a name or a method and path; the error names both YAML locations."""
+    names: dict[str, str] = {}
+    paths: dict[tuple[str, str], str] = {}
+    for route, where in zip(routes, locations, strict=True):
         if route.name in names:
-            raise RoutesError(f"duplicate route name {route.name!r}")
-        if (route.path, route.method) in paths:
-            raise RoutesError(f"duplicate route {route.method} {route.path} ({route.name})")
-        names.add(route.name)
-        paths.add((route.path, route.method))
+            raise RoutesError(
+                f"{where}.name: duplicate route name {route.name!r} (first at {names[route.name]})"
+            )
+        key = (route.path, route.method)
+        if key in paths:
+            raise RoutesError(
+                f"{where}.path: duplicate route {route.method} {route.path} (first at {paths[key]})"
+            )
+        names[route.name] = where
+        paths[key] = where
 
 
 def unmounted_reason(route: RouteSpec, settings: Settings) -> str | None:

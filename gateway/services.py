@@ -13,7 +13,8 @@ from typing import Any
 import aiohttp
 
 from gateway.config import Settings
-from gateway.facilitators import Facilitator
+from gateway.facilitators import Facilitator, HttpFacilitator
+from gateway.local_facilitator import load_local_facilitator
 from gateway.metrics import Usage
 from gateway.routes import RouteSpec
 from gateway.store import Store, open_store
@@ -23,6 +24,15 @@ from middleware.ratelimit import RateLimiter
 UPSTREAM_CONNECTIONS = 100
 
 
+def _external_facilitator(settings: Settings) -> HttpFacilitator:
+    return HttpFacilitator(
+        settings.facilitator_url,
+        api_key_id=settings.facilitator_api_key_id or None,
+        api_key_secret=settings.facilitator_api_key_secret or None,
+        timeout_s=min(settings.upstream_timeout_s, 10.0),
+    )
+
+
 class Services:
     def __init__(self, settings: Settings, routes: list[RouteSpec], store: Store | None = None) -> None:
         self.settings = settings
@@ -30,7 +40,16 @@ class Services:
         self.store = store or open_store(settings.store_url.reveal(), settings.store_token.reveal())
         self.limiter = RateLimiter(self.store)
         self.usage = Usage(self.store)
-        self.facilitator: Facilitator | None = None
+        self.local_facilitator = load_local_facilitator(
+            settings.facilitator_wallet.reveal(),
+            self.store,
+            mainnet_rpc_url=settings.solana_mainnet_rpc_url.reveal(),
+            devnet_rpc_url=settings.solana_devnet_rpc_url.reveal() or None,
+            url=settings.base_url + "/api/internal/facilitator",
+        )
+        self.facilitator: Facilitator | None = (
+            self.local_facilitator if settings.uses_internal_facilitator else _external_facilitator(settings)
+        )
         self.upstream_names = sorted({r.upstream for r in routes if r.upstream})
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         secret = settings.siwx_secret.reveal().encode() or random_secret()
@@ -54,8 +73,8 @@ class Services:
         for session in self._sessions.values():
             await session.close()
         self._sessions.clear()
-        if self.facilitator is not None:
-            await self.facilitator.close()
+        for facilitator in {id(f): f for f in (self.facilitator, self.local_facilitator) if f}.values():
+            await facilitator.close()
         await self.store.close()
 
     @asynccontextmanager

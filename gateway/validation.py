@@ -61,24 +61,63 @@ def check_schema(schema: Any, where: str) -> None:
             re.compile(schema["pattern"])
         except (re.error, TypeError) as exc:
             raise SchemaError(f"{where}.pattern: {exc}") from exc
-    for name, sub in (schema.get("properties") or {}).items():
+    _check_bounds(schema, where)
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        raise SchemaError(f"{where}.enum: must be a list")
+    properties = schema.get("properties") or {}
+    if not isinstance(properties, dict):
+        raise SchemaError(f"{where}.properties: must map names to schemas")
+    for name, sub in properties.items():
         check_schema(sub, f"{where}.properties.{name}")
     for key in ("items",):
         if key in schema:
             check_schema(schema[key], f"{where}.{key}")
-    for key in ("prefixItems", "oneOf", "anyOf"):
+    for i, sub in enumerate(schema.get("prefixItems") or []):
+        check_schema(sub, f"{where}.prefixItems[{i}]")
+    for key in ("oneOf", "anyOf"):
+        # Only groups of required names are enforced (see _check_groups); anything else would be
+        # published in the catalog but silently not enforced.
         for i, sub in enumerate(schema.get(key) or []):
-            check_schema(sub, f"{where}.{key}[{i}]")
+            group = sub.get("required") if isinstance(sub, dict) else None
+            if (
+                set(sub) - ANNOTATIONS - {"required"}
+                or not isinstance(group, list)
+                or not group
+                or not all(isinstance(n, str) for n in group)
+            ):
+                raise SchemaError(f"{where}.{key}[{i}]: only {{required: [names]}} groups are supported")
+    order = schema.get("x-not-less-than")
+    if order is not None and not (
+        isinstance(order, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in order.items())
+    ):
+        raise SchemaError(f"{where}.x-not-less-than: must map a property name to another")
     if "x-comma-list" in schema:
         spec = schema["x-comma-list"]
         if not isinstance(spec, dict) or "items" not in spec:
             raise SchemaError(f"{where}.x-comma-list: needs an items schema")
+        _check_bounds(spec, f"{where}.x-comma-list")
         check_schema(spec["items"], f"{where}.x-comma-list.items")
     combined = schema.get("x-combined-count")
-    if combined is not None and not (isinstance(combined, dict) and isinstance(combined.get("fields"), list)):
+    if combined is not None and not (
+        isinstance(combined, dict)
+        and isinstance(combined.get("fields"), list)
+        and all(isinstance(combined.get(k, 0), int) for k in ("min", "max"))
+    ):
         raise SchemaError(f"{where}.x-combined-count: needs fields, min and max")
     if "required" in schema and not isinstance(schema["required"], list):
         raise SchemaError(f"{where}.required: must be a list")
+
+
+def _check_bounds(schema: Mapping[str, Any], where: str) -> None:
+    """Numeric keywords must be numbers, or a request would fail with a TypeError (500)."""
+    for key in ("minimum", "maximum"):
+        value = schema.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise SchemaError(f"{where}.{key}: must be a number")
+    for key in ("minLength", "maxLength", "minItems", "maxItems"):
+        value = schema.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise SchemaError(f"{where}.{key}: must be a non-negative integer")
 
 
 def _type_ok(value: Any, expected: str) -> bool:
@@ -295,6 +334,18 @@ def _check_groups(
     if any_of and not any(all(n in value for n in group) for group in any_of):
         names = " or ".join("+".join(g) for g in any_of)
         raise InvalidInput(_join(where, any_of[0][0]), f"at least one of {names} must be given")
+
+
+INPUT_STATE_KEY = "input"
+"""Key in ``scope["state"]`` under which an access middleware hands its :class:`ValidatedInput` inward."""
+
+
+class ValidatedInput(msgspec.Struct, frozen=True):
+    """A request after its route's validator: handlers use this, never the raw request again."""
+
+    path: dict[str, Any]
+    query: dict[str, Any]
+    body: Any = None
 
 
 class RequestValidator:

@@ -25,12 +25,14 @@ class CorsMiddleware:
     def __init__(self, app: ASGIApp, methods: Sequence[str]) -> None:
         self.app = app
         allowed = ", ".join([*methods, "OPTIONS"])
+        # Allow lists what the path answers (HEAD with GET), as the 405 of MethodDispatcher does.
+        answered = ", ".join([*methods, *(["HEAD"] if "GET" in methods else []), "OPTIONS"])
         self.preflight: RawHeaders = [
             (b"access-control-allow-origin", b"*"),
             (b"access-control-allow-methods", allowed.encode()),
             (b"access-control-allow-headers", ALLOW_HEADERS.encode()),
             (b"access-control-max-age", b"600"),
-            (b"allow", allowed.encode()),
+            (b"allow", answered.encode()),
         ]
         self.simple: RawHeaders = [
             (b"access-control-allow-origin", b"*"),

@@ -14,6 +14,10 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger, log_event, monotonic_ms
 from gateway.metrics import LATENCY, REQUESTS
 
+# The method is the client's word: any other token becomes one label value, so a client cannot
+# grow the metric's label set without bound.
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
 
 class TelemetryMiddleware:
     def __init__(self, app: ASGIApp) -> None:
@@ -42,7 +46,8 @@ class TelemetryMiddleware:
                 ctx.error = ErrorCode.INTERNAL_ERROR.value
                 await send_error(send, GatewayError(ErrorCode.INTERNAL_ERROR, "internal error"))
         latency_ms = monotonic_ms() - started
-        REQUESTS.labels(ctx.route, scope["method"], str(status)).inc()
+        method = scope["method"] if scope["method"] in KNOWN_METHODS else "OTHER"
+        REQUESTS.labels(ctx.route, method, str(status)).inc()
         LATENCY.labels(ctx.route).observe(latency_ms / 1000.0)
         log_event(
             "request",

@@ -1,0 +1,130 @@
+"""Sign-in-with-x for the asset-data routes (access ``siwx``): challenge, verify, validate, claim.
+
+The order never changes (design.md): no ``SIGN-IN-WITH-X`` header -> 402 challenge before the
+body is read; a header -> verify it (refused: 402 with a fresh challenge whose ``error`` is the
+reason) -> validate path, query and body (400/413) -> the route's rate limits (429) -> claim the
+nonce once in the shared store (replayed: 402) -> the handler. Nothing is paid and nothing is
+settled: the price is $0.00, so no payment header is ever asked for.
+
+What it learned goes inward in ``scope["state"]``: the :class:`VerifiedSignIn` under ``"siwx"``
+and the :class:`ValidatedInput` under ``"input"``.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import msgspec
+
+from gateway.asgi import ASGIApp, RawHeaders, Receive, Scope, Send, header, read_body, replay_body, send_bytes
+from gateway.context import request_context
+from gateway.errors import ErrorCode, GatewayError
+from gateway.routes import RouteSpec
+from gateway.services import Services
+from gateway.store import StoreUnavailable
+from gateway.validation import INPUT_STATE_KEY, InvalidInput, RequestValidator, ValidatedInput
+from gateway.x402.headers import SIGN_IN_WITH_X, encode_header
+from gateway.x402.siwx import SiwxError, SiwxReason, VerifiedSignIn
+
+SIWX_STATE_KEY = "siwx"
+REPLAY_KEY_PREFIX = "x402gw:siwx:"
+_encoder = msgspec.json.Encoder()
+
+
+class SignInWithX:
+    """Pure-ASGI middleware guarding one siwx route; everything per route is computed here once."""
+
+    def __init__(self, app: ASGIApp, route: RouteSpec, services: Services) -> None:
+        self.app = app
+        self.route_name = route.name
+        self.description = route.description
+        self.issuer = services.siwx
+        self.store = services.store
+        self.limiter = services.limiter
+        self.usage = services.usage
+        self.validator = RequestValidator(route.input)
+        self.max_body = services.settings.max_body_bytes
+        # Per-wallet buckets first: a wallet over its own limit is refused without spending the
+        # allowance the whole upstream key shares with every other wallet.
+        self.limits = sorted(route.rate_limits, key=lambda spec: spec.per != "wallet")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx = request_context(scope)
+        resource = self.issuer.resource_url(_request_path(scope))
+        signed = header(scope, SIGN_IN_WITH_X)
+        if not signed:
+            ctx.outcome = "challenged"
+            await self._challenge(send, resource, None, "unpaid")
+            return
+        try:
+            verified = self.issuer.verify(signed, resource)
+        except SiwxError as refused:
+            ctx.outcome, ctx.error = "refused", refused.reason.value
+            await self._challenge(send, resource, refused.reason.value, "failed")
+            return
+        ctx.wallet = verified.address
+        receive, validated = await self._validate(scope, receive)
+        for spec in self.limits:
+            await self.limiter.hit(spec, verified.address if spec.per == "wallet" else None)
+        if not await self._claim(verified):
+            ctx.outcome, ctx.error = "refused", SiwxReason.REPLAYED.value
+            await self._challenge(send, resource, SiwxReason.REPLAYED.value, "failed")
+            return
+        ctx.outcome = "signed_in"
+        state = scope.setdefault("state", {})
+        state[SIWX_STATE_KEY] = verified
+        state[INPUT_STATE_KEY] = validated
+        await self.app(scope, receive, send)
+
+    async def _challenge(self, send: Send, resource: str, error: str | None, outcome: str) -> None:
+        """A 402 with a fresh challenge, as JSON body and base64 ``PAYMENT-REQUIRED`` header."""
+        challenge = self.issuer.challenge(
+            resource, error=error, description=self.description, mime_type="application/json"
+        )
+        headers: RawHeaders = [
+            (b"content-type", b"application/json"),
+            (b"cache-control", b"no-store"),
+            (b"payment-required", encode_header(challenge).encode("ascii")),
+        ]
+        await send_bytes(send, 402, _encoder.encode(challenge), headers)
+        await self.usage.record(self.route_name, outcome)
+
+    async def _validate(self, scope: Scope, receive: Receive) -> tuple[Receive, ValidatedInput]:
+        """The route's declared input, or a 400 naming the parameter (413 for an oversized body)."""
+        try:
+            path = self.validator.path(scope.get("path_params") or {})
+            query = self.validator.query(scope.get("query_string", b""))
+            body = None
+            if self.validator.has_body:
+                raw = await read_body(receive, self.max_body)
+                receive = replay_body(raw)
+                body = self.validator.body(raw)
+        except InvalidInput as invalid:
+            # Only a body of the wrong JSON type fails at the root, where ``where`` is empty.
+            where = invalid.where or "body"
+            message = str(invalid) if invalid.where else f"body: {invalid}"
+            raise GatewayError(ErrorCode.INVALID_REQUEST, message, {"parameter": where}) from None
+        return receive, ValidatedInput(path=path, query=query, body=body)
+
+    async def _claim(self, verified: VerifiedSignIn) -> bool:
+        """Use the nonce once across every replica, for as long as it could still verify."""
+        try:
+            return await self.store.claim(
+                REPLAY_KEY_PREFIX + verified.nonce, verified.address, verified.replay_ttl_ms
+            )
+        except StoreUnavailable as down:
+            raise GatewayError(
+                ErrorCode.STORE_UNAVAILABLE, "state store unavailable, try again later"
+            ) from down
+
+
+def _request_path(scope: Scope) -> str:
+    """The path exactly as the client sent it (percent-encoded ASCII), for the signed resource URL.
+
+    The decoded ``path`` may hold control characters that do not belong in a signed message, and
+    the raw form is what an HTTP client reports as the URL it fetched.
+    """
+    raw = scope.get("raw_path")
+    if raw:
+        return str(raw.partition(b"?")[0].decode("latin-1"))
+    return quote(scope["path"], safe="/")

@@ -1,0 +1,1154 @@
+"""The asset-data routes behind sign-in-with-x, end to end: the real gateway under hypercorn, a
+recording loopback asset-data upstream, wallets with real ed25519 keys, and the reference x402
+client. Spec 2.1, 2.5, 2.7, 4.3, 4.5, 5, 7 and 8.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from multidict import CIMultiDictProxy
+from nacl.signing import SigningKey
+from solders.keypair import Keypair
+from solders.pubkey import Pubkey
+from yarl import URL
+
+from gateway.config import PACKAGED_ROUTES_FILE
+from gateway.logs import LOGGER_NAME, JsonFormatter
+from gateway.routes import RateLimitSpec, RouteSpec, load_routes
+from gateway.x402.headers import encode_header
+from gateway.x402.siwx import SiwxIssuer
+from gateway.x402.siwx_signer import Signer, sign_in, sign_payload, signer_address
+from gateway.x402.types import SOLANA_DEVNET, SOLANA_MAINNET, SiwxExtension
+from tests.support.gateway_server import RunningGateway, free_port, run_gateway
+from tests.support.upstream import Upstream, static
+
+KEY = "test-asset-key-0123456789abcdef"
+SIWX_SECRET = "siwx-test-secret-0123456789abcdef-0123"
+PREFIX = "/v1/x402/tokens"
+MINT = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"
+SOL_MINT = "So11111111111111111111111111111111111111112"
+WALLET = Keypair()
+NACL_WALLET = SigningKey.generate()
+TIMEOUT_S = 0.5
+MAX_BODY = 16384  # 250 mints fit; the 413 case is larger
+LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: CIMultiDictProxy[str]
+    body: bytes
+
+    def json(self) -> Any:
+        return msgspec.json.decode(self.body)
+
+
+async def _answer(request: web.Request, body: bytes) -> web.StreamResponse:
+    """The asset-data upstream: refuses a wrong key, else names what it was asked."""
+    if request.headers.get("x-api-key") != KEY:
+        return web.json_response({"error": "invalid api key"}, status=401)
+    return web.json_response({"path": request.path, "items": [1, 2]})
+
+
+def _env(api_url: str, **extra: str) -> dict[str, str]:
+    return {
+        "ASSET_API_BASE_URL": api_url,
+        "ASSET_API_KEY": KEY,
+        "SIWX_SECRET": SIWX_SECRET,
+        "UPSTREAM_TIMEOUT_SECONDS": str(TIMEOUT_S),
+        "MAX_BODY_BYTES": str(MAX_BODY),
+        "RATE_LIMIT_TOKENS_PER_MINUTE": "100000",
+        "RATE_LIMIT_CHALLENGE_PER_MINUTE": "100000",
+        **extra,
+    }
+
+
+def _mints(n: int) -> list[str]:
+    return [str(Pubkey.new_unique()) for _ in range(n)]
+
+
+# --- fixtures: one gateway and one upstream for the module; small ones for limits -----------
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def asset_api() -> AsyncIterator[Upstream]:
+    server = Upstream(responder=_answer)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def gw(asset_api: Upstream) -> AsyncIterator[RunningGateway]:
+    async with run_gateway(_env(asset_api.url)) as gateway:
+        yield gateway
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+def api(asset_api: Upstream) -> Iterator[Upstream]:
+    """The module's upstream, answering normally and with no calls recorded yet."""
+    asset_api.responder = _answer
+    asset_api.calls.clear()
+    yield asset_api
+    asset_api.responder = _answer
+
+
+@pytest.fixture
+def log_lines() -> Iterator[list[str]]:
+    """Every gateway log line of the test, formatted as it would reach stdout."""
+    lines: list[str] = []
+    formatter = JsonFormatter()
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(formatter.format(record))
+
+    handler = Capture()
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.addHandler(handler)
+    yield lines
+    logger.removeHandler(handler)
+
+
+# --- a client that signs in the way a wallet does -------------------------------------------
+
+
+async def send(
+    client: aiohttp.ClientSession,
+    gw: RunningGateway,
+    method: str,
+    target: str,
+    *,
+    body: Any = None,
+    raw: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Reply:
+    """One request, the target sent byte for byte (no client-side path normalisation)."""
+    data = raw if raw is not None else (msgspec.json.encode(body) if body is not None else None)
+    all_headers = dict(headers or {})
+    if data is not None:
+        all_headers.setdefault("content-type", "application/json")
+    url = URL(gw.url + target, encoded=True)
+    async with client.request(method, url, data=data, headers=all_headers) as response:
+        return Reply(response.status, response.headers, await response.read())
+
+
+async def challenge(
+    client: aiohttp.ClientSession, gw: RunningGateway, target: str, method: str = "GET", **kwargs: Any
+) -> SiwxExtension:
+    reply = await send(client, gw, method, target, **kwargs)
+    assert reply.status == 402, reply.body
+    return msgspec.convert(reply.json()["extensions"]["sign-in-with-x"], SiwxExtension)
+
+
+async def call(
+    client: aiohttp.ClientSession,
+    gw: RunningGateway,
+    method: str,
+    target: str,
+    *,
+    signer: Signer = WALLET,
+    chain: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> Reply:
+    """Request, answer the 402 by signing its challenge, retry with SIGN-IN-WITH-X."""
+    first = await send(client, gw, method, target, headers=headers, **kwargs)
+    if first.status != 402:
+        return first
+    ext = first.json()["extensions"]["sign-in-with-x"]
+    signed = sign_in(ext, signer, chain, request_url=gw.url + target)
+    return await send(
+        client, gw, method, target, headers={**(headers or {}), "sign-in-with-x": signed}, **kwargs
+    )
+
+
+def assert_error(reply: Reply, status: int, code: str) -> dict[str, Any]:
+    assert reply.status == status, reply.body
+    body = reply.json()
+    assert body["ok"] is False
+    assert body["error"]["code"] == code
+    assert isinstance(body["error"]["message"], str)
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+def assert_challenge(reply: Reply, gw: RunningGateway, path: str, error: str | None = None) -> dict[str, Any]:
+    """A 402 carrying a fresh sign-in challenge for ``path``; ``error`` is the refusal reason."""
+    assert reply.status == 402, reply.body
+    body: dict[str, Any] = reply.json()
+    assert body.get("error") == error
+    assert body["x402Version"] == 2
+    assert body["accepts"] == []
+    url = gw.url + path
+    assert body["resource"]["url"] == url
+    ext = body["extensions"]["sign-in-with-x"]
+    assert ext["info"]["uri"] == url
+    assert ext["resource"] == url
+    assert reply.headers["cache-control"] == "no-store"
+    assert reply.headers["content-type"] == "application/json"
+    assert msgspec.json.decode(base64.b64decode(reply.headers["payment-required"])) == body
+    return body
+
+
+# --- all nineteen operations ----------------------------------------------------------------
+
+OPERATIONS: list[tuple[str, str, str, Any, str, dict[str, str]]] = [
+    ("health", "GET", "/health", None, "/v1/health", {}),
+    (
+        "search",
+        "GET",
+        "/assets/search?q=wrapped%20sol&limit=5&category=defi",
+        None,
+        "/v1/assets/search",
+        {"q": "wrapped sol", "limit": "5", "category": "defi"},
+    ),
+    ("resolve", "GET", f"/assets/resolve?mint={MINT}", None, "/v1/assets/resolve", {"mint": MINT}),
+    (
+        "curated",
+        "GET",
+        "/assets/curated?list=majors&groupBy=mint",
+        None,
+        "/v1/assets/curated",
+        {"list": "majors", "groupBy": "mint"},
+    ),
+    (
+        "marketSnapshots",
+        "POST",
+        "/assets/market-snapshots",
+        {"mints": [MINT], "addresses": [SOL_MINT]},
+        "/v1/assets/market-snapshots",
+        {},
+    ),
+    (
+        "variantMarkets",
+        "GET",
+        f"/assets/variant-markets?mints={MINT},{SOL_MINT}&addresses={MINT}",
+        None,
+        "/v1/assets/variant-markets",
+        {"mints": f"{MINT},{SOL_MINT}", "addresses": MINT},
+    ),
+    (
+        "riskSummaryByMint",
+        "GET",
+        f"/assets/risk-summary?mint={MINT}",
+        None,
+        "/v1/assets/risk-summary",
+        {"mint": MINT},
+    ),
+    (
+        "assetDetail",
+        "GET",
+        "/assets/solana?include=profile,risk,ohlcv,markets&ohlcvInterval=1H&ohlcvFrom=10&ohlcvTo=20"
+        f"&marketsOffset=0&marketsLimit=50&variantsMode=all&mint={SOL_MINT}",
+        None,
+        "/v1/assets/solana",
+        {
+            "include": "profile,risk,ohlcv,markets",
+            "ohlcvInterval": "1H",
+            "ohlcvFrom": "10",
+            "ohlcvTo": "20",
+            "marketsOffset": "0",
+            "marketsLimit": "50",
+            "variantsMode": "all",
+            "mint": SOL_MINT,
+        },
+    ),
+    (
+        "variants",
+        "GET",
+        f"/assets/solana/variants?kind=lst&liquidityTier=tier1&trustTier=experimental&mint={MINT}&variantsMode=all",
+        None,
+        "/v1/assets/solana/variants",
+        {
+            "kind": "lst",
+            "liquidityTier": "tier1",
+            "trustTier": "experimental",
+            "mint": MINT,
+            "variantsMode": "all",
+        },
+    ),
+    (
+        "variantTopMarkets",
+        "GET",
+        "/assets/solana/variant-top-markets?offset=10000&limit=100&variantsMode=all",
+        None,
+        "/v1/assets/solana/variant-top-markets",
+        {"offset": "10000", "limit": "100", "variantsMode": "all"},
+    ),
+    (
+        "variantMarket",
+        "GET",
+        f"/assets/solana-{MINT}/variant-market?mint={MINT}",
+        None,
+        f"/v1/assets/solana-{MINT}/variant-market",
+        {"mint": MINT},
+    ),
+    (
+        "markets",
+        "GET",
+        f"/assets/usd-coin/markets?mint={MINT}&offset=0&limit=1",
+        None,
+        "/v1/assets/usd-coin/markets",
+        {"mint": MINT, "offset": "0", "limit": "1"},
+    ),
+    (
+        "ohlcv",
+        "GET",
+        "/assets/solana/ohlcv?interval=1D&from=0&to=100",
+        None,
+        "/v1/assets/solana/ohlcv",
+        {"interval": "1D", "from": "0", "to": "100"},
+    ),
+    (
+        "priceChart",
+        "GET",
+        f"/assets/solana/price-chart?interval=1W&from=5&to=5&mint={MINT}",
+        None,
+        "/v1/assets/solana/price-chart",
+        {"interval": "1W", "from": "5", "to": "5", "mint": MINT},
+    ),
+    ("profile", "GET", "/assets/solana/profile", None, "/v1/assets/solana/profile", {}),
+    (
+        "tickers",
+        "GET",
+        "/assets/solana/tickers?offset=1&limit=2&order=volume_desc",
+        None,
+        "/v1/assets/solana/tickers",
+        {"offset": "1", "limit": "2", "order": "volume_desc"},
+    ),
+    (
+        "riskSummary",
+        "GET",
+        f"/assets/solana/risk-summary?mint={MINT}",
+        None,
+        "/v1/assets/solana/risk-summary",
+        {"mint": MINT},
+    ),
+    ("riskDetails", "GET", "/assets/solana/risk-details", None, "/v1/assets/solana/risk-details", {}),
+    (
+        "description",
+        "GET",
+        f"/assets/solana/description?mint={MINT}",
+        None,
+        "/v1/assets/solana/description",
+        {"mint": MINT},
+    ),
+]
+
+
+def test_the_table_covers_all_nineteen_operations() -> None:
+    assert len({op for op, *_ in OPERATIONS}) == 19
+
+
+@pytest.mark.parametrize(("operation", "method", "target", "body", "upstream_path", "query"), OPERATIONS)
+async def test_operation_proxies_to_the_upstream_in_the_envelope(
+    gw: RunningGateway,
+    client: aiohttp.ClientSession,
+    api: Upstream,
+    operation: str,
+    method: str,
+    target: str,
+    body: Any,
+    upstream_path: str,
+    query: dict[str, str],
+) -> None:
+    reply = await call(client, gw, method, PREFIX + target, body=body)
+    assert reply.status == 200, reply.body
+    assert reply.headers["content-type"] == "application/json"
+    assert reply.json() == {
+        "ok": True,
+        "provider": "tokens",
+        "surface": "tokens",
+        "method": operation,
+        "result": {"path": upstream_path, "items": [1, 2]},
+    }
+    [sent] = api.calls
+    assert (sent.method, sent.path, sent.query) == (method, upstream_path, query)
+    assert sent.headers["x-api-key"] == KEY
+    assert sent.json == body
+
+
+async def test_only_the_key_and_accept_reach_the_upstream(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    reply = await call(
+        client,
+        gw,
+        "GET",
+        f"{PREFIX}/assets/search?q=sol",
+        headers={
+            "accept": "application/json;q=0.9",
+            "authorization": "Bearer client-token",
+            "cookie": "session=client",
+            "x-api-key": "client-chosen-key",
+            "x-forwarded-for": "203.0.113.9",
+            "user-agent": "client-agent",
+            "x-custom": "1",
+        },
+    )
+    assert reply.status == 200, reply.body
+    sent = {k.lower(): v for k, v in api.calls[0].headers.items()}
+    assert sent["x-api-key"] == KEY
+    assert sent["accept"] == "application/json;q=0.9"
+    assert sent["user-agent"] != "client-agent"
+    assert set(sent) <= {"host", "x-api-key", "accept", "accept-encoding", "user-agent", "content-length"}
+
+
+async def test_the_signed_in_wallet_is_logged_and_the_key_is_not(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, log_lines: list[str]
+) -> None:
+    reply = await call(
+        client, gw, "GET", f"{PREFIX}/assets/solana/profile", signer=NACL_WALLET, chain=SOLANA_DEVNET
+    )
+    assert reply.status == 200, reply.body
+    [line] = [msgspec.json.decode(x) for x in log_lines if '"status":200' in x]
+    assert line["route"] == "tokens.profile"
+    assert line["wallet"] == signer_address(NACL_WALLET)
+    assert line["outcome"] == "signed_in"
+    assert all(KEY not in x for x in log_lines)
+
+
+# --- every row of the parameter tables: a passing and a failing case ------------------------
+
+_25, _26 = ",".join(_mints(25)), ",".join(_mints(26))
+_51 = ",".join(_mints(51))
+
+PARAMETER_CASES: list[tuple[str, str | None]] = [
+    # health: no parameters
+    ("/health?x=1", "x"),
+    # search
+    ("/assets/search?q=sol", None),
+    ("/assets/search", "q"),
+    ("/assets/search?q=", "q"),
+    ("/assets/search?q=sol&limit=1", None),
+    ("/assets/search?q=sol&limit=50", None),
+    ("/assets/search?q=sol&limit=0", "limit"),
+    ("/assets/search?q=sol&limit=51", "limit"),
+    ("/assets/search?q=sol&limit=ten", "limit"),
+    ("/assets/search?q=sol&category=defi", None),
+    ("/assets/search?q=sol&category=", "category"),
+    # resolve: exactly one of ref and mint
+    ("/assets/resolve?ref=wsol", None),
+    (f"/assets/resolve?mint={MINT}", None),
+    (f"/assets/resolve?ref=wsol&mint={MINT}", "ref"),
+    ("/assets/resolve", "ref"),
+    ("/assets/resolve?mint=not-a-mint", "mint"),
+    # curated
+    ("/assets/curated?list=all", None),
+    ("/assets/curated", "list"),
+    ("/assets/curated?list=bonds", "list"),
+    ("/assets/curated?list=majors&groupBy=asset", None),
+    ("/assets/curated?list=majors&groupBy=chain", "groupBy"),
+    # variant-markets: comma lists, at most 50 combined
+    (f"/assets/variant-markets?mints={MINT}", None),
+    (f"/assets/variant-markets?addresses={MINT}", None),
+    (f"/assets/variant-markets?mints={_25}&addresses={_25}", None),
+    (f"/assets/variant-markets?mints={_26}&addresses={_25}", "mints"),
+    (f"/assets/variant-markets?mints={_51}", "mints"),
+    ("/assets/variant-markets", "mints"),
+    (f"/assets/variant-markets?mints={MINT},,{SOL_MINT}", "mints"),
+    (f"/assets/variant-markets?addresses={MINT},bad", "addresses[1]"),
+    # risk-summary by mint
+    (f"/assets/risk-summary?mint={MINT}", None),
+    ("/assets/risk-summary", "mint"),
+    ("/assets/risk-summary?mint=0OIl", "mint"),
+    # assetDetail
+    ("/assets/solana", None),
+    (f"/assets/solana-{MINT}", None),
+    ("/assets/SOLANA", "assetId"),
+    ("/assets/sol_ana", "assetId"),
+    ("/assets/-solana", "assetId"),
+    ("/assets/solana?include=profile,markets", None),
+    ("/assets/solana?include=profile,prices", "include[1]"),
+    ("/assets/solana?include=", "include"),
+    (f"/assets/solana?mint={MINT}", None),
+    ("/assets/solana?mint=x", "mint"),
+    ("/assets/solana?variantsMode=all", None),
+    ("/assets/solana?variantsMode=some", "variantsMode"),
+    ("/assets/solana?ohlcvInterval=4H", None),
+    ("/assets/solana?ohlcvInterval=4h", "ohlcvInterval"),
+    ("/assets/solana?ohlcvFrom=0", None),
+    ("/assets/solana?ohlcvFrom=-1", "ohlcvFrom"),
+    ("/assets/solana?ohlcvFrom=7&ohlcvTo=7", None),
+    ("/assets/solana?ohlcvFrom=7&ohlcvTo=6", "ohlcvTo"),
+    ("/assets/solana?ohlcvTo=-1", "ohlcvTo"),
+    ("/assets/solana?marketsOffset=10000", None),
+    ("/assets/solana?marketsOffset=10001", "marketsOffset"),
+    ("/assets/solana?marketsOffset=-1", "marketsOffset"),
+    ("/assets/solana?marketsLimit=1", None),
+    ("/assets/solana?marketsLimit=0", "marketsLimit"),
+    ("/assets/solana?marketsLimit=51", "marketsLimit"),
+    # variants
+    ("/assets/solana/variants?kind=tokenized_equity", None),
+    ("/assets/solana/variants?kind=meme", "kind"),
+    ("/assets/solana/variants?liquidityTier=tier3", None),
+    ("/assets/solana/variants?liquidityTier=experimental", "liquidityTier"),
+    ("/assets/solana/variants?trustTier=experimental", None),
+    ("/assets/solana/variants?trustTier=tier4", "trustTier"),
+    (f"/assets/solana/variants?mint={MINT}", None),
+    ("/assets/solana/variants?mint=", "mint"),
+    ("/assets/solana/variants?variantsMode=all", None),
+    ("/assets/solana/variants?variantsMode=none", "variantsMode"),
+    ("/assets/Solana/variants", "assetId"),
+    # variant-top-markets
+    ("/assets/solana/variant-top-markets?offset=0", None),
+    ("/assets/solana/variant-top-markets?offset=10001", "offset"),
+    ("/assets/solana/variant-top-markets?limit=100", None),
+    ("/assets/solana/variant-top-markets?limit=101", "limit"),
+    ("/assets/solana/variant-top-markets?limit=0", "limit"),
+    ("/assets/solana/variant-top-markets?variantsMode=all", None),
+    ("/assets/solana/variant-top-markets?variantsMode=ALL", "variantsMode"),
+    # variant-market
+    (f"/assets/solana/variant-market?mint={MINT}", None),
+    ("/assets/solana/variant-market?mint=abc", "mint"),
+    ("/assets/solana/variant-market?limit=1", "limit"),
+    # markets
+    (f"/assets/solana/markets?mint={MINT}", None),
+    ("/assets/solana/markets?mint=l" + "1" * 40, "mint"),
+    ("/assets/solana/markets?offset=10000", None),
+    ("/assets/solana/markets?offset=10001", "offset"),
+    ("/assets/solana/markets?limit=50", None),
+    ("/assets/solana/markets?limit=51", "limit"),
+    # ohlcv and price-chart share their parameters
+    *[
+        case
+        for sub in ("ohlcv", "price-chart")
+        for case in [
+            (f"/assets/solana/{sub}?mint={MINT}", None),
+            (f"/assets/solana/{sub}?mint=abc", "mint"),
+            (f"/assets/solana/{sub}?interval=15m", None),
+            (f"/assets/solana/{sub}?interval=30m", "interval"),
+            (f"/assets/solana/{sub}?from=0", None),
+            (f"/assets/solana/{sub}?from=-5", "from"),
+            (f"/assets/solana/{sub}?from=1.5", "from"),
+            (f"/assets/solana/{sub}?from=100&to=100", None),
+            (f"/assets/solana/{sub}?from=100&to=99", "to"),
+            (f"/assets/solana/{sub}?to=-1", "to"),
+        ]
+    ],
+    # profile: no query parameters
+    ("/assets/solana/profile", None),
+    ("/assets/solana/profile?mint=x", "mint"),
+    # tickers
+    ("/assets/solana/tickers?offset=10000", None),
+    ("/assets/solana/tickers?offset=10001", "offset"),
+    ("/assets/solana/tickers?limit=50", None),
+    ("/assets/solana/tickers?limit=51", "limit"),
+    ("/assets/solana/tickers?order=volume:desc", None),
+    ("/assets/solana/tickers?order=volume%20desc", "order"),
+    # risk-summary, risk-details, description: an optional mint
+    *[
+        case
+        for sub in ("risk-summary", "risk-details", "description")
+        for case in [(f"/assets/solana/{sub}?mint={MINT}", None), (f"/assets/solana/{sub}?mint=bad", "mint")]
+    ],
+    # any route: a parameter given twice, an unknown parameter
+    ("/assets/search?q=sol&q=eth", "q"),
+    ("/assets/search?q=sol&limit=1&limit=2", "limit"),
+    ("/assets/search?q=sol&sort=asc", "sort"),
+    ("/assets/solana/tickers?page=2", "page"),
+]
+
+
+@pytest.mark.parametrize(("target", "parameter"), PARAMETER_CASES)
+async def test_query_and_path_parameters(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, target: str, parameter: str | None
+) -> None:
+    reply = await call(client, gw, "GET", PREFIX + target)
+    if parameter is None:
+        assert reply.status == 200, reply.body
+        assert len(api.calls) == 1
+        return
+    error = assert_error(reply, 400, "invalid_request")
+    assert error["details"] == {"parameter": parameter}
+    assert parameter.split("[")[0] in error["message"]
+    assert api.calls == []
+
+
+ENUMS: dict[str, tuple[list[str], str]] = {
+    "include": (["profile", "risk", "ohlcv", "markets"], "/assets/solana?include={}"),
+    "interval": (["1m", "5m", "15m", "1H", "4H", "1D", "1W"], "/assets/solana/ohlcv?interval={}"),
+    "ohlcvInterval": (["1m", "5m", "15m", "1H", "4H", "1D", "1W"], "/assets/solana?ohlcvInterval={}"),
+    "kind": (
+        [
+            "native",
+            "wrapped",
+            "bridged",
+            "etf",
+            "yield",
+            "leveraged",
+            "basket",
+            "lst",
+            "stablecoin",
+            "tokenized_equity",
+        ],
+        "/assets/solana/variants?kind={}",
+    ),
+    "liquidityTier": (["tier1", "tier2", "tier3"], "/assets/solana/variants?liquidityTier={}"),
+    "trustTier": (["tier1", "tier2", "tier3", "experimental"], "/assets/solana/variants?trustTier={}"),
+    "list": (
+        ["all", "majors", "lsts", "currencies", "rwas", "etfs", "metals", "stocks"],
+        "/assets/curated?list={}",
+    ),
+    "groupBy": (["asset", "mint"], "/assets/curated?list=all&groupBy={}"),
+    "variantsMode": (["all"], "/assets/solana/variant-top-markets?variantsMode={}"),
+}
+
+
+@pytest.mark.parametrize(
+    ("target", "value"),
+    [(template.format(v), v) for values, template in ENUMS.values() for v in values],
+)
+async def test_every_enumerated_value_of_spec_2_7_is_accepted(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, target: str, value: str
+) -> None:
+    reply = await call(client, gw, "GET", PREFIX + target)
+    assert reply.status == 200, reply.body
+    assert value in api.calls[0].query.values()
+
+
+@pytest.mark.parametrize("name", sorted(ENUMS))
+async def test_a_value_outside_each_enumeration_is_refused(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, name: str
+) -> None:
+    reply = await call(client, gw, "GET", PREFIX + ENUMS[name][1].format("1Y"))
+    error = assert_error(reply, 400, "invalid_request")
+    assert error["details"]["parameter"].split("[")[0] == name
+    assert api.calls == []
+
+
+BODY_CASES: list[tuple[Any, str | None]] = [
+    ({"mints": [MINT]}, None),
+    ({"addresses": [MINT]}, None),
+    ({"mints": _mints(125), "addresses": _mints(125)}, None),
+    ({"mints": _mints(250)}, None),
+    ({"mints": _mints(126), "addresses": _mints(125)}, "mints"),
+    ({"addresses": _mints(251)}, "addresses"),
+    ({}, "mints"),
+    ({"mints": []}, "mints"),
+    ({"mints": [MINT, ""]}, "mints[1]"),
+    ({"mints": MINT}, "mints"),
+    ({"addresses": [7]}, "addresses[0]"),
+    ({"mints": [MINT], "extra": True}, "extra"),
+    ([MINT], "body"),
+    (b"{not json", "body"),
+    (b"", "body"),
+]
+
+
+@pytest.mark.parametrize(("body", "parameter"), BODY_CASES)
+async def test_market_snapshots_body(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, body: Any, parameter: str | None
+) -> None:
+    raw = body if isinstance(body, bytes) else msgspec.json.encode(body)
+    reply = await call(client, gw, "POST", f"{PREFIX}/assets/market-snapshots", raw=raw)
+    if parameter is None:
+        assert reply.status == 200, reply.body
+        assert api.calls[0].json == body
+        return
+    error = assert_error(reply, 400, "invalid_request")
+    assert error["details"] == {"parameter": parameter}
+    assert api.calls == []
+
+
+async def test_a_body_over_the_limit_is_413_after_sign_in(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    body = {"mints": [MINT] * (MAX_BODY // len(MINT) + 1)}
+    reply = await call(client, gw, "POST", f"{PREFIX}/assets/market-snapshots", body=body)
+    assert_error(reply, 413, "body_too_large")
+    assert api.calls == []
+
+
+# --- sign-in comes first, and every refusal is a 402 with a fresh challenge -----------------
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "kwargs"),
+    [
+        ("GET", "/assets/search?limit=0&bogus=1", {}),
+        ("GET", "/assets/NOT-AN-ID/ohlcv?from=9&to=1", {}),
+        ("POST", "/assets/market-snapshots", {"raw": b"{broken"}),
+        ("POST", "/assets/market-snapshots", {"raw": b"x" * (MAX_BODY * 2)}),
+    ],
+)
+async def test_without_sign_in_bad_input_still_gets_the_challenge(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, method: str, target: str, kwargs: Any
+) -> None:
+    reply = await send(client, gw, method, PREFIX + target, **kwargs)
+    assert_challenge(reply, gw, PREFIX + target.split("?")[0])
+    assert reply.headers["access-control-allow-origin"] == "*"
+    assert "PAYMENT-REQUIRED" in reply.headers["access-control-expose-headers"]
+    assert api.calls == []
+
+
+async def test_challenge_carries_the_spec_summary_and_decodes_with_the_reference_sdk(
+    gw: RunningGateway, client: aiohttp.ClientSession
+) -> None:
+    from x402.extensions.sign_in_with_x import SIWxExtension
+    from x402.http.utils import decode_payment_required_header
+    from x402.schemas import PaymentRequired
+
+    path = f"{PREFIX}/assets/search"
+    reply = await send(client, gw, "GET", path + "?q=sol")
+    body = assert_challenge(reply, gw, path)
+    ext = body["extensions"]["sign-in-with-x"]
+    assert ext["networks"] == [SOLANA_MAINNET, SOLANA_DEVNET]
+    assert ext["statement"]
+    assert ext["expirationSeconds"] == 300
+    decoded = decode_payment_required_header(reply.headers["payment-required"])
+    assert isinstance(decoded, PaymentRequired)
+    assert decoded.x402_version == 2
+    assert decoded.accepts == []
+    assert decoded.extensions is not None
+    reference = SIWxExtension.model_validate(decoded.extensions["sign-in-with-x"])
+    assert reference.info.domain == gw.url.removeprefix("http://")
+    assert reference.info.uri == gw.url + path
+    assert reference.info.nonce == ext["info"]["nonce"]
+    assert {c.chain_id for c in reference.supported_chains} == {SOLANA_MAINNET, SOLANA_DEVNET}
+
+
+async def test_each_challenge_is_fresh_and_counted_as_unpaid(
+    gw: RunningGateway, client: aiohttp.ClientSession
+) -> None:
+    route = "tokens.curated"
+    before = (await gw.services.usage.snapshot([route]))[(route, "unpaid")]
+    first = await challenge(client, gw, f"{PREFIX}/assets/curated")
+    second = await challenge(client, gw, f"{PREFIX}/assets/curated")
+    assert first.info.nonce != second.info.nonce
+    assert (await gw.services.usage.snapshot([route]))[(route, "unpaid")] == before + 2
+
+
+async def _signed_for(
+    client: aiohttp.ClientSession, gw: RunningGateway, path: str, chain: str = SOLANA_MAINNET, **changes: Any
+) -> str:
+    """A header for ``path``'s challenge, with ``changes`` made to the info before signing."""
+    info = (await challenge(client, gw, path)).info
+    return encode_header(sign_payload(msgspec.structs.replace(info, **changes), WALLET, chain))
+
+
+async def test_a_replayed_sign_in_is_refused(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    path = f"{PREFIX}/assets/solana/profile"
+    signed = await _signed_for(client, gw, path)
+    assert (await send(client, gw, "GET", path, headers={"sign-in-with-x": signed})).status == 200
+    replay = await send(client, gw, "GET", path, headers={"sign-in-with-x": signed})
+    assert_challenge(replay, gw, path, "siwx_replayed")
+    assert len(api.calls) == 1
+
+
+async def test_an_expired_sign_in_is_refused(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    path = f"{PREFIX}/health"
+    replica = SiwxIssuer(SIWX_SECRET.encode(), gw.settings.base_url, "Sign in")
+    old = replica.challenge(gw.url + path, time.time() - 301).extensions["sign-in-with-x"]  # type: ignore[index]
+    reply = await send(client, gw, "GET", path, headers={"sign-in-with-x": sign_in(old, WALLET)})
+    assert_challenge(reply, gw, path, "siwx_expired")
+    assert api.calls == []
+
+
+async def test_a_sign_in_from_another_replica_is_accepted(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    path = f"{PREFIX}/health"
+    replica = SiwxIssuer(SIWX_SECRET.encode(), gw.settings.base_url, "Sign in")
+    ext = replica.challenge(gw.url + path).extensions["sign-in-with-x"]  # type: ignore[index]
+    reply = await send(client, gw, "GET", path, headers={"sign-in-with-x": sign_in(ext, WALLET)})
+    assert reply.status == 200, reply.body
+
+
+@pytest.mark.parametrize(
+    ("changes", "chain", "reason"),
+    [
+        ({"domain": "evil.example.com"}, SOLANA_MAINNET, "siwx_domain_mismatch"),
+        ({"uri": "http://evil.example.com/v1/x402/tokens/health"}, SOLANA_MAINNET, "siwx_uri_mismatch"),
+        ({}, "solana:4uhcVJyU9pJkvQyS88uRDiswHXSCkY3z", "siwx_unsupported_chain"),
+        ({}, "eip155:1", "siwx_unsupported_chain"),
+        ({"nonce": "0" * 32}, SOLANA_MAINNET, "siwx_nonce_invalid"),
+        ({"issuedAt": "2020-01-01T00:00:00.000Z"}, SOLANA_MAINNET, "siwx_nonce_invalid"),
+    ],
+)
+async def test_a_sign_in_for_something_else_is_refused(
+    gw: RunningGateway,
+    client: aiohttp.ClientSession,
+    api: Upstream,
+    changes: dict[str, Any],
+    chain: str,
+    reason: str,
+) -> None:
+    path = f"{PREFIX}/health"
+    signed = await _signed_for(client, gw, path, chain, **changes)
+    reply = await send(client, gw, "GET", path, headers={"sign-in-with-x": signed})
+    assert_challenge(reply, gw, path, reason)
+    assert api.calls == []
+
+
+async def test_a_sign_in_for_another_path_is_refused(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    signed = await _signed_for(client, gw, f"{PREFIX}/assets/search")
+    path = f"{PREFIX}/assets/resolve"
+    reply = await send(client, gw, "GET", path + "?ref=sol", headers={"sign-in-with-x": signed})
+    assert_challenge(reply, gw, path, "siwx_uri_mismatch")
+    assert api.calls == []
+
+
+async def test_a_bad_signature_is_refused(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    path = f"{PREFIX}/health"
+    signed = await _signed_for(client, gw, path)
+    payload = msgspec.json.decode(base64.b64decode(signed))
+    payload["address"] = str(Keypair().pubkey())  # someone else's wallet, the first one's signature
+    forged = base64.b64encode(msgspec.json.encode(payload)).decode()
+    reply = await send(client, gw, "GET", path, headers={"sign-in-with-x": forged})
+    assert_challenge(reply, gw, path, "siwx_signature_invalid")
+    assert api.calls == []
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["%%%", base64.b64encode(b"not json").decode(), base64.b64encode(b'{"domain": 1}').decode(), "e30="],
+)
+async def test_a_malformed_header_is_refused(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, header: str
+) -> None:
+    path = f"{PREFIX}/assets/search"
+    reply = await send(client, gw, "GET", path + "?q=1&limit=0", headers={"sign-in-with-x": header})
+    assert_challenge(reply, gw, path, "siwx_malformed")
+    assert api.calls == []
+
+
+async def test_a_refused_sign_in_is_counted_as_failed(
+    gw: RunningGateway, client: aiohttp.ClientSession
+) -> None:
+    route = "tokens.health"
+    before = (await gw.services.usage.snapshot([route]))[(route, "failed")]
+    reply = await send(client, gw, "GET", f"{PREFIX}/health", headers={"sign-in-with-x": "%%%"})
+    assert reply.status == 402
+    assert (await gw.services.usage.snapshot([route]))[(route, "failed")] == before + 1
+
+
+async def test_the_reference_x402_client_signs_in_by_itself(gw: RunningGateway, api: Upstream) -> None:
+    from x402 import x402Client
+    from x402.extensions.sign_in_with_x import create_siwx_client_hook
+    from x402.http import x402HTTPClient
+    from x402.http.clients import x402HttpxClient
+    from x402.mechanisms.svm.signers import KeypairSigner
+
+    http_client = x402HTTPClient(x402Client()).on_payment_required(
+        create_siwx_client_hook(KeypairSigner(WALLET))
+    )
+    async with x402HttpxClient(http_client) as reference:
+        got = await reference.get(f"{gw.url}{PREFIX}/assets/search", params={"q": "sol", "limit": 3})
+        posted = await reference.post(f"{gw.url}{PREFIX}/assets/market-snapshots", json={"mints": [MINT]})
+    assert got.status_code == 200, got.text
+    assert got.json()["method"] == "search"
+    assert posted.status_code == 200, posted.text
+    assert posted.json()["method"] == "marketSnapshots"
+    assert [(c.path, c.query, c.json) for c in api.calls] == [
+        ("/v1/assets/search", {"q": "sol", "limit": "3"}, None),
+        ("/v1/assets/market-snapshots", {}, {"mints": [MINT]}),
+    ]
+
+
+# --- routing: fixed segments first, no whoami, no traversal ---------------------------------
+
+
+async def test_fixed_segments_win_over_asset_ids(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    for name, operation in [("search?q=x", "search"), (f"risk-summary?mint={MINT}", "riskSummaryByMint")]:
+        reply = await call(client, gw, "GET", f"{PREFIX}/assets/{name}")
+        assert reply.json()["method"] == operation
+
+
+async def test_a_get_on_market_snapshots_is_405(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    reply = await send(client, gw, "GET", f"{PREFIX}/assets/market-snapshots")
+    assert_error(reply, 405, "method_not_allowed")
+    assert reply.headers["allow"].startswith("POST")
+    assert api.calls == []
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/whoami",
+        "/v1/whoami",
+        "/assets",
+        "/assets/",
+        "/assets/solana/unknown",
+        "/assets/solana/profile/x",
+        "/nope",
+    ],
+)
+async def test_unknown_and_unexposed_paths_are_404(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, target: str
+) -> None:
+    assert_error(await send(client, gw, "GET", PREFIX + target), 404, "not_found")
+    assert api.calls == []
+
+
+@pytest.mark.parametrize(
+    ("target", "status"),
+    [
+        ("/assets/..", 400),
+        ("/assets/.", 400),
+        ("/assets/%2E%2E/variants", 400),
+        ("/assets/..%2Fhealth", 404),
+        ("/assets/solana%2F..%2F..%2Fwhoami", 404),
+        ("/assets/sol%2fvariants", 404),
+        ("/assets/solana%2Fprofile", 404),
+        ("/assets/solana..x/profile", 400),
+        ("/assets/solana.json", 400),
+        ("/assets/../../whoami", 404),
+    ],
+)
+async def test_asset_id_traversal_is_refused(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, target: str, status: int
+) -> None:
+    reply = await call(client, gw, "GET", PREFIX + target)
+    assert_error(reply, status, "invalid_request" if status == 400 else "not_found")
+    assert api.calls == []
+
+
+# --- CORS and HEAD --------------------------------------------------------------------------
+
+
+async def test_preflight_needs_no_sign_in(gw: RunningGateway, client: aiohttp.ClientSession) -> None:
+    reply = await send(
+        client,
+        gw,
+        "OPTIONS",
+        f"{PREFIX}/assets/market-snapshots",
+        headers={"origin": "https://app.example", "access-control-request-method": "POST"},
+    )
+    assert reply.status == 204
+    assert reply.headers["access-control-allow-origin"] == "*"
+    assert reply.headers["access-control-allow-methods"] == "POST, OPTIONS"
+    assert "SIGN-IN-WITH-X" in reply.headers["access-control-allow-headers"]
+
+
+async def test_head_gives_the_get_headers_and_no_body(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    path = f"{PREFIX}/assets/solana/tickers"
+    unsigned = await send(client, gw, "HEAD", path)
+    assert unsigned.status == 402
+    assert unsigned.body == b""
+    required = msgspec.json.decode(base64.b64decode(unsigned.headers["payment-required"]))
+    signed = sign_in(required["extensions"]["sign-in-with-x"], WALLET)
+    head = await send(client, gw, "HEAD", path, headers={"sign-in-with-x": signed})
+    get = await call(client, gw, "GET", path)
+    assert (head.status, get.status) == (200, 200)
+    assert head.body == b""
+    for name in ("content-type", "content-length", "cache-control", "access-control-allow-origin"):
+        assert head.headers[name] == get.headers[name]
+    assert [c.method for c in api.calls] == ["GET", "GET"]
+
+
+# --- the upstream's answers -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("upstream_status", "status", "code"),
+    [
+        (404, 404, "not_found"),
+        (410, 404, "not_found"),
+        (400, 400, "invalid_request"),
+        (422, 400, "invalid_request"),
+        (401, 502, "upstream_error"),
+        (403, 502, "upstream_error"),
+        (409, 502, "upstream_error"),
+        (500, 502, "upstream_error"),
+        (503, 502, "upstream_error"),
+    ],
+)
+async def test_upstream_error_statuses_map_to_our_shape(
+    gw: RunningGateway,
+    client: aiohttp.ClientSession,
+    api: Upstream,
+    upstream_status: int,
+    status: int,
+    code: str,
+) -> None:
+    api.responder = static(upstream_status, {"error": "upstream says no", "key": KEY})
+    reply = await call(client, gw, "GET", f"{PREFIX}/assets/solana")
+    error = assert_error(reply, status, code)
+    assert error["details"] == {"upstreamStatus": upstream_status}
+    assert KEY not in reply.body.decode()
+    assert "upstream says no" not in reply.body.decode()
+
+
+async def test_upstream_rate_limit_is_429_with_retry_after(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    async def limited(request: web.Request, body: bytes) -> web.StreamResponse:
+        return web.json_response({"error": "slow down"}, status=429, headers={"Retry-After": "7"})
+
+    api.responder = limited
+    reply = await call(client, gw, "GET", f"{PREFIX}/health")
+    assert_error(reply, 429, "rate_limited")
+    assert reply.headers["retry-after"] == "7"
+
+
+@pytest.mark.parametrize(
+    "text", ["<html>oops</html>", "", '{"truncated": ', "null trailing", "[" * 5000 + "]" * 5000]
+)
+async def test_an_upstream_answer_that_is_not_json_is_502(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, text: str
+) -> None:
+    api.responder = static(200, text=text)
+    assert_error(await call(client, gw, "GET", f"{PREFIX}/health"), 502, "upstream_error")
+
+
+async def test_a_slow_upstream_is_504(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    api.responder = static(200, {"late": True}, delay=TIMEOUT_S + 0.5)
+    started = time.monotonic()
+    assert_error(await call(client, gw, "GET", f"{PREFIX}/health"), 504, "upstream_timeout")
+    assert time.monotonic() - started < TIMEOUT_S + 0.4
+
+
+async def test_an_unreachable_upstream_is_502_without_naming_it(
+    client: aiohttp.ClientSession, log_lines: list[str]
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with run_gateway(_env(dead)) as gateway:
+        reply = await call(client, gateway, "GET", f"{PREFIX}/health")
+    error = assert_error(reply, 502, "upstream_error")
+    assert dead.split("//")[1] not in error["message"]
+    assert all(dead.split("//")[1] not in line for line in log_lines)
+
+
+async def test_the_key_is_redacted_when_the_upstream_echoes_it(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, log_lines: list[str]
+) -> None:
+    async def echo(request: web.Request, body: bytes) -> web.StreamResponse:
+        payload = {"received": request.headers["x-api-key"], KEY: [f"key={KEY};"], "n": 1}
+        return web.json_response(payload, headers={"x-echo-key": KEY, "set-cookie": f"k={KEY}"})
+
+    api.responder = echo
+    reply = await call(client, gw, "GET", f"{PREFIX}/health")
+    assert reply.status == 200, reply.body
+    assert reply.json()["result"] == {"received": "[redacted]", "[redacted]": ["key=[redacted];"], "n": 1}
+    assert KEY not in reply.body.decode()
+    assert all(KEY not in value for value in reply.headers.values())
+    assert all(KEY not in line for line in log_lines)
+
+
+async def test_the_key_is_redacted_even_behind_json_escapes(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    escaped = KEY.replace("t", "\\u0074").replace("-", "\\u002d")
+    api.responder = static(200, text=f'{{"echo": "{escaped}", "list": ["\\/{escaped}\\/"]}}')
+    reply = await call(client, gw, "GET", f"{PREFIX}/health")
+    assert reply.status == 200, reply.body
+    assert reply.json()["result"] == {"echo": "[redacted]", "list": ["/[redacted]/"]}
+
+
+async def test_a_clean_upstream_answer_passes_through_byte_for_byte(
+    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+) -> None:
+    text = '{"b": 1.50, "a": [true, null, "x"], "big": 123456789012345678901234567890}'
+    api.responder = static(200, text=text)
+    reply = await call(client, gw, "GET", f"{PREFIX}/health")
+    assert reply.status == 200, reply.body
+    assert text.encode() in reply.body
+
+
+# --- rate limits, challenge limits and the store --------------------------------------------
+
+
+async def test_the_tokens_limit_is_shared_across_the_key(
+    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
+) -> None:
+    async with run_gateway(_env(asset_api.url, RATE_LIMIT_TOKENS_PER_MINUTE="3")) as gateway:
+        wallets: list[Signer] = [Keypair(), Keypair(), SigningKey.generate()]
+        for wallet, target in zip(wallets, ["/health", "/assets/search?q=a", "/assets/solana"], strict=True):
+            assert (await call(client, gateway, "GET", PREFIX + target, signer=wallet)).status == 200
+        reply = await call(client, gateway, "GET", f"{PREFIX}/assets/solana/profile", signer=Keypair())
+    error = assert_error(reply, 429, "rate_limited")
+    assert error["details"]["scope"] == "tokens:upstream-key"
+    assert 1 <= int(reply.headers["retry-after"]) <= 20
+    assert reply.headers["access-control-allow-origin"] == "*"
+    assert len(api.calls) == 3
+
+
+def _routes_with(limits: tuple[RateLimitSpec, ...]) -> list[RouteSpec]:
+    routes = load_routes(PACKAGED_ROUTES_FILE, LIMITS)
+    return [msgspec.structs.replace(r, rate_limits=limits) if r.handler == "tokens" else r for r in routes]
+
+
+async def test_each_wallet_has_its_own_limit(
+    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
+) -> None:
+    limits = (
+        RateLimitSpec(scope="tokens:upstream-key", limit=100, period_ms=60_000),
+        RateLimitSpec(scope="tokens:wallet", limit=2, period_ms=60_000, per="wallet"),
+    )
+    busy, other = Keypair(), Keypair()
+    async with run_gateway(_env(asset_api.url), routes=_routes_with(limits)) as gateway:
+        for _ in range(2):
+            assert (await call(client, gateway, "GET", f"{PREFIX}/health", signer=busy)).status == 200
+        refused = await call(client, gateway, "GET", f"{PREFIX}/assets/solana", signer=busy)
+        allowed = await call(client, gateway, "GET", f"{PREFIX}/assets/solana", signer=other)
+    error = assert_error(refused, 429, "rate_limited")
+    assert error["details"]["scope"] == "tokens:wallet"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert allowed.status == 200
+    assert len(api.calls) == 3
+
+
+async def test_unsigned_challenges_are_limited_per_ip_but_signed_calls_pass(
+    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
+) -> None:
+    async with run_gateway(_env(asset_api.url, RATE_LIMIT_CHALLENGE_PER_MINUTE="2")) as gateway:
+        path = f"{PREFIX}/health"
+        first = await challenge(client, gateway, path)
+        await challenge(client, gateway, path)
+        limited = await send(client, gateway, "GET", path)
+        signed = await send(client, gateway, "GET", path, headers={"sign-in-with-x": sign_in(first, WALLET)})
+    assert_error(limited, 429, "rate_limited")
+    assert "retry-after" in limited.headers
+    assert signed.status == 200
+
+
+async def test_an_unreachable_store_fails_closed_with_503(
+    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
+) -> None:
+    store = f"redis://127.0.0.1:{free_port()}/0"
+    env = _env(asset_api.url, STATE_STORE_REST_URL=store)
+    async with run_gateway(env, routes=_routes_with(())) as gateway:
+        path = f"{PREFIX}/health"
+        replica = SiwxIssuer(SIWX_SECRET.encode(), gateway.settings.base_url, "Sign in")
+        ext = replica.challenge(gateway.url + path).extensions["sign-in-with-x"]  # type: ignore[index]
+        claimed = await send(client, gateway, "GET", path, headers={"sign-in-with-x": sign_in(ext, WALLET)})
+        unsigned = await send(client, gateway, "GET", path)
+    assert_error(claimed, 503, "store_unavailable")
+    assert_error(unsigned, 503, "store_unavailable")
+    assert api.calls == []
