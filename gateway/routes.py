@@ -219,6 +219,9 @@ def _route(
     forward_params = raw.get("forward_params", "as_is")
     if forward_params not in ("as_is", "named"):
         raise RoutesError(f"{where}.forward_params: must be as_is or named")
+    listed = raw.get("listed", True)
+    if not isinstance(listed, bool):  # bool("false") is True: a typo must not publish a route
+        raise RoutesError(f"{where}.listed: must be true or false")
     input_schemas = raw.get("input") or {}
     if not isinstance(input_schemas, dict) or set(input_schemas) - INPUT_LOCATIONS:
         raise RoutesError(f"{where}.input: maps path, query or body to a JSON Schema")
@@ -246,7 +249,7 @@ def _route(
             rate_limits=rate_limits,
             input=input_schemas,
             output=raw.get("output"),
-            listed=bool(raw.get("listed", True)),
+            listed=listed,
             replay_cap_bytes=int(raw.get("replay_cap_bytes", DEFAULT_REPLAY_CAP_BYTES)),
             forward_params=forward_params,
         )

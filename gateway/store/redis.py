@@ -26,15 +26,28 @@ from gateway.store.lua import (
 )
 
 T = TypeVar("T")
+MAX_CONNECTIONS = 100
 
 
 class RedisStore:
     """Store over ``redis.asyncio``; the rate limit runs as one server-side script."""
 
-    def __init__(self, url: str, *, timeout_s: float = 2.0, health_check_interval_s: int = 15) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 2.0,
+        health_check_interval_s: int = 15,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         try:
-            self._redis: aioredis.Redis = aioredis.Redis.from_url(
+            # A blocking pool: past max_connections a command waits up to timeout_s for a free
+            # connection. The default pool raises at once (redis-py caps it at 100), which turned a
+            # burst of concurrent requests into 503s.
+            pool = aioredis.BlockingConnectionPool.from_url(
                 url,
+                max_connections=max_connections,
+                timeout=timeout_s,
                 decode_responses=True,
                 socket_timeout=timeout_s,
                 socket_connect_timeout=timeout_s,
@@ -45,6 +58,7 @@ class RedisStore:
             )
         except ValueError:
             raise ValueError("STATE_STORE_REST_URL is not a valid redis:// URL") from None
+        self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         # register_script sends EVALSHA and falls back to loading the script on NOSCRIPT.
         self._gcra = self._redis.register_script(GCRA_SCRIPT)
 

@@ -1,0 +1,122 @@
+"""Run ``x402-gateway`` as a real subprocess, as an operator would, and always clean it up.
+
+Each process gets its own session (process group), so the hypercorn worker it spawns is stopped
+with it even when a test fails half-way. Output goes to unnamed temporary files, never to a pipe
+nobody drains, so a chatty gateway can never block on a full pipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO
+
+from tests.support.gateway_server import free_port
+
+
+def command() -> list[str]:
+    """The installed console script, else the same entry point through this interpreter."""
+    script = shutil.which("x402-gateway")
+    return [script] if script else [sys.executable, "-m", "gateway.cli"]
+
+
+def clean_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Only what the test sets, plus what a process needs to start (no inherited gateway config)."""
+    base = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "SYSTEMROOT") if k in os.environ}
+    return {**base, "PYTHONUNBUFFERED": "1", **env}
+
+
+def run_cli(env: Mapping[str, str], *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """Run one short command (``check``, ``routes``, a refused ``serve``) to completion."""
+    return subprocess.run(
+        [*command(), *args], env=clean_env(env), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@dataclass
+class GatewayProcess:
+    process: subprocess.Popen[bytes]
+    url: str
+    port: int
+    _stdout: IO[bytes]
+    _stderr: IO[bytes]
+
+    def terminate(self, timeout: float = 15) -> int:
+        """SIGTERM to the server only (as an orchestrator sends it); wait for and return its exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def stdout(self) -> str:
+        return _read(self._stdout)
+
+    def stderr(self) -> str:
+        return _read(self._stderr)
+
+
+def _read(stream: IO[bytes]) -> str:
+    stream.flush()
+    stream.seek(0)
+    return stream.read().decode("utf-8", errors="replace")
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """Stop the server and its worker: SIGTERM to the group, SIGKILL to whatever lingers."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+    # The group outlives its leader only through a stray worker; it is ours, so end it.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+
+
+def _wait_until_listening(
+    process: subprocess.Popen[bytes], port: int, stderr: IO[bytes], timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"gateway exited with {process.returncode}:\n{_read(stderr)}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"gateway did not listen on {port} within {timeout} s")
+
+
+@contextmanager
+def serve(env: Mapping[str, str], *args: str, timeout: float = 20) -> Iterator[GatewayProcess]:
+    """``x402-gateway serve --host 127.0.0.1 --port <free>`` with ``env``; killed on exit if still up.
+
+    GATEWAY_BASE_URL defaults to the bound address. Readiness is a TCP connect, so no request is
+    made (and logged) before the test's own; hypercorn queues early connections until its worker
+    is up.
+    """
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen(
+            [*command(), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+            env=clean_env({"GATEWAY_BASE_URL": url, **env}),
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+        )
+        try:
+            _wait_until_listening(process, port, stderr, timeout)
+            yield GatewayProcess(process, url, port, stdout, stderr)
+        finally:
+            _kill_group(process)

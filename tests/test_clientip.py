@@ -1,0 +1,124 @@
+"""The client IP for rate limits: X-Forwarded-For counts only from TRUSTED_PROXIES, right-most first."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest_asyncio
+
+from gateway.clientip import client_ip
+from gateway.config import IpNetwork
+from tests.support.gateway_server import RunningGateway, run_gateway
+
+PROXIES: tuple[IpNetwork, ...] = (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("fd00::/8"))
+
+
+def _scope(peer: str | None, *forwarded: str) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "client": (peer, 40000) if peer else None,
+        "headers": [(b"x-forwarded-for", value.encode()) for value in forwarded],
+    }
+
+
+def test_without_trusted_proxies_the_socket_peer_is_the_client() -> None:
+    assert client_ip(_scope("203.0.113.9", "198.51.100.1"), ()) == "203.0.113.9"
+
+
+def test_forwarded_for_from_an_untrusted_peer_is_ignored() -> None:
+    assert client_ip(_scope("203.0.113.9", "198.51.100.1"), PROXIES) == "203.0.113.9"
+
+
+def test_trusted_proxy_without_forwarded_for_is_the_client() -> None:
+    assert client_ip(_scope("10.1.2.3"), PROXIES) == "10.1.2.3"
+
+
+def test_trusted_proxy_hands_over_the_address_it_saw() -> None:
+    assert client_ip(_scope("10.1.2.3", "198.51.100.7"), PROXIES) == "198.51.100.7"
+
+
+def test_entries_written_by_the_client_are_ignored() -> None:
+    # The client sent "X-Forwarded-For: 1.1.1.1"; our proxy appended the address it saw.
+    assert client_ip(_scope("10.1.2.3", "1.1.1.1, 198.51.100.7"), PROXIES) == "198.51.100.7"
+
+
+def test_chain_of_trusted_proxies_is_skipped_right_to_left() -> None:
+    scope = _scope("10.1.2.3", "6.6.6.6, 198.51.100.7, 10.9.9.9, 10.8.8.8")
+
+    assert client_ip(scope, PROXIES) == "198.51.100.7"
+
+
+def test_forwarded_for_split_over_several_header_lines_is_one_list() -> None:
+    # The client's own line comes first; the proxy added a second line rather than appending.
+    scope = _scope("10.1.2.3", "6.6.6.6", "198.51.100.7")
+
+    assert client_ip(scope, PROXIES) == "198.51.100.7"
+
+
+def test_garbage_in_forwarded_for_falls_back_to_the_peer() -> None:
+    assert client_ip(_scope("10.1.2.3", "1.1.1.1, not-an-ip"), PROXIES) == "10.1.2.3"
+
+
+def test_ipv6_addresses_are_normalised() -> None:
+    assert client_ip(_scope("fd00::1", "2001:DB8:0:0:0:0:0:1"), PROXIES) == "2001:db8::1"
+
+
+def test_all_hops_trusted_yields_the_left_most() -> None:
+    assert client_ip(_scope("10.1.2.3", "10.0.0.1, 10.0.0.2"), PROXIES) == "10.0.0.1"
+
+
+def test_missing_client_is_unknown() -> None:
+    assert client_ip(_scope(None, "198.51.100.7"), PROXIES) == "unknown"
+
+
+# --- over the socket: the unpaid-challenge limit per IP ---------------------------------------------
+
+SIWX_ENV = {
+    "ASSET_API_BASE_URL": "http://127.0.0.1:9",
+    "ASSET_API_KEY": "k",
+    "RATE_LIMIT_CHALLENGE_PER_MINUTE": "3",
+}
+CHALLENGED = "/v1/x402/tokens/health"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def _statuses(http: aiohttp.ClientSession, gateway: RunningGateway, n: int) -> list[int]:
+    statuses = []
+    for i in range(n):
+        headers = {"X-Forwarded-For": f"198.51.100.{i + 1}"}
+        async with http.get(f"{gateway.url}{CHALLENGED}", headers=headers) as response:
+            statuses.append(response.status)
+    return statuses
+
+
+async def test_client_cannot_pick_its_own_challenge_bucket(http: aiohttp.ClientSession) -> None:
+    async with run_gateway(SIWX_ENV) as gateway:
+        statuses = await _statuses(http, gateway, 5)
+
+    assert statuses == [402, 402, 402, 429, 429]
+
+
+async def test_trusted_proxy_gives_each_forwarded_client_its_own_bucket(http: aiohttp.ClientSession) -> None:
+    async with run_gateway({**SIWX_ENV, "TRUSTED_PROXIES": "127.0.0.1"}) as gateway:
+        statuses = await _statuses(http, gateway, 5)
+
+    assert statuses == [402] * 5
+
+
+async def test_rate_limited_challenge_carries_retry_after(http: aiohttp.ClientSession) -> None:
+    async with run_gateway({**SIWX_ENV, "RATE_LIMIT_CHALLENGE_PER_MINUTE": "1"}) as gateway:
+        await _statuses(http, gateway, 1)
+        async with http.get(f"{gateway.url}{CHALLENGED}", headers={"X-Forwarded-For": "6.6.6.6"}) as response:
+            body = await response.json()
+            assert response.status == 429
+            assert int(response.headers["Retry-After"]) >= 1
+
+    assert body["error"]["code"] == "rate_limited"

@@ -1,0 +1,454 @@
+"""Configuration (spec section 1): every variable, its default, one message for every problem, no secret.
+
+Start-up stops only for a missing or invalid ``GATEWAY_BASE_URL`` or a malformed value; a route
+group whose configuration is merely absent is left unmounted with one start-up line per reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+import base58
+import pytest
+from solders.keypair import Keypair
+
+from gateway.config import (
+    CDP_FACILITATOR_URL,
+    PACKAGED_ROUTES_FILE,
+    PUBLIC_MAINNET_RPC_URL,
+    ConfigError,
+    Settings,
+    load_settings,
+)
+from gateway.routes import load_routes, named_limits, plan_routes
+from gateway.x402.types import USDC_MAINNET_MINT
+
+BASE = {"GATEWAY_BASE_URL": "https://gateway.example.com"}
+PAY_TO = str(Keypair().pubkey())
+
+# Values a leak would be recognised by: each secret variable carries a unique marker.
+SECRET_MARKERS = {
+    "PROVIDER_A_MAINNET_RPC_URL": "https://a.example/v2/?api-key=LEAK-A-MAINNET",
+    "PROVIDER_A_DEVNET_RPC_URL": "https://a.example/v2/?api-key=LEAK-A-DEVNET",
+    "PROVIDER_B_MAINNET_RPC_URL": "https://b.example/LEAK-B-MAINNET",
+    "PROVIDER_B_DEVNET_RPC_URL": "https://b.example/LEAK-B-DEVNET",
+    "SOLANA_MAINNET_RPC_URL": "https://rpc.example/LEAK-SOLANA-RPC",
+    "ASSET_API_KEY": "LEAK-ASSET-KEY",
+    "STATE_STORE_REST_URL": "redis://:LEAK-STORE-PASSWORD@127.0.0.1:6379/0",
+    "STATE_STORE_REST_TOKEN": "LEAK-STORE-TOKEN",
+    "INTERNAL_SETTLEMENT_SECRET": "LEAK-INTERNAL-SECRET-0123456789abcdef",
+    "SIWX_SECRET": "LEAK-SIWX-SECRET-0123456789abcdef0123",
+}
+
+
+def _wallet_base58() -> str:
+    return base58.b58encode(bytes(Keypair())).decode()
+
+
+def _cdp_secret() -> str:
+    return base64.b64encode(bytes(Keypair())).decode()
+
+
+def _problems(env: dict[str, str]) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env)
+    return caught.value.problems
+
+
+# --- defaults ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attribute", "default"),
+    [
+        ("port", 8080),
+        ("facilitator_url", CDP_FACILITATOR_URL),
+        ("facilitator_api_key_id", ""),
+        ("pay_to", ""),
+        ("usdc_mint", USDC_MAINNET_MINT),
+        ("rate_limit_rpc_rps", 50),
+        ("rate_limit_das_rps", 10),
+        ("rate_limit_tokens_per_minute", 30),
+        ("rate_limit_challenge_per_minute", 120),
+        ("upstreams", {}),
+        ("routes_file", PACKAGED_ROUTES_FILE),
+        ("upstream_timeout_s", 15.0),
+        ("max_body_bytes", 65536),
+        ("trusted_proxies", ()),
+        ("log_level", "INFO"),
+    ],
+)
+def test_default_when_only_base_url_is_set(attribute: str, default: Any) -> None:
+    settings = load_settings(BASE)
+
+    assert getattr(settings, attribute) == default
+
+
+def test_usdc_mint_default_is_the_mainnet_usdc_mint() -> None:
+    assert load_settings(BASE).usdc_mint == "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"
+
+
+def test_solana_mainnet_rpc_defaults_to_the_public_endpoint() -> None:
+    settings = load_settings(BASE)
+
+    assert (
+        settings.solana_mainnet_rpc_url.reveal()
+        == PUBLIC_MAINNET_RPC_URL
+        == ("https://api.mainnet-beta.solana.com")
+    )
+
+
+@pytest.mark.parametrize(
+    "attribute",
+    [
+        "facilitator_api_key_secret",
+        "asset_api_key",
+        "store_url",
+        "store_token",
+        "internal_secret",
+        "facilitator_wallet",
+        "siwx_secret",
+    ],
+)
+def test_unset_secret_defaults_to_empty(attribute: str) -> None:
+    assert not getattr(load_settings(BASE), attribute)
+
+
+def test_base_url_loses_its_trailing_slash() -> None:
+    assert load_settings({"GATEWAY_BASE_URL": "https://gw.example.com/x402/"}).base_url == (
+        "https://gw.example.com/x402"
+    )
+
+
+# --- every variable is read ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "attribute", "expected"),
+    [
+        ("PORT", "9090", "port", 9090),
+        ("FACILITATOR_URL", "https://facilitator.example/x402", "facilitator_url", None),
+        ("FACILITATOR_URL", "internal", "facilitator_url", None),
+        ("X402_PAY_TO_WALLET", PAY_TO, "pay_to", None),
+        ("X402_USDC_MINT", PAY_TO, "usdc_mint", None),
+        ("RATE_LIMIT_RPC_RPS", "7", "rate_limit_rpc_rps", 7),
+        ("RATE_LIMIT_DAS_RPS", "3", "rate_limit_das_rps", 3),
+        ("RATE_LIMIT_TOKENS_PER_MINUTE", "11", "rate_limit_tokens_per_minute", 11),
+        ("RATE_LIMIT_CHALLENGE_PER_MINUTE", "99", "rate_limit_challenge_per_minute", 99),
+        ("UPSTREAM_TIMEOUT_SECONDS", "2.5", "upstream_timeout_s", 2.5),
+        ("MAX_BODY_BYTES", "4096", "max_body_bytes", 4096),
+        ("LOG_LEVEL", "debug", "log_level", "DEBUG"),
+        ("FACILITATOR_API_KEY_ID", "key-id", "facilitator_api_key_id", None),
+    ],
+)
+def test_plain_variable_is_read(variable: str, value: str, attribute: str, expected: Any) -> None:
+    env = {**BASE, variable: value}
+    if variable == "FACILITATOR_API_KEY_ID":
+        env["FACILITATOR_API_KEY_SECRET"] = _cdp_secret()
+
+    assert getattr(load_settings(env), attribute) == (value if expected is None else expected)
+
+
+@pytest.mark.parametrize(
+    ("variable", "attribute"),
+    [
+        ("SOLANA_MAINNET_RPC_URL", "solana_mainnet_rpc_url"),
+        ("ASSET_API_KEY", "asset_api_key"),
+        ("STATE_STORE_REST_URL", "store_url"),
+        ("STATE_STORE_REST_TOKEN", "store_token"),
+        ("INTERNAL_SETTLEMENT_SECRET", "internal_secret"),
+        ("SIWX_SECRET", "siwx_secret"),
+    ],
+)
+def test_secret_variable_is_read(variable: str, attribute: str) -> None:
+    settings = load_settings({**BASE, variable: SECRET_MARKERS[variable]})
+
+    assert getattr(settings, attribute).reveal() == SECRET_MARKERS[variable]
+
+
+def test_facilitator_wallet_is_read() -> None:
+    wallet = _wallet_base58()
+
+    assert load_settings({**BASE, "FACILITATOR_WALLET_BASE58": wallet}).facilitator_wallet.reveal() == wallet
+
+
+def test_facilitator_api_key_secret_is_read() -> None:
+    secret = _cdp_secret()
+    env = {**BASE, "FACILITATOR_API_KEY_ID": "id", "FACILITATOR_API_KEY_SECRET": secret}
+
+    assert load_settings(env).facilitator_api_key_secret.reveal() == secret
+
+
+@pytest.mark.parametrize(
+    ("variable", "upstream"),
+    [
+        ("PROVIDER_A_MAINNET_RPC_URL", "provider_a_mainnet"),
+        ("PROVIDER_A_DEVNET_RPC_URL", "provider_a_devnet"),
+        ("PROVIDER_B_MAINNET_RPC_URL", "provider_b_mainnet"),
+        ("PROVIDER_B_DEVNET_RPC_URL", "provider_b_devnet"),
+        ("ASSET_API_BASE_URL", "asset_api"),
+    ],
+)
+def test_upstream_url_is_read(variable: str, upstream: str) -> None:
+    url = "https://upstream.example/v1/?api-key=k"
+
+    assert load_settings({**BASE, variable: url}).upstream_url(upstream) == url
+
+
+def test_trusted_proxies_are_parsed_as_networks() -> None:
+    settings = load_settings({**BASE, "TRUSTED_PROXIES": "10.0.0.0/8, 192.168.1.7 ,::1"})
+
+    assert settings.trusted_proxies == (
+        ipaddress.ip_network("10.0.0.0/8"),
+        ipaddress.ip_network("192.168.1.7/32"),
+        ipaddress.ip_network("::1/128"),
+    )
+
+
+def test_routes_file_is_read(tmp_path: Path) -> None:
+    table = tmp_path / "routes.yaml"
+    table.write_text("routes: []\n")
+
+    assert load_settings({**BASE, "ROUTES_FILE": str(table)}).routes_file == table
+
+
+# --- problems ------------------------------------------------------------------------------------
+
+
+def test_missing_base_url_is_a_config_error() -> None:
+    problems = _problems({})
+
+    assert len(problems) == 1
+    assert problems[0].startswith("GATEWAY_BASE_URL is required")
+
+
+@pytest.mark.parametrize(
+    "base_url",
+    [
+        "gateway.example.com",
+        "/relative",
+        "ftp://gateway.example.com",
+        "https://gateway.example.com/?x=1",
+        "https://gateway.example.com/#top",
+        "https://user:pw@gateway.example.com",
+        "http://[::1",
+    ],
+)
+def test_invalid_base_url_is_a_config_error(base_url: str) -> None:
+    problems = _problems({"GATEWAY_BASE_URL": base_url})
+
+    assert len(problems) == 1
+    assert problems[0].startswith("GATEWAY_BASE_URL must be an absolute http(s) URL")
+
+
+@pytest.mark.parametrize("value", ["abc", "80_80", "+8080", "8080.0", "\uff18\uff10\uff18\uff10", "1e3"])
+def test_malformed_integer_is_a_config_error(value: str) -> None:
+    assert _problems({**BASE, "PORT": value}) == [f"PORT must be an integer, got {value!r}"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("PORT", "0"), ("PORT", "65536"), ("RATE_LIMIT_RPC_RPS", "0"), ("MAX_BODY_BYTES", "10")],
+)
+def test_integer_out_of_range_is_a_config_error(variable: str, value: str) -> None:
+    (problem,) = _problems({**BASE, variable: value})
+
+    assert problem.startswith(f"{variable} must be between")
+
+
+@pytest.mark.parametrize("value", ["fast", "1_5", "nan", "inf", "-1", "0", "301"])
+def test_bad_upstream_timeout_is_a_config_error(value: str) -> None:
+    (problem,) = _problems({**BASE, "UPSTREAM_TIMEOUT_SECONDS": value})
+
+    assert problem.startswith("UPSTREAM_TIMEOUT_SECONDS must be")
+
+
+@pytest.mark.parametrize("variable", ["X402_PAY_TO_WALLET", "X402_USDC_MINT"])
+def test_invalid_solana_address_is_a_config_error(variable: str) -> None:
+    assert _problems({**BASE, variable: "not-a-pubkey"}) == [f"{variable} is not a valid Solana address"]
+
+
+def test_unknown_log_level_is_a_config_error() -> None:
+    (problem,) = _problems({**BASE, "LOG_LEVEL": "chatty"})
+
+    assert problem.startswith("LOG_LEVEL must be one of")
+
+
+def test_bad_trusted_proxy_entry_is_a_config_error() -> None:
+    (problem,) = _problems({**BASE, "TRUSTED_PROXIES": "10.0.0.0/8,proxy.internal"})
+
+    assert "TRUSTED_PROXIES entry 'proxy.internal'" in problem
+
+
+def test_store_url_with_unknown_scheme_is_a_config_error() -> None:
+    (problem,) = _problems({**BASE, "STATE_STORE_REST_URL": "postgres://db/1"})
+
+    assert problem.startswith("STATE_STORE_REST_URL must start with")
+
+
+def test_missing_routes_file_is_a_config_error(tmp_path: Path) -> None:
+    (problem,) = _problems({**BASE, "ROUTES_FILE": str(tmp_path / "absent.yaml")})
+
+    assert problem.startswith("ROUTES_FILE") and "does not exist" in problem
+
+
+def test_short_siwx_secret_is_a_config_error() -> None:
+    (problem,) = _problems({**BASE, "SIWX_SECRET": "short"})
+
+    assert problem.startswith("SIWX_SECRET must be at least 32 characters")
+
+
+def test_facilitator_wallet_as_json_array_is_refused() -> None:
+    array = str(list(bytes(Keypair())))
+
+    (problem,) = _problems({**BASE, "FACILITATOR_WALLET_BASE58": array})
+
+    assert "JSON array" in problem
+
+
+def test_every_problem_is_listed_in_one_message() -> None:
+    env = {
+        "PORT": "eighty",
+        "PROVIDER_A_MAINNET_RPC_URL": "not a url",
+        "RATE_LIMIT_DAS_RPS": "-5",
+        "X402_PAY_TO_WALLET": "nope",
+        "LOG_LEVEL": "loud",
+        "TRUSTED_PROXIES": "nowhere",
+    }
+
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env)
+
+    message = str(caught.value)
+    named = [
+        "GATEWAY_BASE_URL",
+        "PORT",
+        "PROVIDER_A_MAINNET_RPC_URL",
+        "RATE_LIMIT_DAS_RPS",
+        "X402_PAY_TO_WALLET",
+        "LOG_LEVEL",
+        "TRUSTED_PROXIES",
+    ]
+    assert len(caught.value.problems) == len(named)
+    assert all(name in message for name in named)
+    assert message.startswith("invalid configuration:\n")
+
+
+# --- secrets never print -------------------------------------------------------------------------
+
+
+def test_malformed_secret_values_never_appear_in_the_message() -> None:
+    env = {
+        "GATEWAY_BASE_URL": "https://gateway.example.com/?api-key=LEAK-BASE-QUERY",
+        "PROVIDER_A_MAINNET_RPC_URL": "ftp://a.example/?api-key=LEAK-A-MAINNET",
+        "PROVIDER_B_DEVNET_RPC_URL": "LEAK-B-DEVNET-not-a-url",
+        "SOLANA_MAINNET_RPC_URL": "LEAK-SOLANA-RPC",
+        "ASSET_API_BASE_URL": "gopher://LEAK-ASSET-HOST",
+        "SIWX_SECRET": "LEAK-SIWX",
+        "FACILITATOR_WALLET_BASE58": "LEAK0WALLET0lI",
+        "FACILITATOR_API_KEY_ID": "key-id",
+        "FACILITATOR_API_KEY_SECRET": "LEAK-CDP-SECRET",
+    }
+
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env)
+
+    assert len(caught.value.problems) == 8
+    assert "LEAK" not in str(caught.value)
+
+
+def test_repr_of_settings_never_shows_a_secret() -> None:
+    wallet, cdp_secret = _wallet_base58(), _cdp_secret()
+    env = {
+        **BASE,
+        **SECRET_MARKERS,
+        "FACILITATOR_WALLET_BASE58": wallet,
+        "FACILITATOR_API_KEY_ID": "key-id",
+        "FACILITATOR_API_KEY_SECRET": cdp_secret,
+    }
+    settings = load_settings(env)
+
+    shown = repr(settings) + str(settings)
+
+    assert "LEAK" not in shown
+    assert wallet not in shown
+    assert cdp_secret not in shown
+    assert "api-key" not in shown
+
+
+# --- absent group configuration: not mounted, one line per reason ----------------------------------
+
+
+def _planned(settings: Settings) -> tuple[set[str], list[str]]:
+    routes = load_routes(settings.routes_file, named_limits(settings))
+    mounted, notes = plan_routes(routes, settings)
+    return {r.group for r in mounted}, notes
+
+
+def test_only_base_url_mounts_only_the_service_and_internal_routes() -> None:
+    groups, _ = _planned(load_settings(BASE))
+
+    assert groups == {"service", "internal"}
+
+
+def test_each_missing_configuration_is_one_startup_line() -> None:
+    _, notes = _planned(load_settings(BASE))
+
+    assert sorted(notes) == sorted(
+        [
+            "not mounted: 19 route(s) of tokens (ASSET_API_BASE_URL unset)",
+            "not mounted: 9 route(s) of provider_a (PROVIDER_A_MAINNET_RPC_URL unset)",
+            "not mounted: 6 route(s) of provider_a (PROVIDER_A_DEVNET_RPC_URL unset)",
+            "not mounted: 9 route(s) of provider_b (PROVIDER_B_MAINNET_RPC_URL unset)",
+            "not mounted: 9 route(s) of provider_b (PROVIDER_B_DEVNET_RPC_URL unset)",
+        ]
+    )
+
+
+def test_paid_routes_without_pay_to_wallet_are_not_mounted() -> None:
+    env = {
+        **BASE,
+        "PROVIDER_B_MAINNET_RPC_URL": "https://b.example/k",
+        "FACILITATOR_URL": "https://f.example",
+    }
+
+    groups, notes = _planned(load_settings(env))
+
+    assert "provider_b" not in groups
+    assert "not mounted: 9 route(s) of provider_b (X402_PAY_TO_WALLET unset)" in notes
+
+
+def test_paid_routes_on_the_cdp_facilitator_need_its_api_key() -> None:
+    env = {**BASE, "PROVIDER_B_MAINNET_RPC_URL": "https://b.example/k", "X402_PAY_TO_WALLET": PAY_TO}
+
+    groups, notes = _planned(load_settings(env))
+
+    assert "provider_b" not in groups
+    assert "FACILITATOR_API_KEY_ID or FACILITATOR_API_KEY_SECRET unset" in "".join(notes)
+
+
+def test_asset_routes_need_the_asset_api_key() -> None:
+    env = {**BASE, "ASSET_API_BASE_URL": "https://assets.example"}
+
+    groups, notes = _planned(load_settings(env))
+
+    assert "tokens" not in groups
+    assert "not mounted: 19 route(s) of tokens (ASSET_API_KEY unset)" in notes
+
+
+def test_configured_groups_are_mounted() -> None:
+    env = {
+        **BASE,
+        "X402_PAY_TO_WALLET": PAY_TO,
+        "FACILITATOR_URL": "https://facilitator.example",
+        "PROVIDER_A_MAINNET_RPC_URL": "https://a.example/k",
+        "ASSET_API_BASE_URL": "https://assets.example",
+        "ASSET_API_KEY": "k",
+    }
+
+    groups, _ = _planned(load_settings(env))
+
+    assert groups == {"service", "internal", "provider_a", "tokens"}

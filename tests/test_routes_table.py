@@ -1,0 +1,367 @@
+"""routes.yaml: template expansion, the price derivation, and load errors that name their YAML location."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from gateway.config import PACKAGED_ROUTES_FILE
+from gateway.routes import RoutesError, RouteSpec, load_routes, parse_routes
+
+LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
+RPC_METHODS = {
+    "getBalance",
+    "getAccountInfo",
+    "getTransaction",
+    "getSignaturesForAddress",
+    "getTokenAccountsByOwner",
+    "getProgramAccounts",
+}
+DAS_METHODS = {"getAsset", "getAssetsByOwner", "searchAssets"}
+
+# The derivation table of routes.yaml: ceil(units * per-unit price + 1000 micro-USDC settlement fee).
+PRICES = {
+    ("provider_a", "getBalance"): 1005,
+    ("provider_a", "getAccountInfo"): 1005,
+    ("provider_a", "getTokenAccountsByOwner"): 1005,
+    ("provider_a", "getTransaction"): 1018,
+    ("provider_a", "getSignaturesForAddress"): 1018,
+    ("provider_a", "getProgramAccounts"): 1009,
+    ("provider_a", "getAsset"): 1036,
+    ("provider_a", "getAssetsByOwner"): 1216,
+    ("provider_a", "searchAssets"): 1216,
+    ("provider_b", "getBalance"): 1005,
+    ("provider_b", "getAccountInfo"): 1005,
+    ("provider_b", "getTokenAccountsByOwner"): 1005,
+    ("provider_b", "getTransaction"): 1005,
+    ("provider_b", "getSignaturesForAddress"): 1005,
+    ("provider_b", "getProgramAccounts"): 1050,
+    ("provider_b", "getAsset"): 1050,
+    ("provider_b", "getAssetsByOwner"): 1050,
+    ("provider_b", "searchAssets"): 1050,
+}
+
+
+@pytest.fixture(scope="module")
+def packaged() -> list[RouteSpec]:
+    return load_routes(PACKAGED_ROUTES_FILE, LIMITS)
+
+
+def _solana(routes: list[RouteSpec], surface: str) -> set[tuple[str, str, str]]:
+    """(cluster, provider, method) of every paid route of ``surface`` (rpc or das)."""
+    found = set()
+    for route in routes:
+        parts = route.path.split("/")  # ['', 'v1', 'x402', 'solana', cluster, provider, surface, method]
+        if route.path.startswith("/v1/x402/solana/") and parts[6] == surface:
+            found.add((parts[4], parts[5], parts[7]))
+    return found
+
+
+# --- the packaged table --------------------------------------------------------------------------
+
+
+def test_packaged_table_has_58_routes(packaged: list[RouteSpec]) -> None:
+    assert len(packaged) == 58
+
+
+def test_rpc_has_six_methods_on_both_clusters_for_both_providers(packaged: list[RouteSpec]) -> None:
+    expected = {
+        (cluster, provider, method)
+        for cluster in ("mainnet", "devnet")
+        for provider in ("provider_a", "provider_b")
+        for method in RPC_METHODS
+    }
+
+    assert _solana(packaged, "rpc") == expected
+
+
+def test_das_is_mainnet_only_for_provider_a_and_both_clusters_for_provider_b(
+    packaged: list[RouteSpec],
+) -> None:
+    expected = {("mainnet", "provider_a", m) for m in DAS_METHODS} | {
+        (cluster, "provider_b", m) for cluster in ("mainnet", "devnet") for m in DAS_METHODS
+    }
+
+    assert _solana(packaged, "das") == expected
+
+
+def test_paid_routes_are_exact_post_with_their_provider_upstream(packaged: list[RouteSpec]) -> None:
+    paid = [r for r in packaged if r.path.startswith("/v1/x402/solana/")]
+
+    assert len(paid) == 33
+    for route in paid:
+        _, _, _, _, cluster, provider, _, method = route.path.split("/")
+        assert (route.method, route.access, route.handler) == ("POST", "exact", "jsonrpc")
+        assert route.upstream == f"{provider}_{cluster}"
+        assert route.group == provider
+        assert route.operation == method
+
+
+@pytest.mark.parametrize(("provider", "method"), sorted(PRICES))
+def test_price_matches_the_derivation_table(packaged: list[RouteSpec], provider: str, method: str) -> None:
+    prices = {
+        r.price_micro_usdc
+        for r in packaged
+        if r.path.startswith("/v1/x402/solana/")
+        and r.path.endswith(f"/{provider}/{r.path.split('/')[6]}/{method}")
+    }
+
+    assert prices == {PRICES[provider, method]}
+
+
+def test_rpc_and_das_routes_carry_their_named_scope_limit(packaged: list[RouteSpec]) -> None:
+    route = next(r for r in packaged if r.path == "/v1/x402/solana/devnet/provider_b/das/getAsset")
+
+    (limit,) = route.rate_limits
+    assert (limit.scope, limit.limit, limit.period_ms) == ("provider_b:devnet:das", 10, 1000)
+
+
+def test_asset_data_routes_are_19_free_siwx_routes(packaged: list[RouteSpec]) -> None:
+    tokens = [r for r in packaged if r.group == "tokens"]
+
+    assert len(tokens) == 19
+    assert {r.access for r in tokens} == {"siwx"}
+    assert {r.price_micro_usdc for r in tokens} == {None}
+
+
+def test_internal_and_metrics_routes_are_unlisted(packaged: list[RouteSpec]) -> None:
+    unlisted = {r.path for r in packaged if not r.listed}
+
+    assert unlisted == {
+        "/metrics",
+        "/api/internal/facilitator/supported",
+        "/api/internal/facilitator/verify",
+        "/api/internal/facilitator/settle",
+    }
+
+
+def test_fixed_asset_paths_are_declared_before_asset_id_paths(packaged: list[RouteSpec]) -> None:
+    fixed = [r for r in packaged if r.group == "tokens" and not r.has_path_params]
+
+    assert {r.operation for r in fixed} == {
+        "health",
+        "search",
+        "resolve",
+        "curated",
+        "marketSnapshots",
+        "variantMarkets",
+        "riskSummaryByMint",
+    }
+
+
+# --- errors name their YAML location --------------------------------------------------------------
+
+
+def _route(**overrides: Any) -> dict[str, Any]:
+    route: dict[str, Any] = {
+        "name": "ping",
+        "path": "/ping",
+        "method": "GET",
+        "access": "public",
+        "handler": "health",
+    }
+    route.update(overrides)
+    return route
+
+
+def _doc(*routes: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"routes": list(routes), **extra}
+
+
+TEMPLATE: dict[str, Any] = {
+    "name": "solana.{cluster}.{provider}.rpc.{method}",
+    "path": "/v1/x402/solana/{cluster}/{provider}/rpc/{method}",
+    "method": "POST",
+    "access": "exact",
+    "handler": "jsonrpc",
+    "group": "{provider}",
+    "upstream": "{provider}_{cluster}",
+    "price": 1000,
+    "expand": [{"cluster": ["mainnet", "devnet"], "provider": ["provider_a"]}],
+    "methods": {"getBalance": {"params": {"type": "array"}}, "getSlot": {}},
+}
+
+
+def _load_error(doc: Any) -> str:
+    with pytest.raises(RoutesError) as caught:
+        parse_routes(doc, LIMITS)
+    return str(caught.value)
+
+
+def test_a_small_valid_table_loads() -> None:
+    (route,) = parse_routes(_doc(_route()), LIMITS)
+
+    assert (route.name, route.path, route.method, route.access) == ("ping", "/ping", "GET", "public")
+
+
+def test_template_expands_cluster_by_provider_by_method() -> None:
+    routes = parse_routes({"templates": [TEMPLATE]}, LIMITS)
+
+    assert sorted(r.name for r in routes) == [
+        "solana.devnet.provider_a.rpc.getBalance",
+        "solana.devnet.provider_a.rpc.getSlot",
+        "solana.mainnet.provider_a.rpc.getBalance",
+        "solana.mainnet.provider_a.rpc.getSlot",
+    ]
+
+
+def test_unknown_handler_names_its_location() -> None:
+    message = _load_error(_doc(_route(), _route(name="b", path="/b", handler="teapot")))
+
+    assert message == "routes[1] (b).handler: unknown handler 'teapot'"
+
+
+def test_unknown_access_names_its_location() -> None:
+    message = _load_error(_doc(_route(access="free")))
+
+    assert message.startswith("routes[0] (ping).access: 'free' is not one of")
+
+
+def test_duplicate_path_names_both_locations() -> None:
+    message = _load_error(_doc(_route(), _route(name="ping2")))
+
+    assert message == "routes[1].path: duplicate route GET /ping (first at routes[0])"
+
+
+def test_same_path_with_another_method_is_not_a_duplicate() -> None:
+    routes = parse_routes(_doc(_route(), _route(name="ping2", method="POST")), LIMITS)
+
+    assert [r.method for r in routes] == ["GET", "POST"]
+
+
+def test_duplicate_name_names_its_location() -> None:
+    message = _load_error(_doc(_route(), _route(path="/other")))
+
+    assert message == "routes[1].name: duplicate route name 'ping' (first at routes[0])"
+
+
+def test_duplicate_from_a_template_names_the_expansion() -> None:
+    clash = _route(name="clash", path="/v1/x402/solana/devnet/provider_a/rpc/getSlot", method="POST")
+
+    message = _load_error({"routes": [clash], "templates": [TEMPLATE]})
+
+    assert message.startswith("templates[0][devnet/provider_a/getSlot].path: duplicate route POST")
+    assert message.endswith("(first at routes[0])")
+
+
+def test_exact_route_without_price_names_its_location() -> None:
+    message = _load_error(_doc(_route(access="exact")))
+
+    assert message == "routes[0] (ping).price: an exact route needs a price"
+
+
+def test_price_on_a_route_that_is_not_exact_is_refused() -> None:
+    message = _load_error(_doc(_route(price=5)))
+
+    assert message == "routes[0] (ping).price: only exact routes carry a price"
+
+
+def test_template_without_price_names_the_expansion() -> None:
+    template = {k: v for k, v in TEMPLATE.items() if k != "price"}
+
+    message = _load_error({"templates": [template]})
+
+    assert message.startswith("templates[0][mainnet/provider_a/getBalance] (solana.mainnet.provider_a.rpc")
+    assert message.endswith(".price: an exact route needs a price")
+
+
+def test_bad_schema_keyword_names_its_location() -> None:
+    schema = {"type": "object", "properties": {"limit": {"type": "integer", "exclusiveMinimum": 0}}}
+
+    message = _load_error(_doc(_route(input={"query": schema})))
+
+    assert message == (
+        "routes[0] (ping).input.query.properties.limit: unsupported schema keyword(s) ['exclusiveMinimum']"
+    )
+
+
+def test_bad_schema_keyword_in_a_template_method_names_it() -> None:
+    template = copy.deepcopy(TEMPLATE)
+    template["methods"]["getBalance"]["params"] = {"type": "array", "uniqueItems": True}
+
+    message = _load_error({"templates": [template]})
+
+    assert "input.body.properties.params: unsupported schema keyword(s) ['uniqueItems']" in message
+
+
+def test_unknown_field_in_a_template_method_is_refused() -> None:
+    template = copy.deepcopy(TEMPLATE)
+    template["methods"]["getBalance"] = {"parms": {"type": "array", "maxItems": 1}}
+
+    message = _load_error({"templates": [template]})
+
+    assert message.startswith("templates[0].methods.getBalance: unknown field(s) ['parms']")
+
+
+def test_unknown_upstream_names_its_location() -> None:
+    message = _load_error(_doc(_route(upstream="provider_c_mainnet")))
+
+    assert message.startswith("routes[0] (ping).upstream: unknown upstream 'provider_c_mainnet'")
+
+
+def test_unknown_named_limit_names_its_location() -> None:
+    limits = [{"scope": "a", "limit": 5, "period_seconds": 1}, {"scope": "b", "limit": "turbo"}]
+
+    message = _load_error(_doc(_route(rate_limits=limits)))
+
+    assert message.startswith("routes[0] (ping).rate_limits[1].limit: unknown named limit 'turbo'")
+
+
+@pytest.mark.parametrize("period", [0, -1, True, "30"])
+def test_literal_limit_needs_a_positive_period(period: Any) -> None:
+    limits = [{"scope": "a", "limit": 5, "period_seconds": period}]
+
+    message = _load_error(_doc(_route(rate_limits=limits)))
+
+    assert message.startswith("routes[0] (ping).rate_limits[0].limit: a named limit or a positive integer")
+
+
+def test_literal_limit_is_kept_in_milliseconds() -> None:
+    limits = [{"scope": "scale-test", "limit": 200, "period_seconds": 30}]
+
+    (route,) = parse_routes(_doc(_route(rate_limits=limits)), LIMITS)
+
+    assert [(x.scope, x.limit, x.period_ms, x.per) for x in route.rate_limits] == [
+        ("scale-test", 200, 30_000, "scope")
+    ]
+
+
+def test_unknown_route_field_names_its_location() -> None:
+    message = _load_error(_doc(_route(cost=3)))
+
+    assert message == "routes[0]: unknown field(s) ['cost']"
+
+
+def test_bad_forward_params_names_its_location() -> None:
+    message = _load_error(_doc(_route(forward_params="positional")))
+
+    assert message == "routes[0] (ping).forward_params: must be as_is or named"
+
+
+def test_listed_must_be_a_boolean() -> None:
+    message = _load_error(_doc(_route(listed="false")))
+
+    assert message == "routes[0] (ping).listed: must be true or false"
+
+
+def test_unknown_pricing_unit_names_its_location() -> None:
+    pricing = {"provider_a": {"micro_usdc_per_unit": "0.45", "units": {"getBalance": 10}}}
+    route = _route(access="exact", method="POST", price={"pricing": "provider_a", "unit": "getSlot"})
+
+    message = _load_error(_doc(route, pricing=pricing))
+
+    assert message == "routes[0] (ping).price.unit: schedule 'provider_a' has no units for 'getSlot'"
+
+
+def test_price_from_a_schedule_rounds_up_and_adds_the_fee() -> None:
+    pricing = {
+        "settlement_fee_micro_usdc": 1000,
+        "provider_a": {"micro_usdc_per_unit": "0.45", "units": {"getTransaction": 40, "getBalance": 10}},
+    }
+    route = _route(access="exact", method="POST", price={"pricing": "provider_a", "unit": "getTransaction"})
+
+    (parsed,) = parse_routes(_doc(route, pricing=pricing), LIMITS)
+
+    assert parsed.price_micro_usdc == 1018  # ceil(40 * 0.45 + 1000)
