@@ -66,6 +66,10 @@ class PaymentLedger:
     async def claim(self, signature: str, route: str) -> bool:
         return await self.store.claim(f"x402gw:pay:{signature}", route, CLAIM_TTL_MS)
 
+    async def claimed(self, signature: str) -> bool:
+        """Whether the payment was claimed already (a cheap look before asking the facilitator)."""
+        return await self.store.get(f"x402gw:pay:{signature}") is not None
+
     async def pending(self, signature: str) -> PendingSettlement | None:
         raw = await self.store.get(f"x402gw:pending:{signature}")
         return self._pending.decode(raw) if raw else None

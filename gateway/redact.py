@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+MIN_SECRET_PART = 16
+"""Shorter URL pieces (``v1``, ``rpc``, ``mainnet``) are no keys, and hiding them would mangle text."""
 
 
 class Secret:
@@ -41,3 +44,22 @@ def redact_url(url: str) -> str:
         return "<invalid url>"
     hidden = "/***" if (parts.path not in ("", "/") or parts.query or parts.username) else ""
     return f"{parts.scheme}://{host}{port}{hidden}"
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The pieces of ``url`` that may be a key: userinfo, query values and path segments."""
+    try:
+        parts = urlsplit(url)
+        pieces = [parts.username or "", parts.password or ""]
+    except ValueError:
+        return ()
+    pieces += [unquote(p) for p in parts.path.split("/")]
+    pieces += [value for _, value in parse_qsl(parts.query, keep_blank_values=True)]
+    return tuple(sorted({p for p in pieces if len(p) >= MIN_SECRET_PART}, key=len, reverse=True))
+
+
+def scrub(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with every occurrence of ``secrets`` replaced by ``***`` (for upstream text we pass on)."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text

@@ -5,7 +5,8 @@ request is known to be well formed:
 
     no header -> 402 challenge (body never read) -> decode header -> validate body (400)
     -> payment matches this route, payer != payTo -> scope rate limit -> payment-identifier
-    lookup -> facilitator verify -> atomic claim of the payment -> inner app
+    lookup -> already claimed? (a pending settlement reconciles, else payment_already_used)
+    -> facilitator verify -> atomic claim of the payment -> inner app
 
 The verified payment goes inward in ``scope["state"]["payment"]``; SettleAfterSuccess settles it.
 """
@@ -17,12 +18,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.asgi import ASGIApp, Receive, Scope, Send, header, read_body, send_bytes
+from gateway.clientip import client_ip
 from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
 from gateway.facilitators import Facilitator, FacilitatorUnavailable, fee_payer_for
 from gateway.logs import log_event
 from gateway.payments import StoredResponse, fingerprint
-from gateway.routes import RouteSpec
+from gateway.routes import RateLimitSpec, RouteSpec, named_limits
 from gateway.services import Services
 from gateway.store import StoreUnavailable
 from gateway.validation import InvalidInput, RequestValidator
@@ -121,6 +123,10 @@ class X402Exact:
         self.validator = RequestValidator(route.input)
         self.max_body = services.settings.max_body_bytes
         self.limits = [s for s in route.rate_limits if s.per == "scope"]
+        limit, period_ms = named_limits(services.settings)["challenge"]
+        # The bucket ChallengeRateLimit uses: a refused payment header earns another challenge,
+        # so it counts as one, or junk headers would make challenges unlimited.
+        self.challenge_limit = RateLimitSpec(scope="challenge:ip", limit=limit, period_ms=period_ms)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = header(scope, PAYMENT_SIGNATURE) or header(scope, X_PAYMENT)
@@ -135,6 +141,8 @@ class X402Exact:
         except PaymentRejected as rejected:
             ctx.outcome, ctx.error = "rejected", rejected.reason
             log_event("payment rejected", route=self.route.name, reason=rejected.reason, payer=ctx.payer)
+            ip = client_ip(scope, self.services.settings.trusted_proxies)
+            await self.services.limiter.hit(self.challenge_limit, ip)
             await send_challenge(send, self.challenge, self.facilitator, rejected.reason)
         except StoreUnavailable as exc:
             raise GatewayError(
@@ -162,12 +170,26 @@ class X402Exact:
             ctx.outcome = "replayed"
             return
         requirements = self.challenge.requirements_for(await fee_payer(self.facilitator))
+        if payload.accepted is None:
+            # v1 (``X-PAYMENT``): the facilitator is spoken to in v2, so the payment says which
+            # requirements it accepted, as a v2 client would.
+            payload = PaymentPayload(
+                x402Version=2,
+                payload=payload.payload,
+                accepted=requirements,
+                resource=self.challenge.resource,
+                extensions=payload.extensions,
+            )
+        # A used payment is refused from the store, before the facilitator is asked: once
+        # broadcast, a real facilitator's verify fails (the funds moved), which would lose a
+        # pending settlement's withheld response and blame the client with the wrong reason.
+        if await self.ledger.claimed(signature):
+            await self._refuse_reuse(signature, fp, payment_id, payload, requirements, scope, send)
+            return
         await self._verify(payload, requirements, payer)
         if not await self.ledger.claim(signature, self.route.name):
-            if await self._reconcile(signature, fp, payload, requirements, scope, send):
-                return
-            await self.services.usage.record(self.route.name, "failed")
-            raise PaymentRejected("payment_already_used", "this payment was already used")
+            await self._refuse_reuse(signature, fp, payment_id, payload, requirements, scope, send)
+            return
         if payment_id is not None and not await self.ledger.reserve_payment_id(payment_id, fp):
             raise GatewayError(
                 ErrorCode.IDEMPOTENCY_CONFLICT, "payment identifier already used by another request"
@@ -231,16 +253,33 @@ class X402Exact:
                 ErrorCode.IDEMPOTENCY_CONFLICT, "payment identifier was used with another payment or request"
             )
         if record.response is None:
-            raise GatewayError(
-                ErrorCode.IDEMPOTENCY_CONFLICT, "a request with this payment identifier is in flight"
-            )
+            # Not settled (yet): in flight, discarded or pending. The payment's claim decides:
+            # a pending settlement reconciles, anything else is payment_already_used.
+            return False
         await send_stored(send, record.response)
         return True
+
+    async def _refuse_reuse(
+        self,
+        signature: str,
+        fp: str,
+        payment_id: str | None,
+        payload: PaymentPayload,
+        requirements: PaymentRequirements,
+        scope: Scope,
+        send: Send,
+    ) -> None:
+        """The payment is claimed already: reconcile its pending settlement, or refuse it."""
+        if await self._reconcile(signature, fp, payment_id, payload, requirements, scope, send):
+            return
+        await self.services.usage.record(self.route.name, "failed")
+        raise PaymentRejected("payment_already_used", "this payment was already used")
 
     async def _reconcile(
         self,
         signature: str,
         fp: str,
+        payment_id: str | None,
         payload: PaymentPayload,
         requirements: PaymentRequirements,
         scope: Scope,
@@ -252,7 +291,7 @@ class X402Exact:
         if pending is None or pending.fingerprint != fp:
             return False
         await self.settler.settle_and_respond(
-            payload, requirements, signature, fp, None, pending.response, scope, send
+            payload, requirements, signature, fp, payment_id, pending.response, scope, send
         )
         return True
 

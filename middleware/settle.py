@@ -132,13 +132,14 @@ class SettleAfterSuccess:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         paid: PaidRequest = scope["state"]["payment"]
         buffer = _Buffer()
-        await self.app(scope, receive, buffer.send)
+        try:
+            await self.app(scope, receive, buffer.send)
+        except GatewayError:  # the handler's 502/504: discarded all the same
+            await self._discard(scope, paid)
+            raise
         body = b"".join(buffer.chunks)
         if buffer.status != 200 or not scope["state"].get("upstream_ok"):
-            ctx = request_context(scope)
-            ctx.outcome = "upstream_failed"
-            await self.settler.services.usage.record(self.settler.route.name, "failed")
-            log_event("payment discarded: upstream failed", route=self.settler.route.name, payer=paid.payer)
+            await self._discard(scope, paid)
             await send_bytes(send, buffer.status, body, buffer.headers)
             return
         response = StoredResponse(status=200, body=body, content_type=buffer.content_type)
@@ -146,3 +147,10 @@ class SettleAfterSuccess:
             paid.payload, paid.requirements, paid.signature, paid.fingerprint, paid.payment_id,
             response, scope, send,
         )  # fmt: skip
+
+    async def _discard(self, scope: Scope, paid: PaidRequest) -> None:
+        """Upstream failed: nothing is settled, the claim stays, the flow counts as failed."""
+        ctx = request_context(scope)
+        ctx.outcome = "upstream_failed"
+        await self.settler.services.usage.record(self.settler.route.name, "failed")
+        log_event("payment discarded: upstream failed", route=self.settler.route.name, payer=paid.payer)

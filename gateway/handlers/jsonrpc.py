@@ -14,6 +14,7 @@ import msgspec
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
+from gateway.redact import scrub, url_secrets
 from gateway.routes import RouteSpec
 from gateway.services import Services
 
@@ -62,6 +63,7 @@ class JsonRpcProxy:
         self.services = services
         self.upstream = route.upstream
         self.url = services.settings.upstream_url(route.upstream) or ""
+        self.secrets = url_secrets(self.url)
         self.method = route.operation
         self.named = route.forward_params == "named"
 
@@ -80,12 +82,16 @@ class JsonRpcProxy:
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR,
                 "provider returned a JSON-RPC error; nothing was charged",
-                {"rpcError": {"code": reply.error.code, "message": (reply.error.message or "")[:200]}},
+                {"rpcError": {"code": reply.error.code, "message": self._public(reply.error.message)}},
             )
         if not reply.result:
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider answer has no result; nothing was charged")
         scope["state"]["upstream_ok"] = True
         await send_bytes(send, 200, raw, (JSON_CONTENT_TYPE,))
+
+    def _public(self, message: str | None) -> str:
+        """The provider's error text as we pass it on: its URL's key parts never leave."""
+        return scrub(message or "", self.secrets)[:200]
 
     async def _post(self, payload: bytes) -> bytes:
         session = self.services.session(self.upstream)

@@ -92,28 +92,14 @@ class ExactChallenge:
 
     def requirements_for(self, fee_payer: str) -> PaymentRequirements:
         """What the facilitator is asked to verify and settle: v2 fields only."""
-        r = self.requirements
-        return PaymentRequirements(
-            scheme=r.scheme,
-            network=r.network,
-            amount=r.amount,
-            asset=r.asset,
-            payTo=r.payTo,
-            maxTimeoutSeconds=r.maxTimeoutSeconds,
-            extra={**(r.extra or {}), "feePayer": fee_payer},
-        )
+        extra = {**(self.requirements.extra or {}), "feePayer": fee_payer}
+        return msgspec.structs.replace(self.requirements, extra=extra)
 
     def build(self, fee_payer: str, error: str | None = None) -> PaymentRequired:
-        r = self.requirements_for(fee_payer)
+        fields = msgspec.structs.asdict(self.requirements_for(fee_payer))
         accept = ChallengeAccept(
-            scheme=r.scheme,
-            network=r.network,
-            amount=r.amount,
-            asset=r.asset,
-            payTo=r.payTo,
-            maxTimeoutSeconds=r.maxTimeoutSeconds,
-            extra=r.extra,
-            maxAmountRequired=r.amount,
+            **fields,
+            maxAmountRequired=self.requirements.amount,
             resource=self.resource.url,
             description=self.description,
             mimeType="application/json",

@@ -1,0 +1,457 @@
+"""Paid routes when something else fails: the facilitator, the provider, settlement, the store.
+
+Settle after success (design.md): nothing is settled unless the provider answered with a
+JSON-RPC ``result``; a discarded authorization stays claimed; a failed settlement withholds the
+body; an unknown settlement outcome is reconciled on retry without calling the provider again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+import redis
+from x402 import x402FacilitatorSync
+from x402.mechanisms.svm import FacilitatorKeypairSigner
+from x402.mechanisms.svm.exact import register_exact_svm_facilitator
+
+from gateway.logs import LOGGER_NAME, JsonFormatter
+from gateway.store.redis import RedisStore
+from gateway.x402.types import SOLANA_MAINNET
+from tests.support.cdp_facilitator import Fault, ReferenceBackend, closed_port_url, settlement_signature
+from tests.support.paid_fixtures import (
+    GET_BALANCE,
+    GET_BALANCE_PRICE,
+    PROVIDER_KEY,
+    PaidGateway,
+    Reply,
+    StartPaidGateway,
+    balance_body,
+)
+from tests.support.redis_server import RedisServer, start_redis_server
+from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
+from tests.support.upstream import static
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
+
+MARKER = 987654321
+PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 1}, "value": MARKER}}
+
+
+def assert_challenge(reply: Reply, error: str) -> None:
+    """A 402 with a fresh challenge whose error is ``error`` (header and body agree)."""
+    assert reply.status == 402
+    assert reply.headers["cache-control"] == "no-store"
+    assert reply.json()["error"] == error
+    assert reply.header_json("payment-required")["error"] == error
+    assert reply.json()["accepts"][0]["amount"] == str(GET_BALANCE_PRICE)
+    assert "payment-response" not in reply.headers
+
+
+# --- the facilitator at verify -----------------------------------------------------------------
+
+
+async def test_paid_rpc_invalid_payment_per_facilitator_is_402_with_its_reason(paid: PaidGateway) -> None:
+    assert paid.facilitator is not None
+    paid.facilitator.inject(Fault.VERIFY_INVALID, reason="insufficient_funds")
+    payment = await paid.payment()
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert_challenge(reply, "insufficient_funds")
+    assert paid.verify_calls() == 1
+    assert paid.settle_calls() == paid.upstream_calls == 0
+
+
+async def test_paid_rpc_payment_refused_by_the_facilitator_can_be_retried(paid: PaidGateway) -> None:
+    """A verify refusal claims nothing: the same payment is judged again on the next try."""
+    assert paid.facilitator is not None
+    paid.facilitator.inject(Fault.VERIFY_INVALID, reason="transaction_simulation_failed", times=1)
+    payment = await paid.payment()
+    assert (await paid.pay(GET_BALANCE, balance_body(), payment)).status == 402
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 200
+    assert paid.verify_calls() == 2
+    assert paid.settle_calls() == paid.upstream_calls == 1
+
+
+@pytest.mark.parametrize("fault", ["down", "slow", "invalid_json", "http_500", "unauthorized"])
+async def test_paid_rpc_facilitator_unavailable_at_verify_is_503_and_calls_no_provider(
+    start_paid_gateway: StartPaidGateway, fault: str
+) -> None:
+    paid = await start_paid_gateway(env={"UPSTREAM_TIMEOUT_SECONDS": "0.5"})
+    assert paid.facilitator is not None
+    payment = await paid.payment()  # /supported is known (and cached) from here on
+    if fault == "down":
+        await paid.facilitator.stop()
+    elif fault == "slow":
+        paid.facilitator.inject(Fault.SLOW, endpoint="verify", delay_s=2.0)
+    elif fault == "invalid_json":
+        paid.facilitator.inject(Fault.INVALID_JSON, endpoint="verify")
+    elif fault == "http_500":
+        paid.facilitator.inject(Fault.HTTP_ERROR, endpoint="verify")
+    else:
+        paid.facilitator.inject(Fault.HTTP_ERROR, endpoint="verify", status=401)
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 503
+    assert reply.error_code == "facilitator_unavailable"
+    assert paid.facilitator.base_url not in reply.body.decode()
+    assert paid.settle_calls() == paid.upstream_calls == 0
+
+
+async def test_paid_rpc_payment_survives_a_facilitator_outage(paid: PaidGateway) -> None:
+    """Nothing is claimed when verify could not be asked: the same payment works afterwards."""
+    assert paid.facilitator is not None
+    payment = await paid.payment()
+    paid.facilitator.inject(Fault.HTTP_ERROR, endpoint="verify", times=1)
+    assert (await paid.pay(GET_BALANCE, balance_body(), payment)).status == 503
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 200
+    assert paid.upstream_calls == paid.settle_calls() == 1
+
+
+async def test_paid_rpc_facilitator_down_before_any_challenge_is_503(
+    start_paid_gateway: StartPaidGateway,
+) -> None:
+    """Without the facilitator's fee payer there is no valid challenge to send."""
+    paid = await start_paid_gateway(env={"FACILITATOR_URL": closed_port_url()})
+
+    reply = await paid.post(GET_BALANCE, balance_body())
+
+    assert reply.status == 503
+    assert reply.error_code == "facilitator_unavailable"
+    assert paid.upstream_calls == 0
+
+
+# --- the provider fails: nothing is settled, the authorization is discarded ----------------------
+
+UPSTREAM_FAILURES = {
+    "http_500": static(500, {"error": "internal"}),
+    "http_429": static(429, {"error": "slow down"}),
+    "json_rpc_error": static(
+        200, {"jsonrpc": "2.0", "id": 1, "error": {"code": -32005, "message": "behind"}}
+    ),
+    "missing_result": static(200, {"jsonrpc": "2.0", "id": 1}),
+    "invalid_json": static(200, text='{"jsonrpc": "2.0", "result": '),
+    "not_an_object": static(200, [1, 2, 3]),
+}
+
+
+def _failing_provider(failure: str) -> dict[str, str]:
+    """Gateway env for ``failure`` (a refused connection needs another provider URL)."""
+    if failure != "refused":
+        return {}
+    return {"PROVIDER_A_MAINNET_RPC_URL": closed_port_url("/rpc") + f"?api-key={PROVIDER_KEY}"}
+
+
+@pytest.mark.parametrize("failure", [*UPSTREAM_FAILURES, "refused"])
+async def test_paid_rpc_upstream_failure_is_502_and_settles_nothing(
+    start_paid_gateway: StartPaidGateway, failure: str
+) -> None:
+    paid = await start_paid_gateway(env=_failing_provider(failure))
+    paid.upstream.responder = UPSTREAM_FAILURES.get(failure)
+    payment = await paid.payment()
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 502
+    assert reply.error_code == "upstream_error"
+    assert "payment-response" not in reply.headers and "x-payment-response" not in reply.headers
+    assert PROVIDER_KEY not in reply.body.decode()
+    assert paid.verify_calls() == 1
+    assert paid.settle_calls() == 0
+    assert paid.upstream_calls == (0 if failure == "refused" else 1)
+
+
+async def test_paid_rpc_json_rpc_error_is_passed_on_without_the_provider_key(paid: PaidGateway) -> None:
+    message = f"invalid params for /provider-a/mainnet?api-key={PROVIDER_KEY}"
+    error = {"code": -32602, "message": message}
+    paid.upstream.responder = static(200, {"jsonrpc": "2.0", "id": 1, "error": error})
+    payment = await paid.payment()
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 502
+    assert reply.error_code == "upstream_error"
+    assert reply.json()["error"]["details"]["rpcError"]["code"] == -32602
+    assert "invalid params" in reply.json()["error"]["details"]["rpcError"]["message"]
+    assert PROVIDER_KEY not in reply.body.decode()
+    assert paid.settle_calls() == 0
+
+
+@pytest.mark.parametrize(
+    "failure", ["http_500", "json_rpc_error", "missing_result", "invalid_json", "refused"]
+)
+async def test_paid_rpc_payment_of_a_failed_call_cannot_be_reused(
+    start_paid_gateway: StartPaidGateway, failure: str
+) -> None:
+    paid = await start_paid_gateway(env=_failing_provider(failure))
+    paid.upstream.responder = UPSTREAM_FAILURES.get(failure)
+    payment = await paid.payment()
+    assert (await paid.pay(GET_BALANCE, balance_body(), payment)).status == 502
+    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    calls = paid.upstream_calls
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert_challenge(reply, "payment_already_used")
+    assert paid.upstream_calls == calls
+    assert paid.settle_calls() == 0
+    assert paid.verify_calls() == 1
+
+
+async def test_paid_rpc_upstream_timeout_is_504_and_settles_nothing(
+    start_paid_gateway: StartPaidGateway,
+) -> None:
+    paid = await start_paid_gateway(env={"UPSTREAM_TIMEOUT_SECONDS": "0.2"})
+    paid.upstream.responder = static(200, PROVIDER_ANSWER, delay=0.5)
+    payment = await paid.payment()
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 504
+    assert reply.error_code == "upstream_timeout"
+    assert "payment-response" not in reply.headers
+    assert paid.settle_calls() == 0
+    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    assert_challenge(await paid.pay(GET_BALANCE, balance_body(), payment), "payment_already_used")
+    assert paid.settle_calls() == 0
+
+
+# --- settlement -----------------------------------------------------------------------------------
+
+
+async def test_paid_rpc_settlement_failure_is_402_and_withholds_the_body(paid: PaidGateway) -> None:
+    assert paid.facilitator is not None
+    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    paid.facilitator.inject(Fault.SETTLE_FAILURE, reason="insufficient_funds")
+    payment = await paid.payment()
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert_challenge(reply, "settlement_failed")
+    assert str(MARKER).encode() not in reply.body
+    assert "x-payment-response" not in reply.headers
+    assert paid.upstream_calls == 1
+    assert paid.settle_calls() == 1
+
+
+async def test_paid_rpc_facilitator_down_at_settle_withholds_the_body(paid: PaidGateway) -> None:
+    assert paid.facilitator is not None
+    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    paid.facilitator.inject(Fault.HTTP_ERROR, endpoint="settle", status=502)
+    payment = await paid.payment()
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 503
+    assert reply.error_code == "settlement_pending"
+    assert str(MARKER).encode() not in reply.body
+    assert "payment-response" not in reply.headers
+
+
+async def test_paid_rpc_pending_settlement_is_503_with_retry_after(paid: PaidGateway) -> None:
+    assert paid.facilitator is not None
+    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    paid.facilitator.inject(Fault.SETTLE_PENDING, times=1)
+    payment = await paid.payment()
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 503
+    assert reply.error_code == "settlement_pending"
+    assert int(reply.headers["retry-after"]) >= 1
+    assert str(MARKER).encode() not in reply.body
+    assert "payment-response" not in reply.headers
+    assert paid.upstream_calls == paid.settle_calls() == 1
+
+
+async def test_paid_rpc_retry_after_pending_settlement_reconciles_without_the_provider(
+    paid: PaidGateway,
+) -> None:
+    assert paid.facilitator is not None
+    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    paid.facilitator.inject(Fault.SETTLE_PENDING, times=1)
+    payment = await paid.payment()
+    assert (await paid.pay(GET_BALANCE, balance_body(), payment)).status == 503
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 200
+    assert reply.json() == PROVIDER_ANSWER
+    assert reply.headers["payment-response"] == reply.headers["x-payment-response"]
+    settle = paid.facilitator.calls_to("settle")
+    assert len(settle) == 2 and settle[1].body is not None
+    assert reply.header_json("payment-response")["transaction"] == settlement_signature(settle[1].body)
+    assert paid.upstream_calls == 1
+    assert paid.verify_calls() == 1
+
+
+async def test_paid_rpc_retry_after_pending_with_another_body_is_refused(paid: PaidGateway) -> None:
+    assert paid.facilitator is not None
+    paid.facilitator.inject(Fault.SETTLE_PENDING, times=1)
+    payment = await paid.payment()
+    assert (await paid.pay(GET_BALANCE, balance_body(), payment)).status == 503
+
+    reply = await paid.pay(GET_BALANCE, balance_body(request_id=2), payment)
+
+    assert_challenge(reply, "payment_already_used")
+    assert paid.upstream_calls == paid.settle_calls() == 1
+
+
+class _ImpatientSigner(FacilitatorKeypairSigner):
+    """The reference fee-payer signer, waiting at most 1 s for confirmation (not 30 s)."""
+
+    def confirm_transaction(self, signature: str, network: str, timeout_seconds: int = 30) -> None:
+        super().confirm_transaction(signature, network, timeout_seconds=1)
+
+
+class ImpatientReferenceBackend(ReferenceBackend):
+    """The reference facilitator whose confirmation wait times out quickly: a broadcast it
+    cannot confirm yet is answered ``settlement_pending`` and reconciled on the next settle."""
+
+    def __init__(self, chain: UsdcChain, rpc: LiteSvmRpcServer) -> None:
+        self.fee_payer = chain.fee_payer
+        self.facilitator = x402FacilitatorSync()
+        self._signer = _ImpatientSigner(chain.fee_payer, rpc_url=rpc.url)
+        register_exact_svm_facilitator(self.facilitator, self._signer, networks=[SOLANA_MAINNET])
+
+
+async def test_paid_rpc_pending_settlement_that_landed_is_reconciled_by_the_reference_facilitator(
+    start_paid_gateway: StartPaidGateway, usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer
+) -> None:
+    """The money moved but confirmation was late: the retry must not re-verify (the funds are
+    gone, a simulation would now fail) but settle again, which reconciles the signature."""
+    paid = await start_paid_gateway(backend=ImpatientReferenceBackend(usdc_chain, solana_rpc_server))
+    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    payment = await paid.payment()
+    before = usdc_chain.balance(usdc_chain.payer_ata)
+    solana_rpc_server.hold_confirmations = True
+    first = await paid.pay(GET_BALANCE, balance_body(), payment)
+    assert first.status == 503 and first.error_code == "settlement_pending"
+    assert usdc_chain.balance(usdc_chain.payer_ata) == before - GET_BALANCE_PRICE  # type: ignore[operator]
+    solana_rpc_server.release_confirmations()
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 200, reply.body
+    assert reply.json() == PROVIDER_ANSWER
+    assert reply.header_json("payment-response")["transaction"] == solana_rpc_server.sent[0]
+    assert len(solana_rpc_server.sent) == 1
+    assert usdc_chain.balance(usdc_chain.payer_ata) == before - GET_BALANCE_PRICE  # type: ignore[operator]
+    assert paid.upstream_calls == 1
+
+
+# --- the store ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    with start_redis_server() as server:
+        yield server
+
+
+async def test_paid_rpc_store_down_is_503_and_calls_nothing(
+    start_paid_gateway: StartPaidGateway, private_redis: RedisServer
+) -> None:
+    paid = await start_paid_gateway(env={"STATE_STORE_REST_URL": private_redis.url})
+    payment = await paid.payment()  # the store is up for the challenge
+    private_redis.stop()
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 503
+    assert reply.error_code == "store_unavailable"
+    assert "127.0.0.1" not in reply.body.decode()
+    assert paid.verify_calls() == paid.settle_calls() == paid.upstream_calls == 0
+
+
+async def test_paid_rpc_store_refusing_the_claim_is_503_after_verify_and_calls_no_provider(
+    start_paid_gateway: StartPaidGateway, private_redis: RedisServer
+) -> None:
+    """The store fails between verify and claim (the gateway's user may read but not write
+    payment claims): fail closed, nothing reaches the provider, nothing is settled."""
+    admin = redis.Redis.from_url(private_redis.url)
+    admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "gateway", "on", ">gateway-password", "resetkeys",
+        "~x402gw:rl:*", "~x402gw:usage:*", "~x402gw:pending:*", "~x402gw:pid:*",
+        "%R~x402gw:pay:*", "+@all",
+    )  # fmt: skip
+    admin.close()
+    url = private_redis.url.replace("redis://", "redis://gateway:gateway-password@")
+    paid = await start_paid_gateway(store=RedisStore(url))
+    payment = await paid.payment()
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 503
+    assert reply.error_code == "store_unavailable"
+    assert "gateway-password" not in reply.body.decode()
+    assert paid.verify_calls() == 1
+    assert paid.settle_calls() == paid.upstream_calls == 0
+
+
+async def test_paid_rpc_store_outage_on_a_challenge_is_503(
+    start_paid_gateway: StartPaidGateway, private_redis: RedisServer
+) -> None:
+    paid = await start_paid_gateway(env={"STATE_STORE_REST_URL": private_redis.url})
+    private_redis.stop()
+
+    reply = await paid.post(GET_BALANCE, balance_body())
+
+    assert reply.status == 503
+    assert reply.error_code == "store_unavailable"
+    assert paid.upstream_calls == 0
+
+
+# --- secrets ------------------------------------------------------------------------------------
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.setFormatter(JsonFormatter())
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@pytest.fixture
+def log_lines() -> Iterator[list[str]]:
+    """Every gateway log line of the test, as rendered for stdout."""
+    handler = _Lines()
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.addHandler(handler)
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)
+
+
+async def test_paid_rpc_logs_carry_the_settlement_but_no_secret(
+    start_paid_gateway: StartPaidGateway, log_lines: list[str]
+) -> None:
+    paid = await start_paid_gateway(env={"LOG_LEVEL": "DEBUG"})
+    assert paid.facilitator is not None and paid.facilitator.credentials is not None
+    assert (await paid.pay(GET_BALANCE, balance_body(), await paid.payment())).status == 200
+    paid.upstream.responder = static(500, {"error": f"bad key {PROVIDER_KEY}"})
+    assert (await paid.pay(GET_BALANCE, balance_body(), await paid.payment())).status == 502
+    paid.facilitator.inject(Fault.HTTP_ERROR, endpoint="verify", status=401)
+    assert (await paid.pay(GET_BALANCE, balance_body(), await paid.payment())).status == 503
+
+    text = "\n".join(log_lines)
+    assert PROVIDER_KEY not in text
+    assert paid.facilitator.credentials.secret not in text
+    settled = [json.loads(line) for line in log_lines if '"payment settled"' in line]
+    assert len(settled) == 1
+    assert settled[0]["payer"] == str(paid.chain.payer.pubkey())
+    assert settled[0]["amount"] == str(GET_BALANCE_PRICE)
