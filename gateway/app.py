@@ -26,7 +26,7 @@ from gateway.handlers.metrics import MetricsHandler
 from gateway.handlers.tokens import TokensHandler
 from gateway.logs import configure_logging, log_event
 from gateway.router import GatewayRoute, MethodDispatcher, not_found
-from gateway.routes import RateLimitSpec, RouteSpec, load_routes, named_limits, plan_routes
+from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes
 from gateway.services import Services
 from gateway.store import Store
 from middleware.cors import CorsMiddleware
@@ -66,11 +66,7 @@ def _public(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
 
 def challenge_limit(app: ASGIApp, services: Services, credential_headers: tuple[bytes, ...]) -> ASGIApp:
     """Unpaid requests (no credential header) are limited per client IP before any work."""
-    limit, period_ms = named_limits(services.settings)["challenge"]
-    spec = RateLimitSpec(scope="challenge:ip", limit=limit, period_ms=period_ms)
-    return ChallengeRateLimit(
-        app, services.limiter, spec, credential_headers, services.settings.trusted_proxies
-    )
+    return ChallengeRateLimit(app, services.limiter, credential_headers)
 
 
 ACCESS_LAYERS["public"] = _public

@@ -16,7 +16,7 @@ from gateway.config import Settings
 from gateway.facilitators import Facilitator, HttpFacilitator
 from gateway.local_facilitator import load_local_facilitator
 from gateway.metrics import Usage
-from gateway.routes import RouteSpec
+from gateway.routes import RateLimitSpec, RouteSpec, named_limits
 from gateway.store import Store, open_store
 from gateway.x402.siwx import SiwxIssuer, random_secret
 from middleware.ratelimit import RateLimiter
@@ -38,14 +38,16 @@ class Services:
         self.settings = settings
         self.routes = routes
         self.store = store or open_store(settings.store_url.reveal(), settings.store_token.reveal())
-        self.limiter = RateLimiter(self.store)
+        limit, period_ms = named_limits(settings)["challenge"]
+        challenge_spec = RateLimitSpec(scope="challenge:ip", limit=limit, period_ms=period_ms)
+        self.limiter = RateLimiter(self.store, challenge_spec, settings.trusted_proxies)
         self.usage = Usage(self.store)
         self.local_facilitator = load_local_facilitator(
             settings.facilitator_wallet.reveal(),
             self.store,
             mainnet_rpc_url=settings.solana_mainnet_rpc_url.reveal(),
             devnet_rpc_url=settings.solana_devnet_rpc_url.reveal() or None,
-            url=settings.base_url + "/api/internal/facilitator",
+            url=settings.base_url,  # the gateway settles itself; internal routes stay undiscovered
         )
         self.facilitator: Facilitator | None = (
             self.local_facilitator if settings.uses_internal_facilitator else _external_facilitator(settings)

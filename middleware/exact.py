@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.asgi import ASGIApp, Receive, Scope, Send, header, read_body, send_bytes
-from gateway.clientip import client_ip
 from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
 from gateway.facilitators import Facilitator, FacilitatorUnavailable, fee_payer_for
 from gateway.logs import log_event
 from gateway.payments import StoredResponse, fingerprint
-from gateway.routes import RateLimitSpec, RouteSpec, named_limits
+from gateway.routes import RouteSpec
 from gateway.services import Services
 from gateway.store import StoreUnavailable
 from gateway.validation import InvalidInput, RequestValidator
@@ -123,10 +122,6 @@ class X402Exact:
         self.validator = RequestValidator(route.input)
         self.max_body = services.settings.max_body_bytes
         self.limits = [s for s in route.rate_limits if s.per == "scope"]
-        limit, period_ms = named_limits(services.settings)["challenge"]
-        # The bucket ChallengeRateLimit uses: a refused payment header earns another challenge,
-        # so it counts as one, or junk headers would make challenges unlimited.
-        self.challenge_limit = RateLimitSpec(scope="challenge:ip", limit=limit, period_ms=period_ms)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = header(scope, PAYMENT_SIGNATURE) or header(scope, X_PAYMENT)
@@ -141,8 +136,7 @@ class X402Exact:
         except PaymentRejected as rejected:
             ctx.outcome, ctx.error = "rejected", rejected.reason
             log_event("payment rejected", route=self.route.name, reason=rejected.reason, payer=ctx.payer)
-            ip = client_ip(scope, self.services.settings.trusted_proxies)
-            await self.services.limiter.hit(self.challenge_limit, ip)
+            await self.services.limiter.challenge(scope)
             await send_challenge(send, self.challenge, self.facilitator, rejected.reason)
         except StoreUnavailable as exc:
             raise GatewayError(
@@ -291,7 +285,7 @@ class X402Exact:
         if pending is None or pending.fingerprint != fp:
             return False
         await self.settler.settle_and_respond(
-            payload, requirements, signature, fp, payment_id, pending.response, scope, send
+            payload, requirements, signature, fp, payment_id, pending.response, scope, send, reconciling=True
         )
         return True
 

@@ -19,10 +19,27 @@ from gateway.store import Store, StoreUnavailable
 
 
 class RateLimiter:
-    """One GCRA decision per call in the shared store; over the limit raises 429."""
+    """One GCRA decision per call in the shared store; over the limit raises 429.
 
-    def __init__(self, store: Store) -> None:
+    ``challenge_spec`` is the per-client-IP bucket of 402 challenges: requests without a
+    credential, and requests whose credential was refused (each earns a fresh challenge, so junk
+    headers must not make challenges unlimited).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        challenge_spec: RateLimitSpec | None = None,
+        trusted_proxies: Sequence[IpNetwork] = (),
+    ) -> None:
         self.store = store
+        self.challenge_spec = challenge_spec
+        self.trusted_proxies = tuple(trusted_proxies)
+
+    async def challenge(self, scope: Scope) -> None:
+        """Count one 402 challenge against the client's IP."""
+        if self.challenge_spec is not None:
+            await self.hit(self.challenge_spec, client_ip(scope, self.trusted_proxies))
 
     async def hit(self, spec: RateLimitSpec, subject: str | None = None) -> None:
         key = f"x402gw:rl:{spec.scope}" if subject is None else f"x402gw:rl:{spec.scope}:{subject}"
@@ -45,23 +62,14 @@ class RateLimiter:
 class ChallengeRateLimit:
     """Limit requests that carry no credential (they get a 402 challenge) per client IP."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        limiter: RateLimiter,
-        spec: RateLimitSpec,
-        credential_headers: Sequence[bytes],
-        trusted_proxies: Sequence[IpNetwork],
-    ) -> None:
+    def __init__(self, app: ASGIApp, limiter: RateLimiter, credential_headers: Sequence[bytes]) -> None:
         self.app = app
         self.limiter = limiter
-        self.spec = spec
         self.credential_headers = tuple(credential_headers)
-        self.trusted_proxies = tuple(trusted_proxies)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not any(header(scope, name) for name in self.credential_headers):
-            await self.limiter.hit(self.spec, client_ip(scope, self.trusted_proxies))
+            await self.limiter.challenge(scope)
         await self.app(scope, receive, send)
 
 

@@ -8,6 +8,8 @@ settlement outcome is recorded so a retry reconciles instead of paying twice.
 
 from __future__ import annotations
 
+import msgspec
+
 from gateway.asgi import ASGIApp, Message, Receive, Scope, Send, send_bytes
 from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
@@ -45,12 +47,24 @@ class Settler:
         response: StoredResponse | None,
         scope: Scope,
         send: Send,
+        *,
+        reconciling: bool = False,
     ) -> None:
+        """Settle and answer. ``reconciling``: a retry of a pending settlement, where the
+        facilitator's ``duplicate_settlement`` with a transaction means the first broadcast landed
+        (the earlier answer was lost), so the client gets what it paid for."""
         ctx = request_context(scope)
         try:
             result = await self.facilitator.settle(payload, requirements)
         except FacilitatorUnavailable:
             result = None
+        if (
+            reconciling
+            and result is not None
+            and result.errorReason == "duplicate_settlement"
+            and result.transaction
+        ):
+            result = msgspec.structs.replace(result, success=True, errorReason=None, errorMessage=None)
         if result is not None and result.success and response is not None:
             delivered = StoredResponse(
                 status=response.status,

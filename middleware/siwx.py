@@ -60,6 +60,7 @@ class SignInWithX:
             verified = self.issuer.verify(signed, resource)
         except SiwxError as refused:
             ctx.outcome, ctx.error = "refused", refused.reason.value
+            await self.limiter.challenge(scope)  # a refused sign-in earns a challenge too
             await self._challenge(send, resource, refused.reason.value, "failed")
             return
         ctx.wallet = verified.address
@@ -68,6 +69,7 @@ class SignInWithX:
             await self.limiter.hit(spec, verified.address if spec.per == "wallet" else None)
         if not await self._claim(verified):
             ctx.outcome, ctx.error = "refused", SiwxReason.REPLAYED.value
+            await self.limiter.challenge(scope)
             await self._challenge(send, resource, SiwxReason.REPLAYED.value, "failed")
             return
         ctx.outcome = "signed_in"

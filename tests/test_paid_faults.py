@@ -295,6 +295,43 @@ async def test_paid_rpc_retry_after_pending_settlement_reconciles_without_the_pr
     assert paid.verify_calls() == 1
 
 
+async def test_paid_rpc_retry_whose_first_settlement_landed_delivers_on_duplicate_settlement(
+    paid: PaidGateway,
+) -> None:
+    """The first settle's answer was lost (pending) but the broadcast landed: on the retry the
+    facilitator answers duplicate_settlement with the transaction, and the client gets its data."""
+    assert paid.facilitator is not None
+    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    paid.facilitator.inject(Fault.SETTLE_PENDING, times=1)
+    payment = await paid.payment()
+    assert (await paid.pay(GET_BALANCE, balance_body(), payment)).status == 503
+    paid.facilitator.inject(Fault.SETTLE_PENDING, reason="duplicate_settlement", times=1)
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 200
+    assert reply.json() == PROVIDER_ANSWER
+    settlement = reply.header_json("payment-response")
+    assert settlement["success"] is True and "errorReason" not in settlement
+    settle = paid.facilitator.calls_to("settle")
+    assert len(settle) == 2 and settle[1].body is not None
+    assert settlement["transaction"] == settlement_signature(settle[1].body)
+    assert paid.upstream_calls == 1
+
+
+async def test_paid_rpc_duplicate_settlement_outside_a_retry_is_a_settlement_failure(
+    paid: PaidGateway,
+) -> None:
+    assert paid.facilitator is not None
+    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    paid.facilitator.inject(Fault.SETTLE_PENDING, reason="duplicate_settlement", times=1)
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), await paid.payment())
+
+    assert_challenge(reply, "settlement_failed")
+    assert str(MARKER).encode() not in reply.body
+
+
 async def test_paid_rpc_retry_after_pending_with_another_body_is_refused(paid: PaidGateway) -> None:
     assert paid.facilitator is not None
     paid.facilitator.inject(Fault.SETTLE_PENDING, times=1)

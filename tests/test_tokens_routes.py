@@ -1138,6 +1138,20 @@ async def test_unsigned_challenges_are_limited_per_ip_but_signed_calls_pass(
     assert signed.status == 200
 
 
+async def test_refused_sign_ins_count_against_the_per_ip_challenge_limit(
+    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """A junk SIGN-IN-WITH-X header earns a fresh challenge, so it must not bypass the limit."""
+    async with run_gateway(_env(asset_api.url, RATE_LIMIT_CHALLENGE_PER_MINUTE="2")) as gateway:
+        path = f"{PREFIX}/health"
+        replies = [
+            await send(client, gateway, "GET", path, headers={"sign-in-with-x": "junk"}) for _ in range(3)
+        ]
+    assert [r.status for r in replies] == [402, 402, 429]
+    assert_error(replies[2], 429, "rate_limited")
+    assert "retry-after" in replies[2].headers
+
+
 async def test_an_unreachable_store_fails_closed_with_503(
     asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
 ) -> None:
