@@ -1,4 +1,4 @@
-"""``x402-gateway``: serve | check | routes.
+"""``x402-gateway``: serve | check | routes | sandbox | pay.
 
 Configuration problems are printed as one message without a traceback, and never a secret.
 """
@@ -114,6 +114,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return int(run(config))
 
 
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.sandbox import run_sandbox
+
+    port = args.port if args.port is not None else int(os.environ.get("PORT") or 8080)
+    try:
+        return asyncio.run(run_sandbox(port, host=args.host))
+    except KeyboardInterrupt:
+        return 0
+    except (ConfigError, RoutesError, OSError, TimeoutError) as exc:
+        print(f"sandbox: {exc}", file=sys.stderr)
+        return 1
+
+
+def cmd_pay(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.payclient import run_pay
+
+    return asyncio.run(
+        run_pay(args.method, args.url, keypair_file=args.keypair, data=args.data, rpc_url=args.rpc)
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="x402-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -127,6 +152,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.set_defaults(func=cmd_check)
     routes = sub.add_parser("routes", help="print the expanded routes.yaml table")
     routes.set_defaults(func=cmd_routes)
+    sandbox = sub.add_parser("sandbox", help="run the gateway offline: local chain, sample upstreams")
+    sandbox.add_argument("--host", default="127.0.0.1")
+    sandbox.add_argument("--port", type=int, default=None, help="default: $PORT or 8080")
+    sandbox.set_defaults(func=cmd_sandbox)
+    pay = sub.add_parser("pay", help="call a URL, answering x402 challenges (exact Solana, SIWX)")
+    pay.add_argument("method", help="HTTP method, e.g. GET or POST")
+    pay.add_argument("url")
+    pay.add_argument("--data", default=None, help="JSON request body")
+    pay.add_argument("--keypair", required=True, help="solana-keygen JSON file (or base58 64-byte key)")
+    pay.add_argument("--rpc", default=None, help="Solana RPC URL (default: $SOLANA_RPC_URL or mainnet)")
+    pay.set_defaults(func=cmd_pay)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

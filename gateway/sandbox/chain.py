@@ -1,0 +1,712 @@
+"""A Solana JSON-RPC server over LiteSVM on loopback, plus a USDC chain to pay on.
+
+Stdlib ``http.server`` and solders only, so it runs anywhere the gateway runs: the offline
+sandbox (``x402-gateway sandbox``) serves it as the local chain and the tests use it as their
+Solana node. Answers are produced with solders' own RPC serializers so unchanged clients
+(solana-py, the reference x402 clients, ours) parse them.
+
+Methods: getLatestBlockhash, getAccountInfo (base64), simulateTransaction, sendTransaction,
+getSignatureStatuses, getBalance, getTokenAccountBalance, getSlot, getBlockHeight,
+getMinimumBalanceForRentExemption, getHealth, getVersion, getGenesisHash, and, over the
+accounts the server knows of (those given to :meth:`LiteSvmRpcServer.watch` plus every account
+a landed transaction touched; LiteSVM cannot list its accounts): getTokenAccountsByOwner,
+getProgramAccounts, getSignaturesForAddress and getTransaction (base64 encoding).
+``extra_methods`` adds more (the sandbox's DAS sample); their params may be any JSON.
+
+Test knobs: ``hold_confirmations`` (transactions execute at once but their status stays
+``processed`` until released, like a slow cluster), ``calls`` (a counter per method) and
+``sent`` (every signature accepted by sendTransaction, in order).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import collections
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import base58
+from solders.account import Account
+from solders.account_decoder import UiTokenAmount
+from solders.hash import Hash
+from solders.keypair import Keypair
+from solders.litesvm import LiteSVM
+from solders.message import MessageV0
+from solders.pubkey import Pubkey
+from solders.rpc.responses import (
+    GetAccountInfoResp,
+    GetBalanceResp,
+    GetLatestBlockhashResp,
+    GetProgramAccountsResp,
+    GetProgramAccountsWithContextResp,
+    GetSignaturesForAddressResp,
+    GetSignatureStatusesResp,
+    GetTokenAccountBalanceResp,
+    GetTokenAccountsByOwnerResp,
+    GetTransactionResp,
+    RpcBlockhash,
+    RpcConfirmedTransactionStatusWithSignature,
+    RpcKeyedAccount,
+    RpcResponseContext,
+    RpcSimulateTransactionResult,
+    SendTransactionResp,
+    SimulateTransactionResp,
+)
+from solders.signature import Signature
+from solders.token.associated import get_associated_token_address
+from solders.token.state import Mint, TokenAccount, TokenAccountState
+from solders.transaction import Legacy, VersionedTransaction
+from solders.transaction_metadata import FailedTransactionMetadata
+from solders.transaction_status import (
+    EncodedConfirmedTransactionWithStatusMeta,
+    EncodedTransactionWithStatusMeta,
+    TransactionConfirmationStatus,
+    TransactionErrorFieldless,
+    TransactionErrorType,
+    TransactionStatus,
+    UiTransactionStatusMeta,
+)
+
+TOKEN_PROGRAM = Pubkey.from_string("TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA")
+TOKEN_2022_PROGRAM = Pubkey.from_string("TokenzQdBNbLqP5VEhdkAS6EPFLC1PHnBqCXEpPxuEb")
+USDC_MAINNET_MINT = Pubkey.from_string("EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v")
+MAINNET_GENESIS_HASH = "5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp"
+BLOCKHASH_VALIDITY = 150
+TOKEN_ACCOUNT_SIZE = 165
+MAX_SIGNATURES = 1000
+
+ExtraMethod = Callable[[Any], Any]
+"""An added JSON-RPC method: raw ``params`` (any JSON) -> ``result``; raise RpcError to refuse."""
+
+# JSON-RPC error codes of the Solana node.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+PREFLIGHT_FAILURE = -32002
+SIGNATURE_VERIFICATION_FAILURE = -32003
+
+# Failures that stop a transaction before it can land: the node drops it (skipPreflight) or
+# refuses it in preflight; nothing is recorded.
+_NOT_LANDED = (
+    TransactionErrorFieldless.AlreadyProcessed,
+    TransactionErrorFieldless.BlockhashNotFound,
+    TransactionErrorFieldless.SignatureFailure,
+    TransactionErrorFieldless.AccountNotFound,
+    TransactionErrorFieldless.InsufficientFundsForFee,
+)
+
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+@dataclass
+class _Landed:
+    slot: int
+    err: TransactionErrorType | None
+    transaction: VersionedTransaction | None = None
+    logs: list[str] = field(default_factory=list)
+    units: int | None = None
+    pre_balances: list[int] = field(default_factory=list)
+    post_balances: list[int] = field(default_factory=list)
+
+
+@dataclass
+class LiteSvmRpcServer:
+    """JSON-RPC over one LiteSVM, served by a background thread on 127.0.0.1."""
+
+    svm: LiteSVM = field(default_factory=LiteSVM)
+    host: str = "127.0.0.1"
+    port: int = 0
+    hold_confirmations: bool = False
+    calls: collections.Counter[str] = field(default_factory=collections.Counter)
+    sent: list[str] = field(default_factory=list)
+    extra_methods: dict[str, ExtraMethod] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.RLock()
+        self._landed: dict[str, _Landed] = {}
+        self._held: set[str] = set()
+        self._known: dict[Pubkey, None] = {}  # insertion-ordered set
+        self._history: dict[Pubkey, list[str]] = {}  # address -> signatures, oldest first
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        if self._httpd is None:
+            raise RuntimeError("server not started")
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> LiteSvmRpcServer:
+        handler = type("_Handler", (_Handler,), {"rpc": self})
+        httpd = ThreadingHTTPServer((self.host, self.port), handler)
+        httpd.daemon_threads = True
+        httpd.block_on_close = False
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="litesvm-rpc", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> LiteSvmRpcServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def use(self, svm: LiteSVM) -> None:
+        """Serve another chain and forget every recorded signature and knob."""
+        with self._lock:
+            self.svm = svm
+            self._landed.clear()
+            self._held.clear()
+            self._known.clear()
+            self._history.clear()
+            self.hold_confirmations = False
+            self.calls.clear()
+            self.sent.clear()
+
+    def watch(self, *addresses: Pubkey) -> None:
+        """Make accounts visible to the listing methods (getProgramAccounts and friends)."""
+        with self._lock:
+            for address in addresses:
+                self._known[address] = None
+
+    def release_confirmations(self) -> None:
+        """Let every held transaction report ``confirmed``."""
+        with self._lock:
+            self.hold_confirmations = False
+            self._held.clear()
+
+    # --- dispatch -----------------------------------------------------------------------
+
+    def handle(self, request: Any) -> dict[str, Any]:
+        request_id = request.get("id") if isinstance(request, dict) else None
+        try:
+            if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+                raise RpcError(INVALID_REQUEST, "Invalid request")
+            method = request["method"]
+            extra = self.extra_methods.get(method)
+            if extra is not None:
+                with self._lock:
+                    self.calls[method] += 1
+                return {"jsonrpc": "2.0", "result": extra(request.get("params")), "id": request_id}
+            params = request.get("params") or []
+            if not isinstance(params, list):
+                raise RpcError(INVALID_PARAMS, "Invalid params: expected an array")
+            handler = getattr(self, "_rpc_" + method, None)
+            if handler is None:
+                raise RpcError(METHOD_NOT_FOUND, "Method not found")
+            with self._lock:
+                self.calls[method] += 1
+                answer: dict[str, Any] = handler(params)
+        except Exception as exc:  # every failure is a JSON-RPC error, never a dropped connection
+            if not isinstance(exc, RpcError):
+                exc = RpcError(INTERNAL_ERROR, f"Internal error: {type(exc).__name__}: {exc}")
+            error: dict[str, Any] = {"code": exc.code, "message": exc.message}
+            if exc.data is not None:
+                error["data"] = exc.data
+            return {"jsonrpc": "2.0", "error": error, "id": request_id}
+        answer["id"] = request_id
+        return answer
+
+    def _context(self) -> RpcResponseContext:
+        return RpcResponseContext(self.svm.get_clock().slot)
+
+    @staticmethod
+    def _json(resp: Any) -> dict[str, Any]:
+        parsed: dict[str, Any] = json.loads(resp.to_json())
+        return parsed
+
+    @staticmethod
+    def _pubkey(params: list[Any], index: int = 0) -> Pubkey:
+        try:
+            return Pubkey.from_string(params[index])
+        except Exception:
+            raise RpcError(INVALID_PARAMS, "Invalid param: Invalid") from None
+
+    @staticmethod
+    def _transaction(params: list[Any]) -> VersionedTransaction:
+        if not params or not isinstance(params[0], str):
+            raise RpcError(INVALID_PARAMS, "Invalid params: missing transaction")
+        config = params[1] if len(params) > 1 and isinstance(params[1], dict) else {}
+        if config.get("encoding", "base58") != "base64":
+            raise RpcError(INVALID_PARAMS, "Invalid params: only base64 encoding is served")
+        try:
+            return VersionedTransaction.from_bytes(base64.b64decode(params[0], validate=True))
+        except (binascii.Error, ValueError, Exception):
+            raise RpcError(INVALID_PARAMS, "invalid transaction: failed to deserialize") from None
+
+    # --- methods ------------------------------------------------------------------------
+
+    def _rpc_getLatestBlockhash(self, params: list[Any]) -> dict[str, Any]:
+        slot = self.svm.get_clock().slot
+        value = RpcBlockhash(self.svm.latest_blockhash(), slot + BLOCKHASH_VALIDITY)
+        return self._json(GetLatestBlockhashResp(value, self._context()))
+
+    def _rpc_getAccountInfo(self, params: list[Any]) -> dict[str, Any]:
+        config = params[1] if len(params) > 1 and isinstance(params[1], dict) else {}
+        if config.get("encoding", "base64") not in ("base64", "base64+zstd"):
+            raise RpcError(INVALID_PARAMS, "Invalid params: only base64 encoding is served")
+        account = self.svm.get_account(self._pubkey(params))
+        if account is not None and account.lamports == 0 and not account.data:
+            account = None
+        return self._json(GetAccountInfoResp(account, self._context()))
+
+    def _rpc_getBalance(self, params: list[Any]) -> dict[str, Any]:
+        balance = self.svm.get_balance(self._pubkey(params)) or 0
+        return self._json(GetBalanceResp(balance, self._context()))
+
+    def _rpc_getTokenAccountBalance(self, params: list[Any]) -> dict[str, Any]:
+        account = self.svm.get_account(self._pubkey(params))
+        if (
+            account is None
+            or account.owner not in (TOKEN_PROGRAM, TOKEN_2022_PROGRAM)
+            or len(account.data) < 165
+        ):
+            raise RpcError(INVALID_PARAMS, "Invalid param: not a Token account")
+        token = TokenAccount.from_bytes(bytes(account.data[:165]))
+        mint = self.svm.get_account(token.mint)
+        decimals = Mint.from_bytes(bytes(mint.data[:82])).decimals if mint is not None else 0
+        ui = token.amount / 10**decimals
+        ui_string = f"{ui:.{decimals}f}".rstrip("0").rstrip(".") if decimals else str(token.amount)
+        value = UiTokenAmount(ui, decimals, str(token.amount), ui_string)
+        return self._json(GetTokenAccountBalanceResp(value, self._context()))
+
+    def _rpc_getSlot(self, params: list[Any]) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "result": self.svm.get_clock().slot}
+
+    def _rpc_getBlockHeight(self, params: list[Any]) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "result": self.svm.get_clock().slot}
+
+    def _rpc_getMinimumBalanceForRentExemption(self, params: list[Any]) -> dict[str, Any]:
+        if not params or not isinstance(params[0], int):
+            raise RpcError(INVALID_PARAMS, "Invalid params: expected a data length")
+        return {"jsonrpc": "2.0", "result": self.svm.minimum_balance_for_rent_exemption(params[0])}
+
+    def _rpc_getHealth(self, params: list[Any]) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "result": "ok"}
+
+    def _rpc_getVersion(self, params: list[Any]) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "result": {"solana-core": "litesvm", "feature-set": 0}}
+
+    def _rpc_getGenesisHash(self, params: list[Any]) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "result": MAINNET_GENESIS_HASH}
+
+    def _simulate(
+        self, tx: VersionedTransaction, sig_verify: bool, check_blockhash: bool = True
+    ) -> RpcSimulateTransactionResult:
+        self.svm.with_sigverify(sig_verify)
+        self.svm.with_blockhash_check(check_blockhash)
+        try:
+            outcome = self.svm.simulate_transaction(tx)
+        finally:
+            self.svm.with_sigverify(True)
+            self.svm.with_blockhash_check(True)
+        err = outcome.err() if isinstance(outcome, FailedTransactionMetadata) else None
+        meta = outcome.meta()
+        return RpcSimulateTransactionResult(
+            err=err, logs=list(meta.logs()), units_consumed=meta.compute_units_consumed()
+        )
+
+    def _rpc_simulateTransaction(self, params: list[Any]) -> dict[str, Any]:
+        tx = self._transaction(params)
+        config = params[1] if len(params) > 1 and isinstance(params[1], dict) else {}
+        if config.get("sigVerify") and config.get("replaceRecentBlockhash"):
+            raise RpcError(INVALID_PARAMS, "sigVerify may not be used with replaceRecentBlockhash")
+        result = self._simulate(
+            tx, bool(config.get("sigVerify", False)), check_blockhash=not config.get("replaceRecentBlockhash")
+        )
+        # solders' stub omits the ``context`` argument its runtime takes.
+        return self._json(SimulateTransactionResp(result, self._context()))  # type: ignore[call-arg]
+
+    def _rpc_sendTransaction(self, params: list[Any]) -> dict[str, Any]:
+        tx = self._transaction(params)
+        config = params[1] if len(params) > 1 and isinstance(params[1], dict) else {}
+        if not all(tx.verify_with_results()):
+            raise RpcError(SIGNATURE_VERIFICATION_FAILURE, "Transaction signature verification failure")
+        if not config.get("skipPreflight", False):
+            preflight = self._simulate(tx, True)
+            if preflight.err is not None:
+                raise RpcError(
+                    PREFLIGHT_FAILURE,
+                    f"Transaction simulation failed: {preflight.err}",
+                    json.loads(preflight.to_json()),
+                )
+        signature = tx.signatures[0]
+        key = str(signature)
+        keys = list(tx.message.account_keys)
+        pre = [self.svm.get_balance(k) or 0 for k in keys]
+        outcome = self.svm.send_transaction(tx)
+        err = outcome.err() if isinstance(outcome, FailedTransactionMetadata) else None
+        dropped = isinstance(err, TransactionErrorFieldless) and any(err == e for e in _NOT_LANDED)
+        if not dropped and key not in self._landed:
+            meta = outcome.meta() if isinstance(outcome, FailedTransactionMetadata) else outcome
+            self._landed[key] = _Landed(
+                slot=self.svm.get_clock().slot,
+                err=err,
+                transaction=tx,
+                logs=list(meta.logs()),
+                units=meta.compute_units_consumed(),
+                pre_balances=pre,
+                post_balances=[self.svm.get_balance(k) or 0 for k in keys],
+            )
+            for address in keys:
+                self._known[address] = None
+                self._history.setdefault(address, []).append(key)
+            if self.hold_confirmations:
+                self._held.add(key)
+        self.sent.append(key)
+        return self._json(SendTransactionResp(signature))
+
+    def _rpc_getSignatureStatuses(self, params: list[Any]) -> dict[str, Any]:
+        if not params or not isinstance(params[0], list):
+            raise RpcError(INVALID_PARAMS, "Invalid params: expected an array of signatures")
+        statuses: list[TransactionStatus | None] = []
+        for text in params[0]:
+            try:
+                key = str(Signature.from_string(text))
+            except Exception:
+                raise RpcError(INVALID_PARAMS, "Invalid param: Invalid") from None
+            landed = self._landed.get(key)
+            if landed is None:
+                statuses.append(None)
+                continue
+            level = (
+                TransactionConfirmationStatus.Processed
+                if key in self._held
+                else TransactionConfirmationStatus.Confirmed
+            )
+            statuses.append(TransactionStatus(landed.slot, 0, None, landed.err, level))
+        return self._json(GetSignatureStatusesResp(statuses, self._context()))
+
+    # --- listings over the known accounts -------------------------------------------------
+
+    @staticmethod
+    def _config(params: list[Any], index: int) -> dict[str, Any]:
+        config = params[index] if len(params) > index else {}
+        if config is None:
+            return {}
+        if not isinstance(config, dict):
+            raise RpcError(INVALID_PARAMS, "Invalid params: expected a config object")
+        if config.get("encoding", "base64") not in ("base64", "base64+zstd"):
+            raise RpcError(INVALID_PARAMS, "Invalid params: only base64 encoding is served")
+        return config
+
+    def _known_accounts(self) -> list[tuple[Pubkey, Account]]:
+        found = []
+        for address in self._known:
+            account = self.svm.get_account(address)
+            if account is not None and (account.lamports or account.data):
+                found.append((address, account))
+        return found
+
+    @staticmethod
+    def _sliced(account: Account, config: dict[str, Any]) -> Account:
+        data_slice = config.get("dataSlice")
+        if not isinstance(data_slice, dict):
+            return account
+        offset, length = int(data_slice.get("offset", 0)), int(data_slice.get("length", 0))
+        data = bytes(account.data)[offset : offset + length]
+        return Account(account.lamports, data, account.owner, account.executable, account.rent_epoch)
+
+    @staticmethod
+    def _matches(data: bytes, filters: list[Any]) -> bool:
+        for item in filters:
+            if not isinstance(item, dict):
+                raise RpcError(INVALID_PARAMS, "Invalid params: filters must be objects")
+            if "dataSize" in item:
+                if len(data) != item["dataSize"]:
+                    return False
+            elif isinstance(memcmp := item.get("memcmp"), dict):
+                encoding = memcmp.get("encoding", "base58")
+                try:
+                    wanted = (
+                        base64.b64decode(memcmp["bytes"], validate=True)
+                        if encoding == "base64"
+                        else base58.b58decode(memcmp["bytes"])
+                    )
+                    offset = int(memcmp.get("offset", 0))
+                except (KeyError, TypeError, ValueError, binascii.Error):
+                    raise RpcError(INVALID_PARAMS, "Invalid params: bad memcmp filter") from None
+                if data[offset : offset + len(wanted)] != wanted:
+                    return False
+            else:
+                raise RpcError(INVALID_PARAMS, "Invalid params: unknown filter")
+        return True
+
+    def _rpc_getProgramAccounts(self, params: list[Any]) -> dict[str, Any]:
+        program = self._pubkey(params)
+        config = self._config(params, 1)
+        filters = config.get("filters") or []
+        if not isinstance(filters, list):
+            raise RpcError(INVALID_PARAMS, "Invalid params: filters must be an array")
+        value = [
+            RpcKeyedAccount(address, self._sliced(account, config))
+            for address, account in self._known_accounts()
+            if account.owner == program and self._matches(bytes(account.data), filters)
+        ]
+        if config.get("withContext"):
+            return self._json(GetProgramAccountsWithContextResp(value, self._context()))
+        return self._json(GetProgramAccountsResp(value))
+
+    def _rpc_getTokenAccountsByOwner(self, params: list[Any]) -> dict[str, Any]:
+        owner = self._pubkey(params)
+        select = params[1] if len(params) > 1 and isinstance(params[1], dict) else None
+        if select is None or len(select) != 1 or not ({"mint", "programId"} & select.keys()):
+            raise RpcError(INVALID_PARAMS, "Invalid params: expected {mint} or {programId}")
+        mint = Pubkey.from_string(select["mint"]) if "mint" in select else None
+        program = Pubkey.from_string(select["programId"]) if "programId" in select else None
+        config = self._config(params, 2)
+        value = []
+        for address, account in self._known_accounts():
+            if (
+                account.owner not in (TOKEN_PROGRAM, TOKEN_2022_PROGRAM)
+                or len(account.data) < TOKEN_ACCOUNT_SIZE
+            ):
+                continue
+            token = TokenAccount.from_bytes(bytes(account.data[:TOKEN_ACCOUNT_SIZE]))
+            if token.owner != owner or (mint is not None and token.mint != mint):
+                continue
+            if program is not None and account.owner != program:
+                continue
+            value.append(RpcKeyedAccount(address, self._sliced(account, config)))
+        return self._json(GetTokenAccountsByOwnerResp(value, self._context()))
+
+    def _rpc_getSignaturesForAddress(self, params: list[Any]) -> dict[str, Any]:
+        address = self._pubkey(params)
+        config = params[1] if len(params) > 1 and isinstance(params[1], dict) else {}
+        limit = min(int(config.get("limit", MAX_SIGNATURES)), MAX_SIGNATURES)
+        newest_first = list(reversed(self._history.get(address, [])))
+        if config.get("before") in newest_first:
+            newest_first = newest_first[newest_first.index(config["before"]) + 1 :]
+        if config.get("until") in newest_first:
+            newest_first = newest_first[: newest_first.index(config["until"])]
+        value = []
+        for key in newest_first[:limit]:
+            landed = self._landed[key]
+            level = (
+                TransactionConfirmationStatus.Processed
+                if key in self._held
+                else TransactionConfirmationStatus.Confirmed
+            )
+            value.append(
+                RpcConfirmedTransactionStatusWithSignature(
+                    Signature.from_string(key), landed.slot, landed.err, confirmation_status=level
+                )
+            )
+        return self._json(GetSignaturesForAddressResp(value))
+
+    def _rpc_getTransaction(self, params: list[Any]) -> dict[str, Any]:
+        if not params or not isinstance(params[0], str):
+            raise RpcError(INVALID_PARAMS, "Invalid params: expected a signature")
+        config = params[1] if len(params) > 1 and isinstance(params[1], dict) else {}
+        if config.get("encoding", "json") != "base64":
+            raise RpcError(INVALID_PARAMS, "Invalid params: only base64 encoding is served")
+        try:
+            key = str(Signature.from_string(params[0]))
+        except Exception:
+            raise RpcError(INVALID_PARAMS, "Invalid param: Invalid") from None
+        landed = self._landed.get(key)
+        if landed is None or landed.transaction is None:
+            return self._json(GetTransactionResp(None))
+        tx = landed.transaction
+        meta = UiTransactionStatusMeta(
+            err=landed.err,
+            fee=max(landed.pre_balances[0] - landed.post_balances[0], 0) if landed.pre_balances else 0,
+            pre_balances=landed.pre_balances,
+            post_balances=landed.post_balances,
+            log_messages=landed.logs,
+            compute_units_consumed=landed.units,
+        )
+        version = 0 if isinstance(tx.message, MessageV0) else Legacy.Legacy
+        value = EncodedConfirmedTransactionWithStatusMeta(
+            landed.slot, EncodedTransactionWithStatusMeta(tx, meta, version)
+        )
+        return self._json(GetTransactionResp(value))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    rpc: LiteSvmRpcServer
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    timeout = 30
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length)
+        try:
+            request = json.loads(raw)
+        except ValueError:
+            answer: Any = {
+                "jsonrpc": "2.0",
+                "error": {"code": PARSE_ERROR, "message": "Parse error"},
+                "id": None,
+            }
+        else:
+            if isinstance(request, list):
+                answer = [self.rpc.handle(item) for item in request]
+            else:
+                answer = self.rpc.handle(request)
+        body = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+# --- a chain to pay on ------------------------------------------------------------------------
+
+
+def set_mint(
+    svm: LiteSVM,
+    mint: Pubkey,
+    *,
+    decimals: int = 6,
+    token_program: Pubkey = TOKEN_PROGRAM,
+    supply: int = 10**15,
+) -> None:
+    """Write an initialized mint account (no authorities) at ``mint``."""
+    data = bytes(
+        Mint(
+            mint_authority=None, supply=supply, decimals=decimals, is_initialized=True, freeze_authority=None
+        )
+    )
+    svm.set_account(
+        mint, Account(svm.minimum_balance_for_rent_exemption(len(data)), data, token_program, False)
+    )
+
+
+def set_token_account(
+    svm: LiteSVM, owner: Pubkey, mint: Pubkey, amount: int, *, token_program: Pubkey = TOKEN_PROGRAM
+) -> Pubkey:
+    """Write ``owner``'s associated token account for ``mint`` holding ``amount``; returns its address."""
+    address = get_associated_token_address(owner, mint, token_program)
+    data = bytes(
+        TokenAccount(
+            mint=mint,
+            owner=owner,
+            amount=amount,
+            delegate=None,
+            state=TokenAccountState.Initialized,
+            is_native=None,
+            delegated_amount=0,
+            close_authority=None,
+        )
+    )
+    svm.set_account(
+        address, Account(svm.minimum_balance_for_rent_exemption(len(data)), data, token_program, False)
+    )
+    return address
+
+
+def token_balance(svm: LiteSVM, address: Pubkey) -> int | None:
+    """The token amount held at ``address``, or None when there is no token account."""
+    account = svm.get_account(address)
+    if account is None or len(account.data) < 165:
+        return None
+    return int(TokenAccount.from_bytes(bytes(account.data[:165])).amount)
+
+
+@dataclass
+class UsdcChain:
+    """A LiteSVM with a USDC-like mint, a funded payer, payTo's token account and a fee payer."""
+
+    svm: LiteSVM
+    mint: Pubkey
+    decimals: int
+    token_program: Pubkey
+    payer: Keypair
+    payer_ata: Pubkey
+    pay_to: Pubkey
+    pay_to_ata: Pubkey
+    fee_payer: Keypair
+
+    def balance(self, address: Pubkey) -> int | None:
+        return token_balance(self.svm, address)
+
+    def lamports(self, address: Pubkey) -> int:
+        return int(self.svm.get_balance(address) or 0)
+
+    @property
+    def blockhash(self) -> Hash:
+        return self.svm.latest_blockhash()
+
+    @property
+    def addresses(self) -> list[Pubkey]:
+        """Every account the chain was set up with (for :meth:`LiteSvmRpcServer.watch`)."""
+        return [
+            self.mint,
+            self.payer.pubkey(),
+            self.payer_ata,
+            self.pay_to,
+            self.pay_to_ata,
+            self.fee_payer.pubkey(),
+        ]
+
+
+def setup_usdc_chain(
+    svm: LiteSVM | None = None,
+    *,
+    mint: Pubkey = USDC_MAINNET_MINT,
+    decimals: int = 6,
+    token_program: Pubkey = TOKEN_PROGRAM,
+    payer: Keypair | None = None,
+    payer_amount: int = 1_000_000_000,
+    pay_to: Pubkey | None = None,
+    create_pay_to_account: bool = True,
+    fee_payer: Keypair | None = None,
+    fee_payer_lamports: int = 10_000_000_000,
+) -> UsdcChain:
+    """Mint at ``mint`` (the real mainnet USDC address by default), payer with ``payer_amount``
+    micro-USDC and no SOL, payTo's (empty) associated token account, an airdropped fee payer."""
+    svm = svm if svm is not None else LiteSVM()
+    payer = payer or Keypair()
+    pay_to = pay_to or Keypair().pubkey()
+    fee_payer = fee_payer or Keypair()
+    set_mint(svm, mint, decimals=decimals, token_program=token_program)
+    payer_ata = set_token_account(svm, payer.pubkey(), mint, payer_amount, token_program=token_program)
+    pay_to_ata = get_associated_token_address(pay_to, mint, token_program)
+    if create_pay_to_account:
+        set_token_account(svm, pay_to, mint, 0, token_program=token_program)
+    svm.airdrop(fee_payer.pubkey(), fee_payer_lamports)
+    return UsdcChain(
+        svm=svm,
+        mint=mint,
+        decimals=decimals,
+        token_program=token_program,
+        payer=payer,
+        payer_ata=payer_ata,
+        pay_to=pay_to,
+        pay_to_ata=pay_to_ata,
+        fee_payer=fee_payer,
+    )

@@ -1,0 +1,96 @@
+"""The pieces of ``x402-gateway pay``: keypair files, challenge parsing, requirement choice."""
+
+from __future__ import annotations
+
+import json
+
+import base58
+import pytest
+from solders.keypair import Keypair
+
+from gateway.payclient import (
+    Challenge,
+    PayError,
+    exact_solana_requirement,
+    parse_challenge,
+    parse_keypair,
+    payment_header,
+    siwx_extension,
+)
+from gateway.x402.headers import decode_header, encode_header
+from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT, PaymentPayload, PaymentRequirements
+
+PAY_TO = str(Keypair().pubkey())
+EXACT = {
+    "scheme": "exact",
+    "network": SOLANA_MAINNET,
+    "amount": "1005",
+    "asset": USDC_MAINNET_MINT,
+    "payTo": PAY_TO,
+    "maxTimeoutSeconds": 60,
+    "extra": {"feePayer": PAY_TO},
+}
+
+
+def test_keypair_file_as_solana_keygen_json_array() -> None:
+    keypair = Keypair()
+    assert parse_keypair(json.dumps(list(bytes(keypair))) + "\n") == keypair
+
+
+def test_keypair_file_as_base58_string() -> None:
+    keypair = Keypair()
+    assert parse_keypair(base58.b58encode(bytes(keypair)).decode() + "\n") == keypair
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "[1, 2, 3]", json.dumps([300] * 64), "[not json", "not-base58-0OIl", json.dumps(list(range(64)))],
+)
+def test_malformed_keypair_files_are_refused_without_echoing_them(text: str) -> None:
+    with pytest.raises(PayError) as refused:
+        parse_keypair(text)
+    assert text.strip() == "" or text not in str(refused.value)
+
+
+def test_challenge_is_read_from_the_payment_required_header_first() -> None:
+    header = encode_header({"x402Version": 2, "accepts": [EXACT], "resource": {"url": "http://x/y"}})
+    challenge = parse_challenge({"payment-required": header}, b"not json")
+    assert exact_solana_requirement(challenge) == PaymentRequirements(**EXACT)  # type: ignore[arg-type]
+
+
+def test_challenge_falls_back_to_the_json_body() -> None:
+    body = json.dumps({"x402Version": 2, "accepts": [], "extensions": {"sign-in-with-x": {"info": {}}}})
+    challenge = parse_challenge({}, body.encode())
+    assert exact_solana_requirement(challenge) is None
+    assert siwx_extension(challenge) == {"info": {}}
+
+
+def test_a_402_without_a_challenge_is_an_error() -> None:
+    with pytest.raises(PayError):
+        parse_challenge({}, b"<html>402</html>")
+
+
+def test_only_exact_solana_requirements_are_chosen() -> None:
+    evm = {**EXACT, "network": "eip155:8453"}
+    upto = {**EXACT, "scheme": "upto"}
+    challenge = Challenge(accepts=[evm, upto, EXACT])
+    chosen = exact_solana_requirement(challenge)
+    assert chosen is not None and chosen.network == SOLANA_MAINNET
+
+
+def test_v1_challenges_use_max_amount_required_and_the_x_payment_header() -> None:
+    v1 = {k: v for k, v in EXACT.items() if k != "amount"} | {"network": "solana", "maxAmountRequired": "7"}
+    challenge = Challenge(x402Version=1, accepts=[v1])
+    chosen = exact_solana_requirement(challenge)
+    assert chosen is not None and chosen.amount == "7"
+    payload = PaymentPayload(x402Version=2, payload={"transaction": "AA=="}, accepted=chosen)
+    name, value = payment_header(challenge, payload)
+    sent = decode_header(value, PaymentPayload)
+    assert name == "X-PAYMENT" and (sent.x402Version, sent.scheme, sent.network) == (1, "exact", "solana")
+
+
+def test_v2_challenges_use_the_payment_signature_header() -> None:
+    chosen = PaymentRequirements(**EXACT)  # type: ignore[arg-type]
+    payload = PaymentPayload(x402Version=2, payload={"transaction": "AA=="}, accepted=chosen)
+    name, value = payment_header(Challenge(accepts=[EXACT]), payload)
+    assert name == "PAYMENT-SIGNATURE" and decode_header(value, PaymentPayload) == payload
