@@ -21,6 +21,7 @@ class JsonFormatter(logging.Formatter):
             "ts": round(record.created, 3),
             "level": record.levelname.lower(),
             "msg": record.getMessage(),
+            "pid": record.process,
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
