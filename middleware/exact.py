@@ -263,31 +263,25 @@ class X402Exact:
         scope: Scope,
         send: Send,
     ) -> None:
-        """The payment is claimed already: reconcile its pending settlement, or refuse it."""
-        if await self._reconcile(signature, fp, payment_id, payload, requirements, scope, send):
+        """The payment is claimed already. A retry of the identical request whose settlement was
+        pending settles again (the facilitator reconciles instead of re-broadcasting) and gets the
+        withheld response; any other reuse is refused."""
+        pending = await self.ledger.pending(signature)
+        if pending is not None and pending.fingerprint == fp:
+            await self.settler.settle_and_respond(
+                payload,
+                requirements,
+                signature,
+                fp,
+                payment_id,
+                pending.response,
+                scope,
+                send,
+                reconciling=True,
+            )
             return
         await self.services.usage.record(self.route.name, "failed")
         raise PaymentRejected("payment_already_used", "this payment was already used")
-
-    async def _reconcile(
-        self,
-        signature: str,
-        fp: str,
-        payment_id: str | None,
-        payload: PaymentPayload,
-        requirements: PaymentRequirements,
-        scope: Scope,
-        send: Send,
-    ) -> bool:
-        """A retry of a payment whose settlement was pending: settle again (the facilitator
-        reconciles instead of re-broadcasting) and deliver the withheld response."""
-        pending = await self.ledger.pending(signature)
-        if pending is None or pending.fingerprint != fp:
-            return False
-        await self.settler.settle_and_respond(
-            payload, requirements, signature, fp, payment_id, pending.response, scope, send, reconciling=True
-        )
-        return True
 
 
 def _payment_id(payload: PaymentPayload) -> str | None:
