@@ -72,9 +72,10 @@ from solders.transaction_status import (
     UiTransactionStatusMeta,
 )
 
-TOKEN_PROGRAM = Pubkey.from_string("TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA")
-TOKEN_2022_PROGRAM = Pubkey.from_string("TokenzQdBNbLqP5VEhdkAS6EPFLC1PHnBqCXEpPxuEb")
-USDC_MAINNET_MINT = Pubkey.from_string("EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v")
+from gateway.x402.svm import TOKEN_2022_PROGRAM, TOKEN_PROGRAM
+from gateway.x402.types import USDC_MAINNET_MINT as USDC_MAINNET_ADDRESS
+
+USDC_MAINNET_MINT = Pubkey.from_string(USDC_MAINNET_ADDRESS)
 MAINNET_GENESIS_HASH = "5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp"
 BLOCKHASH_VALIDITY = 150
 TOKEN_ACCOUNT_SIZE = 165
