@@ -361,3 +361,21 @@ def test_open_store_refuses_an_unknown_scheme_without_echoing_it() -> None:
         open_store(f"postgres://user:{SECRET}@db.example/x", None)
 
     assert SECRET not in str(raised.value)
+
+
+async def test_memory_store_sweeps_expired_buckets_and_values() -> None:
+    """One bucket per client IP must not grow the in-process store without bound."""
+    import asyncio
+
+    from gateway.store.memory import PRUNE_EVERY, MemoryStore
+
+    store = MemoryStore()
+    for i in range(100):
+        await store.rate_limit(f"ip:{i}", 10, 20)
+        await store.put(f"v:{i}", "x", 20)
+    assert len(store) == 200
+    await asyncio.sleep(0.05)
+    for i in range(PRUNE_EVERY):
+        await store.claim(f"c:{i}", "x", 60_000)
+    assert len(store) == PRUNE_EVERY  # only the live claims are left
+    assert (await store.rate_limit("ip:0", 10, 20)).allowed

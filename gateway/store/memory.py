@@ -29,13 +29,32 @@ def gcra(tat_ms: int | None, now_ms: int, limit: int, period_ms: int) -> tuple[R
     return RateDecision(allowed=True), new_tat
 
 
+PRUNE_EVERY = 10_000
+"""Writes between sweeps of expired entries, so per-IP buckets cannot grow without bound."""
+
+
 class MemoryStore:
-    """Dict-backed store with lazy expiry; safe because one event loop owns it."""
+    """Dict-backed store with lazy expiry and periodic sweeps; safe because one event loop owns it."""
 
     def __init__(self) -> None:
         self._values: dict[str, tuple[str, int]] = {}
         self._counters: dict[str, int] = {}
         self._tats: dict[str, int] = {}
+        self._writes = 0
+
+    def _wrote(self) -> None:
+        self._writes += 1
+        if self._writes % PRUNE_EVERY == 0:
+            self.prune()
+
+    def prune(self) -> None:
+        """Drop expired values and rate-limit buckets whose allowance is full again."""
+        now = _now_ms()
+        self._values = {k: v for k, v in self._values.items() if v[1] > now}
+        self._tats = {k: tat for k, tat in self._tats.items() if tat > now}
+
+    def __len__(self) -> int:
+        return len(self._values) + len(self._tats)
 
     def _live(self, key: str) -> str | None:
         entry = self._values.get(key)
@@ -51,6 +70,7 @@ class MemoryStore:
         if self._live(key) is not None:
             return False
         self._values[key] = (value, _now_ms() + ttl_ms)
+        self._wrote()
         return True
 
     async def get(self, key: str) -> str | None:
@@ -58,11 +78,13 @@ class MemoryStore:
 
     async def put(self, key: str, value: str, ttl_ms: int) -> None:
         self._values[key] = (value, _now_ms() + ttl_ms)
+        self._wrote()
 
     async def rate_limit(self, key: str, limit: int, period_ms: int) -> RateDecision:
         decision, new_tat = gcra(self._tats.get(key), _now_ms(), limit, period_ms)
         if new_tat is not None:
             self._tats[key] = new_tat
+            self._wrote()
         return decision
 
     async def incr(self, key: str, amount: int = 1) -> int:
