@@ -180,7 +180,17 @@ class X402Exact:
         if await self.ledger.claimed(signature):
             await self._refuse_reuse(signature, fp, payment_id, payload, requirements, scope, send)
             return
-        await self._verify(payload, requirements, payer)
+        try:
+            await self._verify(payload, requirements, payer)
+        except PaymentRejected:
+            # A concurrent request (on any replica) may have claimed and settled this payment
+            # while the facilitator was asked; its verify then fails because the funds moved,
+            # and the reason the client must hear is the reuse (or its pending settlement).
+            if await self.ledger.claimed(signature):
+                await self._refuse_reuse(signature, fp, payment_id, payload, requirements, scope, send)
+                return
+            await self.services.usage.record(self.route.name, "failed")
+            raise
         if not await self.ledger.claim(signature, self.route.name):
             await self._refuse_reuse(signature, fp, payment_id, payload, requirements, scope, send)
             return
@@ -232,7 +242,6 @@ class X402Exact:
         except FacilitatorUnavailable as exc:
             raise GatewayError(ErrorCode.FACILITATOR_UNAVAILABLE, "payment facilitator unavailable") from exc
         if not result.isValid:
-            await self.services.usage.record(self.route.name, "failed")
             raise PaymentRejected(result.invalidReason or "invalid_payment", result.invalidMessage or "")
         if result.payer and result.payer != payer:
             raise PaymentRejected("invalid_payload", "the facilitator found another payer")

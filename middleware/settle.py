@@ -8,9 +8,12 @@ settlement outcome is recorded so a retry reconciles instead of paying twice.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import msgspec
 
-from gateway.asgi import ASGIApp, Message, Receive, Scope, Send, send_bytes
+from gateway.asgi import ASGIApp, Message, Receive, Scope, Send, send_bytes, send_error
 from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
 from gateway.facilitators import Facilitator, FacilitatorUnavailable
@@ -58,6 +61,15 @@ class Settler:
             result = await self.facilitator.settle(payload, requirements)
         except FacilitatorUnavailable:
             result = None
+        except asyncio.CancelledError:
+            # Stopped mid-settle (a shutdown past its graceful timeout): the broadcast may have
+            # landed, so the settlement is left pending for a retry (on any replica) to reconcile.
+            ctx.outcome = "settlement_pending"
+            await asyncio.shield(self._record_pending(signature, PendingSettlement(fingerprint, response)))
+            log_event("payment settlement interrupted, left pending", route=self.route.name, payer=ctx.payer)
+            with contextlib.suppress(Exception):  # the client may still hear it: retry, do not re-pay
+                await send_error(send, _pending_error())
+            raise
         if (
             reconciling
             and result is not None
@@ -88,20 +100,19 @@ class Settler:
         if result is None or result.errorReason == "settlement_pending":
             ctx.outcome = "settlement_pending"
             record = PendingSettlement(fingerprint, response, result.transaction if result else "")
-            try:
-                await self.ledger.record_pending(signature, record)
-            except StoreUnavailable:
-                log_event("pending settlement not recorded: store unavailable", route=self.route.name)
+            await self._record_pending(signature, record)
             log_event("payment settlement pending", route=self.route.name, payer=ctx.payer)
-            raise GatewayError(
-                ErrorCode.SETTLEMENT_PENDING,
-                "settlement is not confirmed yet; retry the same request with the same payment",
-                headers={"Retry-After": "2"},
-            )
+            raise _pending_error()
         ctx.outcome, ctx.error = "settle_failed", result.errorReason or "settlement_failed"
         await self.services.usage.record(self.route.name, "failed")
         log_event("payment settlement failed", route=self.route.name, payer=ctx.payer, reason=ctx.error)
         await send_challenge(send, self.challenge, self.facilitator, "settlement_failed")
+
+    async def _record_pending(self, signature: str, record: PendingSettlement) -> None:
+        try:
+            await self.ledger.record_pending(signature, record)
+        except StoreUnavailable:
+            log_event("pending settlement not recorded: store unavailable", route=self.route.name)
 
     async def _remember(
         self, signature: str, fingerprint: str, payment_id: str | None, delivered: StoredResponse
@@ -113,6 +124,14 @@ class Settler:
                 await self.ledger.complete_payment_id(payment_id, fingerprint, delivered)
         except StoreUnavailable:
             log_event("settled response not stored for replay: store unavailable", route=self.route.name)
+
+
+def _pending_error() -> GatewayError:
+    return GatewayError(
+        ErrorCode.SETTLEMENT_PENDING,
+        "settlement is not confirmed yet; retry the same request with the same payment",
+        headers={"Retry-After": "2"},
+    )
 
 
 class _Buffer:

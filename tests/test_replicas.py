@@ -1,0 +1,209 @@
+"""Scale-out: three gateway processes sharing one real Redis behave as one gateway.
+
+Each replica is ``x402-gateway serve`` as an operator runs it, with its own port; all of them
+share one Redis, one recording provider, one fake CDP facilitator whose backend is the reference
+x402 facilitator settling for real on the LiteSVM chain (so money really moves), one
+``SIWX_SECRET`` and one public base URL (the load balancer's), as a deployment behind a load
+balancer would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from solders.keypair import Keypair
+
+from gateway.x402.siwx_signer import sign_in
+from tests.support.cdp_facilitator import CdpCredentials, ReferenceBackend
+from tests.support.facilitator_fixtures import StartFacilitator
+from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PRICE, Reply, balance_body
+from tests.support.paid_processes import PaidProcesses, Replica, paid_processes
+from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
+from tests.support.upstream import Upstream
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
+
+REPLICAS = 3
+BASE_URL = "http://gateway.replicas.test"
+"""GATEWAY_BASE_URL of every replica: the public address clients sign for, not a replica's own."""
+SIWX_SECRET = "replica-siwx-secret-0123456789abcdef"
+ASSET_KEY = "asset-api-key-0123456789abcdef"
+CHALLENGE_LIMIT = 120
+"""RATE_LIMIT_CHALLENGE_PER_MINUTE: one token back every 0.5 s, far below 5 % over a burst."""
+TOKENS_HEALTH = "/v1/x402/tokens/health"
+WALLET = Keypair()
+
+
+async def _asset_answer(request: web.Request, body: bytes) -> web.StreamResponse:
+    if request.headers.get("x-api-key") != ASSET_KEY:
+        return web.json_response({"error": "invalid api key"}, status=401)
+    return web.json_response({"status": "ok"})
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def asset_api() -> AsyncIterator[Upstream]:
+    server = Upstream(responder=_asset_answer)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def cluster(
+    clean_redis_url: str,
+    usdc_chain: UsdcChain,
+    solana_rpc_server: LiteSvmRpcServer,
+    upstream: Upstream,
+    asset_api: Upstream,
+    start_cdp_facilitator: StartFacilitator,
+    cdp_credentials: CdpCredentials,
+) -> AsyncIterator[PaidProcesses]:
+    facilitator = await start_cdp_facilitator(
+        credentials=cdp_credentials, backend=ReferenceBackend(usdc_chain.fee_payer, solana_rpc_server.url)
+    )
+    env = {
+        "STATE_STORE_REST_URL": clean_redis_url,
+        "GATEWAY_BASE_URL": BASE_URL,
+        "SIWX_SECRET": SIWX_SECRET,
+        "ASSET_API_BASE_URL": asset_api.url,
+        "ASSET_API_KEY": ASSET_KEY,
+        "RATE_LIMIT_CHALLENGE_PER_MINUTE": str(CHALLENGE_LIMIT),
+    }
+    async with paid_processes(
+        REPLICAS,
+        chain=usdc_chain,
+        rpc=solana_rpc_server,
+        upstream=upstream,
+        facilitator=facilitator,
+        env=env,
+    ) as running:
+        yield running
+
+
+# --- exact payments ------------------------------------------------------------------------------
+
+
+async def test_one_payment_sent_to_three_replicas_at_once_reaches_the_provider_and_settles_once(
+    cluster: PaidProcesses,
+) -> None:
+    for replica in cluster.replicas:  # each has the facilitator's fee payer: nothing delays a replica
+        await cluster.requirements(replica)
+    payment = await cluster.payment(cluster.replicas[0])
+    chain = cluster.chain
+    payer_before, pay_to_before = chain.balance(chain.payer_ata), chain.balance(chain.pay_to_ata)
+    assert payer_before is not None and pay_to_before is not None
+
+    replies = await asyncio.gather(
+        *(replica.pay(GET_BALANCE, balance_body(), payment) for replica in cluster.replicas)
+    )
+
+    assert sorted(reply.status for reply in replies) == [200, 402, 402], [r.body for r in replies]
+    paid = next(reply for reply in replies if reply.status == 200)
+    assert paid.header_json("payment-response")["transaction"] == cluster.rpc.sent[0]
+    for refused in (reply for reply in replies if reply.status == 402):
+        assert refused.json()["error"] == "payment_already_used"
+        assert "payment-response" not in refused.headers
+    assert cluster.upstream_calls == 1
+    assert cluster.settle_calls() == 1
+    assert len(cluster.rpc.sent) == 1
+    assert chain.balance(chain.payer_ata) == payer_before - GET_BALANCE_PRICE
+    assert chain.balance(chain.pay_to_ata) == pay_to_before + GET_BALANCE_PRICE
+
+
+async def test_a_payment_signed_for_one_replica_is_accepted_by_another(cluster: PaidProcesses) -> None:
+    first, second, _ = cluster.replicas
+    payment = await cluster.payment(first)
+
+    reply = await second.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 200, reply.body
+    assert reply.header_json("payment-response")["success"] is True
+    assert cluster.upstream_calls == cluster.settle_calls() == 1
+
+
+async def test_a_payment_identifier_retry_on_another_replica_gets_the_stored_response(
+    cluster: PaidProcesses,
+) -> None:
+    first, second, third = cluster.replicas
+    payment = await cluster.payment(first, payment_id="replica-retry-0123456789")
+    original = await second.pay(GET_BALANCE, balance_body(), payment)
+    assert original.status == 200, original.body
+
+    retry = await third.pay(GET_BALANCE, balance_body(), payment)
+
+    assert retry.status == 200, retry.body
+    assert retry.body == original.body
+    assert retry.headers["payment-response"] == original.headers["payment-response"]
+    assert retry.headers["x-payment-response"] == original.headers["payment-response"]
+    assert cluster.upstream_calls == cluster.settle_calls() == 1
+    assert len(cluster.rpc.sent) == 1
+
+
+# --- rate limits ---------------------------------------------------------------------------------
+
+
+async def test_three_replicas_hold_the_per_ip_challenge_limit_within_5_percent(
+    cluster: PaidProcesses,
+) -> None:
+    """Unpaid calls to a paid route, round-robin over the replicas: 100 each, and a per-process
+    limit would let all 300 through; the shared one lets CHALLENGE_LIMIT through."""
+    requests = 300
+
+    async def one(i: int) -> Reply:
+        return await cluster.replicas[i % REPLICAS].post(GET_BALANCE, balance_body())
+
+    replies = await asyncio.gather(*(one(i) for i in range(requests)))
+
+    statuses = Counter(reply.status for reply in replies)
+    assert set(statuses) <= {402, 429}, statuses
+    assert abs(statuses[402] - CHALLENGE_LIMIT) <= CHALLENGE_LIMIT * 0.05, statuses
+    limited = [reply for reply in replies if reply.status == 429]
+    assert all(reply.error_code == "rate_limited" for reply in limited)
+    assert all(int(reply.headers["retry-after"]) >= 1 for reply in limited)
+    assert cluster.upstream_calls == cluster.verify_calls() == 0
+
+
+# --- sign-in-with-x ------------------------------------------------------------------------------
+
+
+async def _sign_in(replica: Replica) -> str:
+    """A SIGN-IN-WITH-X header answering ``replica``'s challenge for the tokens health route."""
+    challenge = await replica.get(TOKENS_HEALTH)
+    assert challenge.status == 402, challenge.body
+    extension = challenge.json()["extensions"]["sign-in-with-x"]
+    return sign_in(extension, WALLET, request_url=BASE_URL + TOKENS_HEALTH)
+
+
+async def test_a_sign_in_used_on_one_replica_is_refused_as_replayed_on_another(
+    cluster: PaidProcesses, asset_api: Upstream
+) -> None:
+    first, second, third = cluster.replicas
+    signed = await _sign_in(first)
+    assert (await first.get(TOKENS_HEALTH, {"sign-in-with-x": signed})).status == 200
+
+    replays = [await replica.get(TOKENS_HEALTH, {"sign-in-with-x": signed}) for replica in (second, third)]
+
+    for replay in replays:
+        assert replay.status == 402
+        assert replay.json()["error"] == "siwx_replayed"
+        assert "sign-in-with-x" in replay.json()["extensions"]  # a fresh challenge to sign again
+    assert len(asset_api.calls) == 1
+
+
+async def test_a_sign_in_challenge_from_one_replica_is_accepted_by_another(
+    cluster: PaidProcesses, asset_api: Upstream
+) -> None:
+    _, second, third = cluster.replicas
+    signed = await _sign_in(second)
+
+    reply = await third.get(TOKENS_HEALTH, {"sign-in-with-x": signed})
+
+    assert reply.status == 200, reply.body
+    assert reply.json()["ok"] is True
+    assert len(asset_api.calls) == 1
+    assert asset_api.calls[0].headers.get("x-api-key") == ASSET_KEY
