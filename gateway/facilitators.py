@@ -219,7 +219,7 @@ class HttpFacilitator:
         if 200 <= status < 300 or status in _ANSWER_STATUSES:
             try:
                 return decoder.decode(raw)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 if 200 <= status < 300:
                     raise FacilitatorUnavailable(f"{where}: answer is not a valid {name} response") from None
         hint = " (API key refused)" if status in (401, 403) else ""

@@ -376,7 +376,7 @@ class LocalFacilitator:
             return None
         try:
             return _record_decoder.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, RecursionError):
             # Not ours to overwrite; treat as a payment in an unknown state (never resend).
             return SettlementRecord(
                 state="failed", signature="", network="", payer="", amount="", error="unreadable record"

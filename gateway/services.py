@@ -37,7 +37,11 @@ class Services:
     def __init__(self, settings: Settings, routes: list[RouteSpec], store: Store | None = None) -> None:
         self.settings = settings
         self.routes = routes
-        self.store = store or open_store(settings.store_url.reveal(), settings.store_token.reveal())
+        self.store = (
+            store
+            if store is not None
+            else open_store(settings.store_url.reveal(), settings.store_token.reveal())
+        )
         limit, period_ms = named_limits(settings)["challenge"]
         challenge_spec = RateLimitSpec(scope="challenge:ip", limit=limit, period_ms=period_ms)
         self.limiter = RateLimiter(self.store, challenge_spec, settings.trusted_proxies)

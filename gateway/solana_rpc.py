@@ -192,7 +192,7 @@ class SolanaRpc:
             raise RpcUnavailable(method, "answer too large")
         try:
             envelope: RpcEnvelope[Any] = self._decoder(result_type).decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:
             detail = f"HTTP {status}" if status != 200 else f"unexpected answer ({exc})"
             raise RpcUnavailable(method, detail) from None
         if envelope.error is not None:

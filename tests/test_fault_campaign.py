@@ -112,7 +112,14 @@ async def _stalls_mid_answer(request: web.Request, body: bytes) -> web.StreamRes
     return response
 
 
+async def _nested_too_deep(request: web.Request, body: bytes) -> web.StreamResponse:
+    """Valid JSON nested deeper than the decoder recurses."""
+    nested = b'{"jsonrpc": "2.0", "id": 1, "result": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    return web.Response(body=nested, content_type="application/json")
+
+
 GARBAGE: dict[str, Responder] = {
+    "nested_too_deep": _nested_too_deep,
     "dropped_mid_answer": _dropped_mid_answer,
     "oversized": _oversized,
     "bad_gzip": _bad_gzip,

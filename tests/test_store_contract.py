@@ -373,9 +373,9 @@ async def test_memory_store_sweeps_expired_buckets_and_values() -> None:
     for i in range(100):
         await store.rate_limit(f"ip:{i}", 10, 20)
         await store.put(f"v:{i}", "x", 20)
-    assert len(store) == 200
+    assert store.size() == 200
     await asyncio.sleep(0.05)
     for i in range(PRUNE_EVERY):
         await store.claim(f"c:{i}", "x", 60_000)
-    assert len(store) == PRUNE_EVERY  # only the live claims are left
+    assert store.size() == PRUNE_EVERY  # only the live claims are left
     assert (await store.rate_limit("ip:0", 10, 20)).allowed

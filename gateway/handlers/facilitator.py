@@ -134,7 +134,7 @@ class InternalFacilitatorRoutes:
             return _request_decoder.decode(body)
         except msgspec.ValidationError as exc:
             raise GatewayError(ErrorCode.INVALID_REQUEST, f"invalid facilitator request: {exc}") from None
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             raise GatewayError(ErrorCode.INVALID_REQUEST, "request body is not valid JSON") from None
 
     async def _supported(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -76,7 +76,7 @@ class JsonRpcProxy:
         raw = await self._post(_encode(request))
         try:
             reply = _reply.decode(raw)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # nesting too deep is garbage too
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider answered with invalid JSON-RPC") from exc
         if reply.error is not None:
             raise GatewayError(

@@ -53,7 +53,8 @@ class MemoryStore:
         self._values = {k: v for k, v in self._values.items() if v[1] > now}
         self._tats = {k: tat for k, tat in self._tats.items() if tat > now}
 
-    def __len__(self) -> int:
+    def size(self) -> int:
+        """Entries held (values and buckets); not ``__len__``, so an empty store stays truthy."""
         return len(self._values) + len(self._tats)
 
     def _live(self, key: str) -> str | None:
