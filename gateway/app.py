@@ -23,6 +23,7 @@ from gateway.handlers.facilitator import InternalFacilitatorRoutes
 from gateway.handlers.health import HealthHandler
 from gateway.handlers.jsonrpc import JsonRpcProxy
 from gateway.handlers.metrics import MetricsHandler
+from gateway.handlers.openapi import OpenApiHandler
 from gateway.handlers.tokens import TokensHandler
 from gateway.logs import configure_logging, log_event
 from gateway.router import GatewayRoute, MethodDispatcher, not_found
@@ -52,10 +53,16 @@ def _metrics(route: RouteSpec, services: Services) -> ASGIApp:
     return MetricsHandler(services.usage, [r.name for r in services.routes])
 
 
+def _openapi(route: RouteSpec, services: Services) -> ASGIApp:
+    s = services.settings
+    return OpenApiHandler(services.routes, s.base_url, s.usdc_mint, s.pay_to)
+
+
 HANDLERS: dict[str, HandlerFactory] = {
     "health": _health,
     "catalog": _catalog,
     "metrics": _metrics,
+    "openapi": _openapi,
 }
 ACCESS_LAYERS: dict[str, Callable[[ASGIApp, RouteSpec, Services], ASGIApp]] = {}
 

@@ -385,4 +385,6 @@ class RequestValidator:
             value = msgspec.json.decode(raw)
         except msgspec.DecodeError as exc:
             raise InvalidInput("body", "is not valid JSON") from exc
+        except RecursionError:  # msgspec's nesting limit, reached well within the body size limit
+            raise InvalidInput("body", "is nested too deeply") from None
         return self._body(value, "")

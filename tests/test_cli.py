@@ -96,7 +96,7 @@ def test_check_with_good_config_prints_the_report_and_route_table() -> None:
     )
     table = result.stdout.split("\n\n", 1)[1].splitlines()
     assert table[0].split() == ["METHOD", "ACCESS", "PRICE(uUSDC)", "LIMITS", "PATH"]
-    assert len(table) == 1 + 58
+    assert len(table) == 1 + 59
     assert any(
         row.split()[:3] == ["POST", "exact", "1216"] and row.endswith("/das/searchAssets") for row in table
     )
@@ -139,7 +139,7 @@ def test_routes_prints_the_whole_expanded_table() -> None:
     result = run_cli({"GATEWAY_BASE_URL": "https://gw.example"}, "routes")
 
     assert result.returncode == 0
-    assert len(result.stdout.splitlines()) == 1 + 58
+    assert len(result.stdout.splitlines()) == 1 + 59
 
 
 # --- serve ---------------------------------------------------------------------------------------------

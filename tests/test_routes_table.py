@@ -62,8 +62,8 @@ def _solana(routes: list[RouteSpec], surface: str) -> set[tuple[str, str, str]]:
 # --- the packaged table --------------------------------------------------------------------------
 
 
-def test_packaged_table_has_58_routes(packaged: list[RouteSpec]) -> None:
-    assert len(packaged) == 58
+def test_packaged_table_has_59_routes(packaged: list[RouteSpec]) -> None:
+    assert len(packaged) == 59
 
 
 def test_rpc_has_six_methods_on_both_clusters_for_both_providers(packaged: list[RouteSpec]) -> None:
@@ -131,6 +131,7 @@ def test_internal_and_metrics_routes_are_unlisted(packaged: list[RouteSpec]) -> 
 
     assert unlisted == {
         "/metrics",
+        "/openapi.json",
         "/api/internal/facilitator/supported",
         "/api/internal/facilitator/verify",
         "/api/internal/facilitator/settle",

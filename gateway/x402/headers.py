@@ -41,3 +41,5 @@ def decode_header(value: str, shape: type[T]) -> T:
         raise HeaderError(f"header JSON has the wrong shape: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise HeaderError("header is not valid JSON") from exc
+    except RecursionError:  # msgspec's nesting limit (a few hundred levels), not a server fault
+        raise HeaderError("header JSON is nested too deeply") from None

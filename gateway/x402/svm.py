@@ -283,7 +283,12 @@ def check_exact_payment(
     if mint is None or pay_to is None:
         return fail(Reason.INVALID_PAYMENT_REQUIREMENTS, "asset and payTo must be Solana addresses")
     amount_text = requirements.amount
-    if not (amount_text.isascii() and amount_text.isdigit()) or not 0 < int(amount_text) < 2**64:
+    # At most 20 digits (u64) before int(): longer digit strings can exceed int()'s own limit.
+    if (
+        not (amount_text.isascii() and amount_text.isdigit())
+        or len(amount_text) > 20
+        or not 0 < int(amount_text) < 2**64
+    ):
         return fail(Reason.INVALID_PAYMENT_REQUIREMENTS, "amount must be a positive integer string (u64)")
     required_amount = int(amount_text)
     extra: dict[str, Any] = requirements.extra or {}
