@@ -39,6 +39,18 @@ UPSTREAM_ENV: dict[str, str] = {
     "asset_api": "ASSET_API_BASE_URL",
 }
 
+# Every variable load_settings reads (the README's Configuration table); tests/test_deploy.py holds
+# the deploy/ manifests to it and checks it against what load_settings actually reads.
+ENV_VARS: tuple[str, ...] = (
+    "GATEWAY_BASE_URL", "PORT", "FACILITATOR_URL", "FACILITATOR_API_KEY_ID", "FACILITATOR_API_KEY_SECRET",
+    "X402_PAY_TO_WALLET", "X402_USDC_MINT", "X402_MAX_TIMEOUT_SECONDS", "SOLANA_MAINNET_RPC_URL",
+    "SOLANA_DEVNET_RPC_URL", *UPSTREAM_ENV.values(), "ASSET_API_KEY", "STATE_STORE_REST_URL",
+    "STATE_STORE_REST_TOKEN", "RATE_LIMIT_RPC_RPS", "RATE_LIMIT_DAS_RPS", "RATE_LIMIT_TOKENS_PER_MINUTE",
+    "RATE_LIMIT_CHALLENGE_PER_MINUTE", "SIWX_SECRET", "INTERNAL_SETTLEMENT_SECRET",
+    "FACILITATOR_WALLET_BASE58", "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS", "MAX_BODY_BYTES",
+    "TRUSTED_PROXIES", "LOG_LEVEL",
+)  # fmt: skip
+
 
 class ConfigError(Exception):
     """Every problem found in the environment, one per line; never contains a secret."""

@@ -1,0 +1,629 @@
+"""deploy/ agrees with the code: every file parses, the Kubernetes manifests pass the API schemas,
+every variable is one the gateway reads, every secret comes from a secret store, every metric
+exists, and the routes ConfigMap is the repository's routes.yaml."""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+import json
+import re
+import shlex
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+from urllib.parse import urlsplit
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway import metrics
+from gateway.config import ENV_VARS, UPSTREAM_ENV, ConfigError, Settings, load_settings
+from gateway.routes import named_limits, parse_routes
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+ROUTES_YAML = ROOT / "routes.yaml"
+
+# The oldest Kubernetes we support (autoscaling/v2 and policy/v1 are GA well before it) and the
+# newest the installed kubernetes-validate knows.
+K8S_VERSIONS = sorted({"1.30.0", kubernetes_validate.latest_version()})
+
+# Variables that hold a key: never a literal, never a ConfigMap.
+SECRET_VARS = frozenset(
+    {
+        *(var for var in UPSTREAM_ENV.values() if var.startswith("PROVIDER_")),
+        "ASSET_API_KEY",
+        "FACILITATOR_API_KEY_SECRET",
+        "INTERNAL_SETTLEMENT_SECRET",
+        "FACILITATOR_WALLET_BASE58",
+        "STATE_STORE_REST_TOKEN",
+        "SIWX_SECRET",
+    }
+)
+# URLs that may carry a password or an API key (Settings keeps them as Secret): a Kubernetes
+# Secret too; in compose, any credential in them is interpolated.
+CREDENTIAL_URL_VARS = frozenset({"STATE_STORE_REST_URL", "SOLANA_MAINNET_RPC_URL", "SOLANA_DEVNET_RPC_URL"})
+SECRET_STORE_VARS = SECRET_VARS | CREDENTIAL_URL_VARS
+
+# The named rate limits routes.yaml refers to, at their defaults.
+LIMITS = named_limits(Settings(base_url="https://gateway.example.com"))
+
+# Values that satisfy load_settings for the variables a deployment must supply itself.
+DUMMY_SECRETS = {"STATE_STORE_REST_URL": "redis://redis:6379/0", "SIWX_SECRET": "s" * 32}
+
+TEXT_SUFFIXES = (".yaml", ".yml", ".json", ".conf", ".example", "Dockerfile", ".md")
+
+
+def _deploy_files(*suffixes: str) -> list[Path]:
+    return sorted(p for p in DEPLOY.rglob("*") if p.is_file() and p.name.endswith(suffixes))
+
+
+def _yaml_docs(path: Path) -> list[Any]:
+    return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc is not None]
+
+
+def _k8s_docs() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (path.name, doc)
+        for path in sorted(K8S.glob("*.yaml"))
+        for doc in _yaml_docs(path)
+        if doc.get("kind") != "Kustomization"
+    ]
+
+
+def _k8s(kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [doc for _, doc in _k8s_docs() if doc["kind"] == kind and name in (None, doc["metadata"]["name"])]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def _container() -> dict[str, Any]:
+    containers = _k8s("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def _compose() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((DEPLOY / "compose.yaml").read_text(encoding="utf-8"))
+    return doc
+
+
+def _env_example() -> dict[str, str]:
+    pairs = {}
+    for line in (DEPLOY / ".env.example").read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, sep, value = line.partition("=")
+            assert sep, f".env.example: {line!r} is not KEY=value"
+            pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def _check_settings(env: Mapping[str, str]) -> Settings:
+    try:
+        return load_settings(env)
+    except ConfigError as exc:
+        pytest.fail(str(exc))
+
+
+# --- compose interpolation (${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?message}, $$) ------
+
+_INTERPOLATION = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
+
+
+def _interpolate(value: str, env: Mapping[str, str]) -> str:
+    def substitute(match: re.Match[str]) -> str:
+        name, op, arg = match["name"], match["op"], match["arg"]
+        current = env.get(name)
+        unset = current is None or (op is not None and op.startswith(":") and current == "")
+        if op in (":-", "-"):
+            return arg if unset else str(current)
+        if op in (":?", "?") and unset:
+            raise KeyError(f"{name} is required: {arg}")
+        return current or ""
+
+    return _INTERPOLATION.sub(substitute, value.replace("$$", "\0")).replace("\0", "$")
+
+
+def _interpolated_defaults(value: str) -> str:
+    return _interpolate(value, {})
+
+
+# --- every file parses ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", _deploy_files(".yaml", ".yml"), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_yaml_file_in_deploy_parses(path: Path) -> None:
+    assert _yaml_docs(path), f"{path} is empty"
+
+
+@pytest.mark.parametrize("path", _deploy_files(".json"), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_json_file_in_deploy_parses(path: Path) -> None:
+    assert json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_env_example_is_key_value_lines_with_no_secret_filled_in() -> None:
+    example = _env_example()
+    assert {"REDIS_PASSWORD", "SIWX_SECRET"} <= set(example)
+    filled = {key for key in example.keys() & (SECRET_STORE_VARS | {"REDIS_PASSWORD"}) if example[key]}
+    assert not filled, f".env.example must leave secrets empty: {sorted(filled)}"
+
+
+# --- the variables the gateway knows --------------------------------------------------------
+
+
+class _RecordingEnv(dict[str, str]):
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> str:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def test_env_vars_names_exactly_the_variables_load_settings_reads() -> None:
+    env = _RecordingEnv()
+    with pytest.raises(ConfigError):  # GATEWAY_BASE_URL is missing; everything is read first
+        load_settings(env)
+    assert env.read == set(ENV_VARS)
+    assert len(ENV_VARS) == len(set(ENV_VARS))
+
+
+def test_readme_configuration_table_documents_exactly_env_vars() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    documented = {
+        name
+        for line in table.splitlines()
+        if line.startswith("| `")
+        for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", line.split("|")[1])
+    }
+    assert documented == set(ENV_VARS)
+
+
+def test_secret_variables_are_gateway_variables() -> None:
+    assert set(ENV_VARS) >= SECRET_STORE_VARS
+
+
+# --- Kubernetes -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize(
+    ("name", "doc"), _k8s_docs(), ids=lambda v: v if isinstance(v, str) else v.get("kind", "?")
+)
+def test_kubernetes_manifest_passes_the_api_schema(name: str, doc: dict[str, Any], version: str) -> None:
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{name} ({doc['kind']}) at {'.'.join(map(str, exc.path))}: {exc.message}")
+
+
+def test_kustomization_applies_every_manifest_except_the_secret_template() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))
+    manifests = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "secret.example.yaml"}
+    assert sorted(kustomization["resources"]) == sorted(manifests)
+
+
+def test_deployment_runs_two_replicas_with_probes_resources_and_a_locked_down_container() -> None:
+    deployment = _k8s("Deployment")
+    pod = deployment["spec"]["template"]
+    container = _container()
+    assert deployment["spec"]["replicas"] >= 2
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    port_names = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["path"] == "/healthz"
+        assert get["port"] in port_names or get["port"] in port_names.values()
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(container["resources"][kind])
+    pod_security = pod["spec"]["securityContext"]
+    assert pod_security["runAsNonRoot"] is True
+    assert pod_security["runAsUser"] != 0
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    # The read-only root needs a writable /tmp for prometheus-client's multiprocess directory.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == port_names["http"]
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_probes_and_scrape_path_are_routes_of_the_route_table() -> None:
+    paths = {route.handler: route.path for route in parse_routes(_routes_doc(), LIMITS)}
+    assert paths["health"] == "/healthz"
+    assert (
+        paths["metrics"]
+        == _k8s("Deployment")["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"]
+    )
+
+
+def test_service_hpa_and_pdb_target_the_deployments_pods() -> None:
+    deployment = _k8s("Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    service = _k8s("Service")
+    assert service["spec"]["selector"].items() <= labels.items()
+    port_names = {p["name"] for p in _container()["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+    hpa = _k8s("HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    assert 2 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    pdb = _k8s("PodDisruptionBudget")
+    assert pdb["apiVersion"] == "policy/v1"
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
+
+
+def test_deployment_sets_only_gateway_variables_and_every_secret_from_the_secret() -> None:
+    container = _container()
+    secret_name = _k8s("Secret")["metadata"]["name"]
+    config_name = _k8s("ConfigMap", "x402-gateway-config")["metadata"]["name"]
+    assert container["envFrom"] == [{"configMapRef": {"name": config_name}}]
+    from_secret = {}
+    for entry in container["env"]:
+        name = entry["name"]
+        assert name in ENV_VARS, f"{name} is not a variable the gateway reads"
+        if name in SECRET_STORE_VARS:
+            assert "value" not in entry, f"{name} is a secret: use secretKeyRef, not a literal"
+            ref = entry["valueFrom"]["secretKeyRef"]
+            assert ref["name"] == secret_name
+            from_secret[name] = ref
+        else:
+            assert "value" in entry or "configMapKeyRef" in entry.get("valueFrom", {})
+    assert set(from_secret) == SECRET_STORE_VARS
+    assert all(ref["key"] == name for name, ref in from_secret.items())
+    # Replicas cannot run without a shared store and one sign-in secret.
+    assert from_secret["STATE_STORE_REST_URL"].get("optional") is False
+    assert from_secret["SIWX_SECRET"].get("optional") is False
+
+
+def test_configmap_holds_only_non_secret_gateway_variables_that_load() -> None:
+    data = _k8s("ConfigMap", "x402-gateway-config")["data"]
+    assert set(data) <= set(ENV_VARS), f"unknown variables: {sorted(set(data) - set(ENV_VARS))}"
+    assert not set(data) & SECRET_STORE_VARS, "a secret variable sits in the ConfigMap"
+    settings = _check_settings({**data, **DUMMY_SECRETS, "ROUTES_FILE": str(ROUTES_YAML)})
+    assert settings.trusted_proxies
+
+
+def test_secret_template_lists_the_referenced_keys_without_values() -> None:
+    secret = _k8s("Secret")
+    values = {**secret.get("data", {}), **secret.get("stringData", {})}
+    assert set(values) == SECRET_STORE_VARS
+    assert all(value == "" for value in values.values()), "the Secret template must hold no value"
+
+
+def _routes_doc() -> Any:
+    return yaml.safe_load(ROUTES_YAML.read_text(encoding="utf-8"))
+
+
+def _render_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "render_routes_configmap", K8S / "render_routes_configmap.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_routes_configmap_is_generated_from_the_repositorys_routes_yaml() -> None:
+    routes_text = ROUTES_YAML.read_text(encoding="utf-8")
+    manifest = (K8S / "routes-configmap.yaml").read_text(encoding="utf-8")
+    assert manifest == _render_module().render(routes_text), (
+        "deploy/k8s/routes-configmap.yaml is stale: run python deploy/k8s/render_routes_configmap.py"
+    )
+    embedded = _k8s("ConfigMap", "x402-gateway-routes")["data"]["routes.yaml"]
+    assert embedded == routes_text
+    assert parse_routes(yaml.safe_load(embedded), LIMITS) == parse_routes(_routes_doc(), LIMITS)
+
+
+def test_routes_file_points_at_the_mounted_routes_configmap() -> None:
+    container = _container()
+    routes_file = next(e["value"] for e in container["env"] if e["name"] == "ROUTES_FILE")
+    volumes = {v["name"]: v for v in _k8s("Deployment")["spec"]["template"]["spec"]["volumes"]}
+    for mount in container["volumeMounts"]:
+        configmap = volumes[mount["name"]].get("configMap")
+        if configmap and configmap["name"] == "x402-gateway-routes":
+            items = {item["path"]: item["key"] for item in configmap["items"]}
+            relative = routes_file.removeprefix(mount["mountPath"].rstrip("/") + "/")
+            assert items.get(relative) == "routes.yaml"
+            assert mount.get("readOnly") is True
+            assert "subPath" not in mount
+            return
+    pytest.fail("the routes ConfigMap is not mounted")
+
+
+# --- compose --------------------------------------------------------------------------------
+
+
+def test_compose_file_matches_the_compose_specification() -> None:
+    pytest.importorskip("check_jsonschema")
+    vendored = importlib.resources.files("check_jsonschema.builtin_schemas.vendor")
+    schema = json.loads(vendored.joinpath("compose-spec.json").read_text(encoding="utf-8"))
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(_compose())]
+    assert not errors, "\n".join(errors)
+
+
+def _gateway_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        name: service
+        for name, service in compose["services"].items()
+        if service.get("build", {}).get("dockerfile") == "deploy/Dockerfile"
+        or service.get("image") == compose["services"]["gateway"]["image"]
+    }
+
+
+def test_compose_runs_redis_two_gateway_replicas_and_a_proxy_with_healthchecks() -> None:
+    compose = _compose()
+    services = compose["services"]
+    assert {"redis", "gateway", "proxy"} <= set(services)
+    gateways = _gateway_services(compose)
+    assert sum(s.get("deploy", {}).get("replicas", 1) for s in gateways.values()) >= 2
+    for name, service in services.items():
+        assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+    for name, service in gateways.items():
+        assert "/healthz" in " ".join(service["healthcheck"]["test"])
+        assert service["depends_on"]["redis"]["condition"] == "service_healthy"
+        assert "ports" not in service, f"{name} must be reached through the proxy only"
+        assert "container_name" not in service
+    assert services["proxy"]["depends_on"]["gateway"]["condition"] == "service_healthy"
+    build = services["gateway"]["build"]
+    assert (DEPLOY / build["context"] / build["dockerfile"]).is_file()
+
+
+def test_compose_mounts_files_that_exist() -> None:
+    for name, service in _compose()["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            if source.startswith("."):
+                assert (DEPLOY / source).exists(), f"{name} mounts missing {source}"
+
+
+def test_compose_gateways_set_only_gateway_variables_and_interpolate_every_secret() -> None:
+    for name, service in _gateway_services(_compose()).items():
+        environment = service["environment"]
+        assert isinstance(environment, dict)
+        assert set(environment) <= set(ENV_VARS), f"{name}: {sorted(set(environment) - set(ENV_VARS))}"
+        assert {"STATE_STORE_REST_URL", "SIWX_SECRET", "TRUSTED_PROXIES"} <= set(environment)
+        assert "env_file" not in service, "list the variables so they can be checked"
+        for var, value in environment.items():
+            value = str(value)
+            if var in SECRET_VARS:
+                whole = _INTERPOLATION.fullmatch(value)
+                assert whole and whole["name"] == var, f"{var} must be exactly ${{{var}...}}"
+                assert whole["op"] in (None, ":?", "?") or not whole["arg"], f"{var} has a default"
+            elif var in CREDENTIAL_URL_VARS:
+                literal = urlsplit(_INTERPOLATION.sub("", value))
+                assert not literal.password and not literal.query, f"{var} holds a literal credential"
+        # Required secrets stop compose when unset.
+        assert re.fullmatch(r"\$\{SIWX_SECRET:\?[^}]+\}", environment["SIWX_SECRET"])
+        assert "${REDIS_PASSWORD:?" in environment["STATE_STORE_REST_URL"]
+
+
+def test_compose_gateway_environment_with_the_example_values_loads() -> None:
+    compose = _compose()
+    env = {**_env_example(), "REDIS_PASSWORD": "p" * 32, "SIWX_SECRET": "s" * 32}
+    environment = {
+        k: _interpolate(str(v), env) for k, v in compose["services"]["gateway"]["environment"].items()
+    }
+    settings = _check_settings({**environment, "ROUTES_FILE": str(ROUTES_YAML)})
+    assert settings.store_url.reveal().startswith("redis://")
+    assert urlsplit(settings.store_url.reveal()).hostname == "redis"
+    with pytest.raises(KeyError, match="REDIS_PASSWORD"):
+        _interpolate(compose["services"]["gateway"]["environment"]["STATE_STORE_REST_URL"], {})
+
+
+def test_compose_trusts_x_forwarded_for_only_from_the_proxy_network() -> None:
+    compose = _compose()
+    services = compose["services"]
+    proxy_networks = set(services["proxy"]["networks"])
+    assert len(proxy_networks) == 1
+    (edge,) = proxy_networks
+    subnets = [c["subnet"] for c in compose["networks"][edge]["ipam"]["config"]]
+    trusted = services["gateway"]["environment"]["TRUSTED_PROXIES"]
+    assert [_interpolated_defaults(s) for s in subnets] == [_interpolated_defaults(trusted)]
+    assert subnets == [trusted], "the subnet and TRUSTED_PROXIES must follow one variable"
+    assert edge in services["gateway"]["networks"]
+    # Redis shares no network with the proxy and the outside.
+    assert not set(services["redis"]["networks"]) & proxy_networks
+    assert all(compose["networks"][n].get("internal") for n in services["redis"]["networks"])
+
+
+def test_nginx_forwards_the_client_address_to_the_gateway_replicas() -> None:
+    conf = (DEPLOY / "nginx.conf").read_text(encoding="utf-8")
+    assert re.search(r"proxy_set_header\s+X-Forwarded-For\s+\$proxy_add_x_forwarded_for;", conf)
+    upstream = re.search(r"upstream\s+(\w+)\s*\{(.*?)\}", conf, re.S)
+    assert upstream
+    assert re.search(rf"proxy_pass\s+http://{upstream[1]};", conf)
+    command = _compose()["services"]["gateway"]["command"]
+    port = command[command.index("--port") + 1]
+    assert re.search(rf"server\s+gateway:{port}\b", upstream[2])
+    # A paid POST must never be replayed to a second replica.
+    assert not re.search(r"^\s*proxy_next_upstream\s[^;]*non_idempotent", conf, re.M)
+    mounted = _compose()["services"]["proxy"]["volumes"]
+    assert any(v.startswith("./nginx.conf:") for v in mounted)
+
+
+# --- Dockerfile -----------------------------------------------------------------------------
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    text = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+    logical = re.sub(
+        r"\\\n", " ", "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    )
+    lines = [line.strip() for line in logical.splitlines() if line.strip()]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def test_dockerfile_builds_on_slim_python_and_installs_without_the_test_extra() -> None:
+    instructions = _dockerfile()
+    bases = [arg.split()[0] for op, arg in instructions if op == "FROM"]
+    assert bases
+    for base in bases:
+        assert re.fullmatch(
+            r"python:3\.(1[1-9]|[2-9][0-9])(\.[0-9]+)?-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?", base
+        )
+    runs = " ".join(arg for op, arg in instructions if op == "RUN")
+    assert re.search(r"pip install \.(\s|$)", runs)
+    assert "[test]" not in runs
+    assert ("EXPOSE", "8080") in instructions
+
+
+def test_dockerfile_runs_as_a_non_root_user_before_cmd() -> None:
+    instructions = _dockerfile()
+    final = instructions[max(i for i, (op, _) in enumerate(instructions) if op == "FROM") :]
+    ops = [op for op, _ in final]
+    users = [arg for op, arg in final if op == "USER"]
+    assert users, "the runtime stage sets no USER"
+    assert users[-1].split(":")[0] not in ("root", "0")
+    assert ops.index("USER") < ops.index("CMD")
+    cmd = json.loads(dict(final)["CMD"])
+    assert cmd[:2] == ["x402-gateway", "serve"]
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+
+
+def test_dockerfile_healthcheck_fetches_healthz_with_python() -> None:
+    healthcheck = dict(_dockerfile())["HEALTHCHECK"]
+    options, _, command = healthcheck.partition("CMD")
+    assert "--interval" in options
+    assert json.loads(command)[0] == "python"
+    assert "/healthz" in command
+    assert "urllib" in healthcheck
+    assert "curl" not in healthcheck
+
+
+def test_dockerfile_bakes_in_no_secret() -> None:
+    instructions = _dockerfile()
+    env_names = set()
+    for op, arg in instructions:
+        if op in ("ENV", "ARG"):
+            env_names |= {item.split("=", 1)[0] for item in shlex.split(arg)}
+    assert not env_names & (SECRET_STORE_VARS | {"REDIS_PASSWORD"})
+    assert "PYTHONUNBUFFERED=1" in " ".join(arg for op, arg in instructions if op == "ENV")
+    copied = " ".join(arg for op, arg in instructions if op in ("COPY", "ADD"))
+    assert ".env" not in copied
+    dockerignore = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
+    assert "**/.env" in dockerignore
+
+
+def _secret_like_tokens(text: str) -> Iterator[str]:
+    for token in re.findall(r"[A-Za-z0-9+/=]{32,}", text):
+        if re.fullmatch(r"[0-9a-f]{32,}", token) or all(
+            re.search(c, token) for c in ("[a-z]", "[A-Z]", "[0-9]")
+        ):
+            yield token
+    yield from re.findall(r"-----BEGIN [A-Z ]*PRIVATE KEY-----", text)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in _deploy_files(*TEXT_SUFFIXES) if p.name != "routes-configmap.yaml"]
+    + [ROOT / ".dockerignore"],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_deploy_file_holds_no_key_material(path: Path) -> None:
+    assert not list(_secret_like_tokens(path.read_text(encoding="utf-8")))
+
+
+# --- Prometheus and Grafana -----------------------------------------------------------------
+
+
+def _exported_series(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    text = metrics.render({("route", outcome): 1 for outcome in metrics.OUTCOMES}).decode()
+    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created")}
+    names = set()
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("x402_"):
+            names |= {family.name + s for s in suffixes.get(family.type, ("",))}
+            if family.type == "histogram":  # the family's own name, as README and prose use it
+                names.add(family.name)
+    return names
+
+
+def _grafana() -> dict[str, Any]:
+    dashboard: dict[str, Any] = json.loads(
+        (DEPLOY / "grafana" / "x402-gateway.json").read_text(encoding="utf-8")
+    )
+    return dashboard
+
+
+def _panel_exprs() -> list[str]:
+    return [t["expr"] for p in _grafana()["panels"] for t in p.get("targets", [])]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [DEPLOY / "grafana" / "x402-gateway.json", DEPLOY / "prometheus.yml", DEPLOY / "prometheus-alerts.yml"],
+    ids=lambda p: p.name,
+)
+def test_every_metric_named_is_one_the_gateway_exports(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    exported = _exported_series(monkeypatch)
+    assert {"x402_requests_total", "x402_request_duration_seconds_bucket", "x402_usage_total"} <= exported
+    named = set(re.findall(r"\bx402_[a-z0-9_]+", path.read_text(encoding="utf-8")))
+    assert named <= exported, f"unknown metrics: {sorted(named - exported)}"
+
+
+def test_dashboard_shows_routes_statuses_latency_quantiles_and_payments() -> None:
+    dashboard = _grafana()
+    exprs = _panel_exprs()
+    joined = "\n".join(exprs)
+    assert "sum by (route) (rate(x402_requests_total" in joined
+    assert "sum by (status) (rate(x402_requests_total" in joined
+    assert 'status="402"' in joined and 'status="429"' in joined
+    for quantile in ("0.5", "0.99"):
+        assert f"histogram_quantile({quantile}, sum by (le" in joined
+    assert "x402_payments_total" in joined and "x402_usage_total" in joined
+    # x402_usage_total is the shared store's total, reported alike by every replica: max over the
+    # replicas first, never a sum.
+    for expr in exprs:
+        for found in re.finditer(r"(rate|increase)\(x402_usage_total", expr):
+            assert re.search(r"max by \([^)]*\) \($", expr[: found.start()]), expr
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    assert all(
+        t["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"] for t in p.get("targets", [])
+    )
+    assert any(
+        v["name"] == "datasource" and v["type"] == "datasource" for v in dashboard["templating"]["list"]
+    )
+
+
+def test_prometheus_scrapes_each_gateway_replica_at_the_metrics_path() -> None:
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text(encoding="utf-8"))
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "x402-gateway"]
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    command = _compose()["services"]["gateway"]["command"]
+    (sd,) = job["dns_sd_configs"]
+    assert sd["names"] == ["gateway"] and str(sd["port"]) == command[command.index("--port") + 1]
+    assert config["rule_files"] == ["/etc/prometheus/prometheus-alerts.yml"]
+    mounts = _compose()["services"]["prometheus"]["volumes"]
+    assert "./prometheus-alerts.yml:/etc/prometheus/prometheus-alerts.yml:ro" in mounts
+    rules = yaml.safe_load((DEPLOY / "prometheus-alerts.yml").read_text(encoding="utf-8"))
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            assert rule["alert"] and rule["expr"] and rule["annotations"]["summary"]
