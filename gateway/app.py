@@ -14,7 +14,7 @@ from collections.abc import Callable
 from itertools import groupby
 
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
+from starlette.types import ASGIApp as StarletteASGIApp
 
 from gateway.asgi import ASGIApp
 from gateway.config import Settings, startup_notes
@@ -26,7 +26,7 @@ from gateway.handlers.metrics import MetricsHandler
 from gateway.handlers.openapi import OpenApiHandler
 from gateway.handlers.tokens import TokensHandler
 from gateway.logs import configure_logging, log_event
-from gateway.router import GatewayRoute, MethodDispatcher, not_found
+from gateway.router import MethodDispatcher, PathTable, not_found
 from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes
 from gateway.services import Services
 from gateway.store import Store
@@ -131,6 +131,16 @@ def build_pipeline(route: RouteSpec, services: Services) -> ASGIApp:
     return app
 
 
+class GatewayApp(Starlette):
+    """Starlette for the lifespan and the router; the outermost layer is our telemetry, which
+    also turns an unexpected error into the one error shape. Starlette's own error and
+    exception middlewares (for HTTPException handlers this app never registers) are left out
+    of every request's path."""
+
+    def build_middleware_stack(self) -> StarletteASGIApp:
+        return TelemetryMiddleware(self.router)
+
+
 def create_app(
     settings: Settings, routes: list[RouteSpec] | None = None, store: Store | None = None
 ) -> Starlette:
@@ -142,7 +152,7 @@ def create_app(
     for note in [*startup_notes(settings), *notes]:
         log_event(note)
     services = Services(settings, mounted, store)
-    starlette_routes = []
+    entries: list[tuple[str, ASGIApp, str]] = []
     for path, group in groupby(sorted(mounted, key=_path_order), key=lambda r: r.path):
         specs = list(group)
         pipelines = {r.method: (r, build_pipeline(r, services)) for r in specs}
@@ -153,10 +163,9 @@ def create_app(
         else:
             cors_methods = [*methods, "HEAD"] if "GET" in methods else methods
             app = CorsMiddleware(MethodDispatcher(pipelines, ", ".join([*cors_methods, "OPTIONS"])), methods)
-        starlette_routes.append(GatewayRoute(path, app, specs[0].name))
-    starlette = Starlette(
-        routes=starlette_routes,
-        middleware=[Middleware(TelemetryMiddleware)],
+        entries.append((path, app, specs[0].name))
+    starlette = GatewayApp(
+        routes=[PathTable(entries)],
         lifespan=services.lifespan,
     )
     starlette.router.redirect_slashes = False

@@ -13,6 +13,8 @@ from gateway.asgi import Scope
 @dataclass(slots=True)
 class RequestContext:
     route: str = "unmatched"
+    status: int = 0
+    """Set when the response starts (by the outermost middleware): after that, no error page."""
     access: str = "-"
     outcome: str = "-"
     wallet: str | None = None

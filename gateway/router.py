@@ -1,4 +1,4 @@
-"""Routing: one Starlette route per path, dispatching by method to pre-built pipelines.
+"""Routing: one table of paths, dispatching by method to pre-built pipelines.
 
 Starlette's own ``Route`` lets a later ``{assetId}`` route win over a fixed path that only has
 another method; ours matches on the path alone, so a wrong method on a fixed path is a 405
@@ -7,8 +7,11 @@ with ``Allow`` rather than a request to the wrong operation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from starlette.convertors import Convertor
 from starlette.datastructures import URLPath
 from starlette.routing import BaseRoute, Match, NoMatchFound, compile_path
 from starlette.types import Receive as StarletteReceive
@@ -45,20 +48,13 @@ class MethodDispatcher:
         ctx.route, ctx.access = route.name, route.access
         if scope["method"] == "HEAD":
             send = _without_body(send)
-        started = False
-
-        async def send_tracked(message: Message) -> None:
-            nonlocal started
-            started = True
-            await send(message)
-
         try:
-            await pipeline(scope, receive, send_tracked)
+            await pipeline(scope, receive, send)
         except GatewayError as error:
-            if started:
+            if ctx.status:  # the response has started: too late for an error page
                 raise
             ctx.error = ctx.error or error.code.value
-            await send_error(send_tracked, error)
+            await send_error(send, error)
 
 
 def _without_body(send: Send) -> Send:
@@ -74,30 +70,45 @@ def _without_body(send: Send) -> Send:
     return send_headers_only
 
 
-class GatewayRoute(BaseRoute):
-    """Match a path (any method) and hand the request to its app with the path parameters."""
+class PathTable(BaseRoute):
+    """Every gateway path as ONE Starlette route: fixed paths by dict lookup, then the
+    parameterised ones in order (fixed-segment paths win over ``{assetId}``).
 
-    def __init__(self, path: str, app: ASGIApp, name: str) -> None:
-        self.path = path
-        self.app = app
-        self.name = name
-        self.regex, _, self.convertors = compile_path(path)
+    Matching is on the path alone (any method); the matched path's app gets the path parameters.
+    One lookup instead of a regex per route keeps routing off the hot path's profile.
+    """
+
+    def __init__(self, entries: Sequence[tuple[str, ASGIApp, str]]) -> None:
+        self.fixed: dict[str, tuple[ASGIApp, str]] = {}
+        self.patterns: list[tuple[re.Pattern[str], dict[str, Convertor[Any]], ASGIApp, str]] = []
+        for path, app, name in entries:
+            if "{" in path:
+                regex, _, convertors = compile_path(path)
+                self.patterns.append((regex, convertors, app, name))
+            else:
+                self.fixed[path] = (app, name)
 
     def matches(self, scope: StarletteScope) -> tuple[Match, StarletteScope]:
         if scope["type"] != "http" or _has_encoded_slash(scope):
             return Match.NONE, {}
-        found = self.regex.match(scope["path"])
-        if found is None:
-            return Match.NONE, {}
-        params = {k: self.convertors[k].convert(v) for k, v in found.groupdict().items()}
-        return Match.FULL, {"path_params": {**scope.get("path_params", {}), **params}}
+        path = scope["path"]
+        fixed = self.fixed.get(path)
+        if fixed is not None:
+            return Match.FULL, {"x402gw.app": fixed}
+        for regex, convertors, app, name in self.patterns:
+            found = regex.match(path)
+            if found is not None:
+                params = {k: convertors[k].convert(v) for k, v in found.groupdict().items()}
+                return Match.FULL, {"path_params": params, "x402gw.app": (app, name)}
+        return Match.NONE, {}
 
     def url_path_for(self, name: str, /, **path_params: object) -> URLPath:
         raise NoMatchFound(name, dict(path_params))
 
     async def handle(self, scope: StarletteScope, receive: StarletteReceive, send: StarletteSend) -> None:
-        request_context(scope).route = self.name
-        await self.app(scope, receive, send)
+        app, name = scope["x402gw.app"]
+        request_context(scope).route = name
+        await app(scope, receive, send)
 
 
 def _has_encoded_slash(scope: StarletteScope) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 
+from prometheus_client import Counter, Histogram
+
 from gateway.asgi import ASGIApp, Message, Receive, Scope, Send, send_error
 from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
@@ -22,6 +24,22 @@ KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPT
 class TelemetryMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        # Label children cached per key: prometheus-client's labels() takes a lock each call.
+        self._request_children: dict[tuple[str, str, int], Counter] = {}
+        self._latency_children: dict[str, Histogram] = {}
+
+    def _requests(self, route: str, method: str, status: int) -> Counter:
+        key = (route, method, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = REQUESTS.labels(route, method, str(status))
+        return child
+
+    def _latency(self, route: str) -> Histogram:
+        child = self._latency_children.get(route)
+        if child is None:
+            child = self._latency_children[route] = LATENCY.labels(route)
+        return child
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -29,26 +47,25 @@ class TelemetryMiddleware:
             return
         started = monotonic_ms()
         ctx = request_context(scope)
-        status = 0
 
         async def send_observed(message: Message) -> None:
-            nonlocal status
             if message["type"] == "http.response.start":
-                status = message["status"]
+                ctx.status = message["status"]
             await send(message)
 
         try:
             await self.app(scope, receive, send_observed)
         except Exception:
             get_logger().error("unhandled error", exc_info=True, extra={"fields": {"route": ctx.route}})
-            if status == 0:
-                status = 500
+            if ctx.status == 0:
+                ctx.status = 500
                 ctx.error = ErrorCode.INTERNAL_ERROR.value
                 await send_error(send, GatewayError(ErrorCode.INTERNAL_ERROR, "internal error"))
+        status = ctx.status
         latency_ms = monotonic_ms() - started
         method = scope["method"] if scope["method"] in KNOWN_METHODS else "OTHER"
-        REQUESTS.labels(ctx.route, method, str(status)).inc()
-        LATENCY.labels(ctx.route).observe(latency_ms / 1000.0)
+        self._requests(ctx.route, method, status).inc()
+        self._latency(ctx.route).observe(latency_ms / 1000.0)
         log_event(
             "request",
             logging.INFO,
