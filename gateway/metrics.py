@@ -38,11 +38,19 @@ class Usage:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._children: dict[tuple[str, str], tuple[Counter, str]] = {}
 
     async def record(self, route: str, outcome: str) -> None:
-        PAYMENTS.labels(route, outcome).inc()
+        cached = self._children.get((route, outcome))
+        if cached is None:  # labels() takes a lock; a challenge is counted on every 402
+            cached = self._children[(route, outcome)] = (
+                PAYMENTS.labels(route, outcome),
+                usage_key(route, outcome),
+            )
+        counter, key = cached
+        counter.inc()
         try:
-            await self.store.incr(usage_key(route, outcome))
+            await self.store.incr(key)
         except StoreUnavailable:
             log_event("usage counter not recorded: store unavailable", route=route, outcome=outcome)
 

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 CREDENTIAL_HEADERS = (PAYMENT_SIGNATURE, X_PAYMENT)
 PAYMENT_ID = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
-CHALLENGE_HEADERS = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
 
 
 class PaymentRejected(Exception):
@@ -76,8 +75,9 @@ async def fee_payer(facilitator: Facilitator) -> str:
 async def send_challenge(
     send: Send, challenge: ExactChallenge, facilitator: Facilitator, error: str | None
 ) -> None:
-    body, encoded = challenge.render(await fee_payer(facilitator), error)
-    await send_bytes(send, 402, body, [*CHALLENGE_HEADERS, (b"payment-required", encoded.encode())])
+    body, headers = challenge.response(await fee_payer(facilitator), error)
+    await send({"type": "http.response.start", "status": 402, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def send_stored(send: Send, response: StoredResponse) -> None:

@@ -27,6 +27,7 @@ class TelemetryMiddleware:
         # Label children cached per key: prometheus-client's labels() takes a lock each call.
         self._request_children: dict[tuple[str, str, int], Counter] = {}
         self._latency_children: dict[str, Histogram] = {}
+        self._logger = get_logger()
 
     def _requests(self, route: str, method: str, status: int) -> Counter:
         key = (route, method, status)
@@ -66,6 +67,8 @@ class TelemetryMiddleware:
         method = scope["method"] if scope["method"] in KNOWN_METHODS else "OTHER"
         self._requests(ctx.route, method, status).inc()
         self._latency(ctx.route).observe(latency_ms / 1000.0)
+        if not self._logger.isEnabledFor(logging.INFO):
+            return
         log_event(
             "request",
             logging.INFO,

@@ -11,19 +11,20 @@ import hashlib
 
 from gateway.store.base import RateDecision, StoreUnavailable
 
-# KEYS[1]: bucket key. ARGV[1]: limit, ARGV[2]: period_ms, ARGV[3] (optional): now_ms, which only
-# the differential test against memory.gcra() passes; the gateway always uses the server clock.
-# Reply: {1, 0} allowed, or {0, retry_after_ms}. The key expires when its TAT passes, at which
-# point GCRA would treat it as "now" anyway. TIME before a write is safe: scripts replicate by
-# effects (the default since Redis 5; enabled explicitly where the call still exists).
+# KEYS[1]: bucket key. ARGV[1]: limit, ARGV[2]: period_ms, ARGV[3] (optional): now in microseconds,
+# which only the differential test against memory.gcra() passes; the gateway always uses the
+# server clock. Time is in microseconds (exact in Lua's doubles) so limits above 1000/s keep their
+# value. Reply: {1, 0} allowed, or {0, retry_after_ms}. The key expires when its TAT passes, at
+# which point GCRA would treat it as "now" anyway. TIME before a write is safe: scripts replicate
+# by effects (the default since Redis 5; enabled explicitly where the call still exists).
 GCRA_SCRIPT = """
 if redis.replicate_commands then redis.replicate_commands() end
 local limit = tonumber(ARGV[1])
-local period = tonumber(ARGV[2])
+local period = tonumber(ARGV[2]) * 1000
 local now = tonumber(ARGV[3])
 if not now then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local interval = math.max(math.floor(period / math.max(limit, 1)), 1)
 local tat = now
@@ -32,9 +33,10 @@ if stored then tat = math.max(tonumber(stored), now) end
 local new_tat = tat + interval
 local allow_at = new_tat - period
 if allow_at > now then
-  return {0, allow_at - now}
+  return {0, math.ceil((allow_at - now) / 1000)}
 end
-redis.call('SET', KEYS[1], string.format('%d', new_tat), 'PX', string.format('%d', new_tat - now))
+local ttl_ms = math.ceil((new_tat - now) / 1000)
+redis.call('SET', KEYS[1], string.format('%d', new_tat), 'PX', string.format('%d', ttl_ms))
 return {1, 0}
 """
 

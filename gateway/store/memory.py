@@ -6,52 +6,64 @@ workers, so ``serve --workers 2`` on it is refused by the CLI.
 
 from __future__ import annotations
 
+import heapq
 import time
 
 from gateway.store.base import RateDecision
 
 
-def _now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
+def _now_us() -> int:
+    return time.monotonic_ns() // 1_000
 
 
-def gcra(tat_ms: int | None, now_ms: int, limit: int, period_ms: int) -> tuple[RateDecision, int | None]:
+def gcra(tat_us: int | None, now_us: int, limit: int, period_ms: int) -> tuple[RateDecision, int | None]:
     """One GCRA step: the decision and the new theoretical arrival time (None: unchanged).
 
-    The Lua script of the Redis backends implements these same lines.
+    Time is in microseconds so limits above 1000 per second keep their value (a millisecond
+    clock would round the emission interval to 1 ms). The Lua script of the Redis backends
+    implements these same lines.
     """
-    interval = max(period_ms // max(limit, 1), 1)
-    tat = max(tat_ms if tat_ms is not None else now_ms, now_ms)
+    period_us = period_ms * 1_000
+    interval = max(period_us // max(limit, 1), 1)
+    tat = max(tat_us if tat_us is not None else now_us, now_us)
     new_tat = tat + interval
-    allow_at = new_tat - period_ms
-    if allow_at > now_ms:
-        return RateDecision(allowed=False, retry_after_ms=allow_at - now_ms), None
+    allow_at = new_tat - period_us
+    if allow_at > now_us:
+        return RateDecision(allowed=False, retry_after_ms=-(-(allow_at - now_us) // 1_000)), None
     return RateDecision(allowed=True), new_tat
 
 
-PRUNE_EVERY = 10_000
-"""Writes between sweeps of expired entries, so per-IP buckets cannot grow without bound."""
-
-
 class MemoryStore:
-    """Dict-backed store with lazy expiry and periodic sweeps; safe because one event loop owns it."""
+    """Dict-backed store; safe because one event loop owns it.
+
+    Every write also records its expiry in a heap, and each write first drops what has expired,
+    so memory stays bounded (one bucket per client IP) without a sweep that stalls the loop.
+    """
 
     def __init__(self) -> None:
         self._values: dict[str, tuple[str, int]] = {}
         self._counters: dict[str, int] = {}
         self._tats: dict[str, int] = {}
-        self._writes = 0
+        self._expiries: list[tuple[int, int, str]] = []
+        """(expires_us, kind, key): kind 0 is a value, 1 a rate-limit bucket."""
 
-    def _wrote(self) -> None:
-        self._writes += 1
-        if self._writes % PRUNE_EVERY == 0:
-            self.prune()
+    def _expire(self, now: int) -> None:
+        heap = self._expiries
+        while heap and heap[0][0] <= now:
+            expires, kind, key = heapq.heappop(heap)
+            if kind == 0:
+                entry = self._values.get(key)
+                if entry is not None and entry[1] == expires:
+                    del self._values[key]
+            elif self._tats.get(key) == expires:
+                del self._tats[key]
 
-    def prune(self) -> None:
-        """Drop expired values and rate-limit buckets whose allowance is full again."""
-        now = _now_ms()
-        self._values = {k: v for k, v in self._values.items() if v[1] > now}
-        self._tats = {k: tat for k, tat in self._tats.items() if tat > now}
+    def _set_value(self, key: str, value: str, ttl_ms: int) -> None:
+        now = _now_us()
+        self._expire(now)
+        expires = now + ttl_ms * 1_000
+        self._values[key] = (value, expires)
+        heapq.heappush(self._expiries, (expires, 0, key))
 
     def size(self) -> int:
         """Entries held (values and buckets); not ``__len__``, so an empty store stays truthy."""
@@ -62,7 +74,7 @@ class MemoryStore:
         if entry is None:
             return None
         value, expires = entry
-        if expires <= _now_ms():
+        if expires <= _now_us():
             del self._values[key]
             return None
         return value
@@ -70,22 +82,22 @@ class MemoryStore:
     async def claim(self, key: str, value: str, ttl_ms: int) -> bool:
         if self._live(key) is not None:
             return False
-        self._values[key] = (value, _now_ms() + ttl_ms)
-        self._wrote()
+        self._set_value(key, value, ttl_ms)
         return True
 
     async def get(self, key: str) -> str | None:
         return self._live(key)
 
     async def put(self, key: str, value: str, ttl_ms: int) -> None:
-        self._values[key] = (value, _now_ms() + ttl_ms)
-        self._wrote()
+        self._set_value(key, value, ttl_ms)
 
     async def rate_limit(self, key: str, limit: int, period_ms: int) -> RateDecision:
-        decision, new_tat = gcra(self._tats.get(key), _now_ms(), limit, period_ms)
+        now = _now_us()
+        self._expire(now)
+        decision, new_tat = gcra(self._tats.get(key), now, limit, period_ms)
         if new_tat is not None:
             self._tats[key] = new_tat
-            self._wrote()
+            heapq.heappush(self._expiries, (new_tat, 1, key))
         return decision
 
     async def incr(self, key: str, amount: int = 1) -> int:

@@ -88,7 +88,7 @@ class ExactChallenge:
             BAZAAR: bazaar_extension(method, input_schema, output_schema),
             PAYMENT_IDENTIFIER: {"info": {"required": False}, "schema": PAYMENT_ID_SCHEMA},
         }
-        self._cache: dict[str, tuple[bytes, str]] = {}
+        self._cache: dict[str, tuple[bytes, list[tuple[bytes, bytes]]]] = {}
 
     def requirements_for(self, fee_payer: str) -> PaymentRequirements:
         """What the facilitator is asked to verify and settle: v2 fields only."""
@@ -111,11 +111,23 @@ class ExactChallenge:
         )
 
     def render(self, fee_payer: str, error: str | None = None) -> tuple[bytes, str]:
-        """Encoded body and header; the error-free form is cached per fee payer."""
-        if error is None and fee_payer in self._cache:
-            return self._cache[fee_payer]
+        """Encoded JSON body and PAYMENT-REQUIRED header value."""
         challenge = self.build(fee_payer, error)
-        rendered = (msgspec.json.encode(challenge), encode_header(challenge))
+        return msgspec.json.encode(challenge), encode_header(challenge)
+
+    def response(self, fee_payer: str, error: str | None = None) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """Body and complete ASGI headers of the 402; the error-free one is cached per fee payer
+        (it is the discovery crawlers' and every first request's answer)."""
+        cached = self._cache.get(fee_payer) if error is None else None
+        if cached is not None:
+            return cached[0], list(cached[1])
+        body, encoded = self.render(fee_payer, error)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"cache-control", b"no-store"),
+            (b"payment-required", encoded.encode()),
+            (b"content-length", str(len(body)).encode()),
+        ]
         if error is None:
-            self._cache[fee_payer] = rendered
-        return rendered
+            self._cache[fee_payer] = (body, headers)
+        return body, list(headers)
