@@ -1,0 +1,1 @@
+"""Load benchmarks for x402-gateway (not tests): ``python bench/run.py [--quick]``."""

@@ -1,0 +1,120 @@
+"""The baselines served like the gateway (``python -m bench.serve``, same hypercorn settings).
+
+* :func:`ceiling_app`: a bare Starlette app answering every request with one constant JSON body;
+  the most a one-worker Starlette app under hypercorn can do on this machine.
+* :func:`replay_app`: the same, but answering with the very status, headers and body recorded
+  from the gateway's 402 challenge (``BENCH_REPLAY_FILE``): the ceiling for a response that
+  size, which separates what the gateway's code costs from what serving its bytes costs.
+* :func:`peer_app`: the reference x402 SDK (PyPI ``x402``) guarding a JSON-RPC proxy route with
+  its Starlette payment middleware (``PaymentMiddlewareASGI``), priced like the gateway's
+  getBalance route and pointed at the same facilitator and provider. Configured from
+  ``BENCH_FACILITATOR_URL``, ``BENCH_PROVIDER_URL`` and ``BENCH_PAY_TO``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import types
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.x402.types import SOLANA_MAINNET
+
+PEER_PATH = "/rpc/getBalance"
+PEER_PRICE = "$0.001005"
+"""The gateway's provider_a getBalance price (1005 micro-USDC) as the SDK's money string."""
+CONSTANT_JSON = b'{"ok":true,"service":"ceiling","status":"constant"}'
+
+
+def ceiling_app() -> Starlette:
+    async def constant(request: Request) -> Response:
+        return Response(CONSTANT_JSON, media_type="application/json")
+
+    return Starlette(routes=[Route("/{path:path}", constant, methods=["GET", "POST"])])
+
+
+def replay_app() -> Starlette:
+    recorded = json.loads(Path(os.environ["BENCH_REPLAY_FILE"]).read_text(encoding="utf-8"))
+    body = base64.b64decode(recorded["body"])
+    status = int(recorded["status"])
+    headers = dict(recorded["headers"])
+
+    async def replay(request: Request) -> Response:
+        return Response(body, status_code=status, headers=headers)
+
+    return Starlette(routes=[Route("/{path:path}", replay, methods=["GET", "POST"])])
+
+
+def _starlette_as_fastapi() -> None:
+    """The SDK's middleware imports ``Request``/``Response`` from FastAPI, which re-exports
+    Starlette's own classes; without FastAPI installed, alias them (the very same objects)."""
+    try:
+        import fastapi  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        from starlette import responses
+
+        shim = types.ModuleType("fastapi")
+        shim.Request = Request  # type: ignore[attr-defined]
+        shim.Response = Response  # type: ignore[attr-defined]
+        shim.responses = responses  # type: ignore[attr-defined]
+        sys.modules["fastapi"] = shim
+        sys.modules["fastapi.responses"] = responses
+
+
+def peer_app() -> Starlette:
+    _starlette_as_fastapi()
+    from x402 import x402ResourceServer
+    from x402.http import FacilitatorConfig, HTTPFacilitatorClient
+    from x402.http.middleware.fastapi import PaymentMiddlewareASGI
+    from x402.http.types import PaymentOption, RouteConfig
+    from x402.mechanisms.svm.exact import ExactSvmServerScheme
+
+    provider_url = os.environ["BENCH_PROVIDER_URL"]
+    facilitator = HTTPFacilitatorClient(FacilitatorConfig(url=os.environ["BENCH_FACILITATOR_URL"]))
+    server = x402ResourceServer(facilitator)
+    server.register(SOLANA_MAINNET, ExactSvmServerScheme())  # type: ignore[arg-type]  # SDK typing
+    routes = {
+        f"POST {PEER_PATH}": RouteConfig(
+            accepts=PaymentOption(
+                scheme="exact", pay_to=os.environ["BENCH_PAY_TO"], price=PEER_PRICE, network=SOLANA_MAINNET
+            ),
+            description="Lamport balance of an account (reference SDK baseline).",
+            mime_type="application/json",
+        )
+    }
+    sessions: dict[str, aiohttp.ClientSession] = {}
+
+    async def proxy(request: Request) -> Response:
+        """A minimal JSON-RPC proxy: the body as received, the provider's answer as returned."""
+        body = await request.body()
+        async with sessions["provider"].post(
+            provider_url, data=body, headers={"content-type": "application/json"}
+        ) as upstream:
+            raw = await upstream.read()
+            status = upstream.status
+        return Response(raw, status_code=status, media_type="application/json")
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        sessions["provider"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
+        try:
+            yield
+        finally:
+            await sessions["provider"].close()
+
+    return Starlette(
+        routes=[Route(PEER_PATH, proxy, methods=["POST"])],
+        middleware=[Middleware(PaymentMiddlewareASGI, routes=routes, server=server)],
+        lifespan=lifespan,
+    )

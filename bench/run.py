@@ -1,0 +1,949 @@
+"""Load benchmarks of x402-gateway against baselines measured in the same run.
+
+    python bench/run.py [--quick] [--no-logs] [--no-pin] [--profile DIR] [--out bench/results.md]
+
+Starts, each as its own process on 127.0.0.1: a zero-latency JSON-RPC provider, asset-data API
+and facilitator (bench/stubs.py); the gateway (``x402-gateway serve --workers 1``, once with
+LOG_LEVEL=WARNING and once with its INFO request log going to /dev/null); and, under the same
+hypercorn settings (bench/serve.py), a bare Starlette app ("ceiling"), the same app replaying
+the gateway's recorded 402 bytes ("ceiling, same 402 bytes") and the reference x402 SDK's
+payment middleware guarding a JSON-RPC proxy ("peer"). The load generator (bench/load.py) is a
+separate process per measurement. With two or more cores the servers under test are pinned to
+CPU 0 and everything else (load generator, stubs) to CPU 1.
+
+Scenarios: (a) the 402 challenge path, (b) the paid path with a unique valid exact payment per
+request and its latency added over calling the provider directly, (c) the SIWX path, (d) the
+gateway worker's resident memory after warm-up and after M more requests. Every run is bounded
+in count and time; the whole benchmark stops by itself and prints a markdown report, also
+written to bench/results.md. ``--profile DIR`` adds py-spy runs of the gateway (after, and
+separate from, the measured ones) and writes their collapsed stacks and summaries to DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.apps import PEER_PATH  # noqa: E402
+from bench.flame import render  # noqa: E402
+from bench.load import machine_busy_s  # noqa: E402
+from bench.stubs import FACILITATOR_BASE_PATH  # noqa: E402
+
+PAY_TO = "9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin"
+ACCOUNT = "vines1vzrYbzLMRdu58ou5XTby4qAqVRLmqo36NKPTg"
+PAID_PATH = "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
+PROVIDER_PATHS = {
+    "PROVIDER_A_MAINNET_RPC_URL": "/provider-a/mainnet",
+    "PROVIDER_A_DEVNET_RPC_URL": "/provider-a/devnet",
+    "PROVIDER_B_MAINNET_RPC_URL": "/provider-b/mainnet",
+    "PROVIDER_B_DEVNET_RPC_URL": "/provider-b/devnet",
+}
+PROVIDER_PATH = PROVIDER_PATHS["PROVIDER_A_MAINNET_RPC_URL"]
+SIWX_PATH = "/v1/x402/tokens/assets/usd-coin"
+ASSET_PATH = "/v1/assets/usd-coin"
+RPC_BODY = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getBalance", "params": [ACCOUNT]})
+UNLIMITED = "limit: 3600000, period_seconds: 3600}"
+"""Replaces the named limits in the bench's copy of routes.yaml: the GCRA store works in whole
+milliseconds, so any limit above one per millisecond is one per millisecond with a burst of
+``period_ms``; an hour-long period gives a burst no bounded run reaches."""
+PEER = "peer (x402 SDK)"
+SERVER_CPU = {0}
+CLIENT_CPU = {1}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Request counts (warm-up, measured) of one round; every measurement is repeated ``rounds``
+    times, interleaved across its targets, and the round with the median req/s is reported."""
+
+    name: str
+    throughput: tuple[int, int]
+    latency: tuple[int, int]
+    paid_throughput: tuple[int, int]
+    paid_latency: tuple[int, int]
+    soak_requests: int
+    soak_chunk: int
+    rounds: int
+    concurrency: int = 32
+    cap_s: float = 60.0
+
+
+QUICK = Profile(
+    "quick",
+    throughput=(500, 4000),
+    latency=(200, 1500),
+    paid_throughput=(200, 1000),
+    paid_latency=(100, 600),
+    soak_requests=20_000,
+    soak_chunk=10_000,
+    rounds=3,
+    cap_s=30.0,
+)
+FULL = Profile(
+    "full",
+    throughput=(2000, 20_000),
+    latency=(300, 2000),
+    paid_throughput=(300, 4000),
+    paid_latency=(200, 1000),
+    soak_requests=100_000,
+    soak_chunk=20_000,
+    rounds=5,
+    cap_s=120.0,
+)
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _pinner(cpus: set[int] | None) -> Callable[[], None] | None:
+    if not cpus:
+        return None
+
+    def pin() -> None:
+        os.sched_setaffinity(0, cpus)
+
+    return pin
+
+
+def base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "X402_", "PROVIDER_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    return env
+
+
+@dataclass
+class Server:
+    """One process group we started; stopped through its own group id only."""
+
+    name: str
+    port: int
+    argv: list[str]
+    env: dict[str, str]
+    cpus: set[int] | None
+    hypercorn: bool = True
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, logdir: Path) -> None:
+        self.log = logdir / f"{self.name.replace(' ', '_')}.err"
+        with open(self.log, "ab") as err:
+            self.proc = subprocess.Popen(
+                self.argv,
+                cwd=REPO,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+                preexec_fn=_pinner(self.cpus),
+            )
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+    def pids(self) -> list[int]:
+        """The process and its children (a hypercorn master's worker and resource tracker)."""
+        if self.proc is None:
+            return []
+        master = self.proc.pid
+        with contextlib.suppress(OSError):
+            children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+            return [master, *map(int, children)]
+        return [master]
+
+    def stderr_tail(self, lines: int = 15) -> str:
+        if self.log is None or not self.log.exists():
+            return ""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def worker_pid(self) -> int:
+        """The hypercorn worker (the master's spawned child), or the process itself."""
+        assert self.proc is not None
+        master = self.proc.pid
+        if not self.hypercorn:
+            return master
+        for _ in range(100):
+            with contextlib.suppress(OSError):
+                for child in Path(f"/proc/{master}/task/{master}/children").read_text().split():
+                    if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                        return int(child)
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name}: no hypercorn worker process found")
+
+    def wait_ready(self, probe: str, timeout_s: float = 30.0) -> None:
+        """Until ``probe`` answers over HTTP (any status); raises if the process died."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.stderr_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + probe, timeout=2):
+                    return
+            except urllib.error.HTTPError:
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not ready after {timeout_s:g}s:\n{self.stderr_tail()}")
+
+
+FOREIGN_CPU_LIMIT = 0.05
+"""Share of one core that processes other than the benchmark's may use before the report warns."""
+
+
+def wait_quiet(limit_s: float, window_s: float = 10.0) -> None:
+    """Wait until other processes use under FOREIGN_CPU_LIMIT of a core over ``window_s``."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        before = machine_busy_s()
+        time.sleep(window_s)
+        share = (machine_busy_s() - before) / window_s
+        if share <= FOREIGN_CPU_LIMIT:
+            return
+        if time.monotonic() > deadline:
+            print(f"machine still busy ({share:.0%} of a core); running anyway", flush=True)
+            return
+        print(f"machine busy ({share:.0%} of a core used by other processes); waiting", flush=True)
+
+
+def own_cpu_s() -> float:
+    """CPU-seconds of this process and of every child it has reaped (servers, stubs, loads)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def bench_routes_file(directory: Path) -> Path:
+    """The packaged routes.yaml with its named per-scope limits replaced by an unreachable one."""
+    text = (REPO / "gateway" / "routes.yaml").read_text(encoding="utf-8")
+    lifted, count = re.subn(r"limit: (?:rpc|das|tokens)\}", UNLIMITED, text)
+    if count == 0:
+        raise RuntimeError("routes.yaml has no named limits to lift; bench/run.py needs updating")
+    path = directory / "routes.bench.yaml"
+    path.write_text(lifted, encoding="utf-8")
+    return path
+
+
+def gateway_env(port: int, stubs: dict[str, Server], routes_file: Path, log_level: str) -> dict[str, str]:
+    """Every upstream configured (the production-size route table), limits out of reach."""
+    env = base_env()
+    env.update({name: stubs["provider"].url + path for name, path in PROVIDER_PATHS.items()})
+    env.update(
+        GATEWAY_BASE_URL=f"http://127.0.0.1:{port}",
+        X402_PAY_TO_WALLET=PAY_TO,
+        FACILITATOR_URL=stubs["facilitator"].url + FACILITATOR_BASE_PATH,
+        ASSET_API_BASE_URL=stubs["asset"].url,
+        ASSET_API_KEY="bench-asset-api-key-0123456789",
+        SIWX_SECRET="bench-siwx-secret-0123456789abcdef0123456789",
+        RATE_LIMIT_RPC_RPS="1000000",
+        RATE_LIMIT_DAS_RPS="1000000",
+        RATE_LIMIT_TOKENS_PER_MINUTE="1000000",
+        RATE_LIMIT_CHALLENGE_PER_MINUTE="1000000",
+        ROUTES_FILE=str(routes_file),
+        LOG_LEVEL=log_level,
+        PORT=str(port),
+    )
+    return env
+
+
+def mounted_routes(env: dict[str, str]) -> int:
+    from gateway.config import load_settings
+    from gateway.routes import load_routes, named_limits, plan_routes
+
+    settings = load_settings(env)
+    mounted, _ = plan_routes(load_routes(settings.routes_file, named_limits(settings)), settings)
+    return len(mounted)
+
+
+# --- measurements ----------------------------------------------------------------------------
+
+
+Spec = tuple[dict[str, Any], str, str, "Server | None"]
+"""A load job, its scenario, its target's name and the server whose CPU is measured."""
+
+
+@dataclass
+class Row:
+    scenario: str
+    target: str
+    concurrency: int
+    result: dict[str, Any]
+
+
+@dataclass
+class Bench:
+    profile: Profile
+    pin: bool
+    rows: list[Row] = field(default_factory=list)
+    rss: list[tuple[str, int, int]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    own_pids: list[int] = field(default_factory=list)
+    _ip: int = 0
+
+    def next_ip(self) -> str:
+        """A fresh loopback source address per job: the challenge limit is per client IP."""
+        self._ip += 1
+        return f"127.0.{1 + self._ip // 250}.{1 + self._ip % 250}"
+
+    def run_load(self, job: dict[str, Any], server: Server | None) -> subprocess.Popen[str]:
+        job = {"cap_s": self.profile.cap_s, "local_ip": self.next_ip(), "own_pids": self.own_pids, **job}
+        if server is not None:
+            job["cpu_pid"] = server.worker_pid()
+        return subprocess.Popen(
+            [sys.executable, "-m", "bench.load", json.dumps(job)],
+            cwd=REPO,
+            env=base_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_pinner(CLIENT_CPU if self.pin else None),
+        )
+
+    def load(self, job: dict[str, Any], scenario: str, target: str, server: Server | None) -> dict[str, Any]:
+        result = self.measure(job, scenario, target, server)
+        self.rows.append(Row(scenario, target, int(job["concurrency"]), result))
+        return result
+
+    def load_rounds(self, specs: list[Spec], rounds: int) -> None:
+        """Each spec ``rounds`` times, interleaved so drift hits every target alike. The round with
+        the median req/s among those that other processes left alone is kept (among all rounds
+        when none was), with the spread of all rounds."""
+        seen: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for _ in range(rounds):
+            for job, scenario, target, server in specs:
+                seen.setdefault((scenario, target), []).append(self.measure(job, scenario, target, server))
+        for (job, scenario, target, _), results in zip(specs, seen.values(), strict=True):
+            ranked = sorted(results, key=lambda r: float(r["rps"]))
+            clean = [r for r in ranked if r["foreign_cpu_pct"] <= FOREIGN_CPU_LIMIT * 100] or ranked
+            median = dict(clean[len(clean) // 2])
+            if rounds > 1:
+                median["spread"] = f"{ranked[0]['rps']:.0f}-{ranked[-1]['rps']:.0f}"
+            median["unexpected"] = sum(int(r["unexpected"]) for r in results)
+            self.rows.append(Row(scenario, target, int(job["concurrency"]), median))
+
+    def measure(
+        self, job: dict[str, Any], scenario: str, target: str, server: Server | None
+    ) -> dict[str, Any]:
+        proc = self.run_load(job, server)
+        out, err = proc.communicate(timeout=3 * self.profile.cap_s + 120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"load generator failed for {scenario}/{target}:\n{err[-3000:]}")
+        result: dict[str, Any] = json.loads(out)
+        flag = ""
+        if result["unexpected"]:
+            flag = f"  UNEXPECTED {result['unexpected']}, e.g. {result['sample_error'][:160]}"
+        cpu = f"  server CPU {result['server_cpu_pct']:.0f}%" if result["server_cpu_pct"] is not None else ""
+        if result["foreign_cpu_pct"] > FOREIGN_CPU_LIMIT * 100:
+            cpu += f"  (other processes: {result['foreign_cpu_pct']:.0f}% CPU)"
+        print(
+            f"  {scenario:<9} {target:<24} c={job['concurrency']:<3} n={result['requests']:<6}"
+            f"{result['rps']:>8.0f} req/s  p50 {result['p50_ms']:7.3f} ms  p99 {result['p99_ms']:7.3f} ms"
+            f"{cpu}{flag}",
+            flush=True,
+        )
+        return result
+
+    def find(self, scenario: str, target: str, concurrency: int) -> dict[str, Any] | None:
+        for row in self.rows:
+            if (row.scenario, row.target, row.concurrency) == (scenario, target, concurrency):
+                return row.result
+        return None
+
+
+def fetch_402(url: str, body: bytes = b"{}") -> tuple[dict[str, str], bytes]:
+    """Headers and body of the 402 answering a POST of ``body`` (anything else raises)."""
+    request = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            raise RuntimeError(f"{url} answered {resp.status}, expected 402")
+    except urllib.error.HTTPError as exc:
+        answer = exc.read()
+        if exc.code != 402:
+            raise RuntimeError(f"{url} answered {exc.code}, expected 402: {answer[:300]!r}") from None
+        return {k.lower(): v for k, v in exc.headers.items()}, answer
+
+
+def challenge_of(url: str) -> dict[str, Any]:
+    """The decoded PAYMENT-REQUIRED header of the 402 answering an unpaid JSON-RPC call."""
+    headers, _ = fetch_402(url, RPC_BODY.encode())
+    decoded: dict[str, Any] = json.loads(base64.b64decode(headers["payment-required"]))
+    return decoded
+
+
+def static_job(
+    url: str, method: str, path: str, body: str, c: int, counts: tuple[int, int], expect: int
+) -> dict[str, Any]:
+    warmup, count = counts
+    headers = {"content-type": "application/json"} if body else {}
+    return {
+        "kind": "static",
+        "url": url,
+        "method": method,
+        "path": path,
+        "body": body,
+        "headers": headers,
+        "concurrency": c,
+        "warmup": warmup,
+        "count": count,
+        "expect": expect,
+    }
+
+
+def paid_job(
+    url: str, path: str, challenge: dict[str, Any], c: int, counts: tuple[int, int]
+) -> dict[str, Any]:
+    warmup, count = counts
+    return {
+        "kind": "paid",
+        "url": url,
+        "path": path,
+        "body": RPC_BODY,
+        "accepted": challenge["accepts"][0],
+        "resource": challenge.get("resource"),
+        "concurrency": c,
+        "warmup": warmup,
+        "count": count,
+        "expect": 200,
+    }
+
+
+def siwx_job(url: str, c: int, counts: tuple[int, int]) -> dict[str, Any]:
+    warmup, count = counts
+    return {
+        "kind": "siwx",
+        "url": url,
+        "path": SIWX_PATH,
+        "concurrency": c,
+        "warmup": warmup,
+        "count": count,
+        "expect": 200,
+    }
+
+
+def verify_body(challenge: dict[str, Any]) -> str:
+    """A realistic facilitator /verify body (one signed payment), for the round-trip reference."""
+    from bench.load import paid_calls
+
+    call = paid_calls(paid_job("", PAID_PATH, challenge, 1, (0, 1)), 1)[0]
+    payload = json.loads(base64.b64decode(call.headers["payment-signature"]))
+    request = {"x402Version": 2, "paymentPayload": payload, "paymentRequirements": payload["accepted"]}
+    return json.dumps(request)
+
+
+def run_scenarios(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]) -> None:
+    p = bench.profile
+    c = p.concurrency
+    gw, ceiling, replay, peer = servers["gateway"], servers["ceiling"], servers["replay"], servers["peer"]
+    gateways = [("gateway", gw)] + ([("gateway, logs on", servers["logs"])] if "logs" in servers else [])
+    provider, asset, facilitator = stubs["provider"], stubs["asset"], stubs["facilitator"]
+
+    bench.rss.append(("after start-up (idle)", rss_kib(gw.worker_pid()), 0))
+    print("(a) 402 challenge path: POST without a payment header", flush=True)
+    for conc, counts in ((c, p.throughput), (1, p.latency)):
+        specs: list[Spec] = [
+            (static_job(server.url, "POST", path, body, conc, counts, expect), "challenge", name, server)
+            for name, server, path, body, expect in (
+                ("ceiling", ceiling, PAID_PATH, "{}", 200),
+                ("ceiling, same 402 bytes", replay, PAID_PATH, "{}", 402),
+                *((name, server, PAID_PATH, RPC_BODY, 402) for name, server in gateways),
+                (PEER, peer, PEER_PATH, RPC_BODY, 402),
+            )
+        ]
+        bench.load_rounds(specs, p.rounds)
+
+    print("(b) paid path: a unique valid exact payment per request", flush=True)
+    challenges = {name: challenge_of(server.url + PAID_PATH) for name, server in gateways}
+    peer_challenge = challenge_of(peer.url + PEER_PATH)
+    fac_body = verify_body(challenges["gateway"])
+    verify = FACILITATOR_BASE_PATH + "/verify"
+    for conc, counts in ((1, p.paid_latency), (c, p.paid_throughput)):
+        specs = [
+            (
+                static_job(provider.url, "POST", PROVIDER_PATH, RPC_BODY, conc, counts, 200),
+                "paid",
+                "direct to provider",
+                None,
+            )
+        ]
+        if conc == 1:
+            direct = static_job(facilitator.url, "POST", verify, fac_body, conc, counts, 200)
+            specs.append((direct, "paid", "direct to facilitator", None))
+        for name, server in gateways:
+            specs.append(
+                (paid_job(server.url, PAID_PATH, challenges[name], conc, counts), "paid", name, server)
+            )
+        specs.append((paid_job(peer.url, PEER_PATH, peer_challenge, conc, counts), "paid", PEER, peer))
+        bench.load_rounds(specs, p.rounds)
+
+    print("(c) SIWX path: GET asset data with a fresh SIGN-IN-WITH-X header per request", flush=True)
+    for conc, counts in ((1, p.paid_latency), (c, p.paid_throughput)):
+        direct = static_job(asset.url, "GET", ASSET_PATH, "", conc, counts, 200)
+        specs = [(direct, "siwx", "direct to asset API", None)]
+        specs += [(siwx_job(server.url, conc, counts), "siwx", name, server) for name, server in gateways]
+        bench.load_rounds(specs, p.rounds)
+
+    print("(d) resident memory of the gateway worker", flush=True)
+    pid = gw.worker_pid()
+    bench.rss.append(("after warm-up (scenarios a-c)", rss_kib(pid), 0))
+    for kind in ("challenge", "paid"):
+        done = 0
+        while done < p.soak_requests:
+            n = min(p.soak_chunk, p.soak_requests - done)
+            if kind == "challenge":
+                job = static_job(gw.url, "POST", PAID_PATH, RPC_BODY, c, (0, n), 402)
+            else:
+                job = paid_job(gw.url, PAID_PATH, challenges["gateway"], c, (0, n))
+            bench.load(job, "soak", f"gateway {kind}", gw)
+            done += n
+            bench.rss.append((f"after +{done} {kind} requests", rss_kib(pid), done))
+    for label, kib, _ in bench.rss:
+        print(f"  RSS {kib / 1024:8.1f} MiB  {label}", flush=True)
+
+
+def run_profiles(bench: Bench, gw: Server, outdir: Path, seconds: float) -> list[str]:
+    """py-spy the gateway worker under c=32 load per scenario; returns the summary file names."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return ["py-spy not found (pip install py-spy): no profiles taken"]
+    outdir.mkdir(parents=True, exist_ok=True)
+    c = bench.profile.concurrency
+    jobs = {
+        "challenge": static_job(gw.url, "POST", PAID_PATH, RPC_BODY, c, (500, 200_000), 402),
+        "paid": paid_job(gw.url, PAID_PATH, challenge_of(gw.url + PAID_PATH), c, (300, 4000 * int(seconds))),
+        "siwx": siwx_job(gw.url, c, (300, 2500 * int(seconds))),
+    }
+    written = []
+    for name, job in jobs.items():
+        job["cap_s"] = seconds + 5
+        load = bench.run_load(job, gw)
+        assert load.stderr is not None
+        for line in load.stderr:  # payments and sign-ins are prepared first, then warm-up
+            if line.strip() == "measuring":
+                break
+        raw = outdir / f"gateway-{name}.txt"
+        record = ["record", "--pid", str(gw.worker_pid()), "--rate", "250", "--nonblocking"]
+        subprocess.run(
+            [spy, *record, "--format", "raw", "--duration", str(int(seconds)), "--output", str(raw)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+        load.communicate(timeout=3 * seconds + 120)
+        if raw.exists():
+            summary = outdir / f"gateway-{name}.summary.txt"
+            summary.write_text(render(raw, top=40) + "\n", encoding="utf-8")
+            written.append(str(summary))
+            print(f"  profile written: {summary}", flush=True)
+    return written
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a and b else "n/a"
+
+
+def machine() -> list[str]:
+    model = platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+
+    def version(dist: str) -> str:
+        try:
+            return dist_version(dist)
+        except PackageNotFoundError:
+            return "?"
+
+    py = f"{platform.python_version()} ({platform.python_implementation()})"
+    git = ["git", "-C", str(REPO)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--", "gateway", "middleware"], capture_output=True, text=True
+        ).stdout
+        code = f"commit {head.strip()}" + (
+            " plus uncommitted changes in gateway/ or middleware/" if dirty.strip() else ""
+        )
+    except OSError:
+        code = "not a git checkout"
+    return [
+        f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- machine: nproc {len(os.sched_getaffinity(0))} ({model}), "
+        f"{platform.system()} {platform.release()}",
+        f"- Python {py}; hypercorn {version('hypercorn')}, starlette {version('starlette')}, "
+        f"aiohttp {version('aiohttp')}, x402 SDK {version('x402')}",
+        f"- code measured: {code}",
+    ]
+
+
+def table(bench: Bench, scenario: str, added_vs: str | None) -> list[str]:
+    head = "| target | conc. | requests | req/s | p50 ms | p99 ms | mean ms |"
+    sep = "|---|---:|---:|---:|---:|---:|---:|"
+    if added_vs:
+        head += " added p50 ms | added p99 ms |"
+        sep += "---:|---:|"
+    lines = [head + " server CPU % | other CPU % | errors |", sep + "---:|---:|---:|"]
+    for row in bench.rows:
+        if row.scenario != scenario:
+            continue
+        r = row.result
+        rps = f"{r['rps']:.0f}" + (f" ({r['spread']})" if "spread" in r else "")
+        cells = [row.target, str(row.concurrency), str(r["requests"]), rps]
+        cells += [_ms(r["p50_ms"]), _ms(r["p99_ms"]), _ms(r["mean_ms"])]
+        if added_vs:
+            base = bench.find(scenario, added_vs, row.concurrency)
+            if base is not None and not row.target.startswith("direct"):
+                cells += [_ms(r["p50_ms"] - base["p50_ms"]), _ms(r["p99_ms"] - base["p99_ms"])]
+            else:
+                cells += ["", ""]
+        cpu = r["server_cpu_pct"]
+        cells.append("" if cpu is None else f"{cpu:.0f}")
+        cells.append(f"{r['foreign_cpu_pct']:.0f}")
+        cells.append(str(r["unexpected"]) + (" (time cap hit)" if r["capped"] else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def summary(bench: Bench) -> list[str]:
+    c = bench.profile.concurrency
+
+    def get(scenario: str, target: str, conc: int, key: str) -> float | None:
+        row = bench.find(scenario, target, conc)
+        return float(row[key]) if row else None
+
+    def verdict(value: float | None, ok: Callable[[float], bool], *rows: tuple[str, str, int]) -> str:
+        if value is None:
+            return "n/a"
+        found = "met" if ok(value) else "**NOT met**"
+        return found + (" (disturbed measurement)" if any(disturbed(*row) for row in rows) else "")
+
+    def disturbed(scenario: str, target: str, conc: int) -> bool:
+        row = bench.find(scenario, target, conc)
+        return row is not None and row["foreign_cpu_pct"] > FOREIGN_CPU_LIMIT * 100
+
+    gw_rps = get("challenge", "gateway", c, "rps")
+    ceil_rps, peer_rps = get("challenge", "ceiling", c, "rps"), get("challenge", PEER, c, "rps")
+    share = gw_rps / ceil_rps if gw_rps and ceil_rps else None
+    times = gw_rps / peer_rps if gw_rps and peer_rps else None
+    paid, direct = get("paid", "gateway", 1, "p50_ms"), get("paid", "direct to provider", 1, "p50_ms")
+    paid99, direct99 = get("paid", "gateway", 1, "p99_ms"), get("paid", "direct to provider", 1, "p99_ms")
+    added = paid - direct if paid is not None and direct is not None else None
+    added99 = paid99 - direct99 if paid99 is not None and direct99 is not None else None
+    logs_rps = get("challenge", "gateway, logs on", c, "rps")
+    gw_row, paid_direct_row = ("challenge", "gateway", c), ("paid", "direct to provider", 1)
+    lines = [
+        "| figure | value | target |",
+        "|---|---:|---|",
+        f"| challenge req/s, gateway / ceiling (c={c}) | {_ratio(gw_rps, ceil_rps)} "
+        f"| >= 0.80: {verdict(share, lambda v: v >= 0.8, gw_row, ('challenge', 'ceiling', c))} |",
+        f"| challenge req/s, gateway / ceiling with the same 402 bytes (c={c}) "
+        f"| {_ratio(gw_rps, get('challenge', 'ceiling, same 402 bytes', c, 'rps'))} | |",
+        f"| challenge req/s, gateway / peer SDK (c={c}) | {_ratio(gw_rps, peer_rps)} "
+        f"| >= 1.5: {verdict(times, lambda v: v >= 1.5, gw_row, ('challenge', PEER, c))} |",
+        f"| challenge p50, gateway / ceiling (c=1) "
+        f"| {_ratio(get('challenge', 'gateway', 1, 'p50_ms'), get('challenge', 'ceiling', 1, 'p50_ms'))} | |",
+        f"| challenge p50, gateway / peer SDK (c=1) "
+        f"| {_ratio(get('challenge', 'gateway', 1, 'p50_ms'), get('challenge', PEER, 1, 'p50_ms'))} | |",
+        f"| paid added latency p50, gateway - direct (c=1) | {'n/a' if added is None else _ms(added)} ms "
+        f"| <= 2 ms: {verdict(added, lambda v: v <= 2.0, ('paid', 'gateway', 1), paid_direct_row)} |",
+        f"| paid added latency p99, gateway - direct (c=1) "
+        f"| {'n/a' if added99 is None else _ms(added99)} ms | |",
+        f"| paid p50, gateway / peer SDK (c=1) | {_ratio(paid, get('paid', PEER, 1, 'p50_ms'))} | |",
+        f"| paid req/s, gateway / peer SDK (c={c}) "
+        f"| {_ratio(get('paid', 'gateway', c, 'rps'), get('paid', PEER, c, 'rps'))} | |",
+    ]
+    if logs_rps:
+        lines.append(f"| challenge req/s, logs on / logs off (c={c}) | {_ratio(logs_rps, gw_rps)} | |")
+    warm = next((kib for label, kib, _ in bench.rss if label.startswith("after warm-up")), None)
+    challenge_rss = [(kib, n) for label, kib, n in bench.rss if label.endswith("challenge requests")]
+    paid_rss = [(kib, n) for label, kib, n in bench.rss if label.endswith("paid requests")]
+    if warm is not None and challenge_rss:
+        grow = (challenge_rss[-1][0] - warm) / 1024
+        lines.append(
+            f"| RSS growth over {challenge_rss[-1][1]} challenge requests after warm-up "
+            f"| {grow:+.1f} MiB | flat |"
+        )
+    if challenge_rss and paid_rss:
+        grow_kib, n = paid_rss[-1][0] - challenge_rss[-1][0], paid_rss[-1][1]
+        lines.append(
+            f"| RSS growth over {n} paid requests | {grow_kib / 1024:+.1f} MiB "
+            f"({grow_kib * 1024 / n:.0f} B/request) | claims kept 15 min, by design |"
+        )
+    noisy = [row for row in bench.rows if row.result["foreign_cpu_pct"] > FOREIGN_CPU_LIMIT * 100]
+    if noisy:
+        lines.append("")
+        lines.append(
+            f"**{len(noisy)} of {len(bench.rows)} rows were measured while other processes used more than "
+            f"{FOREIGN_CPU_LIMIT:.0%} of a core in every round (column `other CPU %`)**: rerun those on a "
+            "quiet machine before trusting the ratios built from them."
+        )
+    return lines
+
+
+def report(bench: Bench, routes: int) -> str:
+    p = bench.profile
+    pinning = (
+        "servers under test pinned to CPU 0; load generator and stubs pinned to CPU 1"
+        if bench.pin
+        else "no CPU pinning"
+    )
+    out = [
+        "# x402-gateway load benchmark",
+        "",
+        f"`python bench/run.py{' --quick' if p.name == 'quick' else ''}`: throughput at concurrency "
+        f"{p.concurrency}, latency at concurrency 1 (sequential), warm-up excluded; latencies are "
+        f"measured at the client (aiohttp). Every row is the median (by req/s) of {p.rounds} rounds "
+        "run interleaved across the row's comparison group; the range of all rounds' req/s is in "
+        "parentheses. `requests` is the count of that one round.",
+        "",
+        *machine(),
+        f"- {pinning}",
+        f"- one hypercorn worker per server (`x402-gateway serve --workers 1`; the baselines under the "
+        f"same hypercorn settings); in-memory store; every upstream configured ({routes} routes mounted); "
+        "zero-latency stubs for the providers, the asset API and the facilitator",
+        "",
+        "## Summary",
+        "",
+        *summary(bench),
+        "",
+        "## (a) 402 challenge path",
+        "",
+        "POST to the paid getBalance route without a payment header. `ceiling`: a bare Starlette app "
+        "answering a constant JSON; `ceiling, same 402 bytes`: the same app answering the gateway's "
+        "recorded 402 (status, headers, body); `peer`: the reference x402 SDK's `PaymentMiddlewareASGI` "
+        "on Starlette, same price and facilitator.",
+        "",
+        *table(bench, "challenge", None),
+        "",
+        "## (b) paid path",
+        "",
+        "Each request carries a unique, valid exact payment (built with `gateway.x402.svm_payer`, fixed "
+        "blockhash, unique memo): verify, claim, provider call, settle, all on loopback. Added latency = "
+        "latency minus `direct to provider` at the same concurrency. `direct to facilitator` is one "
+        "/verify round trip: the gateway makes two of those (verify, settle) besides the provider call. "
+        "The peer SDK guards a minimal aiohttp JSON-RPC proxy.",
+        "",
+        *table(bench, "paid", "direct to provider"),
+        "",
+        "## (c) SIWX path",
+        "",
+        f"GET `{SIWX_PATH}` with a fresh SIGN-IN-WITH-X header per request, each signed over a challenge "
+        "fetched just before the run. Added latency is over `direct to asset API` (the stub).",
+        "",
+        *table(bench, "siwx", "direct to asset API"),
+        "",
+        "## (d) resident memory of the gateway worker",
+        "",
+        "RSS of the hypercorn worker. A paid request leaves a claim on its payment signature for 15 "
+        "minutes and a sign-in a claim on its nonce for the nonce's lifetime (in-memory store), so "
+        "the warm-up and the paid soak grow by those; a challenge stores nothing.",
+        "",
+        "| when | RSS MiB |",
+        "|---|---:|",
+        *[f"| {label} | {kib / 1024:.1f} |" for label, kib, _ in bench.rss],
+        "",
+        *table(bench, "soak", None),
+    ]
+    if bench.notes:
+        out += ["", "## Notes", "", *[f"- {n}" for n in bench.notes]]
+    return "\n".join(out) + "\n"
+
+
+# --- main ------------------------------------------------------------------------------------
+
+
+def start(server: Server, logdir: Path, probe: str, retries: int = 0, wait_s: float = 20.0) -> None:
+    """Start and wait; a gateway broken by a half-done edit elsewhere gets ``retries`` more tries."""
+    for attempt in range(retries + 1):
+        if server.proc is None:
+            server.start(logdir)
+        try:
+            server.wait_ready(probe)
+            return
+        except RuntimeError as exc:
+            server.stop()
+            if attempt == retries:
+                raise
+            print(f"{server.name} did not start (try {attempt + 1}), retrying in {wait_s:g} s:\n{exc}")
+            time.sleep(wait_s)
+
+
+@contextlib.contextmanager
+def running(logdir: Path, pin: bool, logs: bool) -> Iterator[tuple[dict[str, Server], dict[str, Server]]]:
+    server_cpus = SERVER_CPU if pin else None
+    client_cpus = CLIENT_CPU if pin else None
+    py = sys.executable
+    stubs: dict[str, Server] = {}
+    servers: dict[str, Server] = {}
+    try:
+        for kind in ("provider", "asset", "facilitator"):
+            port = free_port()
+            argv = [py, "-m", "bench.stubs", kind, str(port)]
+            stubs[kind] = Server(kind, port, argv, base_env(), client_cpus, hypercorn=False)
+            stubs[kind].start(logdir)
+        for stub in stubs.values():
+            stub.wait_ready("/")
+        routes_file = bench_routes_file(logdir)
+        peer_env = base_env()
+        peer_env.update(
+            BENCH_PROVIDER_URL=stubs["provider"].url + PROVIDER_PATH,
+            BENCH_FACILITATOR_URL=stubs["facilitator"].url + FACILITATOR_BASE_PATH,
+            BENCH_PAY_TO=PAY_TO,
+        )
+        for name, app, env in (
+            ("ceiling", "bench.apps:ceiling_app()", base_env()),
+            ("peer", "bench.apps:peer_app()", peer_env),
+        ):
+            port = free_port()
+            argv = [py, "-m", "bench.serve", app, "--port", str(port)]
+            servers[name] = Server(name, port, argv, env, server_cpus)
+        for name, level in [("gateway", "WARNING")] + ([("logs", "INFO")] if logs else []):
+            port = free_port()
+            argv = [py, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+            env = gateway_env(port, stubs, routes_file, level)
+            servers[name] = Server(name, port, [*argv, "--workers", "1"], env, server_cpus)
+        for server in servers.values():
+            server.start(logdir)
+        for name, server in servers.items():
+            start(server, logdir, "/healthz" if name in ("gateway", "logs") else "/", retries=3)
+        # The ceiling for the gateway's own 402 bytes: recorded now, replayed by a bare app.
+        headers, body = fetch_402(servers["gateway"].url + PAID_PATH, RPC_BODY.encode())
+        hop_by_hop = ("content-length", "date", "server", "connection", "keep-alive", "transfer-encoding")
+        kept = [[k, v] for k, v in headers.items() if k not in hop_by_hop]
+        recorded = {"status": 402, "headers": kept, "body": base64.b64encode(body).decode()}
+        (logdir / "replay.json").write_text(json.dumps(recorded), encoding="utf-8")
+        replay_env = {**base_env(), "BENCH_REPLAY_FILE": str(logdir / "replay.json")}
+        port = free_port()
+        argv = [py, "-m", "bench.serve", "bench.apps:replay_app()", "--port", str(port)]
+        servers["replay"] = Server("replay", port, argv, replay_env, server_cpus)
+        start(servers["replay"], logdir, "/")
+        yield servers, stubs
+    finally:
+        for server in [*servers.values(), *stubs.values()]:
+            server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller counts: about 2 minutes")
+    parser.add_argument("--no-logs", action="store_true", help="skip the gateway with INFO logs")
+    parser.add_argument("--no-pin", action="store_true", help="no CPU pinning of servers and clients")
+    parser.add_argument("--profile", type=Path, help="also py-spy the gateway; write stacks here")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results.md")
+    parser.add_argument(
+        "--wait-quiet", type=float, default=0.0, metavar="S", help="first wait up to S s for an idle machine"
+    )
+    args = parser.parse_args(argv)
+    profile = QUICK if args.quick else FULL
+    pin = not args.no_pin and len(os.sched_getaffinity(0)) >= 2 and {0, 1} <= os.sched_getaffinity(0)
+    bench = Bench(profile, pin)
+    if args.wait_quiet > 0:
+        wait_quiet(args.wait_quiet)
+    began = time.monotonic()
+    busy_before, ours_before = machine_busy_s(), own_cpu_s()
+    profiles: list[str] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="x402-bench-") as tmp,
+        running(Path(tmp), pin, not args.no_logs) as (
+            servers,
+            stubs,
+        ),
+    ):
+        bench.own_pids = [pid for server in [*servers.values(), *stubs.values()] for pid in server.pids()]
+        routes = mounted_routes(servers["gateway"].env)
+        print(f"servers up in {time.monotonic() - began:.1f} s; profile {profile.name}", flush=True)
+        try:
+            run_scenarios(bench, servers, stubs)
+        except KeyboardInterrupt:
+            print("interrupted: stopping every process the benchmark started", file=sys.stderr)
+            return 130
+        if args.profile:
+            print("profiling the gateway with py-spy (not part of the figures above)", flush=True)
+            profiles = run_profiles(bench, servers["gateway"], args.profile.resolve(), seconds=6.0)
+    elapsed = time.monotonic() - began
+    foreign = (machine_busy_s() - busy_before) - (own_cpu_s() - ours_before)
+    bench.notes.append(f"the whole run took {elapsed:.0f} s")
+    share = max(foreign, 0.0) / elapsed
+    bench.notes.append(
+        f"other processes on the machine used about {max(foreign, 0.0):.0f} CPU-seconds during the run "
+        f"({share:.0%} of one core)"
+        + (": **the figures are disturbed, rerun on a quiet machine**" if share > FOREIGN_CPU_LIMIT else "")
+    )
+    if any(row.result["unexpected"] for row in bench.rows):
+        bench.notes.append("some runs had unexpected statuses: see the errors column")
+    raw = {"profile": profile.name, "rows": [vars(row) for row in bench.rows], "rss": bench.rss}
+    args.out.with_suffix(".json").write_text(json.dumps(raw, indent=1), encoding="utf-8")
+    text = report(bench, routes)
+    args.out.write_text(text, encoding="utf-8")
+    print()
+    print(text)
+    print(f"written to {args.out} (raw figures: {args.out.with_suffix('.json').name})")
+    for line in profiles:
+        print(f"profile: {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
