@@ -7,6 +7,7 @@ the usage counters in the store are shared by every replica.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterable, Iterator
 
@@ -33,12 +34,21 @@ def usage_key(route: str, outcome: str) -> str:
     return f"x402gw:usage:{route}:{outcome}"
 
 
+FLUSH_INTERVAL_S = 1.0
+
+
 class Usage:
-    """Counts unpaid, paid and failed flows per route in the store and in Prometheus."""
+    """Counts unpaid, paid and failed flows per route in Prometheus and in the shared store.
+
+    Prometheus counts at once; the store's counters (shared by every replica) are added up in
+    process and flushed every second, so a 402 challenge costs no store round trip of its own.
+    A crash loses at most that second; a store outage keeps the counts until the next flush.
+    """
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._children: dict[tuple[str, str], tuple[Counter, str]] = {}
+        self._pending: dict[str, int] = {}
 
     async def record(self, route: str, outcome: str) -> None:
         cached = self._children.get((route, outcome))
@@ -49,12 +59,29 @@ class Usage:
             )
         counter, key = cached
         counter.inc()
-        try:
-            await self.store.incr(key)
-        except StoreUnavailable:
-            log_event("usage counter not recorded: store unavailable", route=route, outcome=outcome)
+        self._pending[key] = self._pending.get(key, 0) + 1
+
+    async def flush(self) -> None:
+        """Add the pending counts to the store; what cannot be written stays pending."""
+        pending, self._pending = self._pending, {}
+        items = list(pending.items())
+        for index, (key, amount) in enumerate(items):
+            try:
+                await self.store.incr(key, amount)
+            except StoreUnavailable:
+                for unsent, count in items[index:]:
+                    self._pending[unsent] = self._pending.get(unsent, 0) + count
+                log_event("usage counters not flushed: store unavailable", pending=len(self._pending))
+                return
+
+    async def run(self) -> None:
+        """Flush every FLUSH_INTERVAL_S until cancelled (the app's lifespan owns this task)."""
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            await self.flush()
 
     async def snapshot(self, routes: Iterable[str]) -> dict[tuple[str, str], int]:
+        await self.flush()
         pairs = [(r, o) for r in routes for o in OUTCOMES]
         values = await self.store.counters([usage_key(r, o) for r, o in pairs])
         return {pair: values.get(usage_key(*pair), 0) for pair in pairs}

@@ -6,6 +6,8 @@ lives inside the running event loop and exactly once per upstream.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -46,6 +48,7 @@ class Services:
         challenge_spec = RateLimitSpec(scope="challenge:ip", limit=limit, period_ms=period_ms)
         self.limiter = RateLimiter(self.store, challenge_spec, settings.trusted_proxies)
         self.usage = Usage(self.store)
+        self._usage_flusher: asyncio.Task[None] | None = None
         self.local_facilitator = load_local_facilitator(
             settings.facilitator_wallet.reveal(),
             self.store,
@@ -68,6 +71,7 @@ class Services:
         return self._sessions[upstream]
 
     async def start(self) -> None:
+        self._usage_flusher = asyncio.create_task(self.usage.run(), name="usage-flusher")
         timeout = aiohttp.ClientTimeout(total=self.settings.upstream_timeout_s)
         for name in self.upstream_names:
             connector = aiohttp.TCPConnector(limit=UPSTREAM_CONNECTIONS, ttl_dns_cache=300)
@@ -76,6 +80,12 @@ class Services:
             )
 
     async def stop(self) -> None:
+        if self._usage_flusher is not None:
+            self._usage_flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._usage_flusher
+            self._usage_flusher = None
+        await self.usage.flush()
         for session in self._sessions.values():
             await session.close()
         self._sessions.clear()
