@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -44,7 +43,7 @@ from tests.support.paid_fixtures import (
     encode_body,
 )
 from tests.support.paid_processes import eventually, paid_processes
-from tests.support.redis_server import RedisServer, start_redis_server
+from tests.support.redis_server import RedisServer
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Responder, Upstream, static
 
@@ -314,12 +313,6 @@ async def test_paid_rpc_client_gone_before_the_answer_without_identifier_is_sett
 
 
 # --- the store goes away mid-request ---------------------------------------------------------------
-
-
-@pytest.fixture
-def private_redis() -> Iterator[RedisServer]:
-    with start_redis_server() as server:
-        yield server
 
 
 async def test_paid_rpc_store_lost_between_verify_and_claim_is_503_and_calls_nothing(

@@ -11,27 +11,13 @@ import pytest
 import pytest_asyncio
 import schemathesis
 from openapi_spec_validator import validate
-from solders.keypair import Keypair
 
 from gateway.config import PACKAGED_ROUTES_FILE
 from gateway.openapi import build_openapi
 from gateway.routes import RouteSpec, load_routes
-from tests.support.gateway_server import RunningGateway, run_gateway
+from tests.support.gateway_server import FULL_ENV, PAY_TO, RunningGateway, run_gateway
 
-PAY_TO = str(Keypair().pubkey())
 MINT = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"
-FULL_ENV = {
-    "FACILITATOR_URL": "http://127.0.0.1:9/",
-    "X402_PAY_TO_WALLET": PAY_TO,
-    "PROVIDER_A_MAINNET_RPC_URL": "http://127.0.0.1:9/a/?api-key=LEAK-A",
-    "PROVIDER_A_DEVNET_RPC_URL": "http://127.0.0.1:9/a-dev/?api-key=LEAK-A",
-    "PROVIDER_B_MAINNET_RPC_URL": "http://127.0.0.1:9/b/LEAK-B",
-    "PROVIDER_B_DEVNET_RPC_URL": "http://127.0.0.1:9/b-dev/LEAK-B",
-    "ASSET_API_BASE_URL": "http://127.0.0.1:9/assets",
-    "ASSET_API_KEY": "LEAK-ASSET-KEY",
-    "SIWX_SECRET": "LEAK-SIWX-SECRET-0123456789abcdef0123456789",
-    "INTERNAL_SETTLEMENT_SECRET": "LEAK-INTERNAL-SECRET-0123456789abcdef",
-}
 PACKAGED = load_routes(
     PACKAGED_ROUTES_FILE, {"rpc": (1, 1), "das": (1, 1), "tokens": (1, 1), "challenge": (1, 1)}
 )

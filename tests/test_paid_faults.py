@@ -30,7 +30,7 @@ from tests.support.paid_fixtures import (
     StartPaidGateway,
     balance_body,
 )
-from tests.support.redis_server import RedisServer, start_redis_server
+from tests.support.redis_server import RedisServer
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import static
 
@@ -388,12 +388,6 @@ async def test_paid_rpc_pending_settlement_that_landed_is_reconciled_by_the_refe
 
 
 # --- the store ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def private_redis() -> Iterator[RedisServer]:
-    with start_redis_server() as server:
-        yield server
 
 
 async def test_paid_rpc_store_down_is_503_and_calls_nothing(

@@ -8,27 +8,14 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from solders.keypair import Keypair
 
 from gateway.config import PACKAGED_ROUTES_FILE
 from gateway.metrics import usage_key
 from gateway.routes import load_routes
 from gateway.store.memory import MemoryStore
 from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT
-from tests.support.gateway_server import RunningGateway, run_gateway
+from tests.support.gateway_server import FULL_ENV, PAY_TO, RunningGateway, run_gateway
 
-PAY_TO = str(Keypair().pubkey())
-# Every group configured; a non-CDP facilitator URL mounts the paid routes without an API key.
-FULL_ENV = {
-    "FACILITATOR_URL": "http://127.0.0.1:9/",
-    "X402_PAY_TO_WALLET": PAY_TO,
-    "PROVIDER_A_MAINNET_RPC_URL": "http://127.0.0.1:9/a/?api-key=LEAK-A",
-    "PROVIDER_A_DEVNET_RPC_URL": "http://127.0.0.1:9/a-dev/?api-key=LEAK-A",
-    "PROVIDER_B_MAINNET_RPC_URL": "http://127.0.0.1:9/b/LEAK-B",
-    "PROVIDER_B_DEVNET_RPC_URL": "http://127.0.0.1:9/b-dev/LEAK-B",
-    "ASSET_API_BASE_URL": "http://127.0.0.1:9/assets",
-    "ASSET_API_KEY": "LEAK-ASSET-KEY",
-}
 ALLOW_HEADERS = [
     "Content-Type",
     "PAYMENT-SIGNATURE",

@@ -11,12 +11,29 @@ from typing import Any
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
+from solders.keypair import Keypair
 from starlette.applications import Starlette
 
 from gateway.app import create_app
 from gateway.config import Settings, load_settings
 from gateway.routes import RouteSpec
 from gateway.store import Store
+
+PAY_TO = str(Keypair().pubkey())
+FULL_ENV = {
+    # Every route group configured, with secrets that must never be echoed ("LEAK-"); a non-CDP
+    # facilitator URL mounts the paid routes without an API key. Nothing listens on port 9.
+    "FACILITATOR_URL": "http://127.0.0.1:9/",
+    "X402_PAY_TO_WALLET": PAY_TO,
+    "PROVIDER_A_MAINNET_RPC_URL": "http://127.0.0.1:9/a/?api-key=LEAK-A",
+    "PROVIDER_A_DEVNET_RPC_URL": "http://127.0.0.1:9/a-dev/?api-key=LEAK-A",
+    "PROVIDER_B_MAINNET_RPC_URL": "http://127.0.0.1:9/b/LEAK-B",
+    "PROVIDER_B_DEVNET_RPC_URL": "http://127.0.0.1:9/b-dev/LEAK-B",
+    "ASSET_API_BASE_URL": "http://127.0.0.1:9/assets",
+    "ASSET_API_KEY": "LEAK-ASSET-KEY",
+    "SIWX_SECRET": "LEAK-SIWX-SECRET-0123456789abcdef0123456789",
+    "INTERNAL_SETTLEMENT_SECRET": "LEAK-INTERNAL-SECRET-0123456789abcdef",
+}
 
 
 def free_port() -> int:

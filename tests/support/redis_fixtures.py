@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 import redis
 
-from tests.support.redis_server import start_redis_server
+from tests.support.redis_server import RedisServer, start_redis_server
 from tests.support.upstash_rest import UpstashRestServer
 
 
@@ -27,6 +27,13 @@ def redis_url() -> Iterator[str]:
         return
     with start_redis_server() as server:
         yield server.url
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    """A Redis server of the test's own, which the test may stop (store-outage tests)."""
+    with start_redis_server() as server:
+        yield server
 
 
 @pytest.fixture
