@@ -7,9 +7,7 @@ signs in for one asset-data call; USDC moves from the wallet to payTo by exactly
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import signal
 import subprocess
@@ -28,7 +26,7 @@ from solders.pubkey import Pubkey
 from solders.token.associated import get_associated_token_address
 
 from gateway.x402.types import USDC_MAINNET_MINT
-from tests.support.gateway_process import clean_env, command
+from tests.support.gateway_process import clean_env, command, kill_group
 from tests.support.gateway_server import free_port
 
 READY_LINE = "Ctrl-C stops it."
@@ -99,15 +97,7 @@ def sandbox() -> Iterator[Sandbox]:
                 stderr=stderr,
             )
         finally:
-            # SIGTERM first so the sandbox removes its key file; SIGKILL whatever lingers.
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=5)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+            kill_group(process, grace_s=5)  # SIGTERM first: the sandbox removes its key file
 
 
 def _rpc(url: str, method: str, params: list[Any]) -> Any:

@@ -69,13 +69,14 @@ def _read(stream: IO[bytes]) -> str:
     return stream.read().decode("utf-8", errors="replace")
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """Stop the server and its worker: SIGTERM to the group, SIGKILL to whatever lingers."""
+def kill_group(process: subprocess.Popen[bytes], grace_s: float = 10) -> None:
+    """Stop a process started in its own session and everything it spawned: SIGTERM to the
+    group (so it can clean up), then SIGKILL to whatever lingers after ``grace_s``."""
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=10)
+            process.wait(timeout=grace_s)
     # The group outlives its leader only through a stray worker; it is ours, so end it.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
@@ -119,4 +120,4 @@ def serve(env: Mapping[str, str], *args: str, timeout: float = 20) -> Iterator[G
             _wait_until_listening(process, port, stderr, timeout)
             yield GatewayProcess(process, url, port, stdout, stderr)
         finally:
-            _kill_group(process)
+            kill_group(process)
