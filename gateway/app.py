@@ -19,7 +19,6 @@ from starlette.types import ASGIApp as StarletteASGIApp
 from gateway.asgi import ASGIApp
 from gateway.config import Settings, startup_notes
 from gateway.handlers.catalog import CatalogHandler
-from gateway.handlers.facilitator import InternalFacilitatorRoutes
 from gateway.handlers.health import HealthHandler
 from gateway.handlers.jsonrpc import JsonRpcProxy
 from gateway.handlers.metrics import MetricsHandler
@@ -104,14 +103,7 @@ def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
 
 def _internal(route: RouteSpec, services: Services) -> ASGIApp:
     """The internal facilitator endpoint; it checks the shared secret before anything else."""
-    endpoints = services.extras.get("internal")
-    if endpoints is None:
-        secret = services.settings.internal_secret.reveal()
-        endpoints = InternalFacilitatorRoutes(
-            services.local_facilitator, secret or None, body_limit=services.settings.max_body_bytes
-        )
-        services.extras["internal"] = endpoints
-    endpoint: ASGIApp = getattr(endpoints, route.handler.removeprefix("facilitator_"))
+    endpoint: ASGIApp = getattr(services.internal_routes, route.handler.removeprefix("facilitator_"))
     return endpoint
 
 

@@ -10,12 +10,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import aiohttp
 
 from gateway.config import Settings
 from gateway.facilitators import Facilitator, HttpFacilitator
+from gateway.handlers.facilitator import InternalFacilitatorRoutes
 from gateway.local_facilitator import load_local_facilitator
 from gateway.metrics import Usage
 from gateway.routes import RateLimitSpec, RouteSpec, named_limits
@@ -64,7 +64,11 @@ class Services:
         secret = settings.siwx_secret.reveal().encode() or random_secret()
         statement = "Sign in to use the asset-data routes of this gateway. No funds move."
         self.siwx = SiwxIssuer(secret, settings.base_url, statement)
-        self.extras: dict[str, Any] = {}
+        self.internal_routes = InternalFacilitatorRoutes(
+            self.local_facilitator,
+            settings.internal_secret.reveal() or None,
+            body_limit=settings.max_body_bytes,
+        )
 
     def session(self, upstream: str) -> aiohttp.ClientSession:
         """The one session of ``upstream``; only valid while the app is running."""
