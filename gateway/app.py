@@ -130,7 +130,7 @@ class GatewayApp(Starlette):
     of every request's path."""
 
     def build_middleware_stack(self) -> StarletteASGIApp:
-        return TelemetryMiddleware(self.router)
+        return TelemetryMiddleware(self.router, self.state.services.usage)
 
 
 def create_app(

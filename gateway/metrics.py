@@ -3,22 +3,62 @@
 Prometheus counters are per process (aggregated across hypercorn workers by prometheus-client's
 multiprocess mode when ``PROMETHEUS_MULTIPROC_DIR`` is set, which ``x402-gateway serve`` does);
 the usage counters in the store are shared by every replica.
+
+Every payment and sign-in is counted in one place: the telemetry layer hands the finished
+request's context to :meth:`Usage.observe`. Only the (route, outcome) pairs that can happen on a
+route exist as series, and all of them exist from start-up (at 0), so ``increase()`` sees the
+first payment after a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import NamedTuple
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from gateway.context import RequestContext
 from gateway.logs import log_event
+from gateway.routes import RouteSpec
 from gateway.store import Store, StoreUnavailable
 
-OUTCOMES = ("unpaid", "paid", "failed")
+PAYMENT_OUTCOMES: Mapping[str, tuple[str, ...]] = {
+    "exact": (
+        "challenged",
+        "rejected",
+        "replayed",
+        "paid",
+        "settlement_pending",
+        "settle_failed",
+        "upstream_failed",
+    ),
+    "siwx": ("challenged", "refused", "signed_in", "upstream_failed"),
+}
+"""What a request on a route of each access mode can come to (the request context's outcome).
+Public and internal routes take no payment: they have no outcome series at all."""
+
+USAGE_OF: Mapping[str, str] = {
+    "challenged": "unpaid",
+    "paid": "paid",
+    "signed_in": "signed_in",
+    "rejected": "failed",
+    "refused": "failed",
+    "settle_failed": "failed",
+    "upstream_failed": "failed",
+}
+"""The shared store's coarser outcome of each payment outcome. A payment-identifier replay and a
+pending settlement add nothing: the one payment is counted once, when it settles or fails."""
+
+USAGE_OUTCOMES: Mapping[str, tuple[str, ...]] = {
+    access: tuple(dict.fromkeys(USAGE_OF[o] for o in outcomes if o in USAGE_OF))
+    for access, outcomes in PAYMENT_OUTCOMES.items()
+}
+"""The store's outcomes per access mode: exact (unpaid, failed, paid), siwx (unpaid, failed,
+signed_in)."""
 
 REQUESTS = Counter("x402_requests_total", "HTTP requests by route and status.", ["route", "method", "status"])
 LATENCY = Histogram(
@@ -27,7 +67,14 @@ LATENCY = Histogram(
     ["route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
-PAYMENTS = Counter("x402_payments_total", "Payment outcomes by route (this process).", ["route", "outcome"])
+PAYMENTS = Counter(
+    "x402_payments_total", "Payment and sign-in outcomes by route (this process).", ["route", "outcome"]
+)
+REVENUE = Counter(
+    "x402_revenue_micro_usdc_total",
+    "Settled payments in micro-USDC by route (this process); 1,000,000 = 1 USDC.",
+    ["route"],
+)
 
 
 def usage_key(route: str, outcome: str) -> str:
@@ -37,29 +84,60 @@ def usage_key(route: str, outcome: str) -> str:
 FLUSH_INTERVAL_S = 1.0
 
 
+class _Series(NamedTuple):
+    """What one (route, outcome) pair adds to: prepared once, so counting takes no lock."""
+
+    payments: Counter
+    usage_key: str | None
+    revenue: Counter | None
+
+
+def payment_outcome(ctx: RequestContext) -> str:
+    """The request's outcome as counted: a signed-in call whose upstream failed is
+    ``upstream_failed`` (as on a paid route), anything else is the context's own word."""
+    if ctx.outcome == "signed_in" and ctx.status >= 500:
+        return "upstream_failed"
+    return ctx.outcome
+
+
 class Usage:
-    """Counts unpaid, paid and failed flows per route in Prometheus and in the shared store.
+    """Counts payment and sign-in outcomes per route in Prometheus and in the shared store, and
+    the settled revenue.
 
     Prometheus counts at once; the store's counters (shared by every replica) are added up in
     process and flushed every second, so a 402 challenge costs no store round trip of its own.
     A crash loses at most that second; a store outage keeps the counts until the next flush.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, routes: Iterable[RouteSpec]) -> None:
         self.store = store
-        self._children: dict[tuple[str, str], tuple[Counter, str]] = {}
+        self._series: dict[tuple[str, str], _Series] = {}
+        self._usage_outcomes: dict[str, tuple[str, ...]] = {}
+        for route in routes:
+            outcomes = PAYMENT_OUTCOMES.get(route.access, ())
+            revenue = REVENUE.labels(route.name) if route.access == "exact" else None
+            for outcome in outcomes:
+                usage = USAGE_OF.get(outcome)
+                self._series[(route.name, outcome)] = _Series(
+                    PAYMENTS.labels(route.name, outcome),
+                    usage_key(route.name, usage) if usage else None,
+                    revenue if outcome == "paid" else None,
+                )
+            if outcomes:
+                self._usage_outcomes[route.name] = USAGE_OUTCOMES[route.access]
         self._pending: dict[str, int] = {}
 
-    async def record(self, route: str, outcome: str) -> None:
-        cached = self._children.get((route, outcome))
-        if cached is None:  # labels() takes a lock; a challenge is counted on every 402
-            cached = self._children[(route, outcome)] = (
-                PAYMENTS.labels(route, outcome),
-                usage_key(route, outcome),
-            )
-        counter, key = cached
-        counter.inc()
-        self._pending[key] = self._pending.get(key, 0) + 1
+    def observe(self, ctx: RequestContext) -> None:
+        """Count the finished request once; requests outside the payment flow (public routes,
+        a 400 or 429 before any payment was looked at) add nothing."""
+        series = self._series.get((ctx.route, payment_outcome(ctx)))
+        if series is None:
+            return
+        series.payments.inc()
+        if series.revenue is not None and ctx.amount is not None:
+            series.revenue.inc(int(ctx.amount))
+        if series.usage_key is not None:
+            self._pending[series.usage_key] = self._pending.get(series.usage_key, 0) + 1
 
     async def flush(self) -> None:
         """Add the pending counts to the store; what cannot be written stays pending."""
@@ -81,8 +159,9 @@ class Usage:
             await self.flush()
 
     async def snapshot(self, routes: Iterable[str]) -> dict[tuple[str, str], int]:
+        """The shared totals of ``routes``' meaningful outcomes (none for a public route)."""
         await self.flush()
-        pairs = [(r, o) for r in routes for o in OUTCOMES]
+        pairs = [(r, o) for r in routes for o in self._usage_outcomes.get(r, ())]
         values = await self.store.counters([usage_key(r, o) for r, o in pairs])
         return {pair: values.get(usage_key(*pair), 0) for pair in pairs}
 

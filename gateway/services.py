@@ -47,7 +47,7 @@ class Services:
         limit, period_ms = named_limits(settings)["challenge"]
         challenge_spec = RateLimitSpec(scope="challenge:ip", limit=limit, period_ms=period_ms)
         self.limiter = RateLimiter(self.store, challenge_spec, settings.trusted_proxies)
-        self.usage = Usage(self.store)
+        self.usage = Usage(self.store, routes)
         self._usage_flusher: asyncio.Task[None] | None = None
         self.local_facilitator = load_local_facilitator(
             settings.facilitator_wallet.reveal(),

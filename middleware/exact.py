@@ -128,7 +128,6 @@ class X402Exact:
         ctx = request_context(scope)
         if raw is None:
             ctx.outcome = "challenged"
-            await self.services.usage.record(self.route.name, "unpaid")
             await send_challenge(send, self.challenge, self.facilitator, None)
             return
         try:
@@ -189,7 +188,6 @@ class X402Exact:
             if await self.ledger.claimed(signature):
                 await self._refuse_reuse(signature, fp, payment_id, payload, requirements, scope, send)
                 return
-            await self.services.usage.record(self.route.name, "failed")
             raise
         if not await self.ledger.claim(signature, self.route.name):
             await self._refuse_reuse(signature, fp, payment_id, payload, requirements, scope, send)
@@ -289,7 +287,6 @@ class X402Exact:
                 reconciling=True,
             )
             return
-        await self.services.usage.record(self.route.name, "failed")
         raise PaymentRejected("payment_already_used", "this payment was already used")
 
 

@@ -86,7 +86,7 @@ class Settler:
                 settlement=result.transaction,
             )
             ctx.outcome, ctx.settlement = "paid", result.transaction
-            await self.services.usage.record(self.route.name, "paid")
+            ctx.amount = requirements.amount  # also on a reconciling retry, which skipped the claim
             log_event(
                 "payment settled",
                 route=self.route.name,
@@ -104,7 +104,6 @@ class Settler:
             log_event("payment settlement pending", route=self.route.name, payer=ctx.payer)
             raise _pending_error()
         ctx.outcome, ctx.error = "settle_failed", result.errorReason or "settlement_failed"
-        await self.services.usage.record(self.route.name, "failed")
         log_event("payment settlement failed", route=self.route.name, payer=ctx.payer, reason=ctx.error)
         await send_challenge(send, self.challenge, self.facilitator, "settlement_failed")
 
@@ -185,5 +184,4 @@ class SettleAfterSuccess:
         """Upstream failed: nothing is settled, the claim stays, the flow counts as failed."""
         ctx = request_context(scope)
         ctx.outcome = "upstream_failed"
-        await self.settler.services.usage.record(self.settler.route.name, "failed")
         log_event("payment discarded: upstream failed", route=self.settler.route.name, payer=paid.payer)

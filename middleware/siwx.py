@@ -41,7 +41,6 @@ class SignInWithX:
         self.issuer = services.siwx
         self.store = services.store
         self.limiter = services.limiter
-        self.usage = services.usage
         self.validator = RequestValidator(route.input)
         self.max_body = services.settings.max_body_bytes
         # Per-wallet buckets first: a wallet over its own limit is refused without spending the
@@ -54,14 +53,14 @@ class SignInWithX:
         signed = header(scope, SIGN_IN_WITH_X)
         if not signed:
             ctx.outcome = "challenged"
-            await self._challenge(send, resource, None, "unpaid")
+            await self._challenge(send, resource, None)
             return
         try:
             verified = self.issuer.verify(signed, resource)
         except SiwxError as refused:
             ctx.outcome, ctx.error = "refused", refused.reason.value
             await self.limiter.challenge(scope)  # a refused sign-in earns a challenge too
-            await self._challenge(send, resource, refused.reason.value, "failed")
+            await self._challenge(send, resource, refused.reason.value)
             return
         ctx.wallet = verified.address
         receive, validated = await self._validate(scope, receive)
@@ -70,7 +69,7 @@ class SignInWithX:
         if not await self._claim(verified):
             ctx.outcome, ctx.error = "refused", SiwxReason.REPLAYED.value
             await self.limiter.challenge(scope)
-            await self._challenge(send, resource, SiwxReason.REPLAYED.value, "failed")
+            await self._challenge(send, resource, SiwxReason.REPLAYED.value)
             return
         ctx.outcome = "signed_in"
         state = scope.setdefault("state", {})
@@ -78,7 +77,7 @@ class SignInWithX:
         state[INPUT_STATE_KEY] = validated
         await self.app(scope, receive, send)
 
-    async def _challenge(self, send: Send, resource: str, error: str | None, outcome: str) -> None:
+    async def _challenge(self, send: Send, resource: str, error: str | None) -> None:
         """A 402 with a fresh challenge, as JSON body and base64 ``PAYMENT-REQUIRED`` header."""
         challenge = self.issuer.challenge(
             resource, error=error, description=self.description, mime_type="application/json"
@@ -89,7 +88,6 @@ class SignInWithX:
             (b"payment-required", encode_header(challenge).encode("ascii")),
         ]
         await send_bytes(send, 402, _encoder.encode(challenge), headers)
-        await self.usage.record(self.route_name, outcome)
 
     async def _validate(self, scope: Scope, receive: Receive) -> tuple[Receive, ValidatedInput]:
         """The route's declared input, or a 400 naming the parameter (413 for an oversized body)."""

@@ -1,5 +1,8 @@
 """Outermost middleware: one JSON log line and the Prometheus observations per request.
 
+Payments and sign-ins are counted here too, once the response is done, from what the request's
+context says it came to (so a refusal, a replay and a reconciled settlement are told apart).
+
 It is also the last safety net: an unexpected exception becomes the one error shape with 500,
 logged by type only (exception messages may hold upstream text).
 """
@@ -14,7 +17,7 @@ from gateway.asgi import ASGIApp, Message, Receive, Scope, Send, send_error
 from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger, log_event, monotonic_ms
-from gateway.metrics import LATENCY, REQUESTS
+from gateway.metrics import LATENCY, REQUESTS, Usage
 
 # The method is the client's word: any other token becomes one label value, so a client cannot
 # grow the metric's label set without bound.
@@ -22,8 +25,9 @@ KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPT
 
 
 class TelemetryMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, usage: Usage) -> None:
         self.app = app
+        self.usage = usage
         # Label children cached per key: prometheus-client's labels() takes a lock each call.
         self._request_children: dict[tuple[str, str, int], Counter] = {}
         self._latency_children: dict[str, Histogram] = {}
@@ -67,6 +71,7 @@ class TelemetryMiddleware:
         method = scope["method"] if scope["method"] in KNOWN_METHODS else "OTHER"
         self._requests(ctx.route, method, status).inc()
         self._latency(ctx.route).observe(latency_ms / 1000.0)
+        self.usage.observe(ctx)
         if not self._logger.isEnabledFor(logging.INFO):
             return
         log_event(

@@ -627,5 +627,5 @@ async def test_paid_rpc_usage_counts_unpaid_paid_and_failed(paid: PaidGateway) -
     text = metrics.body.decode()
     assert _samples(text, "x402_usage_total", BALANCE_ROUTE) == {"unpaid": 2.0, "paid": 1.0, "failed": 1.0}
     after = _samples(text, "x402_payments_total", BALANCE_ROUTE)
-    deltas = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("unpaid", "paid", "failed")}
-    assert deltas == {"unpaid": 2.0, "paid": 1.0, "failed": 1.0}
+    deltas = {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
+    assert deltas == {"challenged": 2.0, "paid": 1.0, "upstream_failed": 1.0}

@@ -1,38 +1,145 @@
-"""Usage counters: counted in process, flushed to the shared store, never lost to an outage."""
+"""Usage counters: one count per finished request, only for the (route, outcome) pairs a route can
+have, counted in process, flushed to the shared store, never lost to an outage."""
 
 from __future__ import annotations
 
-from gateway.metrics import Usage, usage_key
+import ast
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from gateway.config import PACKAGED_ROUTES_FILE
+from gateway.context import RequestContext
+from gateway.metrics import PAYMENT_OUTCOMES, USAGE_OUTCOMES, Usage, usage_key
+from gateway.routes import RouteSpec, load_routes
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from tests.support.gateway_server import free_port
 
-ROUTE = "solana.mainnet.provider_a.rpc.getBalance"
+ROOT = Path(__file__).resolve().parent.parent
+EXACT = "solana.mainnet.provider_a.rpc.getBalance"
+SIWX = "tokens.curated"
+PUBLIC = "health"
+PRICE = 1005
+LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
 
 
-async def test_usage_is_added_to_the_store_on_flush_and_snapshot() -> None:
+@pytest.fixture(scope="module")
+def routes() -> list[RouteSpec]:
+    return load_routes(PACKAGED_ROUTES_FILE, LIMITS)
+
+
+def _ctx(route: str, access: str, outcome: str, status: int = 200, amount: str | None = None) -> RequestContext:
+    return RequestContext(route=route, access=access, outcome=outcome, status=status, amount=amount)
+
+
+def _payments(route: str, outcome: str) -> float | None:
+    return REGISTRY.get_sample_value("x402_payments_total", {"route": route, "outcome": outcome})
+
+
+def _revenue(route: str) -> float | None:
+    return REGISTRY.get_sample_value("x402_revenue_micro_usdc_total", {"route": route})
+
+
+async def test_every_outcome_of_a_paid_route_is_counted_once_in_its_place(routes: list[RouteSpec]) -> None:
     store = MemoryStore()
-    usage = Usage(store)
-    for _ in range(3):
-        await usage.record(ROUTE, "unpaid")
-    await usage.record(ROUTE, "paid")
-    assert await store.counters([usage_key(ROUTE, "unpaid")]) == {usage_key(ROUTE, "unpaid"): 0}
+    usage = Usage(store, routes)
+    before = {o: _payments(EXACT, o) for o in PAYMENT_OUTCOMES["exact"]}
+    revenue = _revenue(EXACT)
+    assert None not in before.values() and revenue is not None, "every meaningful series exists from the start"
+    for outcome in PAYMENT_OUTCOMES["exact"]:
+        usage.observe(_ctx(EXACT, "exact", outcome, amount=str(PRICE)))
+    assert await store.counters([usage_key(EXACT, "unpaid")]) == {usage_key(EXACT, "unpaid"): 0}
 
-    snapshot = await usage.snapshot([ROUTE])
+    snapshot = await usage.snapshot([EXACT])
 
-    assert snapshot == {(ROUTE, "unpaid"): 3, (ROUTE, "paid"): 1, (ROUTE, "failed"): 0}
-    assert (await store.counters([usage_key(ROUTE, "unpaid")]))[usage_key(ROUTE, "unpaid")] == 3
+    # challenged; paid; rejected + settle_failed + upstream_failed. A replay and a pending
+    # settlement are the same payment again: they add nothing to the store.
+    assert snapshot == {(EXACT, "unpaid"): 1, (EXACT, "paid"): 1, (EXACT, "failed"): 3}
+    assert {o: _payments(EXACT, o) for o in before} == {o: v + 1 for o, v in before.items() if v is not None}
+    assert _revenue(EXACT) == revenue + PRICE  # only the paid outcome earns
+    assert (await store.counters([usage_key(EXACT, "failed")]))[usage_key(EXACT, "failed")] == 3
 
 
-async def test_usage_counts_wait_out_a_store_outage() -> None:
+async def test_sign_in_routes_count_sign_ins_and_never_payments(routes: list[RouteSpec]) -> None:
+    usage = Usage(MemoryStore(), routes)
+    signed_in = _payments(SIWX, "signed_in")
+    assert signed_in is not None
+
+    usage.observe(_ctx(SIWX, "siwx", "challenged", 402))
+    usage.observe(_ctx(SIWX, "siwx", "refused", 402))
+    usage.observe(_ctx(SIWX, "siwx", "signed_in", 200))
+    usage.observe(_ctx(SIWX, "siwx", "signed_in", 502))  # signed in, but the upstream failed
+    usage.observe(_ctx(SIWX, "siwx", "paid", 200, amount="5"))  # no such thing here
+
+    assert await usage.snapshot([SIWX]) == {(SIWX, "unpaid"): 1, (SIWX, "failed"): 2, (SIWX, "signed_in"): 1}
+    assert _payments(SIWX, "signed_in") == signed_in + 1
+    assert _payments(SIWX, "paid") is None
+    assert _revenue(SIWX) is None
+
+
+async def test_meaningless_pairs_have_no_series_and_no_store_counter(routes: list[RouteSpec]) -> None:
+    usage = Usage(MemoryStore(), routes)
+
+    usage.observe(_ctx(PUBLIC, "public", "paid"))
+    usage.observe(_ctx(EXACT, "exact", "signed_in"))
+    usage.observe(_ctx(EXACT, "exact", "-", 400))  # refused before the payment flow
+    usage.observe(_ctx("unmatched", "-", "-", 404))
+
+    assert await usage.snapshot([PUBLIC, "unmatched"]) == {}
+    assert (await usage.snapshot([EXACT]))[(EXACT, "paid")] == 0
+    assert _payments(PUBLIC, "paid") is None and _revenue(PUBLIC) is None
+    assert _payments(EXACT, "signed_in") is None
+    assert _payments(EXACT, "-") is None
+
+
+async def test_the_snapshot_holds_exactly_the_meaningful_pairs_of_the_table(routes: list[RouteSpec]) -> None:
+    usage = Usage(MemoryStore(), routes)
+
+    snapshot = await usage.snapshot(r.name for r in routes)
+
+    access = {r.name: r.access for r in routes}
+    expected = {(r, o) for r, a in access.items() for o in USAGE_OUTCOMES.get(a, ())}
+    assert set(snapshot) == expected
+    assert any(a == "exact" for a in access.values()) and any(a == "siwx" for a in access.values())
+    assert USAGE_OUTCOMES == {"exact": ("unpaid", "failed", "paid"), "siwx": ("unpaid", "failed", "signed_in")}
+
+
+async def test_usage_counts_wait_out_a_store_outage(routes: list[RouteSpec]) -> None:
     down = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
-    usage = Usage(down)
-    await usage.record(ROUTE, "failed")
-    await usage.record(ROUTE, "failed")
+    usage = Usage(down, routes)
+    usage.observe(_ctx(EXACT, "exact", "settle_failed", 402))
+    usage.observe(_ctx(EXACT, "exact", "upstream_failed", 502))
     await usage.flush()  # the store is down: nothing raised, nothing dropped
     await down.close()
 
     usage.store = store = MemoryStore()
     await usage.flush()
 
-    assert (await store.counters([usage_key(ROUTE, "failed")]))[usage_key(ROUTE, "failed")] == 2
+    assert (await store.counters([usage_key(EXACT, "failed")]))[usage_key(EXACT, "failed")] == 2
+
+
+def _outcomes_set_in(*files: str) -> set[str]:
+    """Every string the middlewares in ``files`` assign to ``ctx.outcome`` (alone or in a tuple)."""
+    found: set[str] = set()
+    for name in files:
+        tree = ast.parse((ROOT / "middleware" / name).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Assign):
+                continue
+            for target in node.targets:
+                targets = target.elts if isinstance(target, ast.Tuple) else [target]
+                values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+                for slot, value in zip(targets, values, strict=False):
+                    if isinstance(slot, ast.Attribute) and slot.attr == "outcome":
+                        assert isinstance(value, ast.Constant), ast.unparse(node)
+                        found.add(value.value)
+    return found
+
+
+def test_the_outcomes_counted_are_the_ones_the_middlewares_set() -> None:
+    """An outcome the middlewares set but the metrics do not know would go uncounted."""
+    assert _outcomes_set_in("exact.py", "settle.py") == set(PAYMENT_OUTCOMES["exact"])
+    # upstream_failed on a sign-in route is the telemetry's word for signed_in with a 5xx
+    assert _outcomes_set_in("siwx.py") | {"upstream_failed"} == set(PAYMENT_OUTCOMES["siwx"])
