@@ -30,7 +30,9 @@ def routes() -> list[RouteSpec]:
     return load_routes(PACKAGED_ROUTES_FILE, LIMITS)
 
 
-def _ctx(route: str, access: str, outcome: str, status: int = 200, amount: str | None = None) -> RequestContext:
+def _ctx(
+    route: str, access: str, outcome: str, status: int = 200, amount: str | None = None
+) -> RequestContext:
     return RequestContext(route=route, access=access, outcome=outcome, status=status, amount=amount)
 
 
@@ -47,7 +49,9 @@ async def test_every_outcome_of_a_paid_route_is_counted_once_in_its_place(routes
     usage = Usage(store, routes)
     before = {o: _payments(EXACT, o) for o in PAYMENT_OUTCOMES["exact"]}
     revenue = _revenue(EXACT)
-    assert None not in before.values() and revenue is not None, "every meaningful series exists from the start"
+    assert None not in before.values() and revenue is not None, (
+        "every meaningful series exists from the start"
+    )
     for outcome in PAYMENT_OUTCOMES["exact"]:
         usage.observe(_ctx(EXACT, "exact", outcome, amount=str(PRICE)))
     assert await store.counters([usage_key(EXACT, "unpaid")]) == {usage_key(EXACT, "unpaid"): 0}
@@ -103,7 +107,10 @@ async def test_the_snapshot_holds_exactly_the_meaningful_pairs_of_the_table(rout
     expected = {(r, o) for r, a in access.items() for o in USAGE_OUTCOMES.get(a, ())}
     assert set(snapshot) == expected
     assert any(a == "exact" for a in access.values()) and any(a == "siwx" for a in access.values())
-    assert USAGE_OUTCOMES == {"exact": ("unpaid", "failed", "paid"), "siwx": ("unpaid", "failed", "signed_in")}
+    assert USAGE_OUTCOMES == {
+        "exact": ("unpaid", "failed", "paid"),
+        "siwx": ("unpaid", "failed", "signed_in"),
+    }
 
 
 async def test_usage_counts_wait_out_a_store_outage(routes: list[RouteSpec]) -> None:
