@@ -1,4 +1,5 @@
-"""/metrics under ``serve --workers 2``: every worker's requests are counted (multiprocess mode)."""
+"""/metrics under ``serve --workers 2``: every worker's requests, payments and earnings are counted
+(multiprocess mode), and only the (route, outcome) series a route can have are listed."""
 
 from __future__ import annotations
 
@@ -7,10 +8,24 @@ import json
 import re
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+from solders.keypair import Keypair
 
+from gateway.config import PACKAGED_ROUTES_FILE
+from gateway.metrics import PAYMENT_OUTCOMES, USAGE_OUTCOMES
+from gateway.routes import RouteSpec, load_routes
+from gateway.x402.siwx_signer import sign_in
+from tests.support.cdp_facilitator import CdpCredentials, StaticBackend
+from tests.support.facilitator_fixtures import StartFacilitator
 from tests.support.gateway_process import GatewayProcess, serve
+from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PRICE, balance_body
+from tests.support.paid_processes import Replica, paid_processes
+from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
+from tests.support.upstream import Upstream, static
 
 BATCH = 20
+ROUTE = "solana.mainnet.provider_a.rpc.getBalance"
+TOKENS_ROUTE = "tokens.health"
 MAX_BATCHES = 20
 
 
@@ -48,3 +63,121 @@ async def test_metrics_with_two_workers_count_the_requests_of_both(clean_redis_u
                     # Whichever worker answers, it reports all workers' requests.
                     assert _health_count(text) == sent
     assert "x402_usage" in text
+
+
+# --- earnings under two workers --------------------------------------------------------------------
+
+PAYMENT_BATCH = 6
+MAX_PAYMENT_BATCHES = 5
+PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 4}, "value": 77}}
+TOKENS_HEALTH = "/v1/x402/tokens/health"
+STORE_FLUSH_POLLS = 50
+ROUTE_LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
+
+
+def _settling_pids(gateway: GatewayProcess) -> set[int]:
+    lines = [json.loads(line) for line in gateway.stdout().splitlines() if line.startswith("{")]
+    return {line["pid"] for line in lines if line.get("msg") == "payment settled"}
+
+
+def _outcome_series(text: str) -> dict[tuple[str, str, str], float]:
+    """(metric, route, outcome) of every payment, usage and revenue sample ("" for revenue)."""
+    found: dict[tuple[str, str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("x402_payments_total", "x402_usage_total", "x402_revenue_micro_usdc_total"):
+                key = (sample.name, sample.labels["route"], sample.labels.get("outcome", ""))
+                found[key] = sample.value
+    return found
+
+
+def _meaningful_series(routes: list[RouteSpec]) -> set[tuple[str, str, str]]:
+    """What /metrics must list for these routes: each access mode's own outcomes, nothing else."""
+    expected: set[tuple[str, str, str]] = set()
+    for route in routes:
+        expected |= {("x402_payments_total", route.name, o) for o in PAYMENT_OUTCOMES.get(route.access, ())}
+        expected |= {("x402_usage_total", route.name, o) for o in USAGE_OUTCOMES.get(route.access, ())}
+        if route.access == "exact":
+            expected.add(("x402_revenue_micro_usdc_total", route.name, ""))
+    return expected
+
+
+async def test_earnings_with_two_workers_add_up_and_list_only_meaningful_series(
+    clean_redis_url: str,
+    usdc_chain: UsdcChain,
+    solana_rpc_server: LiteSvmRpcServer,
+    upstream: Upstream,
+    start_cdp_facilitator: StartFacilitator,
+    cdp_credentials: CdpCredentials,
+) -> None:
+    facilitator = await start_cdp_facilitator(
+        credentials=cdp_credentials, backend=StaticBackend(fee_payer=str(usdc_chain.fee_payer.pubkey()))
+    )
+    upstream.responder = static(200, PROVIDER_ANSWER)  # also answers as the asset-data API
+    env = {
+        "STATE_STORE_REST_URL": clean_redis_url,
+        "LOG_LEVEL": "INFO",
+        "ASSET_API_BASE_URL": f"{upstream.url}/asset-data",
+        "ASSET_API_KEY": "asset-key-workers-0123456789",
+        "SIWX_SECRET": "w" * 40,
+    }
+    async with (
+        paid_processes(
+            1,
+            chain=usdc_chain,
+            rpc=solana_rpc_server,
+            upstream=upstream,
+            facilitator=facilitator,
+            env=env,
+            args=("--workers", "2"),
+        ) as running,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http,
+    ):
+        gateway = Replica(running.replicas[0].process, http)  # a fresh connection per request
+        settled = 0
+        # Concurrent payments on fresh connections until both workers have settled some (bounded).
+        for _ in range(MAX_PAYMENT_BATCHES):
+            payments = [await running.payment(gateway) for _ in range(PAYMENT_BATCH)]
+            replies = await asyncio.gather(*(gateway.pay(GET_BALANCE, balance_body(), p) for p in payments))
+            assert [r.status for r in replies] == [200] * PAYMENT_BATCH, [r.body for r in replies]
+            settled += PAYMENT_BATCH
+            if len(_settling_pids(gateway.process)) == 2:
+                break
+        assert len(_settling_pids(gateway.process)) == 2, "both workers must settle for this to mean anything"
+        challenge = await gateway.get(TOKENS_HEALTH)
+        assert challenge.status == 402
+        signed = sign_in(challenge.json()["extensions"]["sign-in-with-x"], Keypair())
+        assert (await gateway.get(TOKENS_HEALTH, {"sign-in-with-x": signed})).status == 200
+        assert running.settle_calls() == settled
+
+        async def scrape() -> dict[tuple[str, str, str], float]:
+            reply = await gateway.get("/metrics")
+            assert reply.status == 200
+            return _outcome_series(reply.body.decode())
+
+        # The shared store hears from each worker within its flush interval (a second).
+        for _ in range(STORE_FLUSH_POLLS):
+            series = await scrape()
+            if series[("x402_usage_total", ROUTE, "paid")] == settled:
+                break
+            await asyncio.sleep(0.1)
+        catalog = await gateway.get("/v1/catalog")
+        assert catalog.status == 200
+        for _ in range(6):  # whichever worker answers, it reports every worker's earnings
+            series = await scrape()
+            assert series[("x402_revenue_micro_usdc_total", ROUTE, "")] == settled * GET_BALANCE_PRICE
+            assert series[("x402_payments_total", ROUTE, "paid")] == settled
+            assert series[("x402_payments_total", ROUTE, "challenged")] == settled
+            assert series[("x402_usage_total", ROUTE, "paid")] == settled
+            assert series[("x402_payments_total", TOKENS_ROUTE, "signed_in")] == 1
+            assert series[("x402_usage_total", TOKENS_ROUTE, "signed_in")] == 1
+            assert series[("x402_usage_total", TOKENS_ROUTE, "unpaid")] == 1
+
+    routes = {r.name: r for r in load_routes(PACKAGED_ROUTES_FILE, ROUTE_LIMITS)}
+    served = {entry["name"] for entry in catalog.json()["routes"]} | {key[1] for key in series}
+    listed = [routes[name] for name in served]
+    assert series.keys() == _meaningful_series(listed)
+    assert {"exact", "siwx"} <= {route.access for route in listed}
+    assert not [key for key in series if key[1] == "health"]
+    earning = {key[1] for key in series if key[0] == "x402_revenue_micro_usdc_total"}
+    assert earning == {r.name for r in listed if r.access == "exact"}
