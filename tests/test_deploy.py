@@ -578,8 +578,13 @@ def _panel_exprs() -> list[str]:
 
 @pytest.mark.parametrize(
     "path",
-    [DEPLOY / "grafana" / "x402-gateway.json", DEPLOY / "prometheus.yml", DEPLOY / "prometheus-alerts.yml"],
-    ids=lambda p: p.name,
+    [
+        DEPLOY / "grafana" / "x402-gateway.json",
+        DEPLOY / "prometheus.yml",
+        DEPLOY / "prometheus-alerts.yml",
+        ROOT / "README.md",
+    ],
+    ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_every_metric_named_is_one_the_gateway_exports(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     exported = _exported_series(monkeypatch)
@@ -598,6 +603,8 @@ def test_dashboard_shows_routes_statuses_latency_quantiles_and_payments() -> Non
     for quantile in ("0.5", "0.99"):
         assert f"histogram_quantile({quantile}, sum by (le" in joined
     assert "x402_payments_total" in joined and "x402_usage_total" in joined
+    assert "sum by (route) (increase(x402_revenue_micro_usdc_total" in joined  # revenue per route
+    assert any("x402_revenue_micro_usdc_total" in e and e.endswith("[1h])) / 1e6") for e in exprs)  # per hour
     # x402_usage_total is the shared store's total, reported alike by every replica: max over the
     # replicas first, never a sum.
     for expr in exprs:
