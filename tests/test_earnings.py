@@ -10,16 +10,13 @@ payment and sign-in outcome is counted once in ``x402_payments_total`` and in th
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 import pytest_asyncio
-from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 from solders.keypair import Keypair
 
 from gateway.x402.siwx_signer import sign_in
 from tests.support.cdp_facilitator import Fault
+from tests.support.metrics_text import Series, earnings_series
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     GET_BALANCE_PRICE,
@@ -45,27 +42,15 @@ SHORT_NAMES = {
     "x402_usage_total": "usage",
     "x402_revenue_micro_usdc_total": "revenue",
 }
-Counts = dict[tuple[str, str, str], float]
-"""(metric, route, outcome) -> value; outcome is "" for the revenue counter."""
 
 
-def counts(text: str) -> Counts:
-    found: Counts = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in SHORT_NAMES:
-                key = (sample.name, sample.labels["route"], sample.labels.get("outcome", ""))
-                found[key] = sample.value
-    return found
-
-
-async def scrape(gateway: PaidGateway) -> Counts:
+async def scrape(gateway: PaidGateway) -> Series:
     reply = await gateway.get("/metrics")
     assert reply.status == 200
-    return counts(reply.body.decode())
+    return earnings_series(reply.body.decode())
 
 
-def delta(before: Counts, after: Counts, route: str = ROUTE) -> dict[str, float]:
+def delta(before: Series, after: Series, route: str = ROUTE) -> dict[str, float]:
     """What changed for ``route``: ``payments:<outcome>``, ``usage:<outcome>``, ``revenue``."""
     changed: dict[str, float] = {}
     for key in before.keys() | after.keys():
@@ -219,24 +204,16 @@ async def test_a_refusal_before_the_payment_flow_is_no_payment_outcome(paid: Pai
 # --- sign-in-with-x routes ---------------------------------------------------------------------------
 
 
-async def _asset_answer(request: web.Request, body: bytes) -> web.StreamResponse:
-    if request.headers.get("x-api-key") != ASSET_KEY:
-        return web.json_response({"error": "invalid api key"}, status=401)
-    return web.json_response({"status": "ok"})
-
-
 @pytest_asyncio.fixture(loop_scope="session")
-async def asset_api() -> AsyncIterator[Upstream]:
-    server = Upstream(responder=_asset_answer)
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def signing(start_paid_gateway: StartPaidGateway, asset_api: Upstream) -> PaidGateway:
-    """One gateway selling both: paid RPC routes and the sign-in asset-data routes."""
-    env = {"ASSET_API_BASE_URL": asset_api.url, "ASSET_API_KEY": ASSET_KEY, "SIWX_SECRET": "e" * 40}
+async def signing(start_paid_gateway: StartPaidGateway, upstream: Upstream) -> PaidGateway:
+    """One gateway selling both: paid RPC routes and the sign-in asset-data routes, whose
+    asset-data API is the same recording upstream as the RPC provider's."""
+    upstream.responder = static(200, {"status": "ok"})
+    env = {
+        "ASSET_API_BASE_URL": f"{upstream.url}/asset-data",
+        "ASSET_API_KEY": ASSET_KEY,
+        "SIWX_SECRET": "e" * 40,
+    }
     return await start_paid_gateway(env=env)
 
 
@@ -252,16 +229,16 @@ async def _signed_get(gateway: PaidGateway, header: str) -> tuple[int, dict[str,
 
 
 async def test_a_sign_in_call_counts_as_signed_in_and_earns_nothing(
-    signing: PaidGateway, asset_api: Upstream
+    signing: PaidGateway,
 ) -> None:
-    asset_api.calls.clear()
     before = await scrape(signing)
     signed = await _signed_header(signing)  # one challenge
 
     status, body = await _signed_get(signing, signed)
 
     assert status == 200 and body["ok"] is True
-    assert len(asset_api.calls) == 1
+    assert signing.upstream_calls == 1
+    assert signing.upstream.calls[0].headers.get("x-api-key") == ASSET_KEY
     after = await scrape(signing)
     assert delta(before, after, TOKENS_ROUTE) == {
         "payments:challenged": 1,
@@ -281,22 +258,22 @@ async def test_a_replayed_sign_in_is_refused_and_not_signed_in(signing: PaidGate
 
     assert status == 402
     assert body["error"] == "siwx_replayed"
+    assert signing.upstream_calls == 1  # the first call only
     assert delta(before, await scrape(signing), TOKENS_ROUTE) == {"payments:refused": 1, "usage:failed": 1}
 
 
 async def test_a_signed_in_call_whose_upstream_fails_is_upstream_failed(
-    signing: PaidGateway, asset_api: Upstream
+    signing: PaidGateway,
 ) -> None:
     signed = await _signed_header(signing)
     before = await scrape(signing)
-    asset_api.responder = static(500, {"error": "down"})
-    try:
-        status, body = await _signed_get(signing, signed)
-    finally:
-        asset_api.responder = _asset_answer
+    signing.upstream.responder = static(500, {"error": "down"})
+
+    status, body = await _signed_get(signing, signed)
 
     assert status == 502
     assert body["error"]["code"] == "upstream_error"
+    assert signing.upstream_calls == 1
     assert delta(before, await scrape(signing), TOKENS_ROUTE) == {
         "payments:upstream_failed": 1,
         "usage:failed": 1,

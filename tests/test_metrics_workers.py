@@ -8,7 +8,6 @@ import json
 import re
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 from solders.keypair import Keypair
 
 from gateway.config import PACKAGED_ROUTES_FILE
@@ -18,6 +17,7 @@ from gateway.x402.siwx_signer import sign_in
 from tests.support.cdp_facilitator import CdpCredentials, StaticBackend
 from tests.support.facilitator_fixtures import StartFacilitator
 from tests.support.gateway_process import GatewayProcess, serve
+from tests.support.metrics_text import Series, earnings_series
 from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PRICE, balance_body
 from tests.support.paid_processes import Replica, paid_processes
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
@@ -80,17 +80,6 @@ def _settling_pids(gateway: GatewayProcess) -> set[int]:
     return {line["pid"] for line in lines if line.get("msg") == "payment settled"}
 
 
-def _outcome_series(text: str) -> dict[tuple[str, str, str], float]:
-    """(metric, route, outcome) of every payment, usage and revenue sample ("" for revenue)."""
-    found: dict[tuple[str, str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in ("x402_payments_total", "x402_usage_total", "x402_revenue_micro_usdc_total"):
-                key = (sample.name, sample.labels["route"], sample.labels.get("outcome", ""))
-                found[key] = sample.value
-    return found
-
-
 def _meaningful_series(routes: list[RouteSpec]) -> set[tuple[str, str, str]]:
     """What /metrics must list for these routes: each access mode's own outcomes, nothing else."""
     expected: set[tuple[str, str, str]] = set()
@@ -150,10 +139,10 @@ async def test_earnings_with_two_workers_add_up_and_list_only_meaningful_series(
         assert (await gateway.get(TOKENS_HEALTH, {"sign-in-with-x": signed})).status == 200
         assert running.settle_calls() == settled
 
-        async def scrape() -> dict[tuple[str, str, str], float]:
+        async def scrape() -> Series:
             reply = await gateway.get("/metrics")
             assert reply.status == 200
-            return _outcome_series(reply.body.decode())
+            return earnings_series(reply.body.decode())
 
         # The shared store hears from each worker within its flush interval (a second).
         for _ in range(STORE_FLUSH_POLLS):
