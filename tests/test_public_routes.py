@@ -141,10 +141,7 @@ async def test_catalog_paid_entry_carries_price_asset_network_and_schemas(
     assert entry["price"] == {"microUsdc": "1216", "usd": "$0.001216"}
     assert (entry["asset"], entry["network"]) == (USDC_MAINNET_MINT, SOLANA_MAINNET)
     assert entry["payTo"] == PAY_TO
-    assert entry["inputSchema"]["properties"]["body"]["properties"]["method"] == {
-        "type": "string",
-        "const": "getAssetsByOwner",
-    }
+    assert entry["inputSchema"]["properties"]["body"]["properties"]["method"] == {"const": "getAssetsByOwner"}
     assert entry["outputSchema"]["required"] == ["jsonrpc", "result"]
     assert (
         entry["description"]

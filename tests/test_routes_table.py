@@ -211,19 +211,19 @@ def test_template_expands_cluster_by_provider_by_method() -> None:
 def test_unknown_handler_names_its_location() -> None:
     message = _load_error(_doc(_route(), _route(name="b", path="/b", handler="teapot")))
 
-    assert message == "routes[1] (b).handler: unknown handler 'teapot'"
+    assert message == "routes.yaml: routes[1] (b).handler: unknown handler 'teapot'"
 
 
 def test_unknown_access_names_its_location() -> None:
     message = _load_error(_doc(_route(access="free")))
 
-    assert message.startswith("routes[0] (ping).access: 'free' is not one of")
+    assert message.startswith("routes.yaml: routes[0] (ping).access: 'free' is not one of")
 
 
 def test_duplicate_path_names_both_locations() -> None:
     message = _load_error(_doc(_route(), _route(name="ping2")))
 
-    assert message == "routes[1].path: duplicate route GET /ping (first at routes[0])"
+    assert message == "routes.yaml: routes[1].path: duplicate route GET /ping (first at routes[0])"
 
 
 def test_same_path_with_another_method_is_not_a_duplicate() -> None:
@@ -235,7 +235,7 @@ def test_same_path_with_another_method_is_not_a_duplicate() -> None:
 def test_duplicate_name_names_its_location() -> None:
     message = _load_error(_doc(_route(), _route(path="/other")))
 
-    assert message == "routes[1].name: duplicate route name 'ping' (first at routes[0])"
+    assert message == "routes.yaml: routes[1].name: duplicate route name 'ping' (first at routes[0])"
 
 
 def test_duplicate_from_a_template_names_the_expansion() -> None:
@@ -243,20 +243,22 @@ def test_duplicate_from_a_template_names_the_expansion() -> None:
 
     message = _load_error({"routes": [clash], "templates": [TEMPLATE]})
 
-    assert message.startswith("templates[0][devnet/provider_a/getSlot].path: duplicate route POST")
+    assert message.startswith(
+        "routes.yaml: templates[0][devnet/provider_a/getSlot].path: duplicate route POST"
+    )
     assert message.endswith("(first at routes[0])")
 
 
 def test_exact_route_without_price_names_its_location() -> None:
     message = _load_error(_doc(_route(access="exact")))
 
-    assert message == "routes[0] (ping).price: an exact route needs a price"
+    assert message == "routes.yaml: routes[0] (ping).price: an exact route needs a price"
 
 
 def test_price_on_a_route_that_is_not_exact_is_refused() -> None:
     message = _load_error(_doc(_route(price=5)))
 
-    assert message == "routes[0] (ping).price: only exact routes carry a price"
+    assert message == "routes.yaml: routes[0] (ping).price: only exact routes carry a price"
 
 
 def test_template_without_price_names_the_expansion() -> None:
@@ -264,7 +266,9 @@ def test_template_without_price_names_the_expansion() -> None:
 
     message = _load_error({"templates": [template]})
 
-    assert message.startswith("templates[0][mainnet/provider_a/getBalance] (solana.mainnet.provider_a.rpc")
+    assert message.startswith(
+        "routes.yaml: templates[0][mainnet/provider_a/getBalance] (solana.mainnet.provider_a.rpc"
+    )
     assert message.endswith(".price: an exact route needs a price")
 
 
@@ -274,7 +278,8 @@ def test_bad_schema_keyword_names_its_location() -> None:
     message = _load_error(_doc(_route(input={"query": schema})))
 
     assert message == (
-        "routes[0] (ping).input.query.properties.limit: unsupported schema keyword(s) ['exclusiveMinimum']"
+        "routes.yaml: routes[0] (ping).input.query.properties.limit: "
+        "unsupported schema keyword(s) ['exclusiveMinimum']"
     )
 
 
@@ -293,13 +298,13 @@ def test_unknown_field_in_a_template_method_is_refused() -> None:
 
     message = _load_error({"templates": [template]})
 
-    assert message.startswith("templates[0].methods.getBalance: unknown field(s) ['parms']")
+    assert message.startswith("routes.yaml: templates[0].methods.getBalance: unknown field(s) ['parms']")
 
 
 def test_unknown_upstream_names_its_location() -> None:
     message = _load_error(_doc(_route(upstream="provider_c_mainnet")))
 
-    assert message.startswith("routes[0] (ping).upstream: unknown upstream 'provider_c_mainnet'")
+    assert message.startswith("routes.yaml: routes[0] (ping).upstream: unknown upstream 'provider_c_mainnet'")
 
 
 def test_unknown_named_limit_names_its_location() -> None:
@@ -307,7 +312,9 @@ def test_unknown_named_limit_names_its_location() -> None:
 
     message = _load_error(_doc(_route(rate_limits=limits)))
 
-    assert message.startswith("routes[0] (ping).rate_limits[1].limit: unknown named limit 'turbo'")
+    assert message.startswith(
+        "routes.yaml: routes[0] (ping).rate_limits[1].limit: unknown named limit 'turbo'"
+    )
 
 
 @pytest.mark.parametrize("period", [0, -1, True, "30"])
@@ -316,7 +323,9 @@ def test_literal_limit_needs_a_positive_period(period: Any) -> None:
 
     message = _load_error(_doc(_route(rate_limits=limits)))
 
-    assert message.startswith("routes[0] (ping).rate_limits[0].limit: a named limit or a positive integer")
+    assert message.startswith(
+        "routes.yaml: routes[0] (ping).rate_limits[0].limit: a named limit or a positive integer"
+    )
 
 
 def test_literal_limit_is_kept_in_milliseconds() -> None:
@@ -332,19 +341,19 @@ def test_literal_limit_is_kept_in_milliseconds() -> None:
 def test_unknown_route_field_names_its_location() -> None:
     message = _load_error(_doc(_route(cost=3)))
 
-    assert message == "routes[0]: unknown field(s) ['cost']"
+    assert message == "routes.yaml: routes[0]: unknown field(s) ['cost']"
 
 
-def test_bad_forward_params_names_its_location() -> None:
-    message = _load_error(_doc(_route(forward_params="positional")))
+def test_forward_params_is_no_longer_a_route_field() -> None:
+    message = _load_error(_doc(_route(forward_params="named")))
 
-    assert message == "routes[0] (ping).forward_params: must be as_is or named"
+    assert message == "routes.yaml: routes[0]: unknown field(s) ['forward_params']"
 
 
 def test_listed_must_be_a_boolean() -> None:
     message = _load_error(_doc(_route(listed="false")))
 
-    assert message == "routes[0] (ping).listed: must be true or false"
+    assert message == "routes.yaml: routes[0] (ping).listed: must be true or false, got the text 'false'"
 
 
 def test_unknown_pricing_unit_names_its_location() -> None:
@@ -353,7 +362,10 @@ def test_unknown_pricing_unit_names_its_location() -> None:
 
     message = _load_error(_doc(route, pricing=pricing))
 
-    assert message == "routes[0] (ping).price.unit: schedule 'provider_a' has no units for 'getSlot'"
+    assert (
+        message
+        == "routes.yaml: routes[0] (ping).price.unit: schedule 'provider_a' has no units for 'getSlot'"
+    )
 
 
 def test_price_from_a_schedule_rounds_up_and_adds_the_fee() -> None:
