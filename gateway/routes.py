@@ -18,7 +18,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from gateway.config import CDP_FACILITATOR_URL, UPSTREAM_ENV, Settings
+from gateway.config import UPSTREAM_ENV, ConfigError, Settings
 from gateway.validation import SchemaError, check_schema
 
 Access = Literal["public", "exact", "siwx", "internal"]
@@ -541,37 +541,95 @@ def _check_unique(located: list[tuple[str, RouteSpec]], problems: _Problems) -> 
         paths.setdefault(key, where)
 
 
-def unmounted_reason(route: RouteSpec, settings: Settings) -> str | None:
-    """Why ``route`` cannot be served with this configuration, or None when it can."""
+ALWAYS_ON_GROUPS = ("service", "internal")
+"""Served whatever ROUTE_GROUPS says: health, catalog, metrics, OpenAPI, and the internal
+facilitator (which answers 401 until its secret and wallet are set)."""
+
+
+def required_variables(route: RouteSpec, settings: Settings) -> list[str]:
+    """Every variable ``route`` needs that is unset (empty when it can be served)."""
+    missing: list[str] = []
     if route.upstream is not None and not settings.upstream_url(route.upstream):
-        return f"{UPSTREAM_ENV[route.upstream]} unset"
+        missing.append(UPSTREAM_ENV[route.upstream])
     if route.handler == "tokens" and not settings.asset_api_key:
-        return "ASSET_API_KEY unset"
+        missing.append("ASSET_API_KEY")
     if route.access == "exact":
         if not settings.pay_to:
-            return "X402_PAY_TO_WALLET unset"
-        if settings.uses_internal_facilitator and not settings.facilitator_wallet:
-            return "FACILITATOR_URL=internal but FACILITATOR_WALLET_BASE58 unset"
-        if settings.facilitator_url == CDP_FACILITATOR_URL and not (
-            settings.facilitator_api_key_id and settings.facilitator_api_key_secret
-        ):
-            return "FACILITATOR_API_KEY_ID or FACILITATOR_API_KEY_SECRET unset"
-    return None
+            missing.append("X402_PAY_TO_WALLET")
+        if settings.uses_internal_facilitator:
+            if not settings.facilitator_wallet:
+                missing.append("FACILITATOR_WALLET_BASE58")
+        else:
+            if not settings.facilitator_api_key_id:
+                missing.append("FACILITATOR_API_KEY_ID")
+            if not settings.facilitator_api_key_secret:
+                missing.append("FACILITATOR_API_KEY_SECRET")
+    return missing
+
+
+class RoutePlan(msgspec.Struct, frozen=True):
+    """What start-up does with the table: the routes it serves, one warning per group the
+    operator switched off, and one problem per required variable a served group lacks."""
+
+    mounted: list[RouteSpec]
+    warnings: list[str]
+    problems: list[str]
+
+
+def route_plan(routes: list[RouteSpec], settings: Settings) -> RoutePlan:
+    """Decide which routes to serve; never raises (see :func:`plan_routes`)."""
+    switchable = sorted({r.group for r in routes} - set(ALWAYS_ON_GROUPS))
+    chosen = settings.route_groups
+    problems: list[str] = []
+    if chosen is None:
+        served, why_off = set(switchable), ""
+    else:
+        unknown = [g for g in chosen if g not in switchable]
+        if unknown:
+            problems.append(
+                f"ROUTE_GROUPS names unknown group(s) {', '.join(unknown)} "
+                f"(the route groups are {', '.join(switchable)}; or all, or none)"
+            )
+        served = set(chosen) & set(switchable)
+        why_off = f"ROUTE_GROUPS={','.join(chosen) or 'none'} leaves it out"
+    mounted: list[RouteSpec] = []
+    missing: dict[str, set[str]] = {}
+    off: dict[str, int] = {}
+    for route in routes:
+        if route.group not in served and route.group not in ALWAYS_ON_GROUPS:
+            off[route.group] = off.get(route.group, 0) + 1
+            continue
+        for variable in required_variables(route, settings):
+            missing.setdefault(variable, set()).add(route.group)
+        mounted.append(route)
+    for variable, groups in missing.items():
+        names = ", ".join(sorted(groups))
+        problems.append(
+            f"{variable} is required by route group {names} "
+            f"(set it, or switch the group off with ROUTE_GROUPS, now {_shown_groups(chosen)})"
+        )
+    warnings = [
+        f"route group {group} is off ({count} route(s) not served): {why_off}" for group, count in off.items()
+    ]
+    mounted.sort(key=lambda r: r.has_path_params)
+    return RoutePlan(mounted=mounted, warnings=warnings, problems=problems)
+
+
+def _shown_groups(chosen: tuple[str, ...] | None) -> str:
+    if chosen is None:
+        return "unset: every group"
+    return ",".join(chosen) or "none"
 
 
 def plan_routes(routes: list[RouteSpec], settings: Settings) -> tuple[list[RouteSpec], list[str]]:
-    """Split into the routes to mount and one start-up line per reason others are left out."""
-    mounted: list[RouteSpec] = []
-    skipped: dict[str, list[RouteSpec]] = {}
-    for route in routes:
-        reason = unmounted_reason(route, settings)
-        if reason is None:
-            mounted.append(route)
-        else:
-            skipped.setdefault(reason, []).append(route)
-    notes = []
-    for reason, group in skipped.items():
-        groups = sorted({r.group for r in group})
-        notes.append(f"not mounted: {len(group)} route(s) of {', '.join(groups)} ({reason})")
-    mounted.sort(key=lambda r: r.has_path_params)
-    return mounted, notes
+    """The routes to serve and the warnings to log; :class:`ConfigError` lists every required
+    variable a served group lacks (start-up must not look healthy while it cannot sell)."""
+    plan = route_plan(routes, settings)
+    if plan.problems:
+        raise ConfigError(plan.problems)
+    return plan.mounted, plan.warnings
+
+
+def sells_anything(routes: list[RouteSpec]) -> bool:
+    """True when a paid or sign-in route is among ``routes``."""
+    return any(r.access in ("exact", "siwx") for r in routes)
