@@ -9,6 +9,8 @@ import pytest
 
 from gateway.config import PACKAGED_ROUTES_FILE
 from gateway.routes import RoutesError, RouteSpec, load_routes, parse_routes
+from gateway.x402.challenge import ExactChallenge
+from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT, PaymentRequirements
 
 LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
 RPC_METHODS = {
@@ -189,6 +191,12 @@ def _load_error(doc: Any) -> str:
     with pytest.raises(RoutesError) as caught:
         parse_routes(doc, LIMITS)
     return str(caught.value)
+
+
+def _load_problems(doc: Any) -> list[str]:
+    with pytest.raises(RoutesError) as caught:
+        parse_routes(doc, LIMITS)
+    return caught.value.problems
 
 
 def test_a_small_valid_table_loads() -> None:
@@ -378,3 +386,159 @@ def test_price_from_a_schedule_rounds_up_and_adds_the_fee() -> None:
     (parsed,) = parse_routes(_doc(route, pricing=pricing), LIMITS)
 
     assert parsed.price_micro_usdc == 1018  # ceil(40 * 0.45 + 1000)
+
+
+# --- the file as an operator edits it: every problem at once, with the file and its location -------
+
+
+def _file_error(tmp_path: Any, text: str, name: str = "my-routes.yaml") -> list[str]:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(RoutesError) as caught:
+        load_routes(path, LIMITS)
+    return caught.value.problems
+
+
+def test_every_problem_is_reported_at_once_each_with_the_file(tmp_path: Any) -> None:
+    text = (
+        "version: 1\n"
+        "routes:\n"
+        "  - {name: a, path: /a, method: GET, access: free, handler: health}\n"
+        "  - {name: b, path: b, method: FETCH, access: public, handler: teapot, listed: 'no'}\n"
+    )
+
+    problems = _file_error(tmp_path, text)
+
+    source = str(tmp_path / "my-routes.yaml")
+    assert problems == [
+        f"{source}: routes[0] (a).access: 'free' is not one of ['public', 'exact', 'siwx', 'internal']",
+        f"{source}: routes[1] (b).path: must start with /, got 'b'",
+        f"{source}: routes[1] (b).method: 'FETCH' is not one of ['DELETE', 'GET', 'PATCH', 'POST', 'PUT']",
+        f"{source}: routes[1] (b).handler: unknown handler 'teapot'",
+        f"{source}: routes[1] (b).listed: must be true or false, got the text 'no'",
+    ]
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Any) -> None:
+    (problem,) = _file_error(tmp_path, "version: 1\nroutes:\n  - {name: a, path: /a\n  - oops: [\n")
+
+    source = str(tmp_path / "my-routes.yaml")
+    assert problem == (
+        f"{source}: line 4, column 9: YAML syntax error: "
+        "while parsing a flow mapping, expected ',' or '}', but got ':'"
+    )
+    assert "<unicode string>" not in problem
+
+
+def test_an_empty_file_is_blamed_on_its_own_name(tmp_path: Any) -> None:
+    (problem,) = _file_error(tmp_path, "# nothing yet\n", name="empty.yaml")
+
+    assert (
+        problem
+        == f"{tmp_path / 'empty.yaml'}: the file is empty (expected version, pricing, routes, templates)"
+    )
+
+
+def test_a_directory_is_reported_as_a_directory(tmp_path: Any) -> None:
+    with pytest.raises(RoutesError) as caught:
+        load_routes(tmp_path, LIMITS)
+
+    assert caught.value.problems == [f"{tmp_path}: is a directory, not a route table file"]
+
+
+def test_unknown_top_level_keys_and_versions_are_refused() -> None:
+    problems = _load_problems({"version": 2, "route": [], "x-anchors": {}, "routes": [_route()]})
+
+    assert problems == [
+        "routes.yaml: route: unknown top-level key (known: pricing, routes, templates, version, or x-...)",
+        "routes.yaml: version: unsupported version 2 (this gateway reads version 1)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("units", "message"),
+    [
+        ("ten", "must be a positive number, got the text 'ten'"),
+        (0, "must be a positive number, got the number 0"),
+        (True, "must be a positive number, got the boolean true"),
+    ],
+)
+def test_a_bad_pricing_value_says_what_is_wrong_with_it(units: Any, message: str) -> None:
+    pricing = {"provider_a": {"micro_usdc_per_unit": "0.45", "units": {"getBalance": units}}}
+    route = _route(access="exact", method="POST", price={"pricing": "provider_a", "unit": "getBalance"})
+
+    problems = _load_problems(_doc(route, pricing=pricing))
+
+    assert problems == [f"routes.yaml: pricing.provider_a.units.getBalance: {message}"]
+
+
+def test_a_bad_per_unit_price_is_named() -> None:
+    pricing = {"provider_a": {"micro_usdc_per_unit": "cheap", "units": {"getBalance": 1}}}
+
+    problems = _load_problems(_doc(_route(), pricing=pricing))
+
+    assert problems == [
+        "routes.yaml: pricing.provider_a.micro_usdc_per_unit: must be a positive number, got the text 'cheap'"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("route", "message"),
+    [
+        (
+            _route(rate_limits=[{"scope": "s", "limit": "rpc", "per": "wallet"}]),
+            "routes[0] (ping).rate_limits[0]: a per-wallet limit cannot be enforced on public routes",
+        ),
+        (
+            _route(
+                access="internal",
+                handler="facilitator_supported",
+                rate_limits=[{"scope": "s", "limit": "rpc"}],
+            ),
+            "routes[0] (ping).rate_limits[0]: internal routes run no rate limiter: remove their rate_limits",
+        ),
+        (
+            _route(rate_limits=[{"scope": "s", "limit": "rpc", "burst": 5}]),
+            "routes[0] (ping).rate_limits[0]: unknown field(s) ['burst'] "
+            "(known: limit, per, period_seconds, scope)",
+        ),
+    ],
+)
+def test_a_rate_limit_the_gateway_cannot_enforce_is_refused_at_load(
+    route: dict[str, Any], message: str
+) -> None:
+    assert _load_problems(_doc(route)) == [f"routes.yaml: {message}"]
+
+
+def test_the_packaged_table_declares_only_enforceable_limits(packaged: list[RouteSpec]) -> None:
+    for route in packaged:
+        for limit in route.rate_limits:
+            assert route.access != "internal"
+            assert limit.per == "scope" or route.access in ("exact", "siwx")
+
+
+def test_every_paid_challenge_header_fits_common_client_limits(packaged: list[RouteSpec]) -> None:
+    """A paid route's body schema travels twice in PAYMENT-REQUIRED; aiohttp, for one, refuses
+    a response header over 8190 bytes, so that client could not even read the price."""
+    requirements = PaymentRequirements(
+        scheme="exact",
+        network=SOLANA_MAINNET,
+        amount="1216",
+        asset=USDC_MAINNET_MINT,
+        payTo=USDC_MAINNET_MINT,
+        maxTimeoutSeconds=60,
+    )
+    for route in packaged:
+        if route.access != "exact":
+            continue
+        challenge = ExactChallenge(
+            requirements,
+            "https://gateway.example.com" + route.path,
+            route.description,
+            route.input.get("body"),
+            route.output,
+            "https://api.cdp.coinbase.com/platform/v2/x402",
+            route.method,
+        )
+        _, headers = challenge.response(USDC_MAINNET_MINT)
+        assert len(dict(headers)[b"payment-required"]) < 8000, route.name
