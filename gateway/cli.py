@@ -30,7 +30,10 @@ def _load(env: dict[str, str]) -> tuple[Settings, list[RouteSpec], list[str]]:
     settings, problems = read_settings(env)
     plan = RoutePlan(mounted=[], warnings=[], problems=[])
     if settings.routes_file.is_file():
-        plan = route_plan(load_routes(settings.routes_file, named_limits(settings)), settings)
+        try:
+            plan = route_plan(load_routes(settings.routes_file, named_limits(settings)), settings)
+        except RoutesError as exc:  # reported with the environment's problems, all at once
+            problems = [*problems, *exc.problems]
     if problems or plan.problems:
         raise ConfigError([*problems, *plan.problems])
     return settings, plan.mounted, [*startup_notes(settings), *plan.warnings]

@@ -187,6 +187,20 @@ def test_check_with_a_broken_routes_file_names_the_location(tmp_path: Any) -> No
     assert "Traceback" not in result.stderr
 
 
+def test_check_lists_environment_and_route_table_problems_together(tmp_path: Any) -> None:
+    table = tmp_path / "routes.yaml"
+    table.write_text("version: 3\nroutes: []\n")
+
+    result = run_cli({"ROUTES_FILE": str(table), "ROUTE_GROUPS": "none"}, "check")
+
+    assert result.returncode == 1
+    assert result.stderr == (
+        "invalid configuration:\n"
+        "  - GATEWAY_BASE_URL is required (for example https://gateway.example.com)\n"
+        f"  - {table}: version: unsupported version 3 (this gateway reads version 1)\n"
+    )
+
+
 def test_routes_prints_the_whole_expanded_table_without_any_environment() -> None:
     result = run_cli({}, "routes")
 
