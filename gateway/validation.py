@@ -58,7 +58,7 @@ class SchemaError(ValueError):
 def check_schema(schema: Any, where: str) -> None:
     """Raise :class:`SchemaError` naming ``where`` when ``schema`` leaves the supported subset."""
     if not isinstance(schema, dict):
-        raise SchemaError(f"{where}: a schema must be a mapping")
+        raise SchemaError(f"{where}: a schema must be a mapping, got {_shown(schema)}")
     unknown = set(schema) - KEYWORDS
     if unknown:
         raise SchemaError(f"{where}: unsupported schema keyword(s) {sorted(unknown)}")
@@ -73,7 +73,7 @@ def check_schema(schema: Any, where: str) -> None:
             raise SchemaError(f"{where}.pattern: {exc}") from exc
     _check_bounds(schema, where)
     if "enum" in schema and not isinstance(schema["enum"], list):
-        raise SchemaError(f"{where}.enum: must be a list")
+        raise SchemaError(f"{where}.enum: must be a list, got {_shown(schema['enum'])}")
     properties = schema.get("properties") or {}
     if not isinstance(properties, dict):
         raise SchemaError(f"{where}.properties: must map names to schemas")
@@ -120,7 +120,7 @@ def check_schema(schema: Any, where: str) -> None:
     ):
         raise SchemaError(f"{where}.x-combined-count: needs fields, min and max")
     if "required" in schema and not isinstance(schema["required"], list):
-        raise SchemaError(f"{where}.required: must be a list")
+        raise SchemaError(f"{where}.required: must be a list, got {_shown(schema['required'])}")
     if "x-named-params" in schema:
         _check_named_params(schema, where)
 
@@ -143,16 +143,25 @@ def _check_named_params(schema: Mapping[str, Any], where: str) -> None:
         raise SchemaError(f"{where}.x-named-params.aliases: must map other names to properties")
 
 
+def _shown(value: Any) -> str:
+    """A YAML value as the operator wrote it: text quoted, lists and mappings by kind."""
+    if isinstance(value, str):
+        return f"the text {value[:40]!r}"
+    if isinstance(value, list | dict):
+        return "a list" if isinstance(value, list) else "a mapping"
+    return repr(value)
+
+
 def _check_bounds(schema: Mapping[str, Any], where: str) -> None:
     """Numeric keywords must be numbers, or a request would fail with a TypeError (500)."""
     for key in ("minimum", "maximum"):
         value = schema.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise SchemaError(f"{where}.{key}: must be a number")
+            raise SchemaError(f"{where}.{key}: must be a number, got {_shown(value)}")
     for key in ("minLength", "maxLength", "minItems", "maxItems"):
         value = schema.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise SchemaError(f"{where}.{key}: must be a non-negative integer")
+            raise SchemaError(f"{where}.{key}: must be a non-negative integer, got {_shown(value)}")
 
 
 def _type_ok(value: Any, expected: str) -> bool:

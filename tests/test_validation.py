@@ -523,11 +523,11 @@ def test_body_that_is_not_an_object_is_refused(routes: dict[str, RouteSpec]) -> 
         ({"properties": ["a", "b"]}, "s.properties: must map names to schemas"),
         (
             {"properties": {"a": {"maxLength": "3"}}},
-            "s.properties.a.maxLength: must be a non-negative integer",
+            "s.properties.a.maxLength: must be a non-negative integer, got the text '3'",
         ),
-        ({"minimum": "1"}, "s.minimum: must be a number"),
-        ({"enum": "abc"}, "s.enum: must be a list"),
-        ({"required": "q"}, "s.required: must be a list"),
+        ({"minimum": "1"}, "s.minimum: must be a number, got the text '1'"),
+        ({"enum": "abc"}, "s.enum: must be a list, got the text 'abc'"),
+        ({"required": "q"}, "s.required: must be a list, got the text 'q'"),
         (
             {"oneOf": [{"type": "string"}, {"type": "integer"}]},
             "s.oneOf[0]: only {required: [names]} groups are supported",
@@ -537,7 +537,7 @@ def test_body_that_is_not_an_object_is_refused(routes: dict[str, RouteSpec]) -> 
         ({"x-comma-list": {"maxItems": 3}}, "s.x-comma-list: needs an items schema"),
         (
             {"x-comma-list": {"items": {}, "maxItems": "3"}},
-            "s.x-comma-list.maxItems: must be a non-negative integer",
+            "s.x-comma-list.maxItems: must be a non-negative integer, got the text '3'",
         ),
         ({"x-combined-count": {"min": 1}}, "s.x-combined-count: needs fields, min and max"),
         (
