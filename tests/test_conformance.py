@@ -278,6 +278,9 @@ async def test_every_paid_route_challenges_an_empty_body_probe(
     assert int(accepted["maxAmountRequired"]) > 0
     assert accepted["payTo"] == fresh.running.settings.pay_to
     assert accepted["facilitator"]["url"]
+    # "The envelope also advertises the route's input and output schemas, price and asset."
+    schemas = accepted["outputSchema"]
+    assert schemas["input"]["properties"]["params"] and schemas["output"]
     assert fresh.providers.calls == []
 
 
