@@ -449,7 +449,11 @@ def _price(raw: Any, where: str, pricing: Mapping[str, Any], problems: _Problems
             problems.add(where, f"must be a positive number of micro-USDC, got {raw}")
             return None
         return raw
-    if not isinstance(raw, dict) or set(raw) != {"pricing", "unit"}:
+    if (
+        not isinstance(raw, dict)
+        or set(raw) != {"pricing", "unit"}
+        or not all(isinstance(v, str) for v in raw.values())
+    ):
         problems.add(
             where, f"an integer of micro-USDC or {{pricing: <schedule>, unit: <name>}}, got {_kind(raw)}"
         )

@@ -542,3 +542,14 @@ def test_every_paid_challenge_header_fits_common_client_limits(packaged: list[Ro
         )
         _, headers = challenge.response(USDC_MAINNET_MINT)
         assert len(dict(headers)[b"payment-required"]) < 8000, route.name
+
+
+@pytest.mark.parametrize(
+    "price", [{"pricing": ["provider_a"], "unit": "getBalance"}, {"pricing": "provider_a", "unit": {"a": 1}}]
+)
+def test_a_price_reference_must_name_its_schedule_and_unit_as_text(price: dict[str, Any]) -> None:
+    route = _route(access="exact", method="POST", price=price)
+
+    (problem,) = _load_problems(_doc(route))
+
+    assert problem.startswith("routes.yaml: routes[0] (ping).price: an integer of micro-USDC or {pricing: ")
