@@ -2,14 +2,15 @@
 
 Everything an operator may change per route (path, price, limits, schemas, the method
 allowlist) lives in the YAML; this module only expands templates and checks them. Every error
-names its file and YAML location, e.g. ``routes.yaml: routes[3] (tokens.search).access``, and
-every problem of the table is reported at once.
+names its file, line and YAML location, e.g. ``routes.yaml:212: routes[3] (tokens.search).access``,
+and every problem of the table is reported at once.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -117,37 +118,85 @@ def load_routes(path: Path, limits: Mapping[str, tuple[int, int]]) -> list[Route
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise RoutesError(f"{source}: {_yaml_syntax(exc)}") from None
-    return parse_routes(doc, limits, source)
+        syntax = _yaml_syntax(exc)
+        raise RoutesError(f"{source}:{syntax}" if syntax[0].isdigit() else f"{source}: {syntax}") from None
+    return parse_routes(doc, limits, source, YamlLines(text))
 
 
 def _yaml_syntax(exc: yaml.YAMLError) -> str:
-    """``line L, column C: <problem>`` (1-based, as editors count) for a YAML syntax error."""
+    """``L:C: <problem>`` (line and column, 1-based as editors count) for a YAML syntax error."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     problem = getattr(exc, "problem", None) or str(exc)
     context = getattr(exc, "context", None)
     what = f"{context}, {problem}" if context else problem
     if mark is None:
         return f"YAML syntax error: {what}"
-    return f"line {mark.line + 1}, column {mark.column + 1}: YAML syntax error: {what}"
+    return f"{mark.line + 1}:{mark.column + 1}: YAML syntax error: {what}"
+
+
+_LOCATION_NOISE = re.compile(r" \([^)]*\)|\[[^\]]*/[^\]]*\]")  # "(route name)", "[cluster/provider/method]"
+_LOCATION_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+class YamlLines:
+    """The line of every key and list item of a YAML text, to point a problem at its place."""
+
+    def __init__(self, text: str) -> None:
+        self.lines: dict[tuple[str, ...], int] = {}
+        try:
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError:
+            return
+        if root is not None:
+            self._walk(root, (), 0)
+
+    def _walk(self, node: yaml.Node, path: tuple[str, ...], depth: int) -> None:
+        if depth > 64:
+            return
+        if isinstance(node, yaml.MappingNode):
+            children = [(str(k.value), v, k) for k, v in node.value if isinstance(k, yaml.ScalarNode)]
+        elif isinstance(node, yaml.SequenceNode):
+            children = [(str(i), item, item) for i, item in enumerate(node.value)]
+        else:
+            return
+        for step, value, marked in children:
+            self.lines.setdefault((*path, step), marked.start_mark.line + 1)
+            self._walk(value, (*path, step), depth + 1)
+
+    def line(self, where: str) -> int | None:
+        """The line of ``where`` (e.g. ``routes[3] (name).access``), or of its nearest parent."""
+        steps = [key or index for key, index in _LOCATION_STEP.findall(_LOCATION_NOISE.sub("", where))]
+        while steps:
+            found = self.lines.get(tuple(steps))
+            if found is not None:
+                return found
+            steps.pop()
+        return None
 
 
 class _Problems:
-    """Every problem of one table, each prefixed with the source file."""
+    """Every problem of one table, each prefixed with the source file (and line, when known)."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, lines: YamlLines | None) -> None:
         self.source = source
+        self.lines = lines
         self.items: list[str] = []
 
     def add(self, where: str, message: str) -> None:
-        self.items.append(f"{self.source}: {where}: {message}" if where else f"{self.source}: {message}")
+        line = self.lines.line(where) if self.lines is not None and where else None
+        at = f"{self.source}:{line}" if line is not None else self.source
+        self.items.append(f"{at}: {where}: {message}" if where else f"{at}: {message}")
 
 
 def parse_routes(
-    doc: Any, limits: Mapping[str, tuple[int, int]], source: str = "routes.yaml"
+    doc: Any,
+    limits: Mapping[str, tuple[int, int]],
+    source: str = "routes.yaml",
+    lines: YamlLines | None = None,
 ) -> list[RouteSpec]:
-    """Expand and validate an already-parsed route table; :class:`RoutesError` lists every problem."""
-    problems = _Problems(source)
+    """Expand and validate an already-parsed route table; :class:`RoutesError` lists every problem
+    (with its line when ``lines`` of the source text are given)."""
+    problems = _Problems(source, lines)
     if doc is None:
         raise RoutesError(f"{source}: the file is empty (expected version, pricing, routes, templates)")
     if not isinstance(doc, dict):
@@ -415,8 +464,9 @@ def _route(
     for at, schema in schemas:
         try:
             check_schema(schema, at)
-        except SchemaError as exc:
-            problems.add("", str(exc))
+        except SchemaError as exc:  # its message starts with the location it was given
+            location, _, message = str(exc).partition(": ")
+            problems.add(location, message)
     rate_limits = _rate_limits(raw.get("rate_limits"), f"{where}.rate_limits", access, limits, problems)
     if len(problems.items) > before:
         return None

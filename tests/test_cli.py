@@ -183,7 +183,7 @@ def test_check_with_a_broken_routes_file_names_the_location(tmp_path: Any) -> No
     result = run_cli({"GATEWAY_BASE_URL": "https://gw.example", "ROUTES_FILE": str(table)}, "check")
 
     assert result.returncode == 1
-    assert f"{table}: routes[0] (a).access: 'open' is not one of" in result.stderr
+    assert f"{table}:2: routes[0] (a).access: 'open' is not one of" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -197,7 +197,7 @@ def test_check_lists_environment_and_route_table_problems_together(tmp_path: Any
     assert result.stderr == (
         "invalid configuration:\n"
         "  - GATEWAY_BASE_URL is required (for example https://gateway.example.com)\n"
-        f"  - {table}: version: unsupported version 3 (this gateway reads version 1)\n"
+        f"  - {table}:1: version: unsupported version 3 (this gateway reads version 1)\n"
     )
 
 

@@ -399,32 +399,51 @@ def _file_error(tmp_path: Any, text: str, name: str = "my-routes.yaml") -> list[
     return caught.value.problems
 
 
-def test_every_problem_is_reported_at_once_each_with_the_file(tmp_path: Any) -> None:
-    text = (
-        "version: 1\n"
-        "routes:\n"
-        "  - {name: a, path: /a, method: GET, access: free, handler: health}\n"
-        "  - {name: b, path: b, method: FETCH, access: public, handler: teapot, listed: 'no'}\n"
-    )
+def test_every_problem_is_reported_at_once_each_with_the_file_and_line(tmp_path: Any) -> None:
+    text = """version: 1
+routes:
+  - name: a
+    path: /a
+    method: GET
+    access: free
+    handler: health
+  - name: b
+    path: b
+    method: FETCH
+    access: public
+    handler: teapot
+    listed: 'no'
+"""
 
     problems = _file_error(tmp_path, text)
 
     source = str(tmp_path / "my-routes.yaml")
     assert problems == [
-        f"{source}: routes[0] (a).access: 'free' is not one of ['public', 'exact', 'siwx', 'internal']",
-        f"{source}: routes[1] (b).path: must start with /, got 'b'",
-        f"{source}: routes[1] (b).method: 'FETCH' is not one of ['DELETE', 'GET', 'PATCH', 'POST', 'PUT']",
-        f"{source}: routes[1] (b).handler: unknown handler 'teapot'",
-        f"{source}: routes[1] (b).listed: must be true or false, got the text 'no'",
+        f"{source}:6: routes[0] (a).access: 'free' is not one of ['public', 'exact', 'siwx', 'internal']",
+        f"{source}:9: routes[1] (b).path: must start with /, got 'b'",
+        f"{source}:10: routes[1] (b).method: 'FETCH' is not one of ['DELETE', 'GET', 'PATCH', 'POST', 'PUT']",
+        f"{source}:12: routes[1] (b).handler: unknown handler 'teapot'",
+        f"{source}:13: routes[1] (b).listed: must be true or false, got the text 'no'",
+    ]
+
+
+def test_a_problem_in_the_packaged_table_points_at_its_line(tmp_path: Any) -> None:
+    text = PACKAGED_ROUTES_FILE.read_text().replace("getBalance: 10\n", "getBalance: ten\n", 1)
+    line = text.splitlines().index("      getBalance: ten") + 1
+
+    problems = _file_error(tmp_path, text)
+
+    assert problems == [
+        f"{tmp_path / 'my-routes.yaml'}:{line}: pricing.provider_a.units.getBalance: "
+        "must be a positive number, got the text 'ten'"
     ]
 
 
 def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Any) -> None:
     (problem,) = _file_error(tmp_path, "version: 1\nroutes:\n  - {name: a, path: /a\n  - oops: [\n")
 
-    source = str(tmp_path / "my-routes.yaml")
     assert problem == (
-        f"{source}: line 4, column 9: YAML syntax error: "
+        f"{tmp_path / 'my-routes.yaml'}:4:9: YAML syntax error: "
         "while parsing a flow mapping, expected ',' or '}', but got ':'"
     )
     assert "<unicode string>" not in problem
