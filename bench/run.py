@@ -45,6 +45,8 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any
 
+from solders.keypair import Keypair
+
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -284,6 +286,9 @@ def gateway_env(port: int, stubs: dict[str, Server], routes_file: Path, log_leve
         GATEWAY_BASE_URL=f"http://127.0.0.1:{port}",
         X402_PAY_TO_WALLET=PAY_TO,
         FACILITATOR_URL=stubs["facilitator"].url + FACILITATOR_BASE_PATH,
+        # Required for the paid groups; the stub facilitator does not check the JWT it signs.
+        FACILITATOR_API_KEY_ID="bench-key-id",
+        FACILITATOR_API_KEY_SECRET=base64.b64encode(bytes(Keypair())).decode("ascii"),
         ASSET_API_BASE_URL=stubs["asset"].url,
         ASSET_API_KEY="bench-asset-api-key-0123456789",
         SIWX_SECRET="bench-siwx-secret-0123456789abcdef0123456789",

@@ -10,6 +10,7 @@ Each route's ``access`` decides the middlewares stacked around its handler (desi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from itertools import groupby
 
@@ -26,7 +27,7 @@ from gateway.handlers.openapi import OpenApiHandler
 from gateway.handlers.tokens import TokensHandler
 from gateway.logs import configure_logging, log_event
 from gateway.router import MethodDispatcher, PathTable, not_found
-from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes
+from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes, sells_anything
 from gateway.services import Services
 from gateway.store import Store
 from middleware.cors import CorsMiddleware
@@ -140,9 +141,11 @@ def create_app(
     configure_logging(settings.log_level)
     if routes is None:
         routes = load_routes(settings.routes_file, named_limits(settings))
-    mounted, notes = plan_routes([r for r in routes if r.handler in HANDLERS], settings)
-    for note in [*startup_notes(settings), *notes]:
+    mounted, warnings = plan_routes([r for r in routes if r.handler in HANDLERS], settings)
+    for note in startup_notes(settings):
         log_event(note)
+    for warning in warnings:
+        log_event(warning, logging.WARNING)
     services = Services(settings, mounted, store)
     entries: list[tuple[str, ASGIApp, str]] = []
     for path, group in groupby(sorted(mounted, key=_path_order), key=lambda r: r.path):
@@ -163,7 +166,15 @@ def create_app(
     starlette.router.redirect_slashes = False
     starlette.router.default = not_found
     starlette.state.services = services
-    log_event("gateway ready", routes=len(mounted), base_url=settings.base_url)
+    if sells_anything(mounted):
+        log_event("gateway ready", routes=len(mounted), base_url=settings.base_url)
+    else:
+        log_event(
+            "gateway up with nothing to sell: every paid and sign-in route group is off (ROUTE_GROUPS)",
+            logging.WARNING,
+            routes=len(mounted),
+            base_url=settings.base_url,
+        )
     return starlette
 
 

@@ -1,4 +1,4 @@
-"""``x402-gateway``: serve | check | routes | sandbox | pay.
+"""x402-gateway: sell Solana RPC, DAS and asset data per request over x402.
 
 Configuration problems are printed as one message without a traceback, and never a secret.
 """
@@ -11,16 +11,32 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from gateway.config import ConfigError, Settings, load_settings, startup_notes
+from gateway.config import ConfigError, Settings, read_settings, startup_notes
 from gateway.redact import redact_url
-from gateway.routes import RoutesError, RouteSpec, load_routes, named_limits, plan_routes
+from gateway.routes import (
+    RateLimitSpec,
+    RoutePlan,
+    RoutesError,
+    RouteSpec,
+    load_routes,
+    named_limits,
+    route_plan,
+)
 
 
-def _load(env: dict[str, str]) -> tuple[Settings, list[RouteSpec], list[RouteSpec], list[str]]:
-    settings = load_settings(env)
-    routes = load_routes(settings.routes_file, named_limits(settings))
-    mounted, notes = plan_routes(routes, settings)
-    return settings, routes, mounted, [*startup_notes(settings), *notes]
+def _load(env: dict[str, str]) -> tuple[Settings, list[RouteSpec], list[str]]:
+    """Settings, the routes to serve and the start-up notes; :class:`ConfigError` lists every
+    problem of the environment and every required variable a served route group lacks."""
+    settings, problems = read_settings(env)
+    plan = RoutePlan(mounted=[], warnings=[], problems=[])
+    if settings.routes_file.is_file():
+        try:
+            plan = route_plan(load_routes(settings.routes_file, named_limits(settings)), settings)
+        except RoutesError as exc:  # reported with the environment's problems, all at once
+            problems = [*problems, *exc.problems]
+    if problems or plan.problems:
+        raise ConfigError([*problems, *plan.problems])
+    return settings, plan.mounted, [*startup_notes(settings), *plan.warnings]
 
 
 def _store_kind(settings: Settings) -> str:
@@ -50,18 +66,27 @@ def report(settings: Settings, notes: Sequence[str]) -> str:
 
 
 def route_table(routes: Sequence[RouteSpec]) -> str:
-    rows = ["METHOD  ACCESS    PRICE(uUSDC)  LIMITS                          PATH"]
+    """One line per route; LIMITS lists every rate limit in full (count per period)."""
+    rows = [("METHOD", "ACCESS", "PRICE(uUSDC)", "LIMITS", "PATH")]
     for r in routes:
-        limits = ",".join(f"{x.scope}{'/wallet' if x.per == 'wallet' else ''}={x.limit}/{x.period_ms}ms"
-                          for x in r.rate_limits)  # fmt: skip
+        limits = ",".join(_limit_text(x) for x in r.rate_limits) or "-"
         price = str(r.price_micro_usdc) if r.price_micro_usdc is not None else "-"
-        rows.append(f"{r.method:<7} {r.access:<9} {price:>12}  {limits[:30]:<30}  {r.path}")
-    return "\n".join(rows)
+        rows.append((r.method, r.access, price, limits, r.path))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join(
+        f"{m:<{widths[0]}}  {a:<{widths[1]}}  {p:>{widths[2]}}  {lim:<{widths[3]}}  {path}"
+        for m, a, p, lim, path in rows
+    )
+
+
+def _limit_text(spec: RateLimitSpec) -> str:
+    period = f"{spec.period_ms // 1000}s" if spec.period_ms % 1000 == 0 else f"{spec.period_ms}ms"
+    return f"{spec.scope}{'/wallet' if spec.per == 'wallet' else ''}={spec.limit}/{period}"
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     try:
-        settings, _, mounted, notes = _load(dict(os.environ))
+        settings, mounted, notes = _load(dict(os.environ))
     except (ConfigError, RoutesError) as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -72,9 +97,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_routes(args: argparse.Namespace) -> int:
+    """The whole table as routes.yaml expands it; needs no environment (named limits at their
+    defaults unless set)."""
+    settings, problems = read_settings(dict(os.environ))
+    file_problems = [p for p in problems if p.startswith("ROUTES_FILE")]
+    if file_problems:
+        print(ConfigError(file_problems), file=sys.stderr)
+        return 1
     try:
-        _, routes, _, _ = _load(dict(os.environ))
-    except (ConfigError, RoutesError) as exc:
+        routes = load_routes(settings.routes_file, named_limits(settings))
+    except RoutesError as exc:
         print(exc, file=sys.stderr)
         return 1
     print(route_table(routes))
@@ -86,7 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.port is not None:
         env["PORT"] = os.environ["PORT"] = str(args.port)
     try:
-        settings, _, _, _ = _load(env)
+        settings, _, _ = _load(env)
     except (ConfigError, RoutesError) as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -140,17 +172,49 @@ def cmd_pay(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="x402-gateway", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the gateway under hypercorn")
-    serve.add_argument("--host", default="0.0.0.0")
-    serve.add_argument("--port", type=int, default=None, help="default: $PORT or 8080")
-    serve.add_argument("--workers", type=int, default=1)
-    serve.add_argument("--graceful-timeout", type=float, default=20.0)
+    parser = argparse.ArgumentParser(
+        prog="x402-gateway",
+        description=__doc__,
+        epilog="Configuration comes from environment variables (see the README); "
+        "`x402-gateway check` shows what is set.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="run the gateway under hypercorn",
+        description="Run the gateway under hypercorn. Start-up stops, listing every problem, when "
+        "a variable is malformed or a served route group (ROUTE_GROUPS) lacks a required one.",
+    )
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=None, help="TCP port (default: $PORT or 8080)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes; more than 1 needs a shared STATE_STORE_REST_URL (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="seconds in-flight requests get to finish on SIGTERM (default: %(default)s)",
+    )
     serve.set_defaults(func=cmd_serve)
-    check = sub.add_parser("check", help="validate the configuration and print the route table")
+    check = sub.add_parser(
+        "check",
+        help="validate the configuration and print the served route table",
+        description="Print the configuration report (secrets redacted) and the routes serve would "
+        "mount; exit 1 listing every problem, as serve would.",
+    )
     check.set_defaults(func=cmd_check)
-    routes = sub.add_parser("routes", help="print the expanded routes.yaml table")
+    routes = sub.add_parser(
+        "routes",
+        help="print the whole expanded routes.yaml table (no environment needed)",
+        description="Print every route of ROUTES_FILE (default: the packaged routes.yaml) with its "
+        "access mode, price in micro-USDC and rate limits (count per period).",
+    )
     routes.set_defaults(func=cmd_routes)
     sandbox = sub.add_parser("sandbox", help="run the gateway offline: local chain, sample upstreams")
     sandbox.add_argument("--host", default="127.0.0.1")

@@ -1,7 +1,8 @@
 """Environment -> typed :class:`Settings`, parsed once, with every problem reported at once.
 
-Start-up stops only for a missing or invalid ``GATEWAY_BASE_URL`` or a malformed value; a
-route group whose configuration is merely absent is left unmounted (see ``gateway.routes``).
+This module checks each value; which variables are *required* depends on the route groups the
+operator serves (``ROUTE_GROUPS``, default: every group of routes.yaml), and
+``gateway.routes.route_plan`` adds a problem for each one a served group lacks.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 from solders.pubkey import Pubkey
 
-from gateway.redact import Secret, redact_url
+from gateway.redact import Secret
 from gateway.x402.types import USDC_MAINNET_MINT
 
 CDP_FACILITATOR_URL = "https://api.cdp.coinbase.com/platform/v2/x402"
@@ -48,8 +49,10 @@ ENV_VARS: tuple[str, ...] = (
     "STATE_STORE_REST_TOKEN", "RATE_LIMIT_RPC_RPS", "RATE_LIMIT_DAS_RPS", "RATE_LIMIT_TOKENS_PER_MINUTE",
     "RATE_LIMIT_CHALLENGE_PER_MINUTE", "SIWX_SECRET", "INTERNAL_SETTLEMENT_SECRET",
     "FACILITATOR_WALLET_BASE58", "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS", "MAX_BODY_BYTES",
-    "TRUSTED_PROXIES", "LOG_LEVEL",
+    "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS",
 )  # fmt: skip
+ALL_GROUPS = "all"
+NO_GROUPS = "none"
 
 
 class ConfigError(Exception):
@@ -89,6 +92,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     trusted_proxies: tuple[IpNetwork, ...] = ()
     log_level: str = "INFO"
     payment_timeout_s: int = 60
+    route_groups: tuple[str, ...] | None = None
+    """The route groups to serve (``ROUTE_GROUPS``); None: every group routes.yaml declares."""
 
     @property
     def domain(self) -> str:
@@ -175,13 +180,27 @@ def _base_url(reader: _Reader) -> str:
     except ValueError:
         valid = False
     if not valid or parts.query or parts.fragment or parts.username or parts.password:
-        # Shown redacted: a query or userinfo may carry a key.
         reader.problems.append(
             "GATEWAY_BASE_URL must be an absolute http(s) URL without query, fragment or credentials, "
-            f"got {redact_url(raw)[:80]!r}"
+            f"got {_as_typed(raw)[:80]!r}"
         )
         return ""
     return raw.rstrip("/")
+
+
+def _as_typed(raw: str) -> str:
+    """A malformed base URL echoed as the operator typed it, except the parts that may carry a
+    key (credentials, query, fragment), which show as ``***``."""
+    try:
+        parts = urlsplit(raw)
+    except ValueError:
+        return "(unparsable URL)"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = "***" if parts.query else ""
+    fragment = "***" if parts.fragment else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
 
 
 def _trusted_proxies(reader: _Reader) -> tuple[IpNetwork, ...]:
@@ -209,6 +228,20 @@ def _facilitator_url(reader: _Reader) -> str:
     if raw == INTERNAL:
         return raw
     return reader.url("FACILITATOR_URL", CDP_FACILITATOR_URL, secret=False) or CDP_FACILITATOR_URL
+
+
+def _route_groups(reader: _Reader) -> tuple[str, ...] | None:
+    """``ROUTE_GROUPS``: unset or ``all`` serves every group, ``none`` only the service routes."""
+    raw = reader.text("ROUTE_GROUPS").lower()
+    if not raw or raw == ALL_GROUPS:
+        return None
+    if raw == NO_GROUPS:
+        return ()
+    names = tuple(dict.fromkeys(p.strip() for p in raw.split(",") if p.strip()))
+    for name in names:
+        if not re.fullmatch(r"[a-z0-9_]{1,40}", name):
+            reader.problems.append(f"ROUTE_GROUPS entry {name[:40]!r} is not a route group name")
+    return names
 
 
 def _log_level(reader: _Reader) -> str:
@@ -241,6 +274,15 @@ def _check_keys(settings: Settings, problems: list[str]) -> None:
 
 def load_settings(env: Mapping[str, str]) -> Settings:
     """Read the environment once; raise :class:`ConfigError` listing every problem."""
+    settings, problems = read_settings(env)
+    if problems:
+        raise ConfigError(problems)
+    return settings
+
+
+def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
+    """The settings and every problem found (never raises), so a report can add the problems
+    of the route table to the same list."""
     r = _Reader(env)
     base_url = _base_url(r)
     upstreams = {name: Secret(url) for name, var in UPSTREAM_ENV.items() if (url := r.url(var))}
@@ -271,15 +313,17 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         trusted_proxies=_trusted_proxies(r),
         log_level=_log_level(r),
         payment_timeout_s=r.integer("X402_MAX_TIMEOUT_SECONDS", 60, 5, 3600),
+        route_groups=_route_groups(r),
     )
     _check_keys(settings, r.problems)
     if settings.siwx_secret and len(settings.siwx_secret.reveal()) < 32:
         r.problems.append("SIWX_SECRET must be at least 32 characters (shared by all replicas)")
-    if not settings.routes_file.is_file():
-        r.problems.append(f"ROUTES_FILE {str(settings.routes_file)[:200]!r} does not exist")
-    if r.problems:
-        raise ConfigError(r.problems)
-    return settings
+    routes_file = str(settings.routes_file)[:200]
+    if settings.routes_file.is_dir():
+        r.problems.append(f"ROUTES_FILE {routes_file!r} is a directory, not a route table file")
+    elif not settings.routes_file.is_file():
+        r.problems.append(f"ROUTES_FILE {routes_file!r} does not exist")
+    return settings, r.problems
 
 
 def startup_notes(settings: Settings) -> list[str]:

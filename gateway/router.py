@@ -47,7 +47,7 @@ class MethodDispatcher:
         ctx = request_context(scope)
         ctx.route, ctx.access = route.name, route.access
         if scope["method"] == "HEAD":
-            send = _without_body(send)
+            send = without_body(send)
         try:
             await pipeline(scope, receive, send)
         except GatewayError as error:
@@ -57,7 +57,9 @@ class MethodDispatcher:
             await send_error(send, error)
 
 
-def _without_body(send: Send) -> Send:
+def without_body(send: Send) -> Send:
+    """``send`` for a HEAD request: the GET's status and headers, an empty body."""
+
     async def send_headers_only(message: Message) -> None:
         if message["type"] == "http.response.body":
             message = {

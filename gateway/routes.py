@@ -2,13 +2,15 @@
 
 Everything an operator may change per route (path, price, limits, schemas, the method
 allowlist) lives in the YAML; this module only expands templates and checks them. Every error
-names its YAML location, e.g. ``routes[3].access``.
+names its file, line and YAML location, e.g. ``routes.yaml:212: routes[3] (tokens.search).access``,
+and every problem of the table is reported at once.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from gateway.config import CDP_FACILITATOR_URL, UPSTREAM_ENV, Settings
+from gateway.config import UPSTREAM_ENV, ConfigError, Settings
 from gateway.validation import SchemaError, check_schema
 
 Access = Literal["public", "exact", "siwx", "internal"]
@@ -32,14 +34,32 @@ PLACEHOLDERS = ("cluster", "provider", "method")
 ROUTE_KEYS = {
     "name", "path", "method", "access", "handler", "group", "upstream", "upstream_path", "operation",
     "price", "rate_limits", "input", "output", "description", "listed", "replay_cap_bytes",
-    "forward_params",
 }  # fmt: skip
-METHOD_KEYS = {"description", "params", "output", "forward_params"}
+METHOD_KEYS = {"description", "params", "output"}
 DEFAULT_REPLAY_CAP_BYTES = 1024 * 1024
 
 
+TOP_LEVEL_KEYS = {"version", "pricing", "routes", "templates"}
+"""Keys of the route table itself; ``x-`` keys (YAML anchors such as ``x-schemas``) are free."""
+SUPPORTED_VERSIONS = (1,)
+PRICING_KEYS = {"unit", "micro_usdc_per_unit", "units"}
+# Rate-limit keys a route of each access mode can be held to (the middlewares that enforce them:
+# ScopeRateLimit for public routes, X402Exact for exact, SignInWithX for siwx). Internal routes
+# answer only to their shared secret and run no limiter.
+ENFORCED_PER: dict[str, tuple[str, ...]] = {
+    "public": ("scope",),
+    "exact": ("scope", "wallet"),
+    "siwx": ("scope", "wallet"),
+    "internal": (),
+}
+
+
 class RoutesError(ValueError):
-    """routes.yaml is invalid; the message names the YAML location."""
+    """The route table is invalid: every problem, each naming the file and its YAML location."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
 
 
 class RateLimitSpec(msgspec.Struct, frozen=True):
@@ -68,7 +88,6 @@ class RouteSpec(msgspec.Struct, frozen=True, kw_only=True):
     output: dict[str, Any] | None = None
     listed: bool = True
     replay_cap_bytes: int = DEFAULT_REPLAY_CAP_BYTES
-    forward_params: Literal["as_is", "named"] = "as_is"
 
     @property
     def has_path_params(self) -> bool:
@@ -86,76 +105,275 @@ def named_limits(settings: Settings) -> dict[str, tuple[int, int]]:
 
 
 def load_routes(path: Path, limits: Mapping[str, tuple[int, int]]) -> list[RouteSpec]:
-    """Read, expand and validate the route table at ``path``."""
+    """Read, expand and validate the route table at ``path``; errors name the file."""
+    source = str(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise RoutesError(f"{path.name}: cannot read YAML: {exc}") from exc
-    return parse_routes(doc, limits)
+        text = path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise RoutesError(f"{source}: is a directory, not a route table file") from None
+    except FileNotFoundError:
+        raise RoutesError(f"{source}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RoutesError(f"{source}: cannot read: {exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        syntax = _yaml_syntax(exc)
+        raise RoutesError(f"{source}:{syntax}" if syntax[0].isdigit() else f"{source}: {syntax}") from None
+    return parse_routes(doc, limits, source, YamlLines(text))
 
 
-def parse_routes(doc: Any, limits: Mapping[str, tuple[int, int]]) -> list[RouteSpec]:
-    """Expand and validate an already-parsed route table document."""
+def _yaml_syntax(exc: yaml.YAMLError) -> str:
+    """``L:C: <problem>`` (line and column, 1-based as editors count) for a YAML syntax error."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    what = f"{context}, {problem}" if context else problem
+    if mark is None:
+        return f"YAML syntax error: {what}"
+    return f"{mark.line + 1}:{mark.column + 1}: YAML syntax error: {what}"
+
+
+_LOCATION_NOISE = re.compile(r" \([^)]*\)|\[[^\]]*/[^\]]*\]")  # "(route name)", "[cluster/provider/method]"
+_LOCATION_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+class YamlLines:
+    """The line of every key and list item of a YAML text, to point a problem at its place."""
+
+    def __init__(self, text: str) -> None:
+        self.lines: dict[tuple[str, ...], int] = {}
+        try:
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError:
+            return
+        if root is not None:
+            self._walk(root, (), 0)
+
+    def _walk(self, node: yaml.Node, path: tuple[str, ...], depth: int) -> None:
+        if depth > 64:
+            return
+        if isinstance(node, yaml.MappingNode):
+            children = [(str(k.value), v, k) for k, v in node.value if isinstance(k, yaml.ScalarNode)]
+        elif isinstance(node, yaml.SequenceNode):
+            children = [(str(i), item, item) for i, item in enumerate(node.value)]
+        else:
+            return
+        for step, value, marked in children:
+            self.lines.setdefault((*path, step), marked.start_mark.line + 1)
+            self._walk(value, (*path, step), depth + 1)
+
+    def line(self, where: str) -> int | None:
+        """The line of ``where`` (e.g. ``routes[3] (name).access``), or of its nearest parent."""
+        steps = [key or index for key, index in _LOCATION_STEP.findall(_LOCATION_NOISE.sub("", where))]
+        while steps:
+            found = self.lines.get(tuple(steps))
+            if found is not None:
+                return found
+            steps.pop()
+        return None
+
+
+class _Problems:
+    """Every problem of one table, each prefixed with the source file (and line, when known)."""
+
+    def __init__(self, source: str, lines: YamlLines | None) -> None:
+        self.source = source
+        self.lines = lines
+        self.items: list[str] = []
+
+    def add(self, where: str, message: str) -> None:
+        line = self.lines.line(where) if self.lines is not None and where else None
+        at = f"{self.source}:{line}" if line is not None else self.source
+        self.items.append(f"{at}: {where}: {message}" if where else f"{at}: {message}")
+
+
+def parse_routes(
+    doc: Any,
+    limits: Mapping[str, tuple[int, int]],
+    source: str = "routes.yaml",
+    lines: YamlLines | None = None,
+) -> list[RouteSpec]:
+    """Expand and validate an already-parsed route table; :class:`RoutesError` lists every problem
+    (with its line when ``lines`` of the source text are given)."""
+    problems = _Problems(source, lines)
+    if doc is None:
+        raise RoutesError(f"{source}: the file is empty (expected version, pricing, routes, templates)")
     if not isinstance(doc, dict):
-        raise RoutesError("routes.yaml: the top level must be a mapping")
-    pricing = doc.get("pricing") or {}
+        raise RoutesError(f"{source}: the top level must be a mapping, got {_kind(doc)}")
+    for key in doc:
+        if not (isinstance(key, str) and (key in TOP_LEVEL_KEYS or key.startswith("x-"))):
+            problems.add(
+                str(key), f"unknown top-level key (known: {', '.join(sorted(TOP_LEVEL_KEYS))}, or x-...)"
+            )
+    version = doc.get("version", 1)
+    if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
+        problems.add("version", f"unsupported version {version!r} (this gateway reads version 1)")
+    pricing = _pricing(doc.get("pricing"), problems)
     located: list[tuple[str, RouteSpec]] = []
-    for i, raw in enumerate(doc.get("routes") or []):
-        located.append((f"routes[{i}]", _route(raw, f"routes[{i}]", pricing, limits)))
-    for i, template in enumerate(doc.get("templates") or []):
-        located.extend(_expand(template, f"templates[{i}]", pricing, limits))
-    routes = [route for _, route in located]
-    _check_unique(routes, [where for where, _ in located])
-    return routes
+    for i, raw in enumerate(_list(doc, "routes", problems)):
+        route = _route(raw, f"routes[{i}]", pricing, limits, problems)
+        if route is not None:
+            located.append((f"routes[{i}]", route))
+    for i, template in enumerate(_list(doc, "templates", problems)):
+        located.extend(_expand(template, f"templates[{i}]", pricing, limits, problems))
+    _check_unique(located, problems)
+    if problems.items:
+        raise RoutesError(problems.items)
+    return [route for _, route in located]
+
+
+def _kind(value: Any) -> str:
+    """How a YAML value reads to an operator: ``the text 'ten'``, ``a list``, ``a mapping``."""
+    if isinstance(value, str):
+        return f"the text {value[:40]!r}"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, int | float):
+        return f"the number {value}"
+    if value is None:
+        return "nothing (null)"
+    return (
+        "a list"
+        if isinstance(value, list)
+        else "a mapping"
+        if isinstance(value, dict)
+        else type(value).__name__
+    )
+
+
+def _list(doc: Mapping[str, Any], key: str, problems: _Problems) -> list[Any]:
+    value = doc.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        problems.add(key, f"must be a list, got {_kind(value)}")
+        return []
+    return value
+
+
+def _number(value: Any) -> Decimal | None:
+    """A YAML number or numeric text as a Decimal; None for anything else (booleans included)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        number = Decimal(str(value))
+    except InvalidOperation:
+        return None
+    return number if number.is_finite() else None
+
+
+def _pricing(raw: Any, problems: _Problems) -> dict[str, Any]:
+    """The pricing block, each value checked; a schedule with a bad value maps to None (reported
+    once here, not again by every route priced from it)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        problems.add("pricing", f"must be a mapping of schedules, got {_kind(raw)}")
+        return {}
+    pricing: dict[str, Any] = {}
+    fee = raw.get("settlement_fee_micro_usdc", 0)
+    if _number(fee) is None or (_number(fee) or 0) < 0:
+        problems.add("pricing.settlement_fee_micro_usdc", f"must be a number >= 0, got {_kind(fee)}")
+    else:
+        pricing["settlement_fee_micro_usdc"] = fee
+    for name, schedule in raw.items():
+        if name == "settlement_fee_micro_usdc":
+            continue
+        where = f"pricing.{name}"
+        if not isinstance(schedule, dict):
+            problems.add(
+                where, f"must be a mapping with micro_usdc_per_unit and units, got {_kind(schedule)}"
+            )
+            pricing[name] = None
+            continue
+        before = len(problems.items)
+        unknown = sorted(set(schedule) - PRICING_KEYS)
+        if unknown:
+            problems.add(where, f"unknown field(s) {unknown} (known: {sorted(PRICING_KEYS)})")
+        per_unit = schedule.get("micro_usdc_per_unit")
+        if _number(per_unit) is None or (_number(per_unit) or 0) <= 0:
+            problems.add(f"{where}.micro_usdc_per_unit", f"must be a positive number, got {_kind(per_unit)}")
+        units = schedule.get("units")
+        if not isinstance(units, dict):
+            problems.add(f"{where}.units", f"must map method names to numbers of units, got {_kind(units)}")
+        else:
+            for method, count in units.items():
+                if isinstance(count, bool) or not isinstance(count, int | float) or count <= 0:
+                    problems.add(f"{where}.units.{method}", f"must be a positive number, got {_kind(count)}")
+        pricing[name] = schedule if len(problems.items) == before else None
+    return pricing
 
 
 def _expand(
-    template: Any, where: str, pricing: Mapping[str, Any], limits: Mapping[str, tuple[int, int]]
+    template: Any,
+    where: str,
+    pricing: Mapping[str, Any],
+    limits: Mapping[str, tuple[int, int]],
+    problems: _Problems,
 ) -> list[tuple[str, RouteSpec]]:
     if not isinstance(template, dict):
-        raise RoutesError(f"{where}: a template must be a mapping")
+        problems.add(where, f"a template must be a mapping, got {_kind(template)}")
+        return []
     methods = template.get("methods")
     matrices = template.get("expand")
+    ok = True
     if not isinstance(methods, dict) or not methods:
-        raise RoutesError(f"{where}.methods: a template needs a non-empty mapping of methods")
+        problems.add(f"{where}.methods", "a template needs a non-empty mapping of methods")
+        ok = False
     if not isinstance(matrices, list) or not matrices:
-        raise RoutesError(f"{where}.expand: a template needs a list of matrices")
+        problems.add(f"{where}.expand", "a template needs a list of matrices")
+        ok = False
+    if not ok:
+        return []
+    assert isinstance(methods, dict) and isinstance(matrices, list)
+    fields: dict[str, dict[str, Any]] = {}
+    for method, method_spec in methods.items():
+        found = _method_fields(method_spec or {}, method, f"{where}.methods.{method}", problems)
+        if found is not None:
+            fields[method] = found
     body = {k: v for k, v in template.items() if k not in ("methods", "expand")}
     routes: list[tuple[str, RouteSpec]] = []
     for m, matrix in enumerate(matrices):
         if not isinstance(matrix, dict) or set(matrix) - {"cluster", "provider"}:
-            raise RoutesError(f"{where}.expand[{m}]: a matrix maps cluster and provider to lists")
+            problems.add(f"{where}.expand[{m}]", "a matrix maps cluster and provider to lists")
+            continue
         axes = [[(k, v) for v in (vals if isinstance(vals, list) else [vals])] for k, vals in matrix.items()]
         for combo in itertools.product(*axes):
-            for method, method_spec in methods.items():
+            for method, method_fields in fields.items():
                 values = dict(combo, method=method)
                 raw = _fill(body, values)
-                raw.update(
-                    _method_fields(_fill(method_spec or {}, values), method, f"{where}.methods.{method}")
-                )
+                raw.update(_fill(method_fields, values))
                 at = f"{where}[{'/'.join(values.values())}]"
-                routes.append((at, _route(raw, at, pricing, limits)))
+                route = _route(raw, at, pricing, limits, problems)
+                if route is not None:
+                    routes.append((at, route))
     return routes
 
 
-def _method_fields(spec: Any, method: str, where: str) -> dict[str, Any]:
-    """A template method's description and params schema -> route fields (JSON-RPC body schema)."""
+def _method_fields(spec: Any, method: str, where: str, problems: _Problems) -> dict[str, Any] | None:
+    """A template method's description and params schema -> route fields (JSON-RPC body schema).
+
+    The body is open: fields other than jsonrpc, id, method and params are ignored (the proxy
+    builds the upstream request from these four alone), as JSON-RPC clients add their own.
+    """
     if not isinstance(spec, dict):
-        raise RoutesError(f"{where}: must be a mapping")
+        problems.add(where, f"must be a mapping, got {_kind(spec)}")
+        return None
     unknown = set(spec) - METHOD_KEYS
     if unknown:
-        raise RoutesError(f"{where}: unknown field(s) {sorted(unknown)} (known: {sorted(METHOD_KEYS)})")
+        problems.add(where, f"unknown field(s) {sorted(unknown)} (known: {sorted(METHOD_KEYS)})")
+        return None
     fields: dict[str, Any] = {"description": spec.get("description", method)}
     params = spec.get("params", {"type": "array"})
     fields["input"] = {
         "body": {
             "type": "object",
-            "additionalProperties": False,
             "required": ["params"],
             "properties": {
-                "jsonrpc": {"type": "string", "const": "2.0"},
+                "jsonrpc": {"const": "2.0"},
                 "id": {"type": ["string", "integer", "null"]},
-                "method": {"type": "string", "const": method},
+                "method": {"const": method},
                 "params": params,
             },
         }
@@ -165,8 +383,6 @@ def _method_fields(spec: Any, method: str, where: str) -> dict[str, Any]:
         "required": ["jsonrpc", "result"],
         "properties": {"jsonrpc": {"const": "2.0"}, "id": {}, "result": {}},
     }
-    if "forward_params" in spec:
-        fields["forward_params"] = spec["forward_params"]
     return fields
 
 
@@ -184,127 +400,175 @@ def _fill(value: Any, values: Mapping[str, str]) -> Any:
 
 
 def _route(
-    raw: Any, where: str, pricing: Mapping[str, Any], limits: Mapping[str, tuple[int, int]]
-) -> RouteSpec:
+    raw: Any,
+    where: str,
+    pricing: Mapping[str, Any],
+    limits: Mapping[str, tuple[int, int]],
+    problems: _Problems,
+) -> RouteSpec | None:
+    """One route, or None after adding every problem it has to ``problems``."""
     if not isinstance(raw, dict):
-        raise RoutesError(f"{where}: a route must be a mapping")
+        problems.add(where, f"a route must be a mapping, got {_kind(raw)}")
+        return None
+    before = len(problems.items)
     unknown = set(raw) - ROUTE_KEYS
     if unknown:
-        raise RoutesError(f"{where}: unknown field(s) {sorted(unknown)}")
+        problems.add(where, f"unknown field(s) {sorted(unknown)}")
     for key in ("name", "path", "method", "access", "handler"):
         if not isinstance(raw.get(key), str) or not raw[key]:
-            raise RoutesError(f"{where}.{key}: required string")
+            problems.add(f"{where}.{key}", f"required text, got {_kind(raw.get(key))}")
+    if len(problems.items) > before:
+        return None
     name = raw["name"]
     where = f"{where} ({name})"
+
+    def bad(field: str, message: str) -> None:
+        problems.add(f"{where}.{field}", message)
+
     if not raw["path"].startswith("/"):
-        raise RoutesError(f"{where}.path: must start with /")
+        bad("path", f"must start with /, got {raw['path'][:60]!r}")
     method = raw["method"].upper()
     if method not in HTTP_METHODS:
-        raise RoutesError(f"{where}.method: {raw['method']!r} is not one of {sorted(HTTP_METHODS)}")
+        bad("method", f"{raw['method']!r} is not one of {sorted(HTTP_METHODS)}")
     access = raw["access"]
     if access not in ACCESS_MODES:
-        raise RoutesError(f"{where}.access: {access!r} is not one of {list(ACCESS_MODES)}")
+        bad("access", f"{access!r} is not one of {list(ACCESS_MODES)}")
     if raw["handler"] not in HANDLERS:
-        raise RoutesError(f"{where}.handler: unknown handler {raw['handler']!r}")
+        bad("handler", f"unknown handler {raw['handler']!r}")
     upstream = raw.get("upstream")
     if upstream is not None and upstream not in UPSTREAM_ENV:
-        raise RoutesError(f"{where}.upstream: unknown upstream {upstream!r} (known: {sorted(UPSTREAM_ENV)})")
+        bad("upstream", f"unknown upstream {upstream!r} (known: {sorted(UPSTREAM_ENV)})")
     if raw["handler"] in ("jsonrpc", "tokens") and upstream is None:
-        raise RoutesError(f"{where}.upstream: a {raw['handler']} route needs an upstream")
-    price = _price(raw.get("price"), f"{where}.price", pricing)
-    if access == "exact" and price is None:
-        raise RoutesError(f"{where}.price: an exact route needs a price")
-    if access != "exact" and price is not None:
-        raise RoutesError(f"{where}.price: only exact routes carry a price")
-    forward_params = raw.get("forward_params", "as_is")
-    if forward_params not in ("as_is", "named"):
-        raise RoutesError(f"{where}.forward_params: must be as_is or named")
+        bad("upstream", f"a {raw['handler']} route needs an upstream")
+    price = _price(raw.get("price"), f"{where}.price", pricing, problems)
+    if access == "exact" and raw.get("price") is None:
+        bad("price", "an exact route needs a price")
+    if access != "exact" and raw.get("price") is not None:
+        bad("price", "only exact routes carry a price")
     listed = raw.get("listed", True)
     if not isinstance(listed, bool):  # bool("false") is True: a typo must not publish a route
-        raise RoutesError(f"{where}.listed: must be true or false")
+        bad("listed", f"must be true or false, got {_kind(listed)}")
+    replay_cap = raw.get("replay_cap_bytes", DEFAULT_REPLAY_CAP_BYTES)
+    if isinstance(replay_cap, bool) or not isinstance(replay_cap, int) or replay_cap < 0:
+        bad("replay_cap_bytes", f"must be a whole number of bytes >= 0, got {_kind(replay_cap)}")
+    for key in ("group", "description", "upstream_path", "operation"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            bad(key, f"must be text, got {_kind(raw[key])}")
     input_schemas = raw.get("input") or {}
     if not isinstance(input_schemas, dict) or set(input_schemas) - INPUT_LOCATIONS:
-        raise RoutesError(f"{where}.input: maps path, query or body to a JSON Schema")
-    try:
-        for location, schema in input_schemas.items():
-            check_schema(schema, f"{where}.input.{location}")
-        if raw.get("output") is not None:
-            check_schema(raw["output"], f"{where}.output")
-    except SchemaError as exc:
-        raise RoutesError(str(exc)) from exc
-    rate_limits = _rate_limits(raw.get("rate_limits"), f"{where}.rate_limits", limits)
-    try:
-        return RouteSpec(
-            name=name,
-            path=raw["path"],
-            method=method,
-            access=access,
-            handler=raw["handler"],
-            group=str(raw.get("group") or "service"),
-            description=str(raw.get("description") or name),
-            upstream=upstream,
-            upstream_path=raw.get("upstream_path"),
-            operation=raw.get("operation"),
-            price_micro_usdc=price,
-            rate_limits=rate_limits,
-            input=input_schemas,
-            output=raw.get("output"),
-            listed=listed,
-            replay_cap_bytes=int(raw.get("replay_cap_bytes", DEFAULT_REPLAY_CAP_BYTES)),
-            forward_params=forward_params,
-        )
-    except (TypeError, ValueError, msgspec.ValidationError) as exc:
-        raise RoutesError(f"{where}: {exc}") from exc
+        bad("input", "maps path, query or body to a JSON Schema")
+        input_schemas = {}
+    schemas = [(f"{where}.input.{loc}", schema) for loc, schema in input_schemas.items()]
+    if raw.get("output") is not None:
+        schemas.append((f"{where}.output", raw["output"]))
+    for at, schema in schemas:
+        try:
+            check_schema(schema, at)
+        except SchemaError as exc:  # its message starts with the location it was given
+            location, _, message = str(exc).partition(": ")
+            problems.add(location, message)
+    rate_limits = _rate_limits(raw.get("rate_limits"), f"{where}.rate_limits", access, limits, problems)
+    if len(problems.items) > before:
+        return None
+    return RouteSpec(
+        name=name,
+        path=raw["path"],
+        method=method,
+        access=access,
+        handler=raw["handler"],
+        group=str(raw.get("group") or "service"),
+        description=str(raw.get("description") or name),
+        upstream=upstream,
+        upstream_path=raw.get("upstream_path"),
+        operation=raw.get("operation"),
+        price_micro_usdc=price,
+        rate_limits=rate_limits,
+        input=input_schemas,
+        output=raw.get("output"),
+        listed=listed,
+        replay_cap_bytes=replay_cap,
+    )
 
 
-def _price(raw: Any, where: str, pricing: Mapping[str, Any]) -> int | None:
+def _price(raw: Any, where: str, pricing: Mapping[str, Any], problems: _Problems) -> int | None:
     """Integer micro-USDC, or {pricing, unit}: ceil(units * per-unit price + settlement fee)."""
     if raw is None:
         return None
     if isinstance(raw, int) and not isinstance(raw, bool):
         if raw <= 0:
-            raise RoutesError(f"{where}: must be a positive number of micro-USDC")
+            problems.add(where, f"must be a positive number of micro-USDC, got {raw}")
+            return None
         return raw
-    if not isinstance(raw, dict) or set(raw) != {"pricing", "unit"}:
-        raise RoutesError(f"{where}: an integer of micro-USDC or {{pricing: <schedule>, unit: <name>}}")
+    if (
+        not isinstance(raw, dict)
+        or set(raw) != {"pricing", "unit"}
+        or not all(isinstance(v, str) for v in raw.values())
+    ):
+        problems.add(
+            where, f"an integer of micro-USDC or {{pricing: <schedule>, unit: <name>}}, got {_kind(raw)}"
+        )
+        return None
+    if raw["pricing"] in pricing and pricing[raw["pricing"]] is None:
+        return None  # the schedule's own problem is already reported
     schedule = pricing.get(raw["pricing"])
     if not isinstance(schedule, dict):
-        raise RoutesError(f"{where}.pricing: no pricing schedule {raw['pricing']!r}")
+        problems.add(f"{where}.pricing", f"no valid pricing schedule {raw['pricing']!r}")
+        return None
     units = (schedule.get("units") or {}).get(raw["unit"])
-    if not isinstance(units, int) or units <= 0:
-        raise RoutesError(f"{where}.unit: schedule {raw['pricing']!r} has no units for {raw['unit']!r}")
-    try:
-        per_unit = Decimal(str(schedule["micro_usdc_per_unit"]))
-        fee = Decimal(str(pricing.get("settlement_fee_micro_usdc", 0)))
-    except (KeyError, InvalidOperation) as exc:
-        raise RoutesError(
-            f"{where}: schedule {raw['pricing']!r} needs a numeric micro_usdc_per_unit"
-        ) from exc
-    return math.ceil(units * per_unit + fee)
+    if units is None:
+        problems.add(f"{where}.unit", f"schedule {raw['pricing']!r} has no units for {raw['unit']!r}")
+        return None
+    per_unit = Decimal(str(schedule["micro_usdc_per_unit"]))
+    fee = Decimal(str(pricing.get("settlement_fee_micro_usdc", 0)))
+    return math.ceil(Decimal(str(units)) * per_unit + fee)
 
 
-def _rate_limits(raw: Any, where: str, limits: Mapping[str, tuple[int, int]]) -> tuple[RateLimitSpec, ...]:
+def _rate_limits(
+    raw: Any, where: str, access: str, limits: Mapping[str, tuple[int, int]], problems: _Problems
+) -> tuple[RateLimitSpec, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise RoutesError(f"{where}: must be a list")
+        problems.add(where, f"must be a list, got {_kind(raw)}")
+        return ()
+    enforced = ENFORCED_PER.get(access, ())
     out: list[RateLimitSpec] = []
     for i, item in enumerate(raw):
         at = f"{where}[{i}]"
         if not isinstance(item, dict) or not isinstance(item.get("scope"), str):
-            raise RoutesError(f"{at}: needs a scope")
+            problems.add(at, "needs a scope")
+            continue
+        unknown = sorted(set(item) - {"scope", "limit", "period_seconds", "per"})
+        if unknown:
+            problems.add(at, f"unknown field(s) {unknown} (known: limit, per, period_seconds, scope)")
+            continue
         limit = item.get("limit")
         if isinstance(limit, str):
             if limit not in limits:
-                raise RoutesError(f"{at}.limit: unknown named limit {limit!r} (known: {sorted(limits)})")
+                problems.add(f"{at}.limit", f"unknown named limit {limit!r} (known: {sorted(limits)})")
+                continue
             count, period_ms = limits[limit]
         elif _positive(limit) and isinstance(limit, int) and _positive(item.get("period_seconds")):
             count, period_ms = limit, int(item["period_seconds"] * 1000)
         else:
-            raise RoutesError(f"{at}.limit: a named limit or a positive integer with period_seconds")
+            problems.add(
+                f"{at}.limit",
+                "a named limit or a positive integer with period_seconds (a positive number), "
+                f"got limit {_kind(limit)} and period_seconds {_kind(item.get('period_seconds'))}",
+            )
+            continue
         per = item.get("per", "scope")
         if per not in ("scope", "wallet"):
-            raise RoutesError(f"{at}.per: must be scope or wallet")
+            problems.add(f"{at}.per", f"must be scope or wallet, got {_kind(per)}")
+            continue
+        if per not in enforced:
+            problems.add(
+                at,
+                f"a per-{per} limit cannot be enforced on {access} routes"
+                if enforced
+                else f"{access} routes run no rate limiter: remove their rate_limits",
+            )
+            continue
         out.append(RateLimitSpec(scope=item["scope"], limit=count, period_ms=period_ms, per=per))
     return tuple(out)
 
@@ -313,55 +577,113 @@ def _positive(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
-def _check_unique(routes: list[RouteSpec], locations: list[str]) -> None:
+def _check_unique(located: list[tuple[str, RouteSpec]], problems: _Problems) -> None:
     """No two routes share a name or a method and path; the error names both YAML locations."""
     names: dict[str, str] = {}
     paths: dict[tuple[str, str], str] = {}
-    for route, where in zip(routes, locations, strict=True):
+    for where, route in located:
         if route.name in names:
-            raise RoutesError(
-                f"{where}.name: duplicate route name {route.name!r} (first at {names[route.name]})"
+            problems.add(
+                f"{where}.name", f"duplicate route name {route.name!r} (first at {names[route.name]})"
             )
         key = (route.path, route.method)
         if key in paths:
-            raise RoutesError(
-                f"{where}.path: duplicate route {route.method} {route.path} (first at {paths[key]})"
+            problems.add(
+                f"{where}.path", f"duplicate route {route.method} {route.path} (first at {paths[key]})"
             )
-        names[route.name] = where
-        paths[key] = where
+        names.setdefault(route.name, where)
+        paths.setdefault(key, where)
 
 
-def unmounted_reason(route: RouteSpec, settings: Settings) -> str | None:
-    """Why ``route`` cannot be served with this configuration, or None when it can."""
+ALWAYS_ON_GROUPS = ("service", "internal")
+"""Served whatever ROUTE_GROUPS says: health, catalog, metrics, OpenAPI, and the internal
+facilitator (which answers 401 until its secret and wallet are set)."""
+
+
+def required_variables(route: RouteSpec, settings: Settings) -> list[str]:
+    """Every variable ``route`` needs that is unset (empty when it can be served)."""
+    missing: list[str] = []
     if route.upstream is not None and not settings.upstream_url(route.upstream):
-        return f"{UPSTREAM_ENV[route.upstream]} unset"
+        missing.append(UPSTREAM_ENV[route.upstream])
     if route.handler == "tokens" and not settings.asset_api_key:
-        return "ASSET_API_KEY unset"
+        missing.append("ASSET_API_KEY")
     if route.access == "exact":
         if not settings.pay_to:
-            return "X402_PAY_TO_WALLET unset"
-        if settings.uses_internal_facilitator and not settings.facilitator_wallet:
-            return "FACILITATOR_URL=internal but FACILITATOR_WALLET_BASE58 unset"
-        if settings.facilitator_url == CDP_FACILITATOR_URL and not (
-            settings.facilitator_api_key_id and settings.facilitator_api_key_secret
-        ):
-            return "FACILITATOR_API_KEY_ID or FACILITATOR_API_KEY_SECRET unset"
-    return None
+            missing.append("X402_PAY_TO_WALLET")
+        if settings.uses_internal_facilitator:
+            if not settings.facilitator_wallet:
+                missing.append("FACILITATOR_WALLET_BASE58")
+        else:
+            if not settings.facilitator_api_key_id:
+                missing.append("FACILITATOR_API_KEY_ID")
+            if not settings.facilitator_api_key_secret:
+                missing.append("FACILITATOR_API_KEY_SECRET")
+    return missing
+
+
+class RoutePlan(msgspec.Struct, frozen=True):
+    """What start-up does with the table: the routes it serves, one warning per group the
+    operator switched off, and one problem per required variable a served group lacks."""
+
+    mounted: list[RouteSpec]
+    warnings: list[str]
+    problems: list[str]
+
+
+def route_plan(routes: list[RouteSpec], settings: Settings) -> RoutePlan:
+    """Decide which routes to serve; never raises (see :func:`plan_routes`)."""
+    switchable = sorted({r.group for r in routes} - set(ALWAYS_ON_GROUPS))
+    chosen = settings.route_groups
+    problems: list[str] = []
+    if chosen is None:
+        served, why_off = set(switchable), ""
+    else:
+        unknown = [g for g in chosen if g not in switchable]
+        if unknown:
+            problems.append(
+                f"ROUTE_GROUPS names unknown group(s) {', '.join(unknown)} "
+                f"(the route groups are {', '.join(switchable)}; or all, or none)"
+            )
+        served = set(chosen) & set(switchable)
+        why_off = f"ROUTE_GROUPS={','.join(chosen) or 'none'} leaves it out"
+    mounted: list[RouteSpec] = []
+    missing: dict[str, set[str]] = {}
+    off: dict[str, int] = {}
+    for route in routes:
+        if route.group not in served and route.group not in ALWAYS_ON_GROUPS:
+            off[route.group] = off.get(route.group, 0) + 1
+            continue
+        for variable in required_variables(route, settings):
+            missing.setdefault(variable, set()).add(route.group)
+        mounted.append(route)
+    for variable, groups in missing.items():
+        names = ", ".join(sorted(groups))
+        problems.append(
+            f"{variable} is required by route group {names} "
+            f"(set it, or switch the group off with ROUTE_GROUPS, now {_shown_groups(chosen)})"
+        )
+    warnings = [
+        f"route group {group} is off ({count} route(s) not served): {why_off}" for group, count in off.items()
+    ]
+    mounted.sort(key=lambda r: r.has_path_params)
+    return RoutePlan(mounted=mounted, warnings=warnings, problems=problems)
+
+
+def _shown_groups(chosen: tuple[str, ...] | None) -> str:
+    if chosen is None:
+        return "unset: every group"
+    return ",".join(chosen) or "none"
 
 
 def plan_routes(routes: list[RouteSpec], settings: Settings) -> tuple[list[RouteSpec], list[str]]:
-    """Split into the routes to mount and one start-up line per reason others are left out."""
-    mounted: list[RouteSpec] = []
-    skipped: dict[str, list[RouteSpec]] = {}
-    for route in routes:
-        reason = unmounted_reason(route, settings)
-        if reason is None:
-            mounted.append(route)
-        else:
-            skipped.setdefault(reason, []).append(route)
-    notes = []
-    for reason, group in skipped.items():
-        groups = sorted({r.group for r in group})
-        notes.append(f"not mounted: {len(group)} route(s) of {', '.join(groups)} ({reason})")
-    mounted.sort(key=lambda r: r.has_path_params)
-    return mounted, notes
+    """The routes to serve and the warnings to log; :class:`ConfigError` lists every required
+    variable a served group lacks (start-up must not look healthy while it cannot sell)."""
+    plan = route_plan(routes, settings)
+    if plan.problems:
+        raise ConfigError(plan.problems)
+    return plan.mounted, plan.warnings
+
+
+def sells_anything(routes: list[RouteSpec]) -> bool:
+    """True when a paid or sign-in route is among ``routes``."""
+    return any(r.access in ("exact", "siwx") for r in routes)

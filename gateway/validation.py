@@ -2,12 +2,21 @@
 
 The catalog publishes the same schemas as ``inputSchema``, so the rules a client reads are the
 rules the gateway enforces. Only a documented subset of JSON Schema is accepted; anything else
-is a load error naming its YAML location (see :func:`check_schema`). Two ``x-`` keywords cover
+is a load error naming its YAML location (see :func:`check_schema`). A few ``x-`` keywords cover
 what plain JSON Schema cannot say about query strings and pairs of fields:
 
 * ``x-comma-list: {items, minItems, maxItems}`` on a string: a comma-separated list.
 * ``x-combined-count: {fields, min, max}`` on an object: the summed length of list fields.
 * ``x-not-less-than: {later: earlier}`` on an object: ``later >= earlier`` when both are given.
+* ``x-named-params: {order: [names]}`` on JSON-RPC ``params``: the value may be given named (an
+  object, or an array holding that one object) or positional (an array in ``order``; a ``null``
+  leaves its parameter out; an empty ``order`` takes the named form only). Either form becomes
+  the named object before the other rules run, so both forms are held to the same rules and
+  forwarded the same way. ``aliases: {old: new}``
+  renames a parameter's other documented name (given both ways, the request is refused).
+
+A ``default`` on an object's property fills it in when the request leaves it out (for example a
+page size), so the upstream sees the value the catalog publishes.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ KEYWORDS = ANNOTATIONS | {
     "type", "properties", "required", "additionalProperties", "enum", "const", "minimum",
     "maximum", "minLength", "maxLength", "pattern", "items", "prefixItems", "minItems",
     "maxItems", "oneOf", "anyOf", "x-comma-list", "x-combined-count", "x-not-less-than",
+    "x-named-params",
 }  # fmt: skip
 TYPES = {"object", "array", "string", "integer", "number", "boolean", "null"}
 _INT_TEXT = re.compile(r"^-?(0|[1-9][0-9]{0,17})$")
@@ -48,7 +58,7 @@ class SchemaError(ValueError):
 def check_schema(schema: Any, where: str) -> None:
     """Raise :class:`SchemaError` naming ``where`` when ``schema`` leaves the supported subset."""
     if not isinstance(schema, dict):
-        raise SchemaError(f"{where}: a schema must be a mapping")
+        raise SchemaError(f"{where}: a schema must be a mapping, got {_shown(schema)}")
     unknown = set(schema) - KEYWORDS
     if unknown:
         raise SchemaError(f"{where}: unsupported schema keyword(s) {sorted(unknown)}")
@@ -63,7 +73,7 @@ def check_schema(schema: Any, where: str) -> None:
             raise SchemaError(f"{where}.pattern: {exc}") from exc
     _check_bounds(schema, where)
     if "enum" in schema and not isinstance(schema["enum"], list):
-        raise SchemaError(f"{where}.enum: must be a list")
+        raise SchemaError(f"{where}.enum: must be a list, got {_shown(schema['enum'])}")
     properties = schema.get("properties") or {}
     if not isinstance(properties, dict):
         raise SchemaError(f"{where}.properties: must map names to schemas")
@@ -72,6 +82,11 @@ def check_schema(schema: Any, where: str) -> None:
     for key in ("items",):
         if key in schema:
             check_schema(schema[key], f"{where}.{key}")
+    extra = schema.get("additionalProperties", True)
+    if isinstance(extra, dict):
+        check_schema(extra, f"{where}.additionalProperties")
+    elif not isinstance(extra, bool):
+        raise SchemaError(f"{where}.additionalProperties: must be true, false or a schema")
     for i, sub in enumerate(schema.get("prefixItems") or []):
         check_schema(sub, f"{where}.prefixItems[{i}]")
     for key in ("oneOf", "anyOf"):
@@ -105,7 +120,36 @@ def check_schema(schema: Any, where: str) -> None:
     ):
         raise SchemaError(f"{where}.x-combined-count: needs fields, min and max")
     if "required" in schema and not isinstance(schema["required"], list):
-        raise SchemaError(f"{where}.required: must be a list")
+        raise SchemaError(f"{where}.required: must be a list, got {_shown(schema['required'])}")
+    if "x-named-params" in schema:
+        _check_named_params(schema, where)
+
+
+def _check_named_params(schema: Mapping[str, Any], where: str) -> None:
+    spec = schema["x-named-params"]
+    order = spec.get("order") if isinstance(spec, dict) else None
+    if not isinstance(order, list) or not all(isinstance(n, str) for n in order):
+        raise SchemaError(
+            f"{where}.x-named-params: needs order, a list of parameter names (empty: named only)"
+        )
+    properties = schema.get("properties") or {}
+    unknown = [n for n in order if n not in properties]
+    if unknown:
+        raise SchemaError(f"{where}.x-named-params.order: {unknown} are not properties of this schema")
+    aliases = spec.get("aliases", {})
+    if not isinstance(aliases, dict) or not all(
+        isinstance(old, str) and new in properties for old, new in aliases.items()
+    ):
+        raise SchemaError(f"{where}.x-named-params.aliases: must map other names to properties")
+
+
+def _shown(value: Any) -> str:
+    """A YAML value as the operator wrote it: text quoted, lists and mappings by kind."""
+    if isinstance(value, str):
+        return f"the text {value[:40]!r}"
+    if isinstance(value, list | dict):
+        return "a list" if isinstance(value, list) else "a mapping"
+    return repr(value)
 
 
 def _check_bounds(schema: Mapping[str, Any], where: str) -> None:
@@ -113,11 +157,11 @@ def _check_bounds(schema: Mapping[str, Any], where: str) -> None:
     for key in ("minimum", "maximum"):
         value = schema.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise SchemaError(f"{where}.{key}: must be a number")
+            raise SchemaError(f"{where}.{key}: must be a number, got {_shown(value)}")
     for key in ("minLength", "maxLength", "minItems", "maxItems"):
         value = schema.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise SchemaError(f"{where}.{key}: must be a non-negative integer")
+            raise SchemaError(f"{where}.{key}: must be a non-negative integer, got {_shown(value)}")
 
 
 def _type_ok(value: Any, expected: str) -> bool:
@@ -143,6 +187,9 @@ def _join(where: str, key: str | int) -> str:
 def compile_schema(schema: Mapping[str, Any], *, from_query: bool = False) -> Validator:
     """Build a validator for ``schema``; ``from_query`` coerces integer text as query strings need."""
     checks: list[Callable[[Any, str], Any]] = []
+    if "x-named-params" in schema:
+        spec = schema["x-named-params"]
+        checks.append(_named_params(list(spec["order"]), dict(spec.get("aliases") or {})))
     types = schema.get("type")
     type_list: list[str] = types if isinstance(types, list) else [types] if types else []
 
@@ -189,6 +236,31 @@ def compile_schema(schema: Mapping[str, Any], *, from_query: bool = False) -> Va
     return validate
 
 
+def _named_params(order: list[str], aliases: dict[str, str]) -> Validator:
+    """JSON-RPC params in either form -> the named object (see the module docstring)."""
+    shown = ", ".join(order)
+
+    def to_named(value: Any, where: str) -> Any:
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict):
+            value = value[0]
+        if isinstance(value, list):
+            if not order:
+                raise InvalidInput(where, "takes named parameters only: an object, or an array holding one")
+            if len(value) > len(order):
+                raise InvalidInput(where, f"takes at most {len(order)} positional parameters ({shown})")
+            return {name: item for name, item in zip(order, value, strict=False) if item is not None}
+        if isinstance(value, dict) and aliases.keys() & value.keys():
+            value = dict(value)
+            for old, new in aliases.items():
+                if old in value:
+                    if new in value:
+                        raise InvalidInput(_join(where, old), f"give {new} or {old}, not both")
+                    value[new] = value.pop(old)
+        return value
+
+    return to_named
+
+
 def _number_checks(schema: Mapping[str, Any]) -> list[Validator]:
     checks: list[Validator] = []
     low, high = schema.get("minimum"), schema.get("maximum")
@@ -213,10 +285,18 @@ def _range_message(low: Any, high: Any) -> str:
     return f"must be >= {low}" if low is not None else f"must be <= {high}"
 
 
+def _compile_pattern(pattern: str) -> re.Pattern[str]:
+    """A JSON Schema pattern as ECMA-262 reads it: a final ``$`` is the end of the text. (Python's
+    ``$`` also matches before a trailing newline, which would let ``"id\\n"`` through.)"""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + r"\Z"
+    return re.compile(pattern)
+
+
 def _string_checks(schema: Mapping[str, Any], from_query: bool) -> list[Validator]:
     checks: list[Validator] = []
     min_len, max_len = schema.get("minLength"), schema.get("maxLength")
-    pattern = re.compile(schema["pattern"]) if "pattern" in schema else None
+    pattern = _compile_pattern(schema["pattern"]) if "pattern" in schema else None
     described = schema.get("description")
     bad_format = f"must be a {described}" if described else "has an invalid format"
     if min_len is not None or max_len is not None or pattern is not None:
@@ -283,17 +363,26 @@ def _object_checks(schema: Mapping[str, Any], from_query: bool) -> list[Validato
     checks: list[Validator] = []
     props = {k: compile_schema(v, from_query=from_query) for k, v in (schema.get("properties") or {}).items()}
     required: list[str] = list(schema.get("required") or [])
-    closed = schema.get("additionalProperties", True) is False
+    extra = schema.get("additionalProperties", True)
+    closed = extra is False
+    extra_check = compile_schema(extra, from_query=from_query) if isinstance(extra, dict) else None
     one_of = [list(s.get("required") or []) for s in schema.get("oneOf") or []]
     any_of = [list(s.get("required") or []) for s in schema.get("anyOf") or []]
     combined = schema.get("x-combined-count")
     order: dict[str, str] = dict(schema.get("x-not-less-than") or {})
-    if not (props or required or closed or one_of or any_of or combined or order):
+    defaults = {
+        k: v["default"]
+        for k, v in (schema.get("properties") or {}).items()
+        if isinstance(v, dict) and "default" in v
+    }
+    if not (props or required or closed or extra_check or one_of or any_of or combined or order):
         return checks
 
     def check_object(value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             return value
+        if defaults:
+            value = {**defaults, **value}
         for name in required:
             if name not in value:
                 raise InvalidInput(_join(where, name), "is required")
@@ -302,6 +391,10 @@ def _object_checks(schema: Mapping[str, Any], from_query: bool) -> list[Validato
                 if name not in props:
                     raise InvalidInput(_join(where, name), "is not a known parameter")
         out = dict(value)
+        if extra_check is not None:
+            for name in out:
+                if name not in props:
+                    out[name] = extra_check(out[name], _join(where, name))
         for name, check in props.items():
             if name in out:
                 out[name] = check(out[name], _join(where, name))

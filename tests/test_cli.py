@@ -29,7 +29,27 @@ SECRET_ENV = {
     "STATE_STORE_REST_TOKEN": "LEAKSTORETOKEN",
     "INTERNAL_SETTLEMENT_SECRET": "LEAK-internal-secret-0123456789abcdef",
     "SIWX_SECRET": "LEAK-siwx-secret-0123456789abcdef0123456",
+    "FACILITATOR_API_KEY_ID": "LEAKKEYID",
+    "FACILITATOR_API_KEY_SECRET": base64.b64encode(bytes(Keypair())).decode(),
 }
+SERVICE_ONLY = {"ROUTE_GROUPS": "none"}
+REQUIRED = [
+    "ASSET_API_BASE_URL",
+    "ASSET_API_KEY",
+    "FACILITATOR_API_KEY_ID",
+    "FACILITATOR_API_KEY_SECRET",
+    "PROVIDER_A_DEVNET_RPC_URL",
+    "PROVIDER_A_MAINNET_RPC_URL",
+    "PROVIDER_B_DEVNET_RPC_URL",
+    "PROVIDER_B_MAINNET_RPC_URL",
+    "X402_PAY_TO_WALLET",
+]
+"""What a gateway serving every route group needs beyond GATEWAY_BASE_URL."""
+
+
+def _listed(stderr: str) -> list[str]:
+    """The variable each ``  - `` line of a configuration error starts with."""
+    return sorted(line[4:].split(" ", 1)[0] for line in stderr.splitlines() if line.startswith("  - "))
 
 
 def _request(url: str, method: str = "GET", data: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -50,7 +70,13 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
 
 def test_check_with_a_malformed_variable_prints_one_message_and_exits_1() -> None:
     result = run_cli(
-        {"GATEWAY_BASE_URL": "https://gw.example", "PORT": "http", "RATE_LIMIT_RPC_RPS": "lots"}, "check"
+        {
+            "GATEWAY_BASE_URL": "https://gw.example",
+            "PORT": "http",
+            "RATE_LIMIT_RPC_RPS": "lots",
+            **SERVICE_ONLY,
+        },
+        "check",
     )
 
     assert result.returncode == 1
@@ -62,12 +88,24 @@ def test_check_with_a_malformed_variable_prints_one_message_and_exits_1() -> Non
     assert result.stdout == ""
 
 
-def test_check_without_base_url_exits_1_without_a_traceback() -> None:
+def test_check_without_any_configuration_lists_every_required_variable_at_once() -> None:
     result = run_cli({}, "check")
 
     assert result.returncode == 1
-    assert "GATEWAY_BASE_URL is required" in result.stderr
+    assert _listed(result.stderr) == sorted(["GATEWAY_BASE_URL", *REQUIRED])
     assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_check_echoes_a_malformed_base_url_as_typed() -> None:
+    result = run_cli({"GATEWAY_BASE_URL": "gw.example.com", **SERVICE_ONLY}, "check")
+
+    assert result.returncode == 1
+    assert result.stderr == (
+        "invalid configuration:\n"
+        "  - GATEWAY_BASE_URL must be an absolute http(s) URL without query, fragment or credentials, "
+        "got 'gw.example.com'\n"
+    )
 
 
 def test_check_never_prints_a_malformed_secret() -> None:
@@ -100,6 +138,11 @@ def test_check_with_good_config_prints_the_report_and_route_table() -> None:
     assert any(
         row.split()[:3] == ["POST", "exact", "1216"] and row.endswith("/das/searchAssets") for row in table
     )
+    assert any(  # every limit in full, however long the column gets
+        row.split()[3] == "tokens:upstream-key=30/60s,tokens:wallet/wallet=30/60s"
+        and row.endswith("/v1/x402/tokens/assets/{assetId}/risk-details")
+        for row in table
+    )
 
 
 def test_check_redacts_every_secret() -> None:
@@ -113,15 +156,24 @@ def test_check_redacts_every_secret() -> None:
     assert "LEAK" not in result.stdout + result.stderr
 
 
-def test_check_notes_each_unmounted_group_once() -> None:
-    result = run_cli({"GATEWAY_BASE_URL": "https://gw.example"}, "check")
+def test_check_notes_each_group_switched_off_once_with_its_reason() -> None:
+    env = {"GATEWAY_BASE_URL": "https://gw.example", **SECRET_ENV, "ROUTE_GROUPS": "provider_a,tokens"}
 
-    notes = [
-        line for line in result.stdout.splitlines() if line.startswith("note:") and "not mounted" in line
+    result = run_cli(env, "check")
+
+    notes = [line for line in result.stdout.splitlines() if line.startswith("note:") and " is off " in line]
+    assert result.returncode == 0, result.stderr
+    assert notes == [
+        "note:         route group provider_b is off (18 route(s) not served): "
+        "ROUTE_GROUPS=provider_a,tokens leaves it out"
     ]
-    assert result.returncode == 0
-    assert len(notes) == 5
-    assert "note:         not mounted: 19 route(s) of tokens (ASSET_API_BASE_URL unset)" in notes
+
+
+def test_check_lists_only_what_the_served_groups_need() -> None:
+    result = run_cli({"GATEWAY_BASE_URL": "https://gw.example", "ROUTE_GROUPS": "tokens"}, "check")
+
+    assert result.returncode == 1
+    assert _listed(result.stderr) == ["ASSET_API_BASE_URL", "ASSET_API_KEY"]
 
 
 def test_check_with_a_broken_routes_file_names_the_location(tmp_path: Any) -> None:
@@ -131,22 +183,58 @@ def test_check_with_a_broken_routes_file_names_the_location(tmp_path: Any) -> No
     result = run_cli({"GATEWAY_BASE_URL": "https://gw.example", "ROUTES_FILE": str(table)}, "check")
 
     assert result.returncode == 1
-    assert "routes[0] (a).access: 'open' is not one of" in result.stderr
+    assert f"{table}:2: routes[0] (a).access: 'open' is not one of" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_routes_prints_the_whole_expanded_table() -> None:
-    result = run_cli({"GATEWAY_BASE_URL": "https://gw.example"}, "routes")
+def test_check_lists_environment_and_route_table_problems_together(tmp_path: Any) -> None:
+    table = tmp_path / "routes.yaml"
+    table.write_text("version: 3\nroutes: []\n")
 
-    assert result.returncode == 0
+    result = run_cli({"ROUTES_FILE": str(table), "ROUTE_GROUPS": "none"}, "check")
+
+    assert result.returncode == 1
+    assert result.stderr == (
+        "invalid configuration:\n"
+        "  - GATEWAY_BASE_URL is required (for example https://gateway.example.com)\n"
+        f"  - {table}:1: version: unsupported version 3 (this gateway reads version 1)\n"
+    )
+
+
+def test_routes_prints_the_whole_expanded_table_without_any_environment() -> None:
+    result = run_cli({}, "routes")
+
+    assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 1 + 59
 
 
-# --- serve ---------------------------------------------------------------------------------------------
+def test_routes_names_a_broken_routes_file() -> None:
+    result = run_cli({"ROUTES_FILE": "/nonexistent/routes.yaml"}, "routes")
+
+    assert result.returncode == 1
+    assert (
+        result.stderr == "invalid configuration:\n  - ROUTES_FILE '/nonexistent/routes.yaml' does not exist\n"
+    )
 
 
-def test_serve_with_only_base_url_answers_the_public_routes_and_stops_on_sigterm() -> None:
-    with serve({}) as gateway:
+def test_help_texts_describe_every_option_without_markup() -> None:
+    for args in ([], ["serve"], ["check"], ["routes"]):
+        result = run_cli({}, *args, "--help")
+
+        assert result.returncode == 0
+        assert "``" not in result.stdout
+    serve_help = " ".join(run_cli({}, "serve", "--help").stdout.split())
+    for described in (
+        "--host HOST address to listen on (default: 0.0.0.0)",
+        "--port PORT TCP port (default: $PORT or 8080)",
+        "--workers WORKERS worker processes; more than 1 needs a shared STATE_STORE_REST_URL (default: 1)",
+        "--graceful-timeout SECONDS seconds in-flight requests get to finish on SIGTERM (default: 20.0)",
+    ):
+        assert described in serve_help
+
+
+def test_serve_with_every_group_off_answers_the_public_routes_and_stops_on_sigterm() -> None:
+    with serve(SERVICE_ONLY) as gateway:
         health = _request(f"{gateway.url}/healthz")
         catalog = _request(f"{gateway.url}/v1/catalog")
         preflight = _request(f"{gateway.url}/v1/catalog", "OPTIONS")
@@ -165,25 +253,59 @@ def test_serve_with_only_base_url_answers_the_public_routes_and_stops_on_sigterm
     assert exit_code == 0
 
 
-def test_serve_start_up_names_the_memory_store_and_each_unmounted_group_once() -> None:
-    with serve({}) as gateway:
+def test_serve_start_up_warns_of_each_group_switched_off_and_never_says_ready_with_nothing_to_sell() -> None:
+    with serve(SERVICE_ONLY) as gateway:
+        _request(f"{gateway.url}/healthz")
+        gateway.terminate()
+        lines = _json_lines(gateway.stdout())
+
+    messages = [line["msg"] for line in lines]
+    assert any(msg.startswith("state store: in-memory") for msg in messages)
+    assert sorted(
+        (line["level"], line["msg"]) for line in lines if line["msg"].startswith("route group ")
+    ) == [
+        (
+            "warning",
+            "route group provider_a is off (15 route(s) not served): ROUTE_GROUPS=none leaves it out",
+        ),
+        (
+            "warning",
+            "route group provider_b is off (18 route(s) not served): ROUTE_GROUPS=none leaves it out",
+        ),
+        ("warning", "route group tokens is off (19 route(s) not served): ROUTE_GROUPS=none leaves it out"),
+    ]
+    assert "gateway ready" not in messages
+    assert any(
+        line["level"] == "warning" and line["msg"].startswith("gateway up with nothing to sell")
+        for line in lines
+    )
+
+
+def test_serve_says_ready_once_it_can_sell() -> None:
+    with serve({**SECRET_ENV, "ROUTE_GROUPS": "tokens"}) as gateway:
         _request(f"{gateway.url}/healthz")
         gateway.terminate()
         messages = [line["msg"] for line in _json_lines(gateway.stdout())]
 
-    assert any(msg.startswith("state store: in-memory") for msg in messages)
-    assert sorted(msg for msg in messages if msg.startswith("not mounted")) == [
-        "not mounted: 19 route(s) of tokens (ASSET_API_BASE_URL unset)",
-        "not mounted: 6 route(s) of provider_a (PROVIDER_A_DEVNET_RPC_URL unset)",
-        "not mounted: 9 route(s) of provider_a (PROVIDER_A_MAINNET_RPC_URL unset)",
-        "not mounted: 9 route(s) of provider_b (PROVIDER_B_DEVNET_RPC_URL unset)",
-        "not mounted: 9 route(s) of provider_b (PROVIDER_B_MAINNET_RPC_URL unset)",
-    ]
+    assert "gateway ready" in messages
+
+
+def test_serve_with_a_missing_required_variable_exits_1_listing_all_of_them() -> None:
+    result = run_cli({"GATEWAY_BASE_URL": "https://gw.example"}, "serve", "--port", str(free_port()))
+
+    assert result.returncode == 1
+    assert _listed(result.stderr) == REQUIRED
+    assert "Traceback" not in result.stderr
 
 
 def test_serve_refuses_two_workers_on_the_memory_store() -> None:
     result = run_cli(
-        {"GATEWAY_BASE_URL": "https://gw.example"}, "serve", "--port", str(free_port()), "--workers", "2"
+        {"GATEWAY_BASE_URL": "https://gw.example", **SERVICE_ONLY},
+        "serve",
+        "--port",
+        str(free_port()),
+        "--workers",
+        "2",
     )
 
     assert result.returncode == 1
@@ -193,7 +315,7 @@ def test_serve_refuses_two_workers_on_the_memory_store() -> None:
 
 def test_serve_with_a_malformed_variable_exits_1_without_a_traceback() -> None:
     result = run_cli(
-        {"GATEWAY_BASE_URL": "https://gw.example", "MAX_BODY_BYTES": "big"},
+        {"GATEWAY_BASE_URL": "https://gw.example", "MAX_BODY_BYTES": "big", **SERVICE_ONLY},
         "serve",
         "--port",
         str(free_port()),
@@ -222,8 +344,7 @@ REQUESTS = [
 def test_serve_logs_one_json_line_per_request_and_never_a_secret() -> None:
     wallet = base58.b58encode(bytes(Keypair())).decode()
     cdp_secret = base64.b64encode(bytes(Keypair())).decode()
-    env = {**SECRET_ENV, "FACILITATOR_WALLET_BASE58": wallet, "FACILITATOR_API_KEY_ID": "LEAKKEYID"}
-    env["FACILITATOR_API_KEY_SECRET"] = cdp_secret
+    env = {**SECRET_ENV, "FACILITATOR_WALLET_BASE58": wallet, "FACILITATOR_API_KEY_SECRET": cdp_secret}
 
     with serve(env) as gateway:
         statuses = [_request(f"{gateway.url}{path}", method)[0] for method, path, _ in REQUESTS]

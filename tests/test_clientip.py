@@ -77,6 +77,7 @@ def test_missing_client_is_unknown() -> None:
 # --- over the socket: the unpaid-challenge limit per IP ---------------------------------------------
 
 SIWX_ENV = {
+    "ROUTE_GROUPS": "tokens",
     "ASSET_API_BASE_URL": "http://127.0.0.1:9",
     "ASSET_API_KEY": "k",
     "RATE_LIMIT_CHALLENGE_PER_MINUTE": "3",

@@ -1,7 +1,7 @@
-"""Configuration (spec section 1): every variable, its default, one message for every problem, no secret.
+"""Configuration: every variable, its default, one message for every problem, no secret.
 
-Start-up stops only for a missing or invalid ``GATEWAY_BASE_URL`` or a malformed value; a route
-group whose configuration is merely absent is left unmounted with one start-up line per reason.
+Start-up stops for a malformed value and for every required variable a served route group lacks;
+a group is off only when ROUTE_GROUPS leaves it out, and that is one warning per group.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from gateway.config import (
     PACKAGED_ROUTES_FILE,
     PUBLIC_MAINNET_RPC_URL,
     ConfigError,
-    Settings,
     load_settings,
 )
-from gateway.routes import load_routes, named_limits, plan_routes
+from gateway.routes import RoutePlan, load_routes, named_limits, plan_routes, route_plan
 from gateway.x402.types import USDC_MAINNET_MINT
 
 BASE = {"GATEWAY_BASE_URL": "https://gateway.example.com"}
@@ -295,6 +294,28 @@ def test_missing_routes_file_is_a_config_error(tmp_path: Path) -> None:
     assert problem.startswith("ROUTES_FILE") and "does not exist" in problem
 
 
+def test_a_directory_as_routes_file_is_reported_as_a_directory(tmp_path: Path) -> None:
+    (problem,) = _problems({**BASE, "ROUTES_FILE": str(tmp_path)})
+
+    assert problem == f"ROUTES_FILE {str(tmp_path)!r} is a directory, not a route table file"
+
+
+@pytest.mark.parametrize(
+    ("typed", "shown"),
+    [
+        ("gw.example.com", "gw.example.com"),
+        ("ftp://gw.example.com", "ftp://gw.example.com"),
+        ("https://gw.example.com/?key=LEAK", "https://gw.example.com/?***"),
+        ("https://user:LEAK@gw.example.com", "https://***@gw.example.com"),
+    ],
+)
+def test_a_malformed_base_url_is_echoed_as_typed_with_secrets_redacted(typed: str, shown: str) -> None:
+    (problem,) = _problems({"GATEWAY_BASE_URL": typed})
+
+    assert problem.endswith(f"got {shown!r}")
+    assert "LEAK" not in problem
+
+
 def test_short_siwx_secret_is_a_config_error() -> None:
     (problem,) = _problems({**BASE, "SIWX_SECRET": "short"})
 
@@ -379,76 +400,124 @@ def test_repr_of_settings_never_shows_a_secret() -> None:
     assert "api-key" not in shown
 
 
-# --- absent group configuration: not mounted, one line per reason ----------------------------------
+# --- required settings: every group is served unless ROUTE_GROUPS switches it off ------------------
+
+PAID_ENV = {
+    **BASE,
+    "X402_PAY_TO_WALLET": PAY_TO,
+    "FACILITATOR_URL": "internal",
+    "FACILITATOR_WALLET_BASE58": base58.b58encode(bytes(Keypair())).decode(),
+    "PROVIDER_A_MAINNET_RPC_URL": "https://a.example/k",
+    "PROVIDER_A_DEVNET_RPC_URL": "https://a-dev.example/k",
+    "PROVIDER_B_MAINNET_RPC_URL": "https://b.example/k",
+    "PROVIDER_B_DEVNET_RPC_URL": "https://b-dev.example/k",
+}
+ALL_ENV = {**PAID_ENV, "ASSET_API_BASE_URL": "https://assets.example", "ASSET_API_KEY": "k"}
 
 
-def _planned(settings: Settings) -> tuple[set[str], list[str]]:
-    routes = load_routes(settings.routes_file, named_limits(settings))
-    mounted, notes = plan_routes(routes, settings)
-    return {r.group for r in mounted}, notes
+def _plan(env: dict[str, str]) -> RoutePlan:
+    settings = load_settings(env)
+    return route_plan(load_routes(settings.routes_file, named_limits(settings)), settings)
 
 
-def test_only_base_url_mounts_only_the_service_and_internal_routes() -> None:
-    groups, _ = _planned(load_settings(BASE))
-
-    assert groups == {"service", "internal"}
+def _groups(plan: RoutePlan) -> set[str]:
+    return {r.group for r in plan.mounted}
 
 
-def test_each_missing_configuration_is_one_startup_line() -> None:
-    _, notes = _planned(load_settings(BASE))
+def test_every_group_is_served_when_everything_is_set() -> None:
+    plan = _plan(ALL_ENV)
 
-    assert sorted(notes) == sorted(
-        [
-            "not mounted: 19 route(s) of tokens (ASSET_API_BASE_URL unset)",
-            "not mounted: 9 route(s) of provider_a (PROVIDER_A_MAINNET_RPC_URL unset)",
-            "not mounted: 6 route(s) of provider_a (PROVIDER_A_DEVNET_RPC_URL unset)",
-            "not mounted: 9 route(s) of provider_b (PROVIDER_B_MAINNET_RPC_URL unset)",
-            "not mounted: 9 route(s) of provider_b (PROVIDER_B_DEVNET_RPC_URL unset)",
-        ]
+    assert (_groups(plan), plan.warnings, plan.problems) == (
+        {"service", "internal", "provider_a", "provider_b", "tokens"},
+        [],
+        [],
     )
 
 
-def test_paid_routes_without_pay_to_wallet_are_not_mounted() -> None:
-    env = {
-        **BASE,
-        "PROVIDER_B_MAINNET_RPC_URL": "https://b.example/k",
-        "FACILITATOR_URL": "https://f.example",
-    }
+def test_only_base_url_lists_every_missing_required_variable_at_once() -> None:
+    problems = _plan(BASE).problems
 
-    groups, notes = _planned(load_settings(env))
-
-    assert "provider_b" not in groups
-    assert "not mounted: 9 route(s) of provider_b (X402_PAY_TO_WALLET unset)" in notes
-
-
-def test_paid_routes_on_the_cdp_facilitator_need_its_api_key() -> None:
-    env = {**BASE, "PROVIDER_B_MAINNET_RPC_URL": "https://b.example/k", "X402_PAY_TO_WALLET": PAY_TO}
-
-    groups, notes = _planned(load_settings(env))
-
-    assert "provider_b" not in groups
-    assert "FACILITATOR_API_KEY_ID or FACILITATOR_API_KEY_SECRET unset" in "".join(notes)
-
-
-def test_asset_routes_need_the_asset_api_key() -> None:
-    env = {**BASE, "ASSET_API_BASE_URL": "https://assets.example"}
-
-    groups, notes = _planned(load_settings(env))
-
-    assert "tokens" not in groups
-    assert "not mounted: 19 route(s) of tokens (ASSET_API_KEY unset)" in notes
+    assert sorted(p.split(" ", 1)[0] for p in problems) == sorted(
+        [
+            "ASSET_API_BASE_URL",
+            "ASSET_API_KEY",
+            "PROVIDER_A_MAINNET_RPC_URL",
+            "PROVIDER_A_DEVNET_RPC_URL",
+            "PROVIDER_B_MAINNET_RPC_URL",
+            "PROVIDER_B_DEVNET_RPC_URL",
+            "X402_PAY_TO_WALLET",
+            "FACILITATOR_API_KEY_ID",
+            "FACILITATOR_API_KEY_SECRET",
+        ]
+    )
+    assert (
+        "X402_PAY_TO_WALLET is required by route group provider_a, provider_b (set it, or switch the group "
+        "off with ROUTE_GROUPS, now unset: every group)"
+    ) in problems
 
 
-def test_configured_groups_are_mounted() -> None:
-    env = {
-        **BASE,
-        "X402_PAY_TO_WALLET": PAY_TO,
-        "FACILITATOR_URL": "https://facilitator.example",
-        "PROVIDER_A_MAINNET_RPC_URL": "https://a.example/k",
-        "ASSET_API_BASE_URL": "https://assets.example",
-        "ASSET_API_KEY": "k",
-    }
+def test_plan_routes_refuses_to_start_without_a_required_variable() -> None:
+    settings = load_settings({**ALL_ENV, "ASSET_API_KEY": ""})
 
-    groups, _ = _planned(load_settings(env))
+    with pytest.raises(ConfigError) as caught:
+        plan_routes(load_routes(settings.routes_file, named_limits(settings)), settings)
 
-    assert groups == {"service", "internal", "provider_a", "tokens"}
+    assert [p.split(" ", 1)[0] for p in caught.value.problems] == ["ASSET_API_KEY"]
+
+
+def test_the_internal_facilitator_needs_its_wallet_not_an_api_key() -> None:
+    env = {**ALL_ENV, "FACILITATOR_WALLET_BASE58": ""}
+
+    assert [p.split(" ", 1)[0] for p in _plan(env).problems] == ["FACILITATOR_WALLET_BASE58"]
+
+
+def test_an_external_facilitator_needs_its_api_key() -> None:
+    env = {**ALL_ENV, "FACILITATOR_URL": "https://facilitator.example", "FACILITATOR_WALLET_BASE58": ""}
+
+    assert sorted(p.split(" ", 1)[0] for p in _plan(env).problems) == [
+        "FACILITATOR_API_KEY_ID",
+        "FACILITATOR_API_KEY_SECRET",
+    ]
+
+
+def test_a_group_switched_off_needs_nothing_and_is_a_warning_with_the_reason() -> None:
+    env = {**PAID_ENV, "ROUTE_GROUPS": "provider_a,provider_b"}
+
+    plan = _plan(env)
+
+    assert plan.problems == []
+    assert _groups(plan) == {"service", "internal", "provider_a", "provider_b"}
+    assert plan.warnings == [
+        "route group tokens is off (19 route(s) not served): ROUTE_GROUPS=provider_a,provider_b leaves it out"
+    ]
+
+
+def test_route_groups_none_serves_only_the_service_and_internal_routes() -> None:
+    plan = _plan({**BASE, "ROUTE_GROUPS": "none"})
+
+    assert plan.problems == []
+    assert _groups(plan) == {"service", "internal"}
+    assert sorted(plan.warnings) == [
+        "route group provider_a is off (15 route(s) not served): ROUTE_GROUPS=none leaves it out",
+        "route group provider_b is off (18 route(s) not served): ROUTE_GROUPS=none leaves it out",
+        "route group tokens is off (19 route(s) not served): ROUTE_GROUPS=none leaves it out",
+    ]
+
+
+def test_route_groups_all_is_the_default() -> None:
+    assert _groups(_plan({**ALL_ENV, "ROUTE_GROUPS": "all"})) == _groups(_plan(ALL_ENV))
+
+
+def test_an_unknown_route_group_is_a_problem_naming_the_real_ones() -> None:
+    problems = _plan({**BASE, "ROUTE_GROUPS": "tokens,provider_c"}).problems
+
+    assert (
+        "ROUTE_GROUPS names unknown group(s) provider_c "
+        "(the route groups are provider_a, provider_b, tokens; or all, or none)"
+    ) in problems
+
+
+def test_a_malformed_route_group_entry_is_a_config_error() -> None:
+    (problem,) = _problems({**BASE, "ROUTE_GROUPS": "tokens,pro vider"})
+
+    assert problem == "ROUTE_GROUPS entry 'pro vider' is not a route group name"

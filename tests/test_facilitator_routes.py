@@ -306,3 +306,44 @@ async def test_endpoints_mount_as_raw_asgi_apps_in_a_starlette_router(
     assert status == 401
     status, answer = await call(http, "POST", f"{url}{PREFIX}/verify", b"{}")
     assert status == 400
+
+
+async def _raw(
+    http: aiohttp.ClientSession, method: str, url: str, secret: str | None = SECRET
+) -> tuple[int, dict[str, str], bytes]:
+    headers = {} if secret is None else {"x-gateway-internal-secret": secret}
+    async with http.request(method, url, headers=headers) as response:
+        return response.status, dict(response.headers), await response.read()
+
+
+async def test_head_on_supported_answers_the_get_headers_without_a_body(
+    http: aiohttp.ClientSession, base_url: str
+) -> None:
+    get_status, get_headers, get_body = await _raw(http, "GET", f"{base_url}/supported")
+
+    status, headers, body = await _raw(http, "HEAD", f"{base_url}/supported")
+
+    assert (get_status, status, body) == (200, 200, b"")
+    assert get_body
+    assert headers["Content-Type"] == get_headers["Content-Type"] == "application/json"
+    assert headers["Content-Length"] == get_headers["Content-Length"] == str(len(get_body))
+    assert headers["Cache-Control"] == "no-store"
+
+
+@pytest.mark.parametrize("secret", [None, "wrong"], ids=["missing", "wrong"])
+async def test_head_on_supported_without_the_secret_is_still_401(
+    http: aiohttp.ClientSession, base_url: str, secret: str | None
+) -> None:
+    status, _, body = await _raw(http, "HEAD", f"{base_url}/supported", secret)
+
+    assert (status, body) == (401, b"")
+
+
+async def test_wrong_method_names_head_among_the_allowed_ones(
+    http: aiohttp.ClientSession, base_url: str
+) -> None:
+    status, headers, _ = await _raw(http, "POST", f"{base_url}/supported")
+    settle_status, settle_headers, _ = await _raw(http, "HEAD", f"{base_url}/settle")
+
+    assert (status, headers["Allow"]) == (405, "GET, HEAD")
+    assert (settle_status, settle_headers["Allow"]) == (405, "POST")

@@ -40,7 +40,9 @@ def _health_pids(gateway: GatewayProcess) -> set[int]:
 
 
 async def test_metrics_with_two_workers_count_the_requests_of_both(clean_redis_url: str) -> None:
-    with serve({"STATE_STORE_REST_URL": clean_redis_url}, "--workers", "2") as gateway:
+    with serve(
+        {"STATE_STORE_REST_URL": clean_redis_url, "ROUTE_GROUPS": "none"}, "--workers", "2"
+    ) as gateway:
         sent = 0
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
 

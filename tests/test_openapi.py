@@ -15,7 +15,7 @@ from openapi_spec_validator import validate
 from gateway.config import PACKAGED_ROUTES_FILE
 from gateway.openapi import build_openapi
 from gateway.routes import RouteSpec, load_routes
-from tests.support.gateway_server import FULL_ENV, PAY_TO, RunningGateway, run_gateway
+from tests.support.gateway_server import FULL_ENV, PAY_TO, SERVICE_ONLY_ENV, RunningGateway, run_gateway
 
 MINT = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"
 PACKAGED = load_routes(
@@ -268,7 +268,7 @@ async def test_openapi_refuses_other_methods_with_405(
 
 
 async def test_bare_gateway_describes_only_the_service_routes(http: aiohttp.ClientSession) -> None:
-    async with run_gateway({}) as bare, http.get(f"{bare.url}/openapi.json") as response:
+    async with run_gateway(SERVICE_ONLY_ENV) as bare, http.get(f"{bare.url}/openapi.json") as response:
         doc = await response.json()
 
     assert set(doc["paths"]) == {"/healthz", "/v1/catalog"}

@@ -172,7 +172,7 @@ INVALID_BODIES = [
     pytest.param(GET_BALANCE, b"{not json", id="not-json"),
     pytest.param(GET_BALANCE, {"jsonrpc": "2.0", "id": 1}, id="no-params"),
     pytest.param(GET_BALANCE, {"params": {"pubkey": ACCOUNT}}, id="params-not-an-array"),
-    pytest.param(GET_BALANCE, {"params": [ACCOUNT], "verbose": True}, id="unknown-field"),
+    pytest.param(GET_BALANCE, {"params": [ACCOUNT, {"verbose": True}]}, id="unknown-option"),
     pytest.param(GET_BALANCE, {"params": ["not-a-pubkey!"]}, id="bad-pubkey"),
     pytest.param(GET_BALANCE, {"method": "getSlot", "params": [ACCOUNT]}, id="other-method-in-body"),
     pytest.param(

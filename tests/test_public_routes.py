@@ -14,7 +14,7 @@ from gateway.metrics import usage_key
 from gateway.routes import load_routes
 from gateway.store.memory import MemoryStore
 from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT
-from tests.support.gateway_server import FULL_ENV, PAY_TO, RunningGateway, run_gateway
+from tests.support.gateway_server import FULL_ENV, PAY_TO, SERVICE_ONLY_ENV, RunningGateway, run_gateway
 
 ALLOW_HEADERS = [
     "Content-Type",
@@ -58,8 +58,8 @@ async def gateway(store: MemoryStore) -> AsyncIterator[RunningGateway]:
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def bare_gateway() -> AsyncIterator[RunningGateway]:
-    """Only GATEWAY_BASE_URL is set: every group but the service routes is unmounted."""
-    async with run_gateway({}) as running:
+    """The operator switched every sellable group off: only the service routes are served."""
+    async with run_gateway(SERVICE_ONLY_ENV) as running:
         yield running
 
 
@@ -141,14 +141,11 @@ async def test_catalog_paid_entry_carries_price_asset_network_and_schemas(
     assert entry["price"] == {"microUsdc": "1216", "usd": "$0.001216"}
     assert (entry["asset"], entry["network"]) == (USDC_MAINNET_MINT, SOLANA_MAINNET)
     assert entry["payTo"] == PAY_TO
-    assert entry["inputSchema"]["properties"]["body"]["properties"]["method"] == {
-        "type": "string",
-        "const": "getAssetsByOwner",
-    }
+    assert entry["inputSchema"]["properties"]["body"]["properties"]["method"] == {"const": "getAssetsByOwner"}
     assert entry["outputSchema"]["required"] == ["jsonrpc", "result"]
     assert (
         entry["description"]
-        == "Digital assets of an owner, at most 1000 per page (DAS; mainnet, provider_a)."
+        == "Digital assets of an owner (DAS; mainnet, provider_a); limit at most 1000, default 100."
     )
 
 

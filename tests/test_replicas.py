@@ -69,6 +69,7 @@ async def cluster(
     env = {
         "STATE_STORE_REST_URL": clean_redis_url,
         "GATEWAY_BASE_URL": BASE_URL,
+        "ROUTE_GROUPS": "all",
         "SIWX_SECRET": SIWX_SECRET,
         "ASSET_API_BASE_URL": asset_api.url,
         "ASSET_API_KEY": ASSET_KEY,

@@ -9,6 +9,8 @@ import pytest
 
 from gateway.config import PACKAGED_ROUTES_FILE
 from gateway.routes import RoutesError, RouteSpec, load_routes, parse_routes
+from gateway.x402.challenge import ExactChallenge
+from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT, PaymentRequirements
 
 LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
 RPC_METHODS = {
@@ -191,6 +193,12 @@ def _load_error(doc: Any) -> str:
     return str(caught.value)
 
 
+def _load_problems(doc: Any) -> list[str]:
+    with pytest.raises(RoutesError) as caught:
+        parse_routes(doc, LIMITS)
+    return caught.value.problems
+
+
 def test_a_small_valid_table_loads() -> None:
     (route,) = parse_routes(_doc(_route()), LIMITS)
 
@@ -211,19 +219,19 @@ def test_template_expands_cluster_by_provider_by_method() -> None:
 def test_unknown_handler_names_its_location() -> None:
     message = _load_error(_doc(_route(), _route(name="b", path="/b", handler="teapot")))
 
-    assert message == "routes[1] (b).handler: unknown handler 'teapot'"
+    assert message == "routes.yaml: routes[1] (b).handler: unknown handler 'teapot'"
 
 
 def test_unknown_access_names_its_location() -> None:
     message = _load_error(_doc(_route(access="free")))
 
-    assert message.startswith("routes[0] (ping).access: 'free' is not one of")
+    assert message.startswith("routes.yaml: routes[0] (ping).access: 'free' is not one of")
 
 
 def test_duplicate_path_names_both_locations() -> None:
     message = _load_error(_doc(_route(), _route(name="ping2")))
 
-    assert message == "routes[1].path: duplicate route GET /ping (first at routes[0])"
+    assert message == "routes.yaml: routes[1].path: duplicate route GET /ping (first at routes[0])"
 
 
 def test_same_path_with_another_method_is_not_a_duplicate() -> None:
@@ -235,7 +243,7 @@ def test_same_path_with_another_method_is_not_a_duplicate() -> None:
 def test_duplicate_name_names_its_location() -> None:
     message = _load_error(_doc(_route(), _route(path="/other")))
 
-    assert message == "routes[1].name: duplicate route name 'ping' (first at routes[0])"
+    assert message == "routes.yaml: routes[1].name: duplicate route name 'ping' (first at routes[0])"
 
 
 def test_duplicate_from_a_template_names_the_expansion() -> None:
@@ -243,20 +251,22 @@ def test_duplicate_from_a_template_names_the_expansion() -> None:
 
     message = _load_error({"routes": [clash], "templates": [TEMPLATE]})
 
-    assert message.startswith("templates[0][devnet/provider_a/getSlot].path: duplicate route POST")
+    assert message.startswith(
+        "routes.yaml: templates[0][devnet/provider_a/getSlot].path: duplicate route POST"
+    )
     assert message.endswith("(first at routes[0])")
 
 
 def test_exact_route_without_price_names_its_location() -> None:
     message = _load_error(_doc(_route(access="exact")))
 
-    assert message == "routes[0] (ping).price: an exact route needs a price"
+    assert message == "routes.yaml: routes[0] (ping).price: an exact route needs a price"
 
 
 def test_price_on_a_route_that_is_not_exact_is_refused() -> None:
     message = _load_error(_doc(_route(price=5)))
 
-    assert message == "routes[0] (ping).price: only exact routes carry a price"
+    assert message == "routes.yaml: routes[0] (ping).price: only exact routes carry a price"
 
 
 def test_template_without_price_names_the_expansion() -> None:
@@ -264,7 +274,9 @@ def test_template_without_price_names_the_expansion() -> None:
 
     message = _load_error({"templates": [template]})
 
-    assert message.startswith("templates[0][mainnet/provider_a/getBalance] (solana.mainnet.provider_a.rpc")
+    assert message.startswith(
+        "routes.yaml: templates[0][mainnet/provider_a/getBalance] (solana.mainnet.provider_a.rpc"
+    )
     assert message.endswith(".price: an exact route needs a price")
 
 
@@ -274,7 +286,8 @@ def test_bad_schema_keyword_names_its_location() -> None:
     message = _load_error(_doc(_route(input={"query": schema})))
 
     assert message == (
-        "routes[0] (ping).input.query.properties.limit: unsupported schema keyword(s) ['exclusiveMinimum']"
+        "routes.yaml: routes[0] (ping).input.query.properties.limit: "
+        "unsupported schema keyword(s) ['exclusiveMinimum']"
     )
 
 
@@ -293,13 +306,13 @@ def test_unknown_field_in_a_template_method_is_refused() -> None:
 
     message = _load_error({"templates": [template]})
 
-    assert message.startswith("templates[0].methods.getBalance: unknown field(s) ['parms']")
+    assert message.startswith("routes.yaml: templates[0].methods.getBalance: unknown field(s) ['parms']")
 
 
 def test_unknown_upstream_names_its_location() -> None:
     message = _load_error(_doc(_route(upstream="provider_c_mainnet")))
 
-    assert message.startswith("routes[0] (ping).upstream: unknown upstream 'provider_c_mainnet'")
+    assert message.startswith("routes.yaml: routes[0] (ping).upstream: unknown upstream 'provider_c_mainnet'")
 
 
 def test_unknown_named_limit_names_its_location() -> None:
@@ -307,7 +320,9 @@ def test_unknown_named_limit_names_its_location() -> None:
 
     message = _load_error(_doc(_route(rate_limits=limits)))
 
-    assert message.startswith("routes[0] (ping).rate_limits[1].limit: unknown named limit 'turbo'")
+    assert message.startswith(
+        "routes.yaml: routes[0] (ping).rate_limits[1].limit: unknown named limit 'turbo'"
+    )
 
 
 @pytest.mark.parametrize("period", [0, -1, True, "30"])
@@ -316,7 +331,9 @@ def test_literal_limit_needs_a_positive_period(period: Any) -> None:
 
     message = _load_error(_doc(_route(rate_limits=limits)))
 
-    assert message.startswith("routes[0] (ping).rate_limits[0].limit: a named limit or a positive integer")
+    assert message.startswith(
+        "routes.yaml: routes[0] (ping).rate_limits[0].limit: a named limit or a positive integer"
+    )
 
 
 def test_literal_limit_is_kept_in_milliseconds() -> None:
@@ -332,19 +349,19 @@ def test_literal_limit_is_kept_in_milliseconds() -> None:
 def test_unknown_route_field_names_its_location() -> None:
     message = _load_error(_doc(_route(cost=3)))
 
-    assert message == "routes[0]: unknown field(s) ['cost']"
+    assert message == "routes.yaml: routes[0]: unknown field(s) ['cost']"
 
 
-def test_bad_forward_params_names_its_location() -> None:
-    message = _load_error(_doc(_route(forward_params="positional")))
+def test_forward_params_is_no_longer_a_route_field() -> None:
+    message = _load_error(_doc(_route(forward_params="named")))
 
-    assert message == "routes[0] (ping).forward_params: must be as_is or named"
+    assert message == "routes.yaml: routes[0]: unknown field(s) ['forward_params']"
 
 
 def test_listed_must_be_a_boolean() -> None:
     message = _load_error(_doc(_route(listed="false")))
 
-    assert message == "routes[0] (ping).listed: must be true or false"
+    assert message == "routes.yaml: routes[0] (ping).listed: must be true or false, got the text 'false'"
 
 
 def test_unknown_pricing_unit_names_its_location() -> None:
@@ -353,7 +370,10 @@ def test_unknown_pricing_unit_names_its_location() -> None:
 
     message = _load_error(_doc(route, pricing=pricing))
 
-    assert message == "routes[0] (ping).price.unit: schedule 'provider_a' has no units for 'getSlot'"
+    assert (
+        message
+        == "routes.yaml: routes[0] (ping).price.unit: schedule 'provider_a' has no units for 'getSlot'"
+    )
 
 
 def test_price_from_a_schedule_rounds_up_and_adds_the_fee() -> None:
@@ -366,3 +386,189 @@ def test_price_from_a_schedule_rounds_up_and_adds_the_fee() -> None:
     (parsed,) = parse_routes(_doc(route, pricing=pricing), LIMITS)
 
     assert parsed.price_micro_usdc == 1018  # ceil(40 * 0.45 + 1000)
+
+
+# --- the file as an operator edits it: every problem at once, with the file and its location -------
+
+
+def _file_error(tmp_path: Any, text: str, name: str = "my-routes.yaml") -> list[str]:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(RoutesError) as caught:
+        load_routes(path, LIMITS)
+    return caught.value.problems
+
+
+def test_every_problem_is_reported_at_once_each_with_the_file_and_line(tmp_path: Any) -> None:
+    text = """version: 1
+routes:
+  - name: a
+    path: /a
+    method: GET
+    access: free
+    handler: health
+  - name: b
+    path: b
+    method: FETCH
+    access: public
+    handler: teapot
+    listed: 'no'
+"""
+
+    problems = _file_error(tmp_path, text)
+
+    source = str(tmp_path / "my-routes.yaml")
+    assert problems == [
+        f"{source}:6: routes[0] (a).access: 'free' is not one of ['public', 'exact', 'siwx', 'internal']",
+        f"{source}:9: routes[1] (b).path: must start with /, got 'b'",
+        f"{source}:10: routes[1] (b).method: 'FETCH' is not one of ['DELETE', 'GET', 'PATCH', 'POST', 'PUT']",
+        f"{source}:12: routes[1] (b).handler: unknown handler 'teapot'",
+        f"{source}:13: routes[1] (b).listed: must be true or false, got the text 'no'",
+    ]
+
+
+def test_a_problem_in_the_packaged_table_points_at_its_line(tmp_path: Any) -> None:
+    text = PACKAGED_ROUTES_FILE.read_text().replace("getBalance: 10\n", "getBalance: ten\n", 1)
+    line = text.splitlines().index("      getBalance: ten") + 1
+
+    problems = _file_error(tmp_path, text)
+
+    assert problems == [
+        f"{tmp_path / 'my-routes.yaml'}:{line}: pricing.provider_a.units.getBalance: "
+        "must be a positive number, got the text 'ten'"
+    ]
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Any) -> None:
+    (problem,) = _file_error(tmp_path, "version: 1\nroutes:\n  - {name: a, path: /a\n  - oops: [\n")
+
+    assert problem == (
+        f"{tmp_path / 'my-routes.yaml'}:4:9: YAML syntax error: "
+        "while parsing a flow mapping, expected ',' or '}', but got ':'"
+    )
+    assert "<unicode string>" not in problem
+
+
+def test_an_empty_file_is_blamed_on_its_own_name(tmp_path: Any) -> None:
+    (problem,) = _file_error(tmp_path, "# nothing yet\n", name="empty.yaml")
+
+    assert (
+        problem
+        == f"{tmp_path / 'empty.yaml'}: the file is empty (expected version, pricing, routes, templates)"
+    )
+
+
+def test_a_directory_is_reported_as_a_directory(tmp_path: Any) -> None:
+    with pytest.raises(RoutesError) as caught:
+        load_routes(tmp_path, LIMITS)
+
+    assert caught.value.problems == [f"{tmp_path}: is a directory, not a route table file"]
+
+
+def test_unknown_top_level_keys_and_versions_are_refused() -> None:
+    problems = _load_problems({"version": 2, "route": [], "x-anchors": {}, "routes": [_route()]})
+
+    assert problems == [
+        "routes.yaml: route: unknown top-level key (known: pricing, routes, templates, version, or x-...)",
+        "routes.yaml: version: unsupported version 2 (this gateway reads version 1)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("units", "message"),
+    [
+        ("ten", "must be a positive number, got the text 'ten'"),
+        (0, "must be a positive number, got the number 0"),
+        (True, "must be a positive number, got the boolean true"),
+    ],
+)
+def test_a_bad_pricing_value_says_what_is_wrong_with_it(units: Any, message: str) -> None:
+    pricing = {"provider_a": {"micro_usdc_per_unit": "0.45", "units": {"getBalance": units}}}
+    route = _route(access="exact", method="POST", price={"pricing": "provider_a", "unit": "getBalance"})
+
+    problems = _load_problems(_doc(route, pricing=pricing))
+
+    assert problems == [f"routes.yaml: pricing.provider_a.units.getBalance: {message}"]
+
+
+def test_a_bad_per_unit_price_is_named() -> None:
+    pricing = {"provider_a": {"micro_usdc_per_unit": "cheap", "units": {"getBalance": 1}}}
+
+    problems = _load_problems(_doc(_route(), pricing=pricing))
+
+    assert problems == [
+        "routes.yaml: pricing.provider_a.micro_usdc_per_unit: must be a positive number, got the text 'cheap'"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("route", "message"),
+    [
+        (
+            _route(rate_limits=[{"scope": "s", "limit": "rpc", "per": "wallet"}]),
+            "routes[0] (ping).rate_limits[0]: a per-wallet limit cannot be enforced on public routes",
+        ),
+        (
+            _route(
+                access="internal",
+                handler="facilitator_supported",
+                rate_limits=[{"scope": "s", "limit": "rpc"}],
+            ),
+            "routes[0] (ping).rate_limits[0]: internal routes run no rate limiter: remove their rate_limits",
+        ),
+        (
+            _route(rate_limits=[{"scope": "s", "limit": "rpc", "burst": 5}]),
+            "routes[0] (ping).rate_limits[0]: unknown field(s) ['burst'] "
+            "(known: limit, per, period_seconds, scope)",
+        ),
+    ],
+)
+def test_a_rate_limit_the_gateway_cannot_enforce_is_refused_at_load(
+    route: dict[str, Any], message: str
+) -> None:
+    assert _load_problems(_doc(route)) == [f"routes.yaml: {message}"]
+
+
+def test_the_packaged_table_declares_only_enforceable_limits(packaged: list[RouteSpec]) -> None:
+    for route in packaged:
+        for limit in route.rate_limits:
+            assert route.access != "internal"
+            assert limit.per == "scope" or route.access in ("exact", "siwx")
+
+
+def test_every_paid_challenge_header_fits_common_client_limits(packaged: list[RouteSpec]) -> None:
+    """A paid route's body schema travels twice in PAYMENT-REQUIRED; aiohttp, for one, refuses
+    a response header over 8190 bytes, so that client could not even read the price."""
+    requirements = PaymentRequirements(
+        scheme="exact",
+        network=SOLANA_MAINNET,
+        amount="1216",
+        asset=USDC_MAINNET_MINT,
+        payTo=USDC_MAINNET_MINT,
+        maxTimeoutSeconds=60,
+    )
+    for route in packaged:
+        if route.access != "exact":
+            continue
+        challenge = ExactChallenge(
+            requirements,
+            "https://gateway.example.com" + route.path,
+            route.description,
+            route.input.get("body"),
+            route.output,
+            "https://api.cdp.coinbase.com/platform/v2/x402",
+            route.method,
+        )
+        _, headers = challenge.response(USDC_MAINNET_MINT)
+        assert len(dict(headers)[b"payment-required"]) < 8000, route.name
+
+
+@pytest.mark.parametrize(
+    "price", [{"pricing": ["provider_a"], "unit": "getBalance"}, {"pricing": "provider_a", "unit": {"a": 1}}]
+)
+def test_a_price_reference_must_name_its_schedule_and_unit_as_text(price: dict[str, Any]) -> None:
+    route = _route(access="exact", method="POST", price=price)
+
+    (problem,) = _load_problems(_doc(route))
+
+    assert problem.startswith("routes.yaml: routes[0] (ping).price: an integer of micro-USDC or {pricing: ")

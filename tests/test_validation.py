@@ -323,16 +323,30 @@ def test_route_without_query_schema_reads_no_query(routes: dict[str, RouteSpec])
 # --- path parameters ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("asset_id", ["solana", "usd-coin", f"solana-{MINT}"])
-def test_asset_id_accepts_canonical_and_singleton_ids(routes: dict[str, RouteSpec], asset_id: str) -> None:
+@pytest.mark.parametrize(
+    "asset_id",
+    ["solana", "usd-coin", f"solana-{MINT}", "Solana", "usd_coin", "wrapped.eth", "-sol", "sol~1", "a" * 128],
+)
+def test_asset_id_accepts_what_an_upstream_id_can_be(routes: dict[str, RouteSpec], asset_id: str) -> None:
     assert _validator(routes, "tokens.profile").path({"assetId": asset_id}) == {"assetId": asset_id}
 
 
-@pytest.mark.parametrize("asset_id", ["Solana", "-sol", "sol-", "sol_x", "a" * 65])
-def test_asset_id_refuses_other_shapes(routes: dict[str, RouteSpec], asset_id: str) -> None:
+@pytest.mark.parametrize(
+    "asset_id", [".", "..", "a/b", "a\\b", "sol\n", "sol\x00", "sol\x7f", "a b", "a%2Fb", "a" * 129, ""]
+)
+def test_asset_id_refuses_traversal_slashes_and_control_characters(
+    routes: dict[str, RouteSpec], asset_id: str
+) -> None:
     error = _refused(_validator(routes, "tokens.profile").path, {"assetId": asset_id})
 
     assert error.where == "assetId"
+
+
+def test_a_pattern_ending_in_dollar_does_not_match_before_a_trailing_newline() -> None:
+    validate = _schema({"type": "string", "pattern": "^[a-z]+$"})
+
+    assert validate("abc", "x") == "abc"
+    assert str(_refused(validate, "abc\n", "x")) == "x: has an invalid format"
 
 
 # --- JSON bodies ----------------------------------------------------------------------------------
@@ -370,6 +384,127 @@ def test_missing_or_broken_json_body_is_refused(
     assert str(error) == message
 
 
+DAS_GET_ASSET = "solana.mainnet.provider_a.das.getAsset"
+DAS_BY_OWNER = "solana.mainnet.provider_b.das.getAssetsByOwner"
+DAS_SEARCH = "solana.devnet.provider_b.das.searchAssets"
+
+
+def _body(routes: dict[str, RouteSpec], name: str, body: Any) -> Any:
+    return _validator(routes, name).body(msgspec.json.encode(body))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [[MINT], [{"id": MINT}], {"id": MINT}, [MINT, None]],
+    ids=["positional", "named-in-array", "bare-object", "positional-null-option"],
+)
+def test_das_get_asset_takes_both_forms_and_yields_the_named_one(
+    routes: dict[str, RouteSpec], params: Any
+) -> None:
+    assert _body(routes, DAS_GET_ASSET, {"params": params}) == {"params": {"id": MINT}}
+
+
+def test_das_positional_options_land_on_their_names(routes: dict[str, RouteSpec]) -> None:
+    params = [MINT, {"sortBy": "created", "sortDirection": "asc"}, 20, 2, None, None, {"showFungible": True}]
+
+    assert _body(routes, DAS_BY_OWNER, {"params": params})["params"] == {
+        "ownerAddress": MINT,
+        "sortBy": {"sortBy": "created", "sortDirection": "asc"},
+        "limit": 20,
+        "page": 2,
+        "options": {"showFungible": True},
+    }
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (["nope"], "params.id: must be a base58 Solana address"),
+        ([{"id": "nope"}], "params.id: must be a base58 Solana address"),
+        ({"id": "nope"}, "params.id: must be a base58 Solana address"),
+        ([MINT, {"showFungible": "yes"}], "params.options.showFungible: must be a boolean"),
+        (
+            {"id": MINT, "displayOptions": {"showFungible": 1}},
+            "params.options.showFungible: must be a boolean",
+        ),
+        (
+            {"id": MINT, "options": {}, "displayOptions": {}},
+            "params.displayOptions: give options or displayOptions, not both",
+        ),
+        ({"id": MINT, "show": True}, "params.show: is not a known parameter"),
+        ([MINT, {}, 3], "params: takes at most 2 positional parameters (id, options)"),
+        ([], "params.id: is required"),
+        ("x", "params: must be an array or object"),
+    ],
+)
+def test_das_forms_are_held_to_the_same_rules(
+    routes: dict[str, RouteSpec], params: Any, message: str
+) -> None:
+    error = _refused(_body, routes, DAS_GET_ASSET, {"params": params})
+
+    assert str(error) == message
+
+
+def test_das_page_size_defaults_when_none_is_given_and_is_capped(routes: dict[str, RouteSpec]) -> None:
+    assert _body(routes, DAS_SEARCH, {"params": {"ownerAddress": MINT}})["params"] == {
+        "ownerAddress": MINT,
+        "limit": 100,
+    }
+    assert _body(routes, DAS_BY_OWNER, {"params": [MINT]})["params"]["limit"] == 100
+    assert _body(routes, DAS_BY_OWNER, {"params": [MINT, None, 1000]})["params"]["limit"] == 1000
+    assert str(_refused(_body, routes, DAS_SEARCH, {"params": {"limit": 1001}})) == (
+        "params.limit: must be between 1 and 1000"
+    )
+    assert str(_refused(_body, routes, DAS_BY_OWNER, {"params": [MINT, None, 10, 10001]})) == (
+        "params.page: must be between 1 and 10000"
+    )
+
+
+def test_das_search_takes_the_documented_criteria(routes: dict[str, RouteSpec]) -> None:
+    criteria = {
+        "ownerAddress": MINT,
+        "tokenType": "fungible",
+        "grouping": ["collection", MINT],
+        "burnt": False,
+        "interface": "ProgrammableNFT",
+        "sortBy": {"sortBy": "recent_action", "sortDirection": "desc"},
+        "cursor": "abc",
+        "options": {"showNativeBalance": True, "showGrandTotal": True, "showZeroBalance": False},
+        "limit": 5,
+    }
+
+    assert _body(routes, DAS_SEARCH, {"params": criteria})["params"] == criteria
+    assert str(_refused(_body, routes, DAS_SEARCH, {"params": {"conditionType": "most"}})) == (
+        "params.conditionType: must be one of all, any"
+    )
+    assert str(_refused(_body, routes, DAS_SEARCH, {"params": [MINT]})) == (
+        "params: takes named parameters only: an object, or an array holding one"
+    )
+
+
+def test_das_display_options_reach_the_provider_under_their_current_name(
+    routes: dict[str, RouteSpec],
+) -> None:
+    body = {"params": [{"id": MINT, "displayOptions": {"showFungible": True}}]}
+
+    assert _body(routes, DAS_GET_ASSET, body)["params"] == {"id": MINT, "options": {"showFungible": True}}
+
+
+def test_unknown_top_level_body_fields_are_ignored(routes: dict[str, RouteSpec]) -> None:
+    body = {"jsonrpc": "2.0", "id": 7, "method": "getAsset", "params": [MINT], "trace": {"x": 1}}
+
+    assert _body(routes, DAS_GET_ASSET, body)["params"] == {"id": MINT}
+
+
+def test_named_params_order_must_name_properties() -> None:
+    schema = {"type": "object", "x-named-params": {"order": ["id", "idz"]}, "properties": {"id": {}}}
+
+    with pytest.raises(SchemaError) as caught:
+        check_schema(schema, "s")
+
+    assert str(caught.value) == "s.x-named-params.order: ['idz'] are not properties of this schema"
+
+
 def test_body_that_is_not_an_object_is_refused(routes: dict[str, RouteSpec]) -> None:
     error = _refused(_validator(routes, "solana.devnet.provider_b.das.getAsset").body, b"[1]")
 
@@ -388,11 +523,11 @@ def test_body_that_is_not_an_object_is_refused(routes: dict[str, RouteSpec]) -> 
         ({"properties": ["a", "b"]}, "s.properties: must map names to schemas"),
         (
             {"properties": {"a": {"maxLength": "3"}}},
-            "s.properties.a.maxLength: must be a non-negative integer",
+            "s.properties.a.maxLength: must be a non-negative integer, got the text '3'",
         ),
-        ({"minimum": "1"}, "s.minimum: must be a number"),
-        ({"enum": "abc"}, "s.enum: must be a list"),
-        ({"required": "q"}, "s.required: must be a list"),
+        ({"minimum": "1"}, "s.minimum: must be a number, got the text '1'"),
+        ({"enum": "abc"}, "s.enum: must be a list, got the text 'abc'"),
+        ({"required": "q"}, "s.required: must be a list, got the text 'q'"),
         (
             {"oneOf": [{"type": "string"}, {"type": "integer"}]},
             "s.oneOf[0]: only {required: [names]} groups are supported",
@@ -402,7 +537,7 @@ def test_body_that_is_not_an_object_is_refused(routes: dict[str, RouteSpec]) -> 
         ({"x-comma-list": {"maxItems": 3}}, "s.x-comma-list: needs an items schema"),
         (
             {"x-comma-list": {"items": {}, "maxItems": "3"}},
-            "s.x-comma-list.maxItems: must be a non-negative integer",
+            "s.x-comma-list.maxItems: must be a non-negative integer, got the text '3'",
         ),
         ({"x-combined-count": {"min": 1}}, "s.x-combined-count: needs fields, min and max"),
         (

@@ -22,6 +22,7 @@ import msgspec
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, read_body, send_bytes, send_error
 from gateway.errors import ErrorCode, GatewayError
 from gateway.facilitators import Facilitator, FacilitatorUnavailable
+from gateway.router import without_body
 from gateway.store.base import StoreUnavailable
 from gateway.x402.types import FacilitatorRequest
 
@@ -43,6 +44,7 @@ class _Endpoint:
     def __init__(self, routes: InternalFacilitatorRoutes, method: str, operation: Operation) -> None:
         self._routes = routes
         self._method = method
+        self._allow = "GET, HEAD" if method == "GET" else method
         self._operation = operation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -51,11 +53,13 @@ class _Endpoint:
         if not self._routes.authorized(scope):
             await send_error(send, GatewayError(ErrorCode.UNAUTHORIZED, "missing or wrong internal secret"))
             return
-        if scope["method"] != self._method:
+        if scope["method"] == "HEAD" and self._method == "GET":
+            send = without_body(send)  # HEAD wherever GET is accepted: same headers, no body
+        elif scope["method"] != self._method:
             await send_error(
                 send,
                 GatewayError(
-                    ErrorCode.METHOD_NOT_ALLOWED, f"use {self._method}", headers={"allow": self._method}
+                    ErrorCode.METHOD_NOT_ALLOWED, f"use {self._allow}", headers={"allow": self._allow}
                 ),
             )
             return

@@ -65,14 +65,14 @@ class JsonRpcProxy:
         self.url = services.settings.upstream_url(route.upstream) or ""
         self.secrets = url_secrets(self.url)
         self.method = route.operation
-        self.named = route.forward_params == "named"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Only these four fields go upstream: anything else the client sent is ignored. DAS
+        # params arrive here already in their named form (validation normalises both forms).
         body: dict[str, Any] = scope["state"]["input"]
-        params = body["params"]
-        if self.named and isinstance(params, list) and len(params) == 1:
-            params = params[0]
-        request = JsonRpcRequest(jsonrpc="2.0", id=body.get("id", 1), method=self.method, params=params)
+        request = JsonRpcRequest(
+            jsonrpc="2.0", id=body.get("id", 1), method=self.method, params=body["params"]
+        )
         raw = await self._post(_encode(request))
         try:
             reply = _reply.decode(raw)

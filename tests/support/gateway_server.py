@@ -18,12 +18,16 @@ from gateway.app import create_app
 from gateway.config import Settings, load_settings
 from gateway.routes import RouteSpec
 from gateway.store import Store
+from tests.support.cdp_facilitator import make_ed25519_credentials
 
 PAY_TO = str(Keypair().pubkey())
+_CDP = make_ed25519_credentials("LEAK-KEY-ID")
 FULL_ENV = {
-    # Every route group configured, with secrets that must never be echoed ("LEAK-"); a non-CDP
-    # facilitator URL mounts the paid routes without an API key. Nothing listens on port 9.
+    # Every route group configured, with secrets that must never be echoed ("LEAK-"); nothing
+    # listens on port 9, so no facilitator or upstream is ever reached.
     "FACILITATOR_URL": "http://127.0.0.1:9/",
+    "FACILITATOR_API_KEY_ID": _CDP.key_id,
+    "FACILITATOR_API_KEY_SECRET": _CDP.secret,
     "X402_PAY_TO_WALLET": PAY_TO,
     "PROVIDER_A_MAINNET_RPC_URL": "http://127.0.0.1:9/a/?api-key=LEAK-A",
     "PROVIDER_A_DEVNET_RPC_URL": "http://127.0.0.1:9/a-dev/?api-key=LEAK-A",
@@ -34,6 +38,10 @@ FULL_ENV = {
     "SIWX_SECRET": "LEAK-SIWX-SECRET-0123456789abcdef0123456789",
     "INTERNAL_SETTLEMENT_SECRET": "LEAK-INTERNAL-SECRET-0123456789abcdef",
 }
+SERVICE_ONLY_ENV = {"ROUTE_GROUPS": "none"}
+"""Only the service (and internal) routes: the operator switched every sellable group off."""
+PAID_GROUPS = "provider_a,provider_b"
+"""ROUTE_GROUPS of a gateway configured for the paid Solana routes only."""
 
 
 def free_port() -> int:

@@ -41,7 +41,7 @@ from tests.support.cdp_facilitator import (
     close_sdk_rpc_clients,
 )
 from tests.support.facilitator_fixtures import StartFacilitator
-from tests.support.gateway_server import RunningGateway, run_gateway
+from tests.support.gateway_server import PAID_GROUPS, RunningGateway, run_gateway
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream
 
@@ -228,6 +228,7 @@ def paid_env(
         "X402_PAY_TO_WALLET": str(chain.pay_to),
         "SOLANA_MAINNET_RPC_URL": rpc.url,
         "LOG_LEVEL": "WARNING",
+        "ROUTE_GROUPS": PAID_GROUPS,  # no asset-data upstream here: that group is switched off
         **{name: f"{upstream.url}{path}?api-key={PROVIDER_KEY}" for name, path in UPSTREAM_PATHS.items()},
     }
     if facilitator is None:
