@@ -134,8 +134,18 @@ def cmd_pay(args: argparse.Namespace) -> int:
 
     from gateway.payclient import run_pay
 
+    output = "json" if args.json else "quiet" if args.quiet else "text"
     return asyncio.run(
-        run_pay(args.method, args.url, keypair_file=args.keypair, data=args.data, rpc_url=args.rpc)
+        run_pay(
+            args.method,
+            args.url,
+            keypair_file=args.keypair,
+            data=args.data,
+            rpc_url=args.rpc,
+            max_amount=args.max_amount,
+            usdc_mint=args.usdc_mint or os.environ.get("X402_USDC_MINT") or None,
+            output=output,
+        )
     )
 
 
@@ -162,6 +172,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     pay.add_argument("--data", default=None, help="JSON request body")
     pay.add_argument("--keypair", required=True, help="solana-keygen JSON file (or base58 64-byte key)")
     pay.add_argument("--rpc", default=None, help="Solana RPC URL (default: $SOLANA_RPC_URL or mainnet)")
+    pay.add_argument(
+        "--max-amount",
+        default=None,
+        metavar="USDC",
+        help="refuse challenges asking more than this many USDC per call (default: 0.10)",
+    )
+    pay.add_argument(
+        "--usdc-mint",
+        default=None,
+        metavar="MINT",
+        help="the only asset paid in (default: $X402_USDC_MINT or the mainnet USDC mint)",
+    )
+    shown = pay.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", action="store_true", help="print the response body only (errors on stderr)")
+    shown.add_argument("--json", action="store_true", help="print one JSON object for scripts")
     pay.set_defaults(func=cmd_pay)
     args = parser.parse_args(argv)
     result: int = args.func(args)

@@ -25,6 +25,7 @@ from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 from solders.token.associated import get_associated_token_address
 
+from gateway.payclient import usdc_text
 from gateway.x402.types import USDC_MAINNET_MINT
 from tests.support.gateway_process import clean_env, command, kill_group
 from tests.support.gateway_server import free_port
@@ -160,13 +161,16 @@ def test_sandbox_pay_moves_exactly_the_advertised_prices(sandbox: Sandbox) -> No
     assert prices[0] > 0 and prices[1] > 0 and prices[2] == 0
     wallet_before, pay_to_before = _usdc(sandbox, sandbox.wallet), _usdc(sandbox, sandbox.pay_to)
 
-    for method, url, data, expected in calls:
+    for (method, url, data, expected), price in zip(calls, prices, strict=True):
         done = _pay(sandbox, method, url, data)
         assert done.returncode == 0, f"{url}: {done.stderr}"
         body = json.loads(done.stdout)
         assert expected in json.dumps(body)
         if "/x402/solana/" in url:
             assert "PAYMENT-RESPONSE:" in done.stderr and '"success":true' in done.stderr
+            assert f"paid {usdc_text(price)} to {sandbox.pay_to}" in done.stderr
+        else:
+            assert f"signed in as {sandbox.wallet}" in done.stderr
 
     spent = sum(prices)
     assert _usdc(sandbox, sandbox.wallet) == wallet_before - spent
@@ -181,12 +185,16 @@ def test_pay_exits_non_zero_with_one_line_reason_when_the_wallet_holds_no_usdc(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:
     stranger = tmp_path / "stranger.json"
-    stranger.write_text(json.dumps(list(bytes(Keypair()))))
+    stranger_key = Keypair()
+    stranger.write_text(json.dumps(list(bytes(stranger_key))))
     wallet_before = _usdc(sandbox, sandbox.wallet)
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getBalance", "params": [sandbox.wallet]})
     done = _pay(
         sandbox, "POST", f"{sandbox.url}/v1/x402/solana/mainnet/provider_a/rpc/getBalance", body, stranger
     )
     assert done.returncode != 0
-    assert len(done.stderr.strip().splitlines()) == 1 and "402" in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"x402-gateway pay: insufficient USDC: wallet {stranger_key.pubkey()} has 0.00 USDC, "
+        "needs 0.001005 USDC"
+    ]
     assert _usdc(sandbox, sandbox.wallet) == wallet_before

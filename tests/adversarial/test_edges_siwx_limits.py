@@ -114,7 +114,9 @@ async def test_replays_spend_neither_the_attackers_wallet_bucket_nor_the_shared_
         replays = [
             (await _get(session, gateway, ATTACKER_IP, {"sign-in-with-x": used}))[0] for _ in range(10)
         ]
-        fresh = [(await _sign_in(session, gateway, VICTIM_IP, wallet))[0] for _ in range(UPSTREAM_KEY_LIMIT - 1)]
+        fresh = [
+            (await _sign_in(session, gateway, VICTIM_IP, wallet))[0] for _ in range(UPSTREAM_KEY_LIMIT - 1)
+        ]
     assert replays == [402] * 10
     assert fresh == [200] * (UPSTREAM_KEY_LIMIT - 1)
     assert len(asset_api.calls) == UPSTREAM_KEY_LIMIT
