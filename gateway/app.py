@@ -16,7 +16,7 @@ from itertools import groupby
 from starlette.applications import Starlette
 from starlette.types import ASGIApp as StarletteASGIApp
 
-from gateway.asgi import ASGIApp
+from gateway.asgi import ASGIApp, BodyReadDeadline
 from gateway.config import Settings, startup_notes
 from gateway.handlers.catalog import CatalogHandler
 from gateway.handlers.health import HealthHandler
@@ -129,8 +129,10 @@ class GatewayApp(Starlette):
     exception middlewares (for HTTPException handlers this app never registers) are left out
     of every request's path."""
 
+    body_timeout_s = 10.0
+
     def build_middleware_stack(self) -> StarletteASGIApp:
-        return TelemetryMiddleware(self.router)
+        return TelemetryMiddleware(BodyReadDeadline(self.router, self.body_timeout_s))
 
 
 def create_app(
@@ -160,6 +162,7 @@ def create_app(
         routes=[PathTable(entries)],
         lifespan=services.lifespan,
     )
+    starlette.body_timeout_s = settings.client_body_timeout_s
     starlette.router.redirect_slashes = False
     starlette.router.default = not_found
     starlette.state.services = services

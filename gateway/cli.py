@@ -110,7 +110,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config.graceful_timeout = args.graceful_timeout
     config.accesslog = None
     config.errorlog = "-"
-    config.keep_alive_timeout = 75
+    # Hypercorn's idle timer runs from connection open (or the previous response) until a
+    # request's headers are complete: it is the header read timeout and the keep-alive idle time.
+    config.keep_alive_timeout = settings.client_header_timeout_s
     return int(run(config))
 
 

@@ -190,6 +190,7 @@ async def run_sandbox(
         config.accesslog = None
         config.errorlog = "-"
         config.graceful_timeout = 5.0
+        config.keep_alive_timeout = settings.client_header_timeout_s
         server = asyncio.create_task(serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
         try:
             await _wait_listening(shown_host, port, server)
