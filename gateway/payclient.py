@@ -26,6 +26,7 @@ JSON object for scripts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import secrets
@@ -40,6 +41,7 @@ import aiohttp
 import base58
 import msgspec
 from solders.keypair import Keypair
+from solders.pubkey import Pubkey
 
 from gateway.config import PUBLIC_MAINNET_RPC_URL
 from gateway.pricing import usd_display
@@ -47,6 +49,7 @@ from gateway.solana_rpc import SolanaRpc, SolanaRpcError
 from gateway.x402.challenge import PAYMENT_IDENTIFIER
 from gateway.x402.headers import HeaderError, decode_header, encode_header
 from gateway.x402.siwx_signer import sign_in
+from gateway.x402.svm import associated_token_address
 from gateway.x402.svm_payer import create_exact_payment, fetch_mint_info, fetch_token_balance
 from gateway.x402.types import (
     USDC_DECIMALS,
@@ -529,4 +532,72 @@ async def run_pay(
     if not result.ok:
         print(f"x402-gateway pay: {_failure_reason(result)}", file=err)
         return 1
+    return 0
+
+
+# --- balance --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WalletBalance:
+    wallet: str
+    lamports: int
+    usdc: int
+    token_account: str
+    mint: str
+
+
+def sol_text(lamports: int) -> str:
+    return f"{lamports / 10**9:.9f}".rstrip("0").rstrip(".") + " SOL"
+
+
+async def fetch_wallet_balance(rpc_url: str, wallet: str, mint: str = USDC_MAINNET_MINT) -> WalletBalance:
+    """SOL and USDC of ``wallet``: its lamports and its associated token account for ``mint``."""
+    try:
+        owner = Pubkey.from_string(wallet)
+    except ValueError:
+        raise PayError(f"{wallet[:64]!r} is not a Solana address", "usage") from None
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_S)) as session:
+        rpc = SolanaRpc(rpc_url, session)
+        try:
+            info = await fetch_mint_info(rpc, mint)
+            usdc = await fetch_token_balance(rpc, owner, info)
+            lamports = await rpc.get_balance(wallet)
+        except SolanaRpcError as exc:
+            raise PayError(f"RPC {exc}", "rpc_failed") from None
+        except ValueError as exc:
+            raise PayError(f"mint {mint}: {exc}", "rpc_failed") from None
+    account = associated_token_address(
+        owner, Pubkey.from_string(mint), Pubkey.from_string(info.token_program)
+    )
+    return WalletBalance(wallet, lamports, usdc, str(account), mint)
+
+
+async def run_balance(
+    wallet: str,
+    *,
+    rpc_url: str | None = None,
+    usdc_mint: str | None = None,
+    as_json: bool = False,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """The ``balance`` command: the wallet's USDC and SOL on the node at ``rpc_url``."""
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        found = await fetch_wallet_balance(
+            rpc_url or default_rpc_url(), wallet, usdc_mint or USDC_MAINNET_MINT
+        )
+    except PayError as exc:
+        if as_json:
+            print(json.dumps({"ok": False, "error": {"code": exc.code, "message": str(exc)}}), file=out)
+        else:
+            print(f"x402-gateway balance: {exc}", file=err)
+        return 1
+    if as_json:
+        print(json.dumps({"ok": True, **dataclasses.asdict(found)}), file=out)
+        return 0
+    print(f"wallet:         {found.wallet}", file=out)
+    print(f"USDC:           {usdc_text(found.usdc)}  (token account {found.token_account})", file=out)
+    print(f"SOL:            {sol_text(found.lamports)}", file=out)
     return 0
