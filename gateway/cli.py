@@ -190,13 +190,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     routes = sub.add_parser("routes", help="print the expanded routes.yaml table")
     routes.set_defaults(func=cmd_routes)
     sandbox = sub.add_parser("sandbox", help="run the gateway offline: local chain, sample upstreams")
-    sandbox.add_argument("--host", default="127.0.0.1")
+    sandbox.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the gateway and the local chain listen on (0.0.0.0 in a container)",
+    )
     sandbox.add_argument("--port", type=int, default=None, help="the gateway's port (default: $PORT or 8080)")
     sandbox.add_argument(
         "--chain-port",
         type=int,
         default=0,
-        help="the local Solana RPC's port on 127.0.0.1 (default: any free)",
+        help="the local Solana RPC's port, on --host (default: any free)",
     )
     sandbox.add_argument(
         "--assets-port",

@@ -158,6 +158,13 @@ class LiteSvmRpcServer:
         host, port = self._httpd.server_address[:2]
         return f"http://{host!s}:{port}"
 
+    @property
+    def port_bound(self) -> int:
+        """The port it listens on (the one chosen when ``port`` was 0)."""
+        if self._httpd is None:
+            raise RuntimeError("server not started")
+        return int(self._httpd.server_address[1])
+
     def start(self) -> LiteSvmRpcServer:
         handler = type("_Handler", (_Handler,), {"rpc": self})
         httpd = ThreadingHTTPServer((self.host, self.port), handler)

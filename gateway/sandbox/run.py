@@ -138,11 +138,17 @@ class SandboxParts:
     key_file: Path
     state_dir: Path
     persistent: bool = False
+    shown_host: str = "127.0.0.1"
+
+    @property
+    def chain_url(self) -> str:
+        """The local chain's URL as the gateway and a client on this machine reach it."""
+        return f"http://{self.shown_host}:{self.rpc.port_bound}"
 
 
 def sandbox_env(parts: SandboxParts, base_url: str, port: int, asset_api_key: str) -> dict[str, str]:
     """The gateway's configuration for the sandbox (never read from the operator's environment)."""
-    chain_url = parts.rpc.url
+    chain_url = parts.chain_url
     env = {
         "GATEWAY_BASE_URL": base_url,
         "PORT": str(port),
@@ -168,7 +174,7 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
     base = settings.base_url
     payer = str(parts.chain.payer.pubkey())
     held = parts.chain.balance(parts.chain.payer_ata) or 0
-    tail = f"--keypair {shlex.quote(str(parts.key_file))} --rpc {parts.rpc.url}"
+    tail = f"--keypair {shlex.quote(str(parts.key_file))} --rpc {parts.chain_url}"
     kept = "kept between runs" if parts.persistent else "temporary, removed on exit; --state-dir keeps it"
     rpc_body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getBalance", "params": [payer]})
     das_body = json.dumps(
@@ -178,7 +184,7 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
         [
             "x402-gateway sandbox: everything below is local and offline (sample data, test USDC).",
             f"  gateway:        {base}",
-            f"  local chain:    {parts.rpc.url}  (LiteSVM; USDC mint {parts.chain.mint})",
+            f"  local chain:    {parts.chain_url}  (LiteSVM; USDC mint {parts.chain.mint})",
             f"  demo wallet:    {payer}  ({usdc_text(held)})",
             f"  demo USDC account: {parts.chain.payer_ata}",
             f"  demo key file:  {parts.key_file}",
@@ -188,7 +194,7 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
             f"  sample asset-data API: {parts.assets.url}",
             "",
             "Balances (USDC and SOL of any wallet on the local chain):",
-            f"  x402-gateway balance {payer} --rpc {parts.rpc.url}",
+            f"  x402-gateway balance {payer} --rpc {parts.chain_url}",
             "",
             "Try (a paid RPC call, a paid DAS call, a sign-in asset-data call):",
             f"  x402-gateway pay POST {base}/v1/x402/solana/mainnet/provider_a/rpc/getBalance "
@@ -231,7 +237,7 @@ def _check_port_free(host: str, port: int) -> None:
             raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
-def _start_chain(state_dir: Path, port: int) -> tuple[UsdcChain, LiteSvmRpcServer, Path]:
+def _start_chain(state_dir: Path, host: str, port: int) -> tuple[UsdcChain, LiteSvmRpcServer, Path]:
     """The chain saved in ``state_dir``, else a new one (and its key file), served on ``port``."""
     chain = load_chain(state_dir)
     restored = [] if chain is None else [Pubkey.from_string(a) for a in _saved_addresses(state_dir)]
@@ -240,7 +246,7 @@ def _start_chain(state_dir: Path, port: int) -> tuple[UsdcChain, LiteSvmRpcServe
             payer_amount=DEMO_PAYER_USDC * 10**USDC_DECIMALS, fee_payer_lamports=FACILITATOR_LAMPORTS
         )
         write_key_file(chain.payer, state_dir)
-    rpc = LiteSvmRpcServer(svm=chain.svm, port=port, extra_methods=das_methods())
+    rpc = LiteSvmRpcServer(svm=chain.svm, host=host, port=port, extra_methods=das_methods())
     rpc.watch(*chain.addresses, *restored)
     rpc.start()
     save_chain(state_dir, chain, rpc)
@@ -286,9 +292,10 @@ async def run_sandbox(
     out = out or sys.stdout
     operator_env = os.environ if env is None else env
     _check_port_free(host, port)
-    for extra in (chain_port, assets_port):
-        if extra:
-            _check_port_free("127.0.0.1", extra)
+    if chain_port:
+        _check_port_free(host, chain_port)
+    if assets_port:
+        _check_port_free("127.0.0.1", assets_port)
     persistent = state_dir is not None
     if state_dir is None:
         state_dir = Path(tempfile.mkdtemp(prefix="x402-sandbox-"))
@@ -298,12 +305,12 @@ async def run_sandbox(
     assets: AssetDataSample | None = None
     parts: SandboxParts | None = None
     try:
-        chain, rpc, key_file = _start_chain(state_dir, chain_port)
+        shown_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        chain, rpc, key_file = _start_chain(state_dir, host, chain_port)
         asset_key = secrets.token_urlsafe(24)
         assets = AssetDataSample(asset_key, assets_port)
         await assets.start()
-        parts = SandboxParts(chain, rpc, assets, key_file, state_dir, persistent)
-        shown_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        parts = SandboxParts(chain, rpc, assets, key_file, state_dir, persistent, shown_host)
         config_env = sandbox_env(parts, f"http://{shown_host}:{port}", port, asset_key)
         config_env.update({k: operator_env[k] for k in PASSED_THROUGH if operator_env.get(k)})
         settings = load_settings(config_env)
