@@ -50,7 +50,7 @@ from gateway.x402.challenge import PAYMENT_IDENTIFIER
 from gateway.x402.headers import HeaderError, decode_header, encode_header
 from gateway.x402.siwx_signer import sign_in
 from gateway.x402.svm import associated_token_address
-from gateway.x402.svm_payer import create_exact_payment, fetch_mint_info, fetch_token_balance
+from gateway.x402.svm_payer import MintInfo, create_exact_payment, fetch_mint_info, fetch_token_balance
 from gateway.x402.types import (
     USDC_DECIMALS,
     USDC_MAINNET_MINT,
@@ -340,7 +340,7 @@ async def _send_paid(
     raise AssertionError("unreachable")
 
 
-async def _check_funds(rpc: SolanaRpc, requirement: PaymentRequirements, keypair: Keypair) -> Any:
+async def _check_funds(rpc: SolanaRpc, requirement: PaymentRequirements, keypair: Keypair) -> MintInfo:
     """The mint, once the wallet is known to hold the amount; PayError (insufficient_funds) if not."""
     mint = await fetch_mint_info(rpc, requirement.asset)
     held = await fetch_token_balance(rpc, keypair.pubkey(), mint)
