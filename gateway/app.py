@@ -17,7 +17,7 @@ from itertools import groupby
 from starlette.applications import Starlette
 from starlette.types import ASGIApp as StarletteASGIApp
 
-from gateway.asgi import ASGIApp
+from gateway.asgi import ASGIApp, BodyReadDeadline
 from gateway.config import Settings, startup_notes
 from gateway.handlers.catalog import CatalogHandler
 from gateway.handlers.health import HealthHandler
@@ -130,8 +130,11 @@ class GatewayApp(Starlette):
     exception middlewares (for HTTPException handlers this app never registers) are left out
     of every request's path."""
 
+    body_timeout_s = 10.0
+
     def build_middleware_stack(self) -> StarletteASGIApp:
-        return TelemetryMiddleware(self.router, self.state.services.usage)
+        inner = BodyReadDeadline(self.router, self.body_timeout_s)
+        return TelemetryMiddleware(inner, self.state.services.usage)
 
 
 def create_app(
@@ -163,6 +166,7 @@ def create_app(
         routes=[PathTable(entries)],
         lifespan=services.lifespan,
     )
+    starlette.body_timeout_s = settings.client_body_timeout_s
     starlette.router.redirect_slashes = False
     starlette.router.default = not_found
     starlette.state.services = services

@@ -1,10 +1,12 @@
 """Small helpers for speaking raw ASGI: read a bounded body, send JSON, read a header.
 
-Middlewares and handlers are pure ASGI (design.md); these keep each of them short.
+Middlewares and handlers are pure ASGI; these keep each of them short. :class:`BodyReadDeadline`
+bounds how long any of them may wait for a request body.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
@@ -45,6 +47,55 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+class BodyReadDeadline:
+    """Give every request body a total read deadline, counted from the first ``receive``.
+
+    A client dripping its body (one byte every few seconds) would otherwise hold a request, and
+    whatever it had claimed, for as long as it likes. Past the deadline ``receive`` raises a 408
+    :class:`GatewayError` (``request_timeout``) in whichever reader is waiting, before anything
+    that reader guards (verification, settlement) has run; the response closes the connection.
+    Once the body is complete, ``receive`` is the server's own again (disconnect listeners may
+    wait on it for as long as the response takes).
+    """
+
+    def __init__(self, app: ASGIApp, timeout_s: float) -> None:
+        self.app = app
+        self.timeout_s = timeout_s
+        self.message = f"request body not received within {timeout_s:g} s"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.app(scope, self._bounded(receive), send)
+
+    def _bounded(self, receive: Receive) -> Receive:
+        deadline: float | None = None
+        complete = False
+
+        async def bounded_receive() -> Message:
+            nonlocal deadline, complete
+            if complete:
+                return await receive()
+            loop = asyncio.get_running_loop()
+            if deadline is None:
+                deadline = loop.time() + self.timeout_s
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise GatewayError(
+                    ErrorCode.REQUEST_TIMEOUT,
+                    self.message,
+                    {"timeoutSeconds": self.timeout_s},
+                    headers={"connection": "close"},
+                ) from None
+            complete = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        return bounded_receive
 
 
 def replay_body(body: bytes) -> Receive:

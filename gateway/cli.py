@@ -142,18 +142,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config.graceful_timeout = args.graceful_timeout
     config.accesslog = None
     config.errorlog = "-"
-    config.keep_alive_timeout = 75
+    # Hypercorn's idle timer runs from connection open (or the previous response) until a
+    # request's headers are complete: it is the header read timeout and the keep-alive idle time.
+    config.keep_alive_timeout = settings.client_header_timeout_s
     return int(run(config))
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
     import asyncio
+    from pathlib import Path
 
     from gateway.sandbox import run_sandbox
 
     port = args.port if args.port is not None else int(os.environ.get("PORT") or 8080)
+    state_dir = Path(args.state_dir).expanduser() if args.state_dir else None
     try:
-        return asyncio.run(run_sandbox(port, host=args.host))
+        return asyncio.run(
+            run_sandbox(
+                port,
+                host=args.host,
+                state_dir=state_dir,
+                chain_port=args.chain_port,
+                assets_port=args.assets_port,
+            )
+        )
     except KeyboardInterrupt:
         return 0
     except (ConfigError, RoutesError, OSError, TimeoutError) as exc:
@@ -166,8 +178,33 @@ def cmd_pay(args: argparse.Namespace) -> int:
 
     from gateway.payclient import run_pay
 
+    output = "json" if args.json else "quiet" if args.quiet else "text"
     return asyncio.run(
-        run_pay(args.method, args.url, keypair_file=args.keypair, data=args.data, rpc_url=args.rpc)
+        run_pay(
+            args.method,
+            args.url,
+            keypair_file=args.keypair,
+            data=args.data,
+            rpc_url=args.rpc,
+            max_amount=args.max_amount,
+            usdc_mint=args.usdc_mint or os.environ.get("X402_USDC_MINT") or None,
+            output=output,
+        )
+    )
+
+
+def cmd_balance(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.payclient import run_balance
+
+    return asyncio.run(
+        run_balance(
+            args.wallet,
+            rpc_url=args.rpc,
+            usdc_mint=args.usdc_mint or os.environ.get("X402_USDC_MINT") or None,
+            as_json=args.json,
+        )
     )
 
 
@@ -217,8 +254,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     routes.set_defaults(func=cmd_routes)
     sandbox = sub.add_parser("sandbox", help="run the gateway offline: local chain, sample upstreams")
-    sandbox.add_argument("--host", default="127.0.0.1")
-    sandbox.add_argument("--port", type=int, default=None, help="default: $PORT or 8080")
+    sandbox.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the gateway and the local chain listen on (0.0.0.0 in a container)",
+    )
+    sandbox.add_argument("--port", type=int, default=None, help="the gateway's port (default: $PORT or 8080)")
+    sandbox.add_argument(
+        "--chain-port",
+        type=int,
+        default=0,
+        help="the local Solana RPC's port, on --host (default: any free)",
+    )
+    sandbox.add_argument(
+        "--assets-port",
+        type=int,
+        default=0,
+        help="the sample asset-data API's port on 127.0.0.1 (default: any free)",
+    )
+    sandbox.add_argument(
+        "--state-dir",
+        default=None,
+        metavar="DIR",
+        help="keep the demo wallet and chain state here between runs (default: a temporary directory)",
+    )
     sandbox.set_defaults(func=cmd_sandbox)
     pay = sub.add_parser("pay", help="call a URL, answering x402 challenges (exact Solana, SIWX)")
     pay.add_argument("method", help="HTTP method, e.g. GET or POST")
@@ -226,7 +285,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     pay.add_argument("--data", default=None, help="JSON request body")
     pay.add_argument("--keypair", required=True, help="solana-keygen JSON file (or base58 64-byte key)")
     pay.add_argument("--rpc", default=None, help="Solana RPC URL (default: $SOLANA_RPC_URL or mainnet)")
+    pay.add_argument(
+        "--max-amount",
+        default=None,
+        metavar="USDC",
+        help="refuse challenges asking more than this many USDC per call (default: 0.10)",
+    )
+    pay.add_argument(
+        "--usdc-mint",
+        default=None,
+        metavar="MINT",
+        help="the only asset paid in (default: $X402_USDC_MINT or the mainnet USDC mint)",
+    )
+    shown = pay.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", action="store_true", help="print the response body only (errors on stderr)")
+    shown.add_argument("--json", action="store_true", help="print one JSON object for scripts")
     pay.set_defaults(func=cmd_pay)
+    balance = sub.add_parser("balance", help="print a wallet's USDC and SOL (e.g. on the sandbox chain)")
+    balance.add_argument("wallet", help="the wallet's address (base58)")
+    balance.add_argument("--rpc", default=None, help="Solana RPC URL (default: $SOLANA_RPC_URL or mainnet)")
+    balance.add_argument(
+        "--usdc-mint",
+        default=None,
+        metavar="MINT",
+        help="the token to count (default: $X402_USDC_MINT or the mainnet USDC mint)",
+    )
+    balance.add_argument("--json", action="store_true", help="print one JSON object for scripts")
+    balance.set_defaults(func=cmd_balance)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

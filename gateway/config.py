@@ -49,7 +49,8 @@ ENV_VARS: tuple[str, ...] = (
     "STATE_STORE_REST_TOKEN", "RATE_LIMIT_RPC_RPS", "RATE_LIMIT_DAS_RPS", "RATE_LIMIT_TOKENS_PER_MINUTE",
     "RATE_LIMIT_CHALLENGE_PER_MINUTE", "SIWX_SECRET", "INTERNAL_SETTLEMENT_SECRET",
     "FACILITATOR_WALLET_BASE58", "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS", "MAX_BODY_BYTES",
-    "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS",
+    "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
+    "CLIENT_BODY_TIMEOUT_SECONDS",
 )  # fmt: skip
 ALL_GROUPS = "all"
 NO_GROUPS = "none"
@@ -89,6 +90,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     routes_file: Path = PACKAGED_ROUTES_FILE
     upstream_timeout_s: float = 15.0
     max_body_bytes: int = 65536
+    client_header_timeout_s: float = 10.0
+    client_body_timeout_s: float = 10.0
     trusted_proxies: tuple[IpNetwork, ...] = ()
     log_level: str = "INFO"
     payment_timeout_s: int = 60
@@ -310,6 +313,8 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         routes_file=Path(r.text("ROUTES_FILE") or PACKAGED_ROUTES_FILE),
         upstream_timeout_s=r.number("UPSTREAM_TIMEOUT_SECONDS", 15.0, 0.1, 300.0),
         max_body_bytes=r.integer("MAX_BODY_BYTES", 65536, 1024, 16 * 1024 * 1024),
+        client_header_timeout_s=r.number("CLIENT_HEADER_TIMEOUT_SECONDS", 10.0, 0.5, 600.0),
+        client_body_timeout_s=r.number("CLIENT_BODY_TIMEOUT_SECONDS", 10.0, 0.5, 600.0),
         trusted_proxies=_trusted_proxies(r),
         log_level=_log_level(r),
         payment_timeout_s=r.integer("X402_MAX_TIMEOUT_SECONDS", 60, 5, 3600),

@@ -19,6 +19,7 @@ class ErrorCode(enum.StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     INVALID_REQUEST = "invalid_request"
     BODY_TOO_LARGE = "body_too_large"
+    REQUEST_TIMEOUT = "request_timeout"
     UNAUTHORIZED = "unauthorized"
     RATE_LIMITED = "rate_limited"
     UPSTREAM_ERROR = "upstream_error"
@@ -35,6 +36,7 @@ STATUS_BY_CODE: dict[ErrorCode, int] = {
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.INVALID_REQUEST: 400,
     ErrorCode.BODY_TOO_LARGE: 413,
+    ErrorCode.REQUEST_TIMEOUT: 408,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.RATE_LIMITED: 429,
     ErrorCode.UPSTREAM_ERROR: 502,

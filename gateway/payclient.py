@@ -7,20 +7,33 @@ Built on the same builders the tests use (:mod:`gateway.x402.svm_payer`,
 2. on 402 read the challenge (``PAYMENT-REQUIRED`` header, else the JSON body);
 3. if it carries a ``sign-in-with-x`` extension, sign in and retry with ``SIGN-IN-WITH-X``
    (signing in costs nothing, so it is tried before paying);
-4. if the answer is (still) 402 and ``accepts`` holds an exact Solana requirement, build and
-   sign the payment (mint and blockhash from the RPC node) and retry with
-   ``PAYMENT-SIGNATURE`` (v2) or ``X-PAYMENT`` (v1 challenges).
+4. if the answer is (still) 402 and ``accepts`` holds an exact Solana requirement the wallet's
+   :class:`SpendPolicy` allows, check the wallet holds enough USDC, build and sign the payment
+   (mint and blockhash from the RPC node) and retry with ``PAYMENT-SIGNATURE`` (v2) or
+   ``X-PAYMENT`` (v1 challenges), carrying a payment-identifier when the server offers one so
+   a retry after a dropped connection gets the answer already paid for.
 
-The body of the last answer goes to stdout, the decoded ``PAYMENT-RESPONSE`` to stderr.
+A challenge is a stranger's request to sign a transfer: nothing above ``--max-amount``, in
+another asset than the configured USDC mint, or naming this wallet as the fee payer (which
+would make the signature a fully signed transaction the stranger can broadcast at will) is
+ever signed.
+
+The body of the last answer goes to stdout, what happened (signed in as, paid, the decoded
+``PAYMENT-RESPONSE``) to stderr; ``--quiet`` keeps stderr for errors, ``--json`` prints one
+JSON object for scripts.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import os
+import secrets
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,21 +41,62 @@ import aiohttp
 import base58
 import msgspec
 from solders.keypair import Keypair
+from solders.pubkey import Pubkey
 
 from gateway.config import PUBLIC_MAINNET_RPC_URL
+from gateway.pricing import usd_display
 from gateway.solana_rpc import SolanaRpc, SolanaRpcError
+from gateway.x402.challenge import PAYMENT_IDENTIFIER
 from gateway.x402.headers import HeaderError, decode_header, encode_header
 from gateway.x402.siwx_signer import sign_in
-from gateway.x402.svm_payer import create_exact_payment
-from gateway.x402.types import V1_NETWORKS, PaymentPayload, PaymentRequirements, ResourceInfo, SettleResponse
+from gateway.x402.svm import associated_token_address
+from gateway.x402.svm_payer import MintInfo, create_exact_payment, fetch_mint_info, fetch_token_balance
+from gateway.x402.types import (
+    USDC_DECIMALS,
+    USDC_MAINNET_MINT,
+    V1_NETWORKS,
+    PaymentPayload,
+    PaymentRequirements,
+    ResourceInfo,
+    SettleResponse,
+)
 
 SIWX_EXTENSION = "sign-in-with-x"
 SCHEME_EXACT = "exact"
 DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_MAX_AMOUNT = 100_000
+"""micro-USDC (0.10 USDC): the most one call may cost unless ``--max-amount`` says otherwise."""
+PAID_RETRIES = 2
+"""Extra attempts of the identical paid request after a dropped connection (payment-identifier)."""
+RETRY_DELAY_S = 0.5
 
 
 class PayError(Exception):
-    """Why the request could not be completed; the message is one line, safe to print."""
+    """Why the request could not be completed; the message is one line, safe to print.
+
+    ``code`` is stable for scripts (``--json``); x402 words where x402 has one.
+    """
+
+    def __init__(self, message: str, code: str = "pay_failed") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def usdc_text(micro: int) -> str:
+    """``1005`` -> ``"0.001005 USDC"``."""
+    return f"{usd_display(micro)[1:]} USDC"
+
+
+def parse_usdc(text: str) -> int:
+    """``"0.10"`` (whole USDC, at most 6 decimals) -> micro-USDC; PayError when malformed."""
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise PayError(f"--max-amount {text[:30]!r} is not a USDC amount such as 0.10", "usage") from None
+    micro = value * 10**USDC_DECIMALS
+    if not value.is_finite() or value < 0 or micro != micro.to_integral_value():
+        raise PayError(f"--max-amount {text[:30]!r} must be >= 0 with at most 6 decimals", "usage")
+    return int(micro)
 
 
 # --- keypair files --------------------------------------------------------------------------
@@ -116,8 +170,9 @@ def _is_solana(network: str) -> bool:
     return network.startswith("solana:") or network in V1_NETWORKS
 
 
-def exact_solana_requirement(challenge: Challenge) -> PaymentRequirements | None:
-    """The first ``accepts`` entry we can pay: scheme exact on a Solana network."""
+def exact_solana_requirements(challenge: Challenge) -> list[PaymentRequirements]:
+    """The ``accepts`` entries this client can pay: scheme exact on a Solana network."""
+    found: list[PaymentRequirements] = []
     for accept in challenge.accepts:
         if accept.get("scheme") != SCHEME_EXACT or not _is_solana(str(accept.get("network", ""))):
             continue
@@ -125,10 +180,16 @@ def exact_solana_requirement(challenge: Challenge) -> PaymentRequirements | None
         if "amount" not in data and "maxAmountRequired" in data:  # v1 names the amount differently
             data["amount"] = data["maxAmountRequired"]
         try:
-            return msgspec.convert(data, PaymentRequirements)
+            found.append(msgspec.convert(data, PaymentRequirements))
         except msgspec.ValidationError:
             continue
-    return None
+    return found
+
+
+def exact_solana_requirement(challenge: Challenge) -> PaymentRequirements | None:
+    """The first ``accepts`` entry this client can pay, before any spending policy."""
+    found = exact_solana_requirements(challenge)
+    return found[0] if found else None
 
 
 def siwx_extension(challenge: Challenge) -> dict[str, Any] | None:
@@ -153,6 +214,73 @@ def payment_header(challenge: Challenge, payload: PaymentPayload) -> tuple[str, 
     return "PAYMENT-SIGNATURE", encode_header(payload)
 
 
+# --- what this wallet agrees to pay --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpendPolicy:
+    """The most one call may cost (micro-USDC) and the only asset paid in."""
+
+    max_amount: int = DEFAULT_MAX_AMOUNT
+    asset: str = USDC_MAINNET_MINT
+
+
+def refusal(requirement: PaymentRequirements, policy: SpendPolicy, payer: str) -> PayError | None:
+    """Why this wallet will not sign ``requirement``, or None when it may."""
+    if requirement.asset != policy.asset:
+        return PayError(
+            f"refusing to pay: the challenge asks for asset {requirement.asset[:64]}, not the USDC mint "
+            f"{policy.asset} (--usdc-mint)",
+            "asset_not_allowed",
+        )
+    fee_payer = (requirement.extra or {}).get("feePayer")
+    if fee_payer == payer:
+        return PayError(
+            f"refusing to pay: the challenge names this wallet ({payer}) as the fee payer; signing would "
+            "hand over a complete transaction",
+            "fee_payer_is_payer",
+        )
+    try:
+        amount = int(requirement.amount)
+    except ValueError:
+        return PayError(
+            "refusing to pay: the challenge's amount is not an integer", "invalid_payment_requirements"
+        )
+    if amount > policy.max_amount:
+        return PayError(
+            f"refusing to pay: the challenge asks {usdc_text(amount)}, more than --max-amount "
+            f"{usdc_text(policy.max_amount)}",
+            "amount_above_max",
+        )
+    return None
+
+
+def choose_requirement(challenge: Challenge, policy: SpendPolicy, payer: str) -> PaymentRequirements:
+    """The first exact Solana requirement ``policy`` allows; else PayError with the first refusal."""
+    first: PayError | None = None
+    for requirement in exact_solana_requirements(challenge):
+        refused = refusal(requirement, policy, payer)
+        if refused is None:
+            return requirement
+        first = first or refused
+    if first is not None:
+        raise first
+    reason = f" ({challenge.error})" if challenge.error else ""
+    raise PayError(
+        f"402{reason}: no exact Solana payment or sign-in this client can answer", "unsupported_scheme"
+    )
+
+
+def payment_identifier(challenge: Challenge) -> dict[str, Any] | None:
+    """The ``payment-identifier`` extension with a fresh id, when the server declared it."""
+    declared = (challenge.extensions or {}).get(PAYMENT_IDENTIFIER)
+    if not isinstance(declared, dict):
+        return None
+    info = declared.get("info") if isinstance(declared.get("info"), dict) else {}
+    required = bool(info.get("required", False)) if isinstance(info, dict) else False
+    return {PAYMENT_IDENTIFIER: {"info": {"required": required, "id": "pay_" + secrets.token_hex(16)}}}
+
+
 # --- the client -----------------------------------------------------------------------------
 
 
@@ -163,7 +291,8 @@ class PayResult:
     headers: dict[str, str]
     settlement: SettleResponse | None = None
     paid: PaymentRequirements | None = None
-    signed_in: bool = False
+    signed_in_as: str | None = None
+    payment_id: str | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -181,7 +310,47 @@ async def _send(
         async with session.request(method, url, data=data, headers=headers) as resp:
             return resp.status, await resp.read(), {k.lower(): v for k, v in resp.headers.items()}
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise PayError(f"request failed: {exc.__class__.__name__}: {exc}") from None
+        raise PayError(f"request failed: {exc.__class__.__name__}: {exc}", "request_failed") from None
+
+
+async def _send_paid(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    data: bytes | None,
+    extra: Mapping[str, str],
+    retries: int,
+) -> tuple[int, bytes, dict[str, str]]:
+    """Send the paid request; resend it unchanged ``retries`` times if the connection drops.
+
+    Only with a payment-identifier is a resend safe: the server answers it from the settled
+    record instead of refusing the payment as used.
+    """
+    for attempt in range(retries + 1):
+        try:
+            return await _send(session, method, url, data, extra)
+        except PayError:
+            if attempt == retries:
+                raise PayError(
+                    "the connection dropped after the payment was sent; it may have been settled"
+                    + (" (resent with the same payment-identifier, no answer)" if retries else ""),
+                    "request_failed",
+                ) from None
+            await asyncio.sleep(RETRY_DELAY_S)
+    raise AssertionError("unreachable")
+
+
+async def _check_funds(rpc: SolanaRpc, requirement: PaymentRequirements, keypair: Keypair) -> MintInfo:
+    """The mint, once the wallet is known to hold the amount; PayError (insufficient_funds) if not."""
+    mint = await fetch_mint_info(rpc, requirement.asset)
+    held = await fetch_token_balance(rpc, keypair.pubkey(), mint)
+    needed = int(requirement.amount)
+    if held < needed:
+        raise PayError(
+            f"insufficient USDC: wallet {keypair.pubkey()} has {usdc_text(held)}, needs {usdc_text(needed)}",
+            "insufficient_funds",
+        )
+    return mint
 
 
 async def pay(
@@ -192,8 +361,11 @@ async def pay(
     data: bytes | None = None,
     rpc_url: str = PUBLIC_MAINNET_RPC_URL,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    policy: SpendPolicy | None = None,
 ) -> PayResult:
     """Send the request, answering a 402 with a sign-in and/or an exact Solana payment."""
+    policy = policy or SpendPolicy()
+    wallet = str(keypair.pubkey())
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         status, body, headers = await _send(session, method, url, data, {})
@@ -206,26 +378,35 @@ async def pay(
             try:
                 value = sign_in(extension, keypair, request_url=url)
             except ValueError as exc:
-                raise PayError(f"cannot sign in: {exc}") from None
+                raise PayError(f"cannot sign in: {exc}", "siwx_refused") from None
             status, body, headers = await _send(session, method, url, data, {"SIGN-IN-WITH-X": value})
-            result = PayResult(status, body, headers, signed_in=True)
+            result = PayResult(status, body, headers, signed_in_as=wallet)
             if status != 402:
                 return result
             challenge = parse_challenge(headers, body)
-        requirement = exact_solana_requirement(challenge)
-        if requirement is None:
-            reason = f" ({challenge.error})" if challenge.error else ""
-            raise PayError(f"402{reason}: no exact Solana payment or sign-in this client can answer")
+        requirement = choose_requirement(challenge, policy, wallet)
         rpc = SolanaRpc(rpc_url, session)
+        extensions = payment_identifier(challenge)
         try:
-            payload = await create_exact_payment(rpc, requirement, keypair, resource=_resource(challenge))
+            mint = await _check_funds(rpc, requirement, keypair)
+            payload = await create_exact_payment(
+                rpc, requirement, keypair, resource=_resource(challenge), extensions=extensions, mint=mint
+            )
         except SolanaRpcError as exc:
-            raise PayError(f"cannot build the payment: RPC {exc}") from None
+            raise PayError(f"cannot build the payment: RPC {exc}", "rpc_failed") from None
         except ValueError as exc:
-            raise PayError(f"cannot build the payment: {exc}") from None
+            raise PayError(f"cannot build the payment: {exc}", "invalid_payment_requirements") from None
         name, value = payment_header(challenge, payload)
-        status, body, headers = await _send(session, method, url, data, {name: value})
-        result = PayResult(status, body, headers, paid=requirement, signed_in=result.signed_in)
+        retries = PAID_RETRIES if extensions else 0
+        status, body, headers = await _send_paid(session, method, url, data, {name: value}, retries)
+        result = PayResult(
+            status,
+            body,
+            headers,
+            paid=requirement,
+            signed_in_as=result.signed_in_as,
+            payment_id=extensions[PAYMENT_IDENTIFIER]["info"]["id"] if extensions else None,
+        )
         settlement = headers.get("payment-response") or headers.get("x-payment-response")
         if settlement:
             try:
@@ -235,13 +416,17 @@ async def pay(
         return result
 
 
+def _parsed_body(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
 def _failure_reason(result: PayResult) -> str:
     """One line on why the final answer is not a success."""
     reason = f"HTTP {result.status}"
-    try:
-        parsed = json.loads(result.body)
-    except ValueError:
-        return reason
+    parsed = _parsed_body(result.body)
     if isinstance(parsed, dict):
         error = parsed.get("error")
         if isinstance(error, dict):
@@ -256,6 +441,47 @@ def default_rpc_url(env: Mapping[str, str] | None = None) -> str:
     return env.get("SOLANA_RPC_URL") or PUBLIC_MAINNET_RPC_URL
 
 
+def _summary(result: PayResult) -> dict[str, Any]:
+    """The ``--json`` object of a completed request."""
+    parsed = _parsed_body(result.body)
+    paid = None
+    if result.paid is not None and result.settlement is not None and result.settlement.success:
+        paid = {
+            "amount": result.paid.amount,
+            "asset": result.paid.asset,
+            "payTo": result.paid.payTo,
+            "network": result.paid.network,
+            "transaction": result.settlement.transaction,
+        }
+    return {
+        "ok": result.ok,
+        "status": result.status,
+        "body": parsed if parsed is not None else result.body.decode("utf-8", errors="replace"),
+        "signedInAs": result.signed_in_as,
+        "paid": paid,
+        "paymentResponse": msgspec.to_builtins(result.settlement) if result.settlement else None,
+        "paymentId": result.payment_id,
+        "error": None if result.ok else _failure_reason(result),
+    }
+
+
+def _narrate(result: PayResult, err: TextIO) -> None:
+    """What happened, for a person, on stderr."""
+    if result.signed_in_as:
+        print(f"signed in as {result.signed_in_as}", file=err)
+    settled = result.settlement
+    if result.paid is not None and settled is not None and settled.success:
+        print(
+            f"paid {usdc_text(int(result.paid.amount))} to {result.paid.payTo} "
+            f"(transaction {settled.transaction})",
+            file=err,
+        )
+    if settled is not None:
+        print("PAYMENT-RESPONSE: " + msgspec.json.encode(settled).decode(), file=err)
+    for note in result.notes:
+        print(f"note: {note}", file=err)
+
+
 async def run_pay(
     method: str,
     url: str,
@@ -263,30 +489,115 @@ async def run_pay(
     keypair_file: str,
     data: str | None = None,
     rpc_url: str | None = None,
+    max_amount: str | None = None,
+    usdc_mint: str | None = None,
+    output: str = "text",
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
-    """The ``pay`` command: 0 on a 2xx answer, 1 otherwise, with a one-line reason on ``err``."""
+    """The ``pay`` command: 0 on a 2xx answer, 1 otherwise, with a one-line reason on ``err``.
+
+    ``output``: ``text`` (body on ``out``, narration on ``err``), ``quiet`` (body only; errors
+    still on ``err``) or ``json`` (one JSON object on ``out``, nothing on ``err``).
+    """
     out, err = out or sys.stdout, err or sys.stderr
     try:
+        policy = SpendPolicy(
+            max_amount=DEFAULT_MAX_AMOUNT if max_amount is None else parse_usdc(max_amount),
+            asset=usdc_mint or USDC_MAINNET_MINT,
+        )
         keypair = load_keypair(keypair_file)
         body: bytes | None = None
         if data is not None:
             try:
                 body = msgspec.json.encode(msgspec.json.decode(data))
             except msgspec.DecodeError:
-                raise PayError("--data is not valid JSON") from None
-        result = await pay(method.upper(), url, keypair, data=body, rpc_url=rpc_url or default_rpc_url())
+                raise PayError("--data is not valid JSON", "usage") from None
+        result = await pay(
+            method.upper(), url, keypair, data=body, rpc_url=rpc_url or default_rpc_url(), policy=policy
+        )
     except PayError as exc:
-        print(f"x402-gateway pay: {exc}", file=err)
+        if output == "json":
+            print(json.dumps({"ok": False, "error": {"code": exc.code, "message": str(exc)}}), file=out)
+        else:
+            print(f"x402-gateway pay: {exc}", file=err)
         return 1
+    if output == "json":
+        print(json.dumps(_summary(result)), file=out)
+        return 0 if result.ok else 1
     text = result.body.decode("utf-8", errors="replace")
     print(text, file=out, end="" if text.endswith("\n") else "\n")
-    if result.settlement is not None:
-        print("PAYMENT-RESPONSE: " + msgspec.json.encode(result.settlement).decode(), file=err)
-    for note in result.notes:
-        print(f"note: {note}", file=err)
+    if output != "quiet":
+        _narrate(result, err)
     if not result.ok:
         print(f"x402-gateway pay: {_failure_reason(result)}", file=err)
         return 1
+    return 0
+
+
+# --- balance --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WalletBalance:
+    wallet: str
+    lamports: int
+    usdc: int
+    token_account: str
+    mint: str
+
+
+def sol_text(lamports: int) -> str:
+    return f"{lamports / 10**9:.9f}".rstrip("0").rstrip(".") + " SOL"
+
+
+async def fetch_wallet_balance(rpc_url: str, wallet: str, mint: str = USDC_MAINNET_MINT) -> WalletBalance:
+    """SOL and USDC of ``wallet``: its lamports and its associated token account for ``mint``."""
+    try:
+        owner = Pubkey.from_string(wallet)
+    except ValueError:
+        raise PayError(f"{wallet[:64]!r} is not a Solana address", "usage") from None
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_S)) as session:
+        rpc = SolanaRpc(rpc_url, session)
+        try:
+            info = await fetch_mint_info(rpc, mint)
+            usdc = await fetch_token_balance(rpc, owner, info)
+            lamports = await rpc.get_balance(wallet)
+        except SolanaRpcError as exc:
+            raise PayError(f"RPC {exc}", "rpc_failed") from None
+        except ValueError as exc:
+            raise PayError(f"mint {mint}: {exc}", "rpc_failed") from None
+    account = associated_token_address(
+        owner, Pubkey.from_string(mint), Pubkey.from_string(info.token_program)
+    )
+    return WalletBalance(wallet, lamports, usdc, str(account), mint)
+
+
+async def run_balance(
+    wallet: str,
+    *,
+    rpc_url: str | None = None,
+    usdc_mint: str | None = None,
+    as_json: bool = False,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """The ``balance`` command: the wallet's USDC and SOL on the node at ``rpc_url``."""
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        found = await fetch_wallet_balance(
+            rpc_url or default_rpc_url(), wallet, usdc_mint or USDC_MAINNET_MINT
+        )
+    except PayError as exc:
+        if as_json:
+            print(json.dumps({"ok": False, "error": {"code": exc.code, "message": str(exc)}}), file=out)
+        else:
+            print(f"x402-gateway balance: {exc}", file=err)
+        return 1
+    if as_json:
+        print(json.dumps({"ok": True, **dataclasses.asdict(found)}), file=out)
+        return 0
+    print(f"wallet:         {found.wallet}", file=out)
+    print(f"USDC:           {usdc_text(found.usdc)}  (token account {found.token_account})", file=out)
+    print(f"SOL:            {sol_text(found.lamports)}", file=out)
     return 0

@@ -1,10 +1,11 @@
 """Sign-in-with-x for the asset-data routes (access ``siwx``): challenge, verify, validate, claim.
 
-The order never changes (design.md): no ``SIGN-IN-WITH-X`` header -> 402 challenge before the
-body is read; a header -> verify it (refused: 402 with a fresh challenge whose ``error`` is the
-reason) -> validate path, query and body (400/413) -> the route's rate limits (429) -> claim the
-nonce once in the shared store (replayed: 402) -> the handler. Nothing is paid and nothing is
-settled: the price is $0.00, so no payment header is ever asked for.
+The order never changes: no ``SIGN-IN-WITH-X`` header -> 402 challenge before the body is read;
+a header -> verify it (refused: 402 with a fresh challenge whose ``error`` is the reason) ->
+validate path, query and body (400/413) -> claim the nonce once in the shared store (replayed:
+402) -> the route's rate limits (429) -> the handler. Refusals count against the per-IP
+challenge limit only; the wallet and upstream-key buckets are spent by credible sign-ins alone.
+Nothing is paid and nothing is settled: the price is $0.00, so no payment header is ever asked for.
 
 What it learned goes inward in ``scope["state"]``: the :class:`VerifiedSignIn` under ``"siwx"``
 and the :class:`ValidatedInput` under ``"input"``.
@@ -64,13 +65,15 @@ class SignInWithX:
             return
         ctx.wallet = verified.address
         receive, validated = await self._validate(scope, receive)
-        for spec in self.limits:
-            await self.limiter.hit(spec, verified.address if spec.per == "wallet" else None)
         if not await self._claim(verified):
             ctx.outcome, ctx.error = "refused", SiwxReason.REPLAYED.value
             await self.limiter.challenge(scope)
             await self._challenge(send, resource, SiwxReason.REPLAYED.value)
             return
+        # Only a credible sign-in (signature, nonce, expiry and single use all passed) may spend
+        # the wallet's buckets and the allowance the whole upstream key shares.
+        for spec in self.limits:
+            await self.limiter.hit(spec, verified.address if spec.per == "wallet" else None)
         ctx.outcome = "signed_in"
         state = scope.setdefault("state", {})
         state[SIWX_STATE_KEY] = verified

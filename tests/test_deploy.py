@@ -9,21 +9,29 @@ import importlib.util
 import json
 import re
 import shlex
+import shutil
+import socket
+import subprocess
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
+import base58
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from solders.keypair import Keypair
 
 from gateway import metrics
 from gateway.config import ENV_VARS, UPSTREAM_ENV, ConfigError, Settings, load_settings
 from gateway.routes import named_limits, parse_routes
+from tests.support.gateway_process import serve
+from tests.support.gateway_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -465,6 +473,173 @@ def test_nginx_forwards_the_client_address_to_the_gateway_replicas() -> None:
     assert not re.search(r"^\s*proxy_next_upstream\s[^;]*non_idempotent", conf, re.M)
     mounted = _compose()["services"]["proxy"]["volumes"]
     assert any(v.startswith("./nginx.conf:") for v in mounted)
+
+
+# --- the internal facilitator stays off the public listeners --------------------------------
+
+_NGINX_LOCATION = re.compile(r"location\s+(=|\^~|~\*?)?\s*(\S+)\s*\{(.*?)\n\s*\}", re.S)
+
+
+def _nginx_conf() -> str:
+    return (DEPLOY / "nginx.conf").read_text(encoding="utf-8")
+
+
+def _nginx_proxies(conf: str, path: str) -> bool:
+    """Whether nginx's location choice for the (normalised) ``path`` is a proxy_pass."""
+    locations = [(m[1] or "", m[2], m[3]) for m in _NGINX_LOCATION.finditer(conf)]
+    assert not [loc for loc in locations if loc[0].startswith("~")], "regex locations: update this test"
+    exact = [body for kind, where, body in locations if kind == "=" and where == path]
+    prefixes = [(where, body) for kind, where, body in locations if kind != "=" and path.startswith(where)]
+    body = exact[0] if exact else max(prefixes, key=lambda item: len(item[0]))[1]
+    return "proxy_pass" in body
+
+
+def _ingress_routes(path: str) -> bool:
+    """Whether the Ingress sends ``path`` to the gateway (Kubernetes Exact / Prefix semantics)."""
+    segments = [s for s in path.split("/") if s]
+    for rule in _k8s("Ingress")["spec"]["rules"]:
+        for entry in rule["http"]["paths"]:
+            wanted = [s for s in entry["path"].split("/") if s]
+            if entry["pathType"] == "Exact" and entry["path"] == path:
+                return True
+            if entry["pathType"] == "Prefix" and segments[: len(wanted)] == wanted:
+                return True
+    return False
+
+
+def _route_paths() -> list[tuple[str, bool]]:
+    """Every route path (parameters filled in) and whether the public may reach it."""
+    return [
+        (re.sub(r"\{[^}]+\}", "x", route.path), route.access != "internal" and route.handler != "metrics")
+        for route in parse_routes(_routes_doc(), LIMITS)
+    ]
+
+
+def test_nginx_proxies_every_public_route_and_never_the_internal_facilitator() -> None:
+    conf = _nginx_conf()
+    routes = _route_paths()
+    assert any(path.startswith("/api/internal/facilitator/") for path, _ in routes)
+    for path, public in routes:
+        assert _nginx_proxies(conf, path) is public, path
+    for path in ("/api/internal/facilitator/verify/", "/api/internal", "/api/", "/metrics", "/"):
+        assert not _nginx_proxies(conf, path), path
+
+
+def test_nginx_reuses_idle_connections_only_while_the_gateway_keeps_them() -> None:
+    upstream = re.search(r"upstream\s+\w+\s*\{(.*?)\}", _nginx_conf(), re.S)
+    assert upstream
+    keepalive = re.search(r"keepalive_timeout\s+(\d+)s;", upstream[1])
+    assert keepalive and int(keepalive[1]) < Settings(base_url="https://x").client_header_timeout_s
+
+
+def test_the_ingress_routes_every_public_route_and_never_the_internal_facilitator() -> None:
+    ingress = _k8s("Ingress")
+    service = _k8s("Service")
+    port_names = {p["name"] for p in service["spec"]["ports"]}
+    for rule in ingress["spec"]["rules"]:
+        for entry in rule["http"]["paths"]:
+            assert entry["backend"]["service"]["name"] == service["metadata"]["name"]
+            assert entry["backend"]["service"]["port"]["name"] in port_names
+    assert "defaultBackend" not in ingress["spec"]
+    assert service["spec"]["type"] == "ClusterIP"  # reachable only inside the cluster
+    for path, public in _route_paths():
+        assert _ingress_routes(path) is public, path
+
+
+def test_deploy_readme_says_where_the_internal_facilitator_is_reached() -> None:
+    text = (DEPLOY / "README.md").read_text(encoding="utf-8")
+    assert "/api/internal/facilitator" in text
+    assert "x-gateway-internal-secret" in text
+
+
+NGINX = shutil.which("nginx")
+
+
+def _loopback_nginx_conf(tmp: Path, listen: int, gateway_port: int) -> Path:
+    """deploy/nginx.conf with loopback addresses for its listener and upstream, in a main config
+    that runs one foreground process writing only under ``tmp``."""
+    site = _nginx_conf()
+    site = re.sub(r"^resolver .*$", "", site, flags=re.M)
+    site = re.sub(r"server gateway:\d+ [^;]*;", f"server 127.0.0.1:{gateway_port};", site)
+    site = site.replace("listen 80;", f"listen 127.0.0.1:{listen};")
+    (tmp / "site.conf").write_text(site, encoding="utf-8")
+    temp = "".join(
+        f" {kind}_temp_path {tmp / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    main = tmp / "nginx.conf"
+    main.write_text(
+        f"daemon off; master_process off; pid {tmp / 'nginx.pid'}; error_log {tmp / 'error.log'};\n"
+        f"events {{}}\nhttp {{ access_log off;{temp} include {tmp / 'site.conf'}; }}\n",
+        encoding="utf-8",
+    )
+    return main
+
+
+def _raw_get(
+    port: int, target: str, method: str = "GET", headers: Mapping[str, str] = {}
+) -> tuple[int, bytes]:
+    """One request with ``target`` sent byte for byte (no client-side normalisation)."""
+    lines = [f"{method} {target} HTTP/1.1", f"host: 127.0.0.1:{port}", "connection: close"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed")
+def test_the_shipped_nginx_config_keeps_the_internal_facilitator_off_the_public_port(tmp_path: Path) -> None:
+    assert NGINX is not None
+    secret = "deploy-internal-secret-0123456789abcdef"
+    wallet = base58.b58encode(bytes(Keypair())).decode()
+    env = {"INTERNAL_SETTLEMENT_SECRET": secret, "FACILITATOR_WALLET_BASE58": wallet, "LOG_LEVEL": "WARNING"}
+    internal = {"x-gateway-internal-secret": secret}
+    with serve(env) as gateway:
+        listen = free_port()
+        conf = _loopback_nginx_conf(tmp_path, listen, gateway.port)
+        checked = subprocess.run([NGINX, "-t", "-c", str(conf), "-e", str(tmp_path / "error.log")],
+                                 capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+        assert checked.returncode == 0, checked.stderr
+        proxy = subprocess.Popen([NGINX, "-c", str(conf), "-e", str(tmp_path / "error.log")])
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", listen), timeout=1).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, (tmp_path / "error.log").read_text()
+                    time.sleep(0.05)
+            # Directly, with the secret, the facilitator answers (the secret check stays) ...
+            assert _raw_get(gateway.port, "/api/internal/facilitator/supported", headers=internal)[0] == 200
+            assert _raw_get(gateway.port, "/api/internal/facilitator/supported")[0] == 401
+            # ... through the public listener, never, however the path is spelled.
+            for method, target in [
+                ("GET", "/api/internal/facilitator/supported"),
+                ("HEAD", "/api/internal/facilitator/supported"),
+                ("OPTIONS", "/api/internal/facilitator/supported"),
+                ("POST", "/api/internal/facilitator/verify"),
+                ("GET", "//api/internal/facilitator/supported"),
+                ("GET", "/api/internal/facilitator/supported/"),
+                ("GET", "/api%2Finternal%2Ffacilitator%2Fsupported"),
+                ("GET", "/api/internal/./facilitator/supported"),
+                ("GET", "/v1/../api/internal/facilitator/supported"),
+                ("GET", "/v1/%2e%2e/api/internal/facilitator/supported"),
+                ("GET", "/v1/x%2F..%2F..%2Fapi/internal/facilitator/supported"),
+                ("GET", "/metrics"),
+            ]:
+                status, body = _raw_get(listen, target, method, internal)
+                assert status == 404, (method, target, status, body)
+                assert b"feePayer" not in body and b"kinds" not in body
+            assert _raw_get(listen, "/healthz")[0] == 200
+            status, body = _raw_get(listen, "/v1/catalog")
+            assert status == 200 and b"feePayer" not in body
+        finally:
+            proxy.terminate()
+            proxy.wait(timeout=10)
 
 
 # --- Dockerfile -----------------------------------------------------------------------------

@@ -8,96 +8,32 @@ signs in for one asset-data call; USDC moves from the wallet to payTo by exactly
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
-import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 from solders.token.associated import get_associated_token_address
 
+from gateway.payclient import usdc_text
 from gateway.x402.types import USDC_MAINNET_MINT
-from tests.support.gateway_process import clean_env, command, kill_group
+from tests.support.gateway_process import clean_env, command
 from tests.support.gateway_server import free_port
+from tests.support.sandbox_process import Sandbox, banner_value, run_sandbox
 
-READY_LINE = "Ctrl-C stops it."
-STARTUP_TIMEOUT_S = 10.0
-
-
-@dataclass
-class Sandbox:
-    process: subprocess.Popen[bytes]
-    url: str
-    rpc_url: str
-    wallet: str
-    pay_to: str
-    key_file: Path
-    stdout: IO[bytes]
-    stderr: IO[bytes]
-
-
-def _read(stream: IO[bytes]) -> str:
-    stream.flush()
-    stream.seek(0)
-    return stream.read().decode("utf-8", errors="replace")
-
-
-def _banner_value(text: str, label: str) -> str:
-    match = re.search(rf"^\s*{re.escape(label)}:\s+(\S+)", text, re.MULTILINE)
-    assert match, f"banner has no {label!r}:\n{text}"
-    return match.group(1)
-
-
-def _get(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return int(resp.status)
-    except (urllib.error.URLError, OSError):
-        return 0
+ROOT_URL = "http://127.0.0.1"
 
 
 @pytest.fixture
 def sandbox() -> Iterator[Sandbox]:
-    port = free_port()
-    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(
-            [*command(), "sandbox", "--port", str(port)],
-            env=clean_env({}),
-            stdout=stdout,
-            stderr=stderr,
-            start_new_session=True,
-        )
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while READY_LINE not in _read(stdout) or _get(url + "/healthz") != 200:
-                if process.poll() is not None:
-                    raise RuntimeError(f"sandbox exited with {process.returncode}:\n{_read(stderr)}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"sandbox not ready in {STARTUP_TIMEOUT_S} s:\n{_read(stderr)}")
-                time.sleep(0.05)
-            text = _read(stdout)
-            yield Sandbox(
-                process=process,
-                url=url,
-                rpc_url=_banner_value(text, "local chain"),
-                wallet=_banner_value(text, "demo wallet"),
-                pay_to=_banner_value(text, "payTo"),
-                key_file=Path(_banner_value(text, "demo key file")),
-                stdout=stdout,
-                stderr=stderr,
-            )
-        finally:
-            kill_group(process, grace_s=5)  # SIGTERM first: the sandbox removes its key file
+    with run_sandbox() as running:
+        yield running
 
 
 def _rpc(url: str, method: str, params: list[Any]) -> Any:
@@ -160,13 +96,16 @@ def test_sandbox_pay_moves_exactly_the_advertised_prices(sandbox: Sandbox) -> No
     assert prices[0] > 0 and prices[1] > 0 and prices[2] == 0
     wallet_before, pay_to_before = _usdc(sandbox, sandbox.wallet), _usdc(sandbox, sandbox.pay_to)
 
-    for method, url, data, expected in calls:
+    for (method, url, data, expected), price in zip(calls, prices, strict=True):
         done = _pay(sandbox, method, url, data)
         assert done.returncode == 0, f"{url}: {done.stderr}"
         body = json.loads(done.stdout)
         assert expected in json.dumps(body)
         if "/x402/solana/" in url:
             assert "PAYMENT-RESPONSE:" in done.stderr and '"success":true' in done.stderr
+            assert f"paid {usdc_text(price)} to {sandbox.pay_to}" in done.stderr
+        else:
+            assert f"signed in as {sandbox.wallet}" in done.stderr
 
     spent = sum(prices)
     assert _usdc(sandbox, sandbox.wallet) == wallet_before - spent
@@ -181,12 +120,100 @@ def test_pay_exits_non_zero_with_one_line_reason_when_the_wallet_holds_no_usdc(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:
     stranger = tmp_path / "stranger.json"
-    stranger.write_text(json.dumps(list(bytes(Keypair()))))
+    stranger_key = Keypair()
+    stranger.write_text(json.dumps(list(bytes(stranger_key))))
     wallet_before = _usdc(sandbox, sandbox.wallet)
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getBalance", "params": [sandbox.wallet]})
     done = _pay(
         sandbox, "POST", f"{sandbox.url}/v1/x402/solana/mainnet/provider_a/rpc/getBalance", body, stranger
     )
     assert done.returncode != 0
-    assert len(done.stderr.strip().splitlines()) == 1 and "402" in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"x402-gateway pay: insufficient USDC: wallet {stranger_key.pubkey()} has 0.00 USDC, "
+        "needs 0.001005 USDC"
+    ]
     assert _usdc(sandbox, sandbox.wallet) == wallet_before
+
+
+def _balance(sandbox: Sandbox, wallet: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*command(), "balance", wallet, "--rpc", sandbox.rpc_url, *extra],
+        env=clean_env({}),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_state_dir_keeps_the_wallet_and_balances_and_every_port_can_be_set(tmp_path: Path) -> None:
+    state = tmp_path / "sandbox-state"
+    port, chain_port, assets_port = free_port(), free_port(), free_port()
+    args = ("--state-dir", str(state), "--chain-port", str(chain_port), "--assets-port", str(assets_port))
+    rpc_url = f"{ROOT_URL}:{chain_port}"
+    url = f"{ROOT_URL}:{port}/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
+
+    with run_sandbox(*args, port=port) as first:
+        assert first.url == f"{ROOT_URL}:{port}"
+        assert first.rpc_url == rpc_url
+        assert f"sample asset-data API: {ROOT_URL}:{assets_port}" in first.banner
+        assert f"x402-gateway balance {first.wallet} --rpc {rpc_url}" in first.banner
+        assert first.usdc_account == str(
+            get_associated_token_address(
+                Pubkey.from_string(first.wallet), Pubkey.from_string(USDC_MAINNET_MINT)
+            )
+        )
+        data = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getBalance", "params": [first.wallet]})
+        price = _advertised_price(url, "POST", data)
+        start = _usdc(first, first.wallet)
+        assert _pay(first, "POST", url, data).returncode == 0
+        first.process.send_signal(signal.SIGTERM)
+        assert first.process.wait(timeout=10) == 0
+    assert (state / "demo-payer.json").stat().st_mode & 0o077 == 0
+    assert (state / "sandbox-state.json").stat().st_mode & 0o077 == 0
+
+    with run_sandbox(*args, port=port) as second:
+        assert (second.wallet, second.pay_to, second.key_file) == (first.wallet, first.pay_to, first.key_file)
+        assert _usdc(second, second.wallet) == start - price
+        assert _usdc(second, second.pay_to) == price
+        # The pasted command of the first run still pays.
+        assert _pay(second, "POST", url, data).returncode == 0
+        assert _usdc(second, second.wallet) == start - 2 * price
+        shown = _balance(second, second.wallet)
+        assert shown.returncode == 0, shown.stderr
+        assert (
+            f"USDC:           {usdc_text(start - 2 * price)}  (token account {second.usdc_account})"
+            in shown.stdout
+        )
+        scripted = json.loads(_balance(second, second.pay_to, "--json").stdout)
+        assert scripted["usdc"] == 2 * price and scripted["lamports"] == 0
+
+
+def test_balance_prints_usdc_and_sol_of_any_wallet_on_the_sandbox_chain(sandbox: Sandbox) -> None:
+    assert banner_value(sandbox.banner, "facilitator") == "internal,"
+    fee_payer = sandbox.banner.split("fee payer ", 1)[1].split()[0]
+    shown = json.loads(_balance(sandbox, fee_payer, "--json").stdout)
+    assert shown["ok"] is True and shown["usdc"] == 0 and shown["lamports"] == 100 * 10**9
+    stranger = str(Keypair().pubkey())
+    text = _balance(sandbox, stranger).stdout
+    assert f"wallet:         {stranger}" in text and "USDC:           0.00 USDC" in text
+    assert "SOL:            0 SOL" in text
+    refused = _balance(sandbox, "not-a-wallet")
+    assert refused.returncode == 1 and "is not a Solana address" in refused.stderr
+
+
+def test_the_sandbox_chain_answers_json_parsed_token_accounts(sandbox: Sandbox) -> None:
+    owned = _rpc(
+        sandbox.rpc_url,
+        "getTokenAccountsByOwner",
+        [sandbox.wallet, {"mint": USDC_MAINNET_MINT}, {"encoding": "jsonParsed"}],
+    )
+    [entry] = owned["value"]
+    assert entry["pubkey"] == sandbox.usdc_account
+    info = entry["account"]["data"]["parsed"]["info"]
+    assert entry["account"]["data"]["program"] == "spl-token"
+    assert info["owner"] == sandbox.wallet and info["mint"] == USDC_MAINNET_MINT
+    assert info["tokenAmount"]["amount"] == str(1000 * 10**6) and info["tokenAmount"]["decimals"] == 6
+    mint = _rpc(sandbox.rpc_url, "getAccountInfo", [USDC_MAINNET_MINT, {"encoding": "jsonParsed"}])
+    assert mint["value"]["data"]["parsed"]["type"] == "mint"
+    assert mint["value"]["data"]["parsed"]["info"]["decimals"] == 6

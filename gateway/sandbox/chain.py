@@ -5,12 +5,13 @@ sandbox (``x402-gateway sandbox``) serves it as the local chain and the tests us
 Solana node. Answers are produced with solders' own RPC serializers so unchanged clients
 (solana-py, the reference x402 clients, ours) parse them.
 
-Methods: getLatestBlockhash, getAccountInfo (base64), simulateTransaction, sendTransaction,
-getSignatureStatuses, getBalance, getTokenAccountBalance, getSlot, getBlockHeight,
-getMinimumBalanceForRentExemption, getHealth, getVersion, getGenesisHash, and, over the
+Methods: getLatestBlockhash, getAccountInfo (base64; jsonParsed for token accounts and mints),
+simulateTransaction, sendTransaction, getSignatureStatuses, getBalance, getTokenAccountBalance,
+getSlot, getBlockHeight, getMinimumBalanceForRentExemption, getHealth, getVersion,
+getGenesisHash, and, over the
 accounts the server knows of (those given to :meth:`LiteSvmRpcServer.watch` plus every account
-a landed transaction touched; LiteSVM cannot list its accounts): getTokenAccountsByOwner,
-getProgramAccounts, getSignaturesForAddress and getTransaction (base64 encoding).
+a landed transaction touched; LiteSVM cannot list its accounts): getTokenAccountsByOwner (also
+jsonParsed), getProgramAccounts, getSignaturesForAddress and getTransaction (base64 encoding).
 ``extra_methods`` adds more (the sandbox's DAS sample); their params may be any JSON.
 
 Test knobs: ``hold_confirmations`` (transactions execute at once but their status stays
@@ -31,14 +32,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import base58
-from solders.account import Account
-from solders.account_decoder import UiTokenAmount
+from solders.account import Account, AccountJSON
+from solders.account_decoder import ParsedAccount, UiTokenAmount
 from solders.hash import Hash
 from solders.keypair import Keypair
 from solders.litesvm import LiteSVM
 from solders.message import MessageV0
 from solders.pubkey import Pubkey
 from solders.rpc.responses import (
+    GetAccountInfoJsonParsedResp,
     GetAccountInfoResp,
     GetBalanceResp,
     GetLatestBlockhashResp,
@@ -47,11 +49,13 @@ from solders.rpc.responses import (
     GetSignaturesForAddressResp,
     GetSignatureStatusesResp,
     GetTokenAccountBalanceResp,
+    GetTokenAccountsByOwnerJsonParsedResp,
     GetTokenAccountsByOwnerResp,
     GetTransactionResp,
     RpcBlockhash,
     RpcConfirmedTransactionStatusWithSignature,
     RpcKeyedAccount,
+    RpcKeyedAccountJsonParsed,
     RpcResponseContext,
     RpcSimulateTransactionResult,
     SendTransactionResp,
@@ -79,6 +83,7 @@ USDC_MAINNET_MINT = Pubkey.from_string(USDC_MAINNET_ADDRESS)
 MAINNET_GENESIS_HASH = "5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp"
 BLOCKHASH_VALIDITY = 150
 TOKEN_ACCOUNT_SIZE = 165
+MINT_SIZE = 82
 MAX_SIGNATURES = 1000
 
 ExtraMethod = Callable[[Any], Any]
@@ -152,6 +157,13 @@ class LiteSvmRpcServer:
             raise RuntimeError("server not started")
         host, port = self._httpd.server_address[:2]
         return f"http://{host!s}:{port}"
+
+    @property
+    def port_bound(self) -> int:
+        """The port it listens on (the one chosen when ``port`` was 0)."""
+        if self._httpd is None:
+            raise RuntimeError("server not started")
+        return int(self._httpd.server_address[1])
 
     def start(self) -> LiteSvmRpcServer:
         handler = type("_Handler", (_Handler,), {"rpc": self})
@@ -272,11 +284,15 @@ class LiteSvmRpcServer:
 
     def _rpc_getAccountInfo(self, params: list[Any]) -> dict[str, Any]:
         config = params[1] if len(params) > 1 and isinstance(params[1], dict) else {}
-        if config.get("encoding", "base64") not in ("base64", "base64+zstd"):
-            raise RpcError(INVALID_PARAMS, "Invalid params: only base64 encoding is served")
+        encoding = config.get("encoding", "base64")
+        if encoding not in ("base64", "base64+zstd", "jsonParsed"):
+            raise RpcError(INVALID_PARAMS, "Invalid params: only base64 and jsonParsed encodings are served")
         account = self.svm.get_account(self._pubkey(params))
         if account is not None and account.lamports == 0 and not account.data:
             account = None
+        parsed = self._parsed(account) if account is not None and encoding == "jsonParsed" else None
+        if parsed is not None:
+            return self._json(GetAccountInfoJsonParsedResp(parsed, self._context()))
         return self._json(GetAccountInfoResp(account, self._context()))
 
     def _rpc_getBalance(self, params: list[Any]) -> dict[str, Any]:
@@ -292,12 +308,12 @@ class LiteSvmRpcServer:
         ):
             raise RpcError(INVALID_PARAMS, "Invalid param: not a Token account")
         token = TokenAccount.from_bytes(bytes(account.data[:165]))
-        mint = self.svm.get_account(token.mint)
-        decimals = Mint.from_bytes(bytes(mint.data[:82])).decimals if mint is not None else 0
-        ui = token.amount / 10**decimals
-        ui_string = f"{ui:.{decimals}f}".rstrip("0").rstrip(".") if decimals else str(token.amount)
-        value = UiTokenAmount(ui, decimals, str(token.amount), ui_string)
+        value = ui_token_amount(token.amount, self._decimals(token.mint))
         return self._json(GetTokenAccountBalanceResp(value, self._context()))
+
+    def _decimals(self, mint: Pubkey) -> int:
+        account = self.svm.get_account(mint)
+        return Mint.from_bytes(bytes(account.data[:82])).decimals if account is not None else 0
 
     def _rpc_getSlot(self, params: list[Any]) -> dict[str, Any]:
         return {"jsonrpc": "2.0", "result": self.svm.get_clock().slot}
@@ -406,26 +422,63 @@ class LiteSvmRpcServer:
             statuses.append(TransactionStatus(landed.slot, 0, None, landed.err, level))
         return self._json(GetSignatureStatusesResp(statuses, self._context()))
 
+    def _parsed(self, account: Account) -> AccountJSON | None:
+        """``jsonParsed`` of an SPL token account or mint, as a node answers; None for others
+        (a node then falls back to base64)."""
+        if account.owner not in (TOKEN_PROGRAM, TOKEN_2022_PROGRAM):
+            return None
+        data = bytes(account.data)
+        program = "spl-token" if account.owner == TOKEN_PROGRAM else "spl-token-2022"
+        info: dict[str, Any]
+        if len(data) == TOKEN_ACCOUNT_SIZE:
+            token = TokenAccount.from_bytes(data)
+            amount = ui_token_amount(token.amount, self._decimals(token.mint))
+            info = {
+                "isNative": token.is_native is not None,
+                "mint": str(token.mint),
+                "owner": str(token.owner),
+                "state": "frozen" if token.state == TokenAccountState.Frozen else "initialized",
+                "tokenAmount": json.loads(amount.to_json()),
+            }
+            kind = "account"
+        elif len(data) == MINT_SIZE:
+            mint = Mint.from_bytes(data)
+            info = {
+                "decimals": mint.decimals,
+                "freezeAuthority": str(mint.freeze_authority) if mint.freeze_authority else None,
+                "isInitialized": mint.is_initialized,
+                "mintAuthority": str(mint.mint_authority) if mint.mint_authority else None,
+                "supply": str(mint.supply),
+            }
+            kind = "mint"
+        else:
+            return None
+        parsed = ParsedAccount(program, {"info": info, "type": kind}, len(data))
+        return AccountJSON(account.lamports, parsed, account.owner, account.executable, account.rent_epoch)
+
     # --- listings over the known accounts -------------------------------------------------
 
     @staticmethod
-    def _config(params: list[Any], index: int) -> dict[str, Any]:
+    def _config(params: list[Any], index: int, parsed_ok: bool = False) -> dict[str, Any]:
         config = params[index] if len(params) > index else {}
         if config is None:
             return {}
         if not isinstance(config, dict):
             raise RpcError(INVALID_PARAMS, "Invalid params: expected a config object")
-        if config.get("encoding", "base64") not in ("base64", "base64+zstd"):
-            raise RpcError(INVALID_PARAMS, "Invalid params: only base64 encoding is served")
+        served = ("base64", "base64+zstd", "jsonParsed") if parsed_ok else ("base64", "base64+zstd")
+        if config.get("encoding", "base64") not in served:
+            raise RpcError(INVALID_PARAMS, f"Invalid params: encodings served here: {', '.join(served)}")
         return config
 
-    def _known_accounts(self) -> list[tuple[Pubkey, Account]]:
-        found = []
-        for address in self._known:
-            account = self.svm.get_account(address)
-            if account is not None and (account.lamports or account.data):
-                found.append((address, account))
-        return found
+    def known_accounts(self) -> list[tuple[Pubkey, Account]]:
+        """Every account the server knows of that exists (watched, or touched by a transaction)."""
+        with self._lock:
+            found = []
+            for address in list(self._known):
+                account = self.svm.get_account(address)
+                if account is not None and (account.lamports or account.data):
+                    found.append((address, account))
+            return found
 
     @staticmethod
     def _sliced(account: Account, config: dict[str, Any]) -> Account:
@@ -469,7 +522,7 @@ class LiteSvmRpcServer:
             raise RpcError(INVALID_PARAMS, "Invalid params: filters must be an array")
         value = [
             RpcKeyedAccount(address, self._sliced(account, config))
-            for address, account in self._known_accounts()
+            for address, account in self.known_accounts()
             if account.owner == program and self._matches(bytes(account.data), filters)
         ]
         if config.get("withContext"):
@@ -483,9 +536,11 @@ class LiteSvmRpcServer:
             raise RpcError(INVALID_PARAMS, "Invalid params: expected {mint} or {programId}")
         mint = Pubkey.from_string(select["mint"]) if "mint" in select else None
         program = Pubkey.from_string(select["programId"]) if "programId" in select else None
-        config = self._config(params, 2)
+        config = self._config(params, 2, parsed_ok=True)
+        as_parsed = config.get("encoding") == "jsonParsed"
         value = []
-        for address, account in self._known_accounts():
+        parsed_value = []
+        for address, account in self.known_accounts():
             if (
                 account.owner not in (TOKEN_PROGRAM, TOKEN_2022_PROGRAM)
                 or len(account.data) < TOKEN_ACCOUNT_SIZE
@@ -496,7 +551,13 @@ class LiteSvmRpcServer:
                 continue
             if program is not None and account.owner != program:
                 continue
-            value.append(RpcKeyedAccount(address, self._sliced(account, config)))
+            parsed = self._parsed(account) if as_parsed else None
+            if parsed is not None:
+                parsed_value.append(RpcKeyedAccountJsonParsed(address, parsed))
+            else:
+                value.append(RpcKeyedAccount(address, self._sliced(account, config)))
+        if as_parsed:
+            return self._json(GetTokenAccountsByOwnerJsonParsedResp(parsed_value, self._context()))
         return self._json(GetTokenAccountsByOwnerResp(value, self._context()))
 
     def _rpc_getSignaturesForAddress(self, params: list[Any]) -> dict[str, Any]:
@@ -628,6 +689,13 @@ def set_token_account(
         address, Account(svm.minimum_balance_for_rent_exemption(len(data)), data, token_program, False)
     )
     return address
+
+
+def ui_token_amount(amount: int, decimals: int) -> UiTokenAmount:
+    """A token amount as RPC nodes show it (``amount`` string, ``uiAmount``, ``uiAmountString``)."""
+    ui = amount / 10**decimals
+    ui_string = f"{ui:.{decimals}f}".rstrip("0").rstrip(".") if decimals else str(amount)
+    return UiTokenAmount(ui, decimals, str(amount), ui_string)
 
 
 def token_balance(svm: LiteSVM, address: Pubkey) -> int | None:

@@ -258,8 +258,9 @@ ASSET_DATA_PATHS: Final[list[tuple[str, str, str]]] = [
 class AssetDataSample:
     """The asset-data API on 127.0.0.1, answering sample data to callers with ``api_key``."""
 
-    def __init__(self, api_key: str) -> None:
+    def __init__(self, api_key: str, port: int = 0) -> None:
         self.api_key = api_key
+        self.port = port
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -269,7 +270,7 @@ class AssetDataSample:
             app.router.add_route(method, path, self._handler(operation))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
         port = self._runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{port}"

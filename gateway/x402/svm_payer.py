@@ -4,8 +4,9 @@ One builder for the tests, ``x402-gateway pay`` and the sandbox. The layout is t
 client's: SetComputeUnitLimit, SetComputeUnitPrice, TransferChecked, Memo. The fee payer
 (``extra.feePayer``) is account 0 and its signature slot is left empty for the facilitator.
 
-Everything but :func:`fetch_mint_info`, :func:`fetch_blockhash` and :func:`create_exact_payment`
-is pure; the instruction helpers are public so tests can assemble deliberately broken payments.
+Everything but :func:`fetch_mint_info`, :func:`fetch_token_balance`, :func:`fetch_blockhash` and
+:func:`create_exact_payment` is pure; the instruction helpers are public so tests can assemble
+deliberately broken payments.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from solders.keypair import Keypair
 from solders.message import MessageV0
 from solders.null_signer import NullSigner
 from solders.pubkey import Pubkey
+from solders.token.state import TokenAccount
 from solders.transaction import VersionedTransaction
 
 from gateway.solana_rpc import SolanaRpc
@@ -42,6 +44,7 @@ DEFAULT_COMPUTE_UNIT_LIMIT = 20_000
 DEFAULT_COMPUTE_UNIT_PRICE = 1
 MAX_MEMO_BYTES = 256
 MINT_SIZE = 82
+TOKEN_ACCOUNT_SIZE = 165
 _DECIMALS_OFFSET = 44
 
 
@@ -228,6 +231,18 @@ async def fetch_mint_info(rpc: SolanaRpc, mint: str) -> MintInfo:
     return MintInfo(address=mint, decimals=account.data[_DECIMALS_OFFSET], token_program=account.owner)
 
 
+async def fetch_token_balance(rpc: SolanaRpc, owner: Pubkey, mint: MintInfo) -> int:
+    """What ``owner`` holds of ``mint`` in its associated token account (0 when it has none),
+    the account a payment spends from."""
+    address = associated_token_address(
+        owner, Pubkey.from_string(mint.address), Pubkey.from_string(mint.token_program)
+    )
+    account = await rpc.get_account_info(str(address))
+    if account is None or account.owner != mint.token_program or len(account.data) < TOKEN_ACCOUNT_SIZE:
+        return 0
+    return int(TokenAccount.from_bytes(bytes(account.data[:TOKEN_ACCOUNT_SIZE])).amount)
+
+
 async def fetch_blockhash(rpc: SolanaRpc, requirements: PaymentRequirements) -> Hash:
     """``extra.recentBlockhash`` when it is a valid hash, else the node's latest blockhash."""
     given = (requirements.extra or {}).get("recentBlockhash")
@@ -246,12 +261,15 @@ async def create_exact_payment(
     payer: Keypair,
     *,
     resource: ResourceInfo | None = None,
+    extensions: dict[str, Any] | None = None,
+    mint: MintInfo | None = None,
     memo: bytes | None = None,
     compute_unit_limit: int = DEFAULT_COMPUTE_UNIT_LIMIT,
     compute_unit_price: int = DEFAULT_COMPUTE_UNIT_PRICE,
 ) -> PaymentPayload:
-    """Look up the mint and a blockhash over RPC, then build and sign the v2 payment payload."""
-    mint = await fetch_mint_info(rpc, requirements.asset)
+    """Look up the mint (unless given) and a blockhash over RPC, then build and sign the v2
+    payment payload."""
+    mint = mint or await fetch_mint_info(rpc, requirements.asset)
     blockhash = await fetch_blockhash(rpc, requirements)
     tx = build_exact_transaction(
         requirements,
@@ -262,4 +280,4 @@ async def create_exact_payment(
         compute_unit_limit=compute_unit_limit,
         compute_unit_price=compute_unit_price,
     )
-    return build_payment_payload(requirements, tx, resource=resource)
+    return build_payment_payload(requirements, tx, resource=resource, extensions=extensions)

@@ -1,0 +1,93 @@
+"""Run ``x402-gateway sandbox`` as a real subprocess and read what its banner says."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from tests.support.gateway_process import clean_env, command, kill_group
+from tests.support.gateway_server import free_port
+
+READY_LINE = "Ctrl-C stops it."
+STARTUP_TIMEOUT_S = 15.0
+
+
+@dataclass
+class Sandbox:
+    process: subprocess.Popen[bytes]
+    url: str
+    rpc_url: str
+    wallet: str
+    usdc_account: str
+    pay_to: str
+    key_file: Path
+    banner: str
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+
+
+def read_stream(stream: IO[bytes]) -> str:
+    stream.flush()
+    stream.seek(0)
+    return stream.read().decode("utf-8", errors="replace")
+
+
+def banner_value(text: str, label: str) -> str:
+    match = re.search(rf"^\s*{re.escape(label)}:\s+(\S+)", text, re.MULTILINE)
+    assert match, f"banner has no {label!r}:\n{text}"
+    return match.group(1)
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+@contextmanager
+def run_sandbox(*args: str, port: int | None = None) -> Iterator[Sandbox]:
+    """``x402-gateway sandbox --port <free> *args`` until ready; stopped (SIGTERM first) on exit."""
+    port = port or free_port()
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen(
+            [*command(), "sandbox", "--port", str(port), *args],
+            env=clean_env({}),
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            while READY_LINE not in read_stream(stdout) or _status(url + "/healthz") != 200:
+                if process.poll() is not None:
+                    raise RuntimeError(f"sandbox exited with {process.returncode}:\n{read_stream(stderr)}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"sandbox not ready in {STARTUP_TIMEOUT_S} s:\n{read_stream(stderr)}")
+                time.sleep(0.05)
+            text = read_stream(stdout)
+            yield Sandbox(
+                process=process,
+                url=url,
+                rpc_url=banner_value(text, "local chain"),
+                wallet=banner_value(text, "demo wallet"),
+                usdc_account=banner_value(text, "demo USDC account"),
+                pay_to=banner_value(text, "payTo"),
+                key_file=Path(banner_value(text, "demo key file")),
+                banner=text,
+                stdout=stdout,
+                stderr=stderr,
+            )
+        finally:
+            kill_group(process, grace_s=5)  # SIGTERM first: the sandbox saves or removes its state

@@ -1,0 +1,104 @@
+"""The README's client examples still work: the Python SDK example, extracted from README.md
+as written, pays a real sandbox (``x402-gateway sandbox`` subprocess) and the demo wallet's USDC
+moves to payTo by exactly the advertised price."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.x402.types import USDC_MAINNET_MINT as USDC
+from tests.support.gateway_process import clean_env
+from tests.support.sandbox_process import Sandbox, run_sandbox
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+SECTION = "## Paying from the x402 SDKs"
+PATH = "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
+
+
+def _fenced(language: str) -> str:
+    section = README.read_text(encoding="utf-8").split(SECTION, 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(rf"^```{language}\n(.*?)^```", section, re.S | re.M)
+    assert len(blocks) == 1, f"expected one {language} block under {SECTION!r}"
+    return str(blocks[0])
+
+
+def _rpc(sandbox: Sandbox, method: str, params: list[Any]) -> Any:
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
+    request = urllib.request.Request(sandbox.rpc_url, data=body, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        return json.loads(resp.read())["result"]
+
+
+def _usdc_of(sandbox: Sandbox, owner: str) -> int:
+    owned = _rpc(sandbox, "getTokenAccountsByOwner", [owner, {"mint": USDC}, {"encoding": "jsonParsed"}])
+    return sum(int(a["account"]["data"]["parsed"]["info"]["tokenAmount"]["amount"]) for a in owned["value"])
+
+
+def _price(sandbox: Sandbox, wallet: str) -> int:
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getBalance", "params": [wallet]}).encode()
+    request = urllib.request.Request(
+        sandbox.url + PATH, data=body, headers={"content-type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 402
+    return int(json.loads(refused.value.read())["accepts"][0]["amount"])
+
+
+def _pays_the_sandbox(command: list[str]) -> None:
+    """Run ``command`` (the example) against a fresh sandbox; it must pay exactly once."""
+    with run_sandbox() as sandbox:
+        price = _price(sandbox, sandbox.wallet)
+        before = (_usdc_of(sandbox, sandbox.wallet), _usdc_of(sandbox, sandbox.pay_to))
+        env = {
+            "GATEWAY": sandbox.url,
+            "X402_KEYPAIR": str(sandbox.key_file),
+            "SOLANA_RPC_URL": sandbox.rpc_url,
+        }
+        done = subprocess.run(
+            command,
+            env=clean_env(env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        after = (_usdc_of(sandbox, sandbox.wallet), _usdc_of(sandbox, sandbox.pay_to))
+    assert done.returncode == 0, done.stderr
+    status_line, settlement_line = done.stdout.strip().splitlines()[-2:]
+    assert status_line.startswith("200 ") and "result" in status_line
+    settlement = json.loads(base64.b64decode(settlement_line.split(" ", 1)[1]))
+    assert settlement["success"] is True and settlement["transaction"]
+    assert after == (before[0] - price, before[1] + price)
+
+
+def test_the_python_sdk_example_in_the_readme_pays_the_sandbox(tmp_path: Path) -> None:
+    script = tmp_path / "pay_with_sdk.py"
+    script.write_text(_fenced("python"), encoding="utf-8")
+    _pays_the_sandbox([sys.executable, str(script)])
+
+
+JS_SDK = os.environ.get("X402_JS_SDK_DIR", "")
+"""A directory with ``node_modules`` holding @x402/fetch, @x402/svm and @solana/kit (CI has none)."""
+
+
+@pytest.mark.skipif(
+    not (shutil.which("node") and JS_SDK and (Path(JS_SDK) / "node_modules" / "@x402" / "fetch").is_dir()),
+    reason="set X402_JS_SDK_DIR to a directory where `npm install @x402/fetch @x402/svm @solana/kit` ran",
+)
+def test_the_javascript_sdk_example_in_the_readme_pays_the_sandbox() -> None:
+    script = Path(JS_SDK) / "x402-gateway-readme-example.mjs"  # resolves its imports there
+    script.write_text(_fenced("js"), encoding="utf-8")
+    _pays_the_sandbox([str(shutil.which("node")), str(script)])
