@@ -31,7 +31,7 @@ from gateway import metrics
 from gateway.config import ENV_VARS, UPSTREAM_ENV, ConfigError, Settings, load_settings
 from gateway.routes import named_limits, parse_routes
 from tests.support.gateway_process import serve
-from tests.support.gateway_server import free_port
+from tests.support.gateway_server import SERVICE_ONLY_ENV, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -595,7 +595,12 @@ def test_the_shipped_nginx_config_keeps_the_internal_facilitator_off_the_public_
     assert NGINX is not None
     secret = "deploy-internal-secret-0123456789abcdef"
     wallet = base58.b58encode(bytes(Keypair())).decode()
-    env = {"INTERNAL_SETTLEMENT_SECRET": secret, "FACILITATOR_WALLET_BASE58": wallet, "LOG_LEVEL": "WARNING"}
+    env = {
+        **SERVICE_ONLY_ENV,
+        "INTERNAL_SETTLEMENT_SECRET": secret,
+        "FACILITATOR_WALLET_BASE58": wallet,
+        "LOG_LEVEL": "WARNING",
+    }
     internal = {"x-gateway-internal-secret": secret}
     with serve(env) as gateway:
         listen = free_port()

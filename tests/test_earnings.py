@@ -213,6 +213,7 @@ async def signing(start_paid_gateway: StartPaidGateway, upstream: Upstream) -> P
         "ASSET_API_BASE_URL": f"{upstream.url}/asset-data",
         "ASSET_API_KEY": ASSET_KEY,
         "SIWX_SECRET": "e" * 40,
+        "ROUTE_GROUPS": "all",  # the paid groups and the asset-data group
     }
     return await start_paid_gateway(env=env)
 

@@ -111,6 +111,7 @@ async def test_earnings_with_two_workers_add_up_and_list_only_meaningful_series(
         "ASSET_API_BASE_URL": f"{upstream.url}/asset-data",
         "ASSET_API_KEY": "asset-key-workers-0123456789",
         "SIWX_SECRET": "w" * 40,
+        "ROUTE_GROUPS": "all",  # the paid groups and the asset-data group
     }
     async with (
         paid_processes(

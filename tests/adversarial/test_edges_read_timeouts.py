@@ -18,6 +18,7 @@ from solders.keypair import Keypair
 
 from gateway.x402.headers import encode_header
 from tests.support.gateway_process import serve
+from tests.support.gateway_server import SERVICE_ONLY_ENV
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     GET_BALANCE_PRICE,
@@ -132,7 +133,7 @@ def _drip(sock: socket.socket, data: bytes) -> bytes:
 
 
 def test_the_served_gateway_closes_a_connection_dripping_its_headers() -> None:
-    with serve({"CLIENT_HEADER_TIMEOUT_SECONDS": TIMEOUT}) as gateway:
+    with serve({**SERVICE_ONLY_ENV, "CLIENT_HEADER_TIMEOUT_SECONDS": TIMEOUT}) as gateway:
         # About 110 bytes: dripped whole in about 33 s, if nothing cut it off.
         head = _request_head("GET", "/healthz", gateway.port, 0, {"x-slow": "slowloris"})
         with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
@@ -148,6 +149,7 @@ def test_the_served_gateway_closes_a_connection_dripping_its_headers() -> None:
 def test_the_served_gateway_answers_a_dripped_internal_body_with_408() -> None:
     secret = "edges-internal-secret-0123456789abcdef"
     env = {
+        **SERVICE_ONLY_ENV,
         "CLIENT_BODY_TIMEOUT_SECONDS": TIMEOUT,
         "INTERNAL_SETTLEMENT_SECRET": secret,
         "FACILITATOR_WALLET_BASE58": wallet_base58(Keypair()),

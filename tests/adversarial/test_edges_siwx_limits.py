@@ -54,6 +54,7 @@ async def gateway(asset_api: Upstream) -> AsyncIterator[RunningGateway]:
         "RATE_LIMIT_TOKENS_PER_MINUTE": str(UPSTREAM_KEY_LIMIT),
         "RATE_LIMIT_CHALLENGE_PER_MINUTE": str(CHALLENGE_LIMIT),
         "TRUSTED_PROXIES": "127.0.0.1/32",
+        "ROUTE_GROUPS": "tokens",
     }
     async with run_gateway(env) as running:
         yield running
