@@ -334,9 +334,11 @@ async def test_paid_rpc_store_lost_between_verify_and_claim_is_503_and_calls_not
     assert paid.upstream_calls == paid.settle_calls() == 0
 
 
-async def test_paid_rpc_store_lost_after_the_claim_still_delivers_what_was_settled(
+async def test_paid_rpc_store_lost_after_the_claim_settles_nothing_without_its_write_ahead_record(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer
 ) -> None:
+    """The intent to settle must be in the store before the facilitator is asked; with the store
+    gone the answer is withheld and nothing is settled, so "nothing was charged" is true."""
     paid = await start_paid_gateway(env={"STATE_STORE_REST_URL": private_redis.url})
     paid.upstream.responder = static(200, PROVIDER_ANSWER, delay=0.3)
     payment = await paid.payment()
@@ -346,8 +348,12 @@ async def test_paid_rpc_store_lost_after_the_claim_still_delivers_what_was_settl
 
     reply = await request
 
-    assert_delivered(reply, paid)
-    assert paid.settle_calls() == paid.upstream_calls == 1
+    assert reply.status == 503, reply.body
+    assert reply.error_code == "store_unavailable"
+    assert str(MARKER) not in reply.body.decode()
+    assert "payment-response" not in reply.headers
+    assert paid.settle_calls() == 0
+    assert paid.upstream_calls == 1
 
 
 # --- the process is told to stop mid-request ------------------------------------------------------

@@ -118,16 +118,19 @@ async def test_paid_rpc_payment_survives_a_facilitator_outage(paid: PaidGateway)
     assert paid.upstream_calls == paid.settle_calls() == 1
 
 
-async def test_paid_rpc_facilitator_down_before_any_challenge_is_503(
+async def test_paid_rpc_facilitator_down_before_any_challenge_still_challenges(
     start_paid_gateway: StartPaidGateway,
 ) -> None:
-    """Without the facilitator's fee payer there is no valid challenge to send."""
+    """An unpaid request always gets its 402; with no fee payer known from anywhere it names
+    none (tests/adversarial/test_paid_challenge.py covers the sources that know one)."""
     paid = await start_paid_gateway(env={"FACILITATOR_URL": closed_port_url()})
 
     reply = await paid.post(GET_BALANCE, balance_body())
 
-    assert reply.status == 503
-    assert reply.error_code == "facilitator_unavailable"
+    assert reply.status == 402, reply.body
+    accepted = reply.header_json("payment-required")["accepts"][0]
+    assert accepted["amount"] == str(GET_BALANCE_PRICE)
+    assert "feePayer" not in (accepted.get("extra") or {})
     assert paid.upstream_calls == 0
 
 
