@@ -46,14 +46,26 @@ class StoredResponse(msgspec.Struct):
 
 
 class PendingSettlement(msgspec.Struct):
+    """The write-ahead record of one settlement. Only the request that recorded it may reconcile
+    it: same ``fingerprint`` (route, payment, body) and same ``claimant`` (the exact signed
+    transaction), so a copy of the message under another client signature never collects it."""
+
     fingerprint: str
+    claimant: str
     response: StoredResponse | None = None
     transaction: str = ""
+    """The settlement's transaction, once a facilitator named it."""
 
 
 class PaymentIdRecord(msgspec.Struct):
     fingerprint: str
     response: StoredResponse | None = None
+
+
+def claimant(signed_transaction: bytes) -> str:
+    """Identity of the exact signed transaction that claimed a payment (its client signature
+    included): the token a pending settlement is reconciled with."""
+    return hashlib.sha256(signed_transaction).hexdigest()
 
 
 def fingerprint(route: str, key: str, body: bytes) -> str:

@@ -29,7 +29,7 @@ from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
 from gateway.facilitators import ChallengeFeePayer, Facilitator, FacilitatorUnavailable
 from gateway.logs import log_event
-from gateway.payments import StoredResponse, fingerprint
+from gateway.payments import StoredResponse, claimant, fingerprint
 from gateway.routes import RouteSpec
 from gateway.services import Services
 from gateway.store import StoreUnavailable
@@ -63,6 +63,8 @@ class PaidRequest:
     payer: str
     key: str
     """The payment key: SHA-256 of the transaction message (what is claimed and settled once)."""
+    claimant: str
+    """The exact signed transaction that claimed it (see ``gateway.payments.claimant``)."""
     fingerprint: str
     payment_id: str | None
 
@@ -153,7 +155,7 @@ class X402Exact:
             validated = self.validator.body(body)
         except InvalidInput as exc:
             raise GatewayError(ErrorCode.INVALID_REQUEST, str(exc), {"parameter": exc.where}) from exc
-        payer, key = self._match(payload)
+        payer, key, claimed_by = self._match(payload)
         ctx.payer = payer
         fp = fingerprint(self.route.name, key, body)
         payment_id = _payment_id(payload)
@@ -164,7 +166,7 @@ class X402Exact:
         # is charged for it: once broadcast, a real facilitator's verify fails (the funds moved),
         # which would lose a pending settlement's withheld response and blame the wrong reason.
         if await self.ledger.claimed(key):
-            await self._refuse_reuse(payload, payer, key, fp, payment_id, scope, send)
+            await self._refuse_reuse(payload, payer, key, claimed_by, fp, payment_id, scope, send)
             return
         for spec in self.limits:
             await self.services.limiter.hit(spec, payer if spec.per == "wallet" else None)
@@ -177,12 +179,12 @@ class X402Exact:
             # while the facilitator was asked; its verify then fails because the funds moved,
             # and the reason the client must hear is the reuse (or its pending settlement).
             if await self.ledger.claimed(key):
-                await self._refuse_reuse(payload, payer, key, fp, payment_id, scope, send)
+                await self._refuse_reuse(payload, payer, key, claimed_by, fp, payment_id, scope, send)
                 return
             await self.services.usage.record(self.route.name, "failed")
             raise
         if not await self.ledger.claim(key, self.route.name):
-            await self._refuse_reuse(payload, payer, key, fp, payment_id, scope, send)
+            await self._refuse_reuse(payload, payer, key, claimed_by, fp, payment_id, scope, send)
             return
         if payment_id is not None and not await self.ledger.reserve_payment_id(payment_id, fp):
             raise GatewayError(
@@ -190,7 +192,7 @@ class X402Exact:
             )
         ctx.amount = requirements.amount
         state = scope.setdefault("state", {})
-        state["payment"] = PaidRequest(payload, requirements, payer, key, fp, payment_id)
+        state["payment"] = PaidRequest(payload, requirements, payer, key, claimed_by, fp, payment_id)
         state["input"] = validated
         await self.app(scope, receive, send)
 
@@ -207,8 +209,8 @@ class X402Exact:
             extensions=payload.extensions,
         )
 
-    def _match(self, payload: PaymentPayload) -> tuple[str, str]:
-        """(payer, payment key) of a payment that is for this route as far as the header says,
+    def _match(self, payload: PaymentPayload) -> tuple[str, str, str]:
+        """(payer, payment key, claimant) of a payment that is for this route as far as the header says,
         not a self-transfer, and signed by its payer over the message. All local and cheap."""
         want = self.challenge.requirements
         accepted = payload.accepted
@@ -242,7 +244,7 @@ class X402Exact:
             raise PaymentRejected("self_transfer", "the payer must differ from payTo")
         if not _client_signed(tx):
             raise PaymentRejected(svm.Reason.TRANSACTION.value, "the client's signature does not verify")
-        return payer, svm.payment_key(tx)
+        return payer, svm.payment_key(tx), claimant(bytes(tx))
 
     async def _verify(self, payload: PaymentPayload, requirements: PaymentRequirements, payer: str) -> None:
         try:
@@ -275,18 +277,27 @@ class X402Exact:
         payload: PaymentPayload,
         payer: str,
         key: str,
+        claimed_by: str,
         fp: str,
         payment_id: str | None,
         scope: Scope,
         send: Send,
     ) -> None:
-        """The payment is claimed already. The identical request (same route, message and body)
-        whose settlement was left pending settles again (the facilitator reconciles instead of
-        re-broadcasting) and may get the withheld response; any other reuse is refused."""
+        """The payment is claimed already. The request that claimed it (the same signed
+        transaction, route and body), whose settlement was left pending, settles again (the
+        facilitator reconciles instead of re-broadcasting) and may get the withheld response;
+        any other reuse, a copy of the message under another client signature included, is
+        refused."""
         pending = await self.ledger.pending(key)
-        if pending is not None and pending.fingerprint == fp and pending.response is not None:
+        if (
+            pending is not None
+            and pending.fingerprint == fp
+            and pending.claimant == claimed_by
+            and pending.response is not None
+        ):
             requirements = self.challenge.requirements_for(await self.fee_payer.required())
-            paid = PaidRequest(self._as_v2(payload, requirements), requirements, payer, key, fp, payment_id)
+            payload = self._as_v2(payload, requirements)
+            paid = PaidRequest(payload, requirements, payer, key, claimed_by, fp, payment_id)
             await self.settler.settle_and_respond(paid, pending, scope, send, reconciling=True)
             return
         await self.services.usage.record(self.route.name, "failed")

@@ -153,7 +153,7 @@ class Settler:
         transaction = result.transaction if result is not None and result.transaction else intent.transaction
         try:
             await self.ledger.record_pending(
-                paid.key, PendingSettlement(intent.fingerprint, intent.response, transaction)
+                paid.key, msgspec.structs.replace(intent, transaction=transaction)
             )
         except StoreUnavailable:
             # The intent written before settling still stands (without the transaction).
@@ -224,7 +224,7 @@ class SettleAfterSuccess:
             await send_bytes(send, buffer.status, body, buffer.headers)
             return
         response = StoredResponse(status=200, body=body, content_type=buffer.content_type)
-        intent = PendingSettlement(paid.fingerprint, response)
+        intent = PendingSettlement(paid.fingerprint, paid.claimant, response)
         await self.settler.settle_and_respond(paid, intent, scope, send)
 
     async def _discard(self, scope: Scope, paid: PaidRequest) -> None:
