@@ -17,6 +17,7 @@ SettleAfterSuccess settles it.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -138,7 +139,12 @@ class X402Exact:
             await send_challenge(send, self.challenge, self.fee_payer, rejected.reason)
         except StoreUnavailable as exc:
             if ctx.settling:  # the settlement may have been broadcast: never say nothing was charged
-                log_event("store lost while settling; left pending", route=self.route.name, payer=ctx.payer)
+                log_event(
+                    "store lost while settling: payment left pending",
+                    logging.ERROR,
+                    route=self.route.name,
+                    payer=ctx.payer,
+                )
                 raise pending_error() from exc
             raise GatewayError(
                 ErrorCode.STORE_UNAVAILABLE, "state store unavailable; nothing was charged"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import msgspec
 
@@ -156,9 +157,10 @@ class Settler:
                 paid.key, msgspec.structs.replace(intent, transaction=transaction)
             )
         except StoreUnavailable:
-            # The intent written before settling still stands (without the transaction).
+            # The intent written before settling still stands, without the transaction.
             log_event(
-                "SETTLEMENT PENDING, transaction not recorded: store unavailable",
+                "settlement pending, its transaction not recorded: store unavailable",
+                logging.ERROR,
                 route=self.route.name,
                 payer=paid.payer,
                 settlement=transaction or None,
@@ -170,7 +172,11 @@ class Settler:
         try:
             await self.ledger.resolve_pending(paid.key)
         except StoreUnavailable:
-            log_event("failed settlement's intent not closed: store unavailable", route=self.route.name)
+            log_event(
+                "failed settlement's intent not closed: store unavailable",
+                logging.WARNING,
+                route=self.route.name,
+            )
 
     async def _remember(self, paid: PaidRequest, delivered: StoredResponse) -> None:
         """Close the intent and keep the response for payment-identifier replays."""
@@ -179,7 +185,11 @@ class Settler:
             if paid.payment_id is not None and len(delivered.body) <= self.route.replay_cap_bytes:
                 await self.ledger.complete_payment_id(paid.payment_id, paid.fingerprint, delivered)
         except StoreUnavailable:
-            log_event("settled response not stored for replay: store unavailable", route=self.route.name)
+            log_event(
+                "settled response not stored for replay: store unavailable",
+                logging.WARNING,
+                route=self.route.name,
+            )
 
 
 class _Buffer:
