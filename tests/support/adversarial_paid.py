@@ -9,6 +9,7 @@
 * :class:`LateConfirmationBackend`: the reference facilitator (real verify, broadcast and
   reconciliation on LiteSVM) whose first settlement is broadcast at once but confirmed only when
   the test releases it, so a gateway can be stopped or killed between broadcast and answer.
+* :func:`captured_log_lines`: the gateway's log lines, as written to stdout, while it is open.
 """
 
 from __future__ import annotations
