@@ -10,7 +10,13 @@ import pytest
 from gateway.config import PACKAGED_ROUTES_FILE
 from gateway.routes import RoutesError, RouteSpec, load_routes, parse_routes
 
-LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
+LIMITS = {
+    "rpc": (50, 1000),
+    "das": (10, 1000),
+    "tokens": (30, 60_000),
+    "challenge": (120, 60_000),
+    "wallet": (5, 1000),
+}
 RPC_METHODS = {
     "getBalance",
     "getAccountInfo",
@@ -111,11 +117,13 @@ def test_price_matches_the_derivation_table(packaged: list[RouteSpec], provider:
     assert prices == {PRICES[provider, method]}
 
 
-def test_rpc_and_das_routes_carry_their_named_scope_limit(packaged: list[RouteSpec]) -> None:
+def test_rpc_and_das_routes_carry_their_named_scope_and_wallet_limits(packaged: list[RouteSpec]) -> None:
     route = next(r for r in packaged if r.path == "/v1/x402/solana/devnet/provider_b/das/getAsset")
 
-    (limit,) = route.rate_limits
-    assert (limit.scope, limit.limit, limit.period_ms) == ("provider_b:devnet:das", 10, 1000)
+    scope, wallet = route.rate_limits
+    assert (scope.scope, scope.limit, scope.per) == ("provider_b:devnet:das", 10, "scope")
+    assert scope.period_ms == wallet.period_ms == 1000
+    assert (wallet.scope, wallet.limit, wallet.per) == ("provider_b:devnet:das:wallet", 5, "wallet")
 
 
 def test_asset_data_routes_are_19_free_siwx_routes(packaged: list[RouteSpec]) -> None:

@@ -42,7 +42,13 @@ WALLET = Keypair()
 NACL_WALLET = SigningKey.generate()
 TIMEOUT_S = 0.5
 MAX_BODY = 16384  # 250 mints fit; the 413 case is larger
-LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
+LIMITS = {
+    "rpc": (50, 1000),
+    "das": (10, 1000),
+    "tokens": (30, 60_000),
+    "challenge": (120, 60_000),
+    "wallet": (5, 1000),
+}
 
 
 @dataclass

@@ -12,7 +12,13 @@ from gateway.config import PACKAGED_ROUTES_FILE
 from gateway.routes import RouteSpec, load_routes
 from gateway.validation import InvalidInput, RequestValidator, SchemaError, check_schema, compile_schema
 
-LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
+LIMITS = {
+    "rpc": (50, 1000),
+    "das": (10, 1000),
+    "tokens": (30, 60_000),
+    "challenge": (120, 60_000),
+    "wallet": (5, 1000),
+}
 MINT = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"
 OTHER_MINT = "So11111111111111111111111111111111111111112"
 
