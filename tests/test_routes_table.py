@@ -7,16 +7,11 @@ from typing import Any
 
 import pytest
 
-from gateway.config import PACKAGED_ROUTES_FILE
-from gateway.routes import RoutesError, RouteSpec, load_routes, parse_routes
+from gateway.config import PACKAGED_ROUTES_FILE, Settings
+from gateway.routes import RoutesError, RouteSpec, load_routes, named_limits, parse_routes
 
-LIMITS = {
-    "rpc": (50, 1000),
-    "das": (10, 1000),
-    "tokens": (30, 60_000),
-    "challenge": (120, 60_000),
-    "wallet": (5, 1000),
-}
+LIMITS = named_limits(Settings(base_url="https://gw.example.com"))
+"""The named limits at their defaults (rpc 50/s, das 10/s, tokens 30/min, challenge 120/min, wallet 5/s)."""
 RPC_METHODS = {
     "getBalance",
     "getAccountInfo",

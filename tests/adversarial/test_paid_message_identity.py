@@ -55,6 +55,24 @@ def assert_already_used(reply: Reply) -> None:
     assert reply.header_json("payment-required")["accepts"][0]["amount"] == str(GET_BALANCE_PRICE)
 
 
+def assert_one_answered(replies: list[Reply]) -> Reply:
+    """Exactly one reply carries the paid answer; every other one is refused as a reuse."""
+    answered = [r for r in replies if r.status == 200]
+    assert len(answered) == 1, [(r.status, r.body) for r in replies]
+    assert_answered(answered[0])
+    for reply in replies:
+        if reply is not answered[0]:
+            assert_already_used(reply)
+    return answered[0]
+
+
+def assert_one_sale(paid: PaidGateway, rpc: LiteSvmRpcServer, before: Money) -> None:
+    """The provider was called once and the money moved once, by one landed transaction."""
+    assert paid.upstream_calls == 1
+    assert len(set(rpc.sent)) == 1
+    assert Money.of(paid.chain).minus(before) == ONE_SALE
+
+
 async def _internal(start_paid_gateway: StartPaidGateway) -> PaidGateway:
     paid = await start_paid_gateway(internal=True)
     paid.upstream.responder = static(200, PROVIDER_ANSWER)
@@ -76,9 +94,7 @@ async def test_copies_of_one_message_with_other_client_signatures_are_refused_af
     assert_answered(answered)
     for reply in refused:
         assert_already_used(reply)
-    assert paid.upstream_calls == 1
-    assert len(set(solana_rpc_server.sent)) == 1
-    assert Money.of(paid.chain).minus(before) == ONE_SALE
+    assert_one_sale(paid, solana_rpc_server, before)
 
 
 async def test_copies_of_one_message_sent_at_once_reach_the_provider_once(
@@ -91,15 +107,8 @@ async def test_copies_of_one_message_sent_at_once_reach_the_provider_once(
 
     replies = await asyncio.gather(*(paid.pay(GET_BALANCE, balance_body(), p) for p in payments))
 
-    answered = [r for r in replies if r.status == 200]
-    assert len(answered) == 1, [r.body for r in replies]
-    assert_answered(answered[0])
-    for reply in replies:
-        if reply.status != 200:
-            assert_already_used(reply)
-    assert paid.upstream_calls == 1
-    assert len(set(solana_rpc_server.sent)) == 1
-    assert Money.of(paid.chain).minus(before) == ONE_SALE
+    assert_one_answered(replies)
+    assert_one_sale(paid, solana_rpc_server, before)
 
 
 async def test_a_payment_identifier_retry_with_another_signature_replays_without_paying_again(
@@ -115,9 +124,7 @@ async def test_a_payment_identifier_retry_with_another_signature_replays_without
     replay = await paid.pay(GET_BALANCE, balance_body(), another_client_signature(first, paid.chain.payer))
 
     assert_answered(replay)
-    assert paid.upstream_calls == 1
-    assert len(set(solana_rpc_server.sent)) == 1
-    assert Money.of(paid.chain).minus(before) == ONE_SALE
+    assert_one_sale(paid, solana_rpc_server, before)
 
 
 async def test_retries_of_a_pending_settlement_with_three_client_signatures_get_one_answer(
@@ -143,13 +150,6 @@ async def test_retries_of_a_pending_settlement_with_three_client_signatures_get_
     retries = [first, *(another_client_signature(first, paid.chain.payer) for _ in range(2))]
     replies = await asyncio.gather(*(paid.pay(GET_BALANCE, balance_body(), p) for p in retries))
 
-    answered = [r for r in replies if r.status == 200]
-    assert len(answered) == 1, [(r.status, r.body) for r in replies]
-    assert_answered(answered[0])
-    assert answered[0].header_json("payment-response")["transaction"] == solana_rpc_server.sent[0]
-    for reply in replies:
-        if reply.status != 200:
-            assert_already_used(reply)
-    assert paid.upstream_calls == 1
-    assert len(set(solana_rpc_server.sent)) == 1
-    assert Money.of(paid.chain).minus(before) == ONE_SALE
+    answered = assert_one_answered(replies)
+    assert answered.header_json("payment-response")["transaction"] == solana_rpc_server.sent[0]
+    assert_one_sale(paid, solana_rpc_server, before)
