@@ -270,7 +270,7 @@ def rss_kib(pid: int) -> int:
 def bench_routes_file(directory: Path) -> Path:
     """The packaged routes.yaml with its named per-scope limits replaced by an unreachable one."""
     text = (REPO / "gateway" / "routes.yaml").read_text(encoding="utf-8")
-    lifted, count = re.subn(r"limit: (?:rpc|das|tokens)\}", UNLIMITED, text)
+    lifted, count = re.subn(r"limit: (?:rpc|das|tokens|wallet)\}", UNLIMITED, text)
     if count == 0:
         raise RuntimeError("routes.yaml has no named limits to lift; bench/run.py needs updating")
     path = directory / "routes.bench.yaml"

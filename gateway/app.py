@@ -97,8 +97,9 @@ def _jsonrpc(route: RouteSpec, services: Services) -> ASGIApp:
 
 def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
     facilitator = services.facilitator
-    assert facilitator is not None, "exact routes are mounted only with a facilitator"
-    settler = Settler(route, services, facilitator, exact_challenge(route, services, facilitator))
+    fee_payer = services.fee_payer
+    assert facilitator is not None and fee_payer is not None, "exact routes need a facilitator"
+    settler = Settler(route, services, facilitator, exact_challenge(route, services, facilitator), fee_payer)
     return challenge_limit(X402Exact(SettleAfterSuccess(app, settler), settler), services, CREDENTIAL_HEADERS)
 
 

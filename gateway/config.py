@@ -47,9 +47,9 @@ ENV_VARS: tuple[str, ...] = (
     "X402_PAY_TO_WALLET", "X402_USDC_MINT", "X402_MAX_TIMEOUT_SECONDS", "SOLANA_MAINNET_RPC_URL",
     "SOLANA_DEVNET_RPC_URL", *UPSTREAM_ENV.values(), "ASSET_API_KEY", "STATE_STORE_REST_URL",
     "STATE_STORE_REST_TOKEN", "RATE_LIMIT_RPC_RPS", "RATE_LIMIT_DAS_RPS", "RATE_LIMIT_TOKENS_PER_MINUTE",
-    "RATE_LIMIT_CHALLENGE_PER_MINUTE", "SIWX_SECRET", "INTERNAL_SETTLEMENT_SECRET",
-    "FACILITATOR_WALLET_BASE58", "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS", "MAX_BODY_BYTES",
-    "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
+    "RATE_LIMIT_CHALLENGE_PER_MINUTE", "RATE_LIMIT_WALLET_RPS", "FACILITATOR_FEE_PAYER", "SIWX_SECRET",
+    "INTERNAL_SETTLEMENT_SECRET", "FACILITATOR_WALLET_BASE58", "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS",
+    "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
     "CLIENT_BODY_TIMEOUT_SECONDS",
 )  # fmt: skip
 ALL_GROUPS = "all"
@@ -80,6 +80,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rate_limit_das_rps: int = 10
     rate_limit_tokens_per_minute: int = 30
     rate_limit_challenge_per_minute: int = 120
+    rate_limit_wallet_rps: int = 5
+    facilitator_fee_payer: str = ""
     upstreams: dict[str, Secret] = msgspec.field(default_factory=dict)
     asset_api_key: Secret = Secret("")
     store_url: Secret = Secret("")
@@ -303,6 +305,8 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         rate_limit_das_rps=r.integer("RATE_LIMIT_DAS_RPS", 10, 1, 1_000_000),
         rate_limit_tokens_per_minute=r.integer("RATE_LIMIT_TOKENS_PER_MINUTE", 30, 1, 1_000_000),
         rate_limit_challenge_per_minute=r.integer("RATE_LIMIT_CHALLENGE_PER_MINUTE", 120, 1, 1_000_000),
+        rate_limit_wallet_rps=r.integer("RATE_LIMIT_WALLET_RPS", 5, 1, 1_000_000),
+        facilitator_fee_payer=r.pubkey("FACILITATOR_FEE_PAYER"),
         upstreams=upstreams,
         asset_api_key=Secret(r.text("ASSET_API_KEY")),
         store_url=Secret(_store_url(r)),

@@ -9,6 +9,7 @@ The exact middleware only ever sees :class:`Facilitator`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Final, Protocol, TypeVar
@@ -18,8 +19,12 @@ import aiohttp
 import msgspec
 
 from gateway.cdp_auth import CdpKey
+from gateway.errors import ErrorCode, GatewayError
+from gateway.logs import log_event
 from gateway.redact import Secret, redact_url
+from gateway.store import Store, StoreUnavailable
 from gateway.x402.types import (
+    SOLANA_MAINNET,
     FacilitatorRequest,
     PaymentPayload,
     PaymentRequirements,
@@ -187,6 +192,14 @@ class HttpFacilitator:
         """The fee payer to put in a challenge's ``extra.feePayer`` for ``network``."""
         return fee_payer_for(await self.supported(), network, scheme)
 
+    def cached_supported(self) -> SupportedResponse | None:
+        """The last ``/supported`` answer held in memory (maybe stale), without asking."""
+        return self._supported
+
+    def supported_due(self) -> bool:
+        """Whether :meth:`supported` would ask the facilitator now."""
+        return self._supported is None or self._clock() >= self._supported_expires
+
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
@@ -250,3 +263,112 @@ def _public_url(base_url: str) -> str:
         host = f"[{host}]"
     netloc = f"{host}:{parts.port}" if parts.port is not None else host
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+# --- the fee payer a challenge names ----------------------------------------------------------
+
+REMEMBERED_TTL_MS: Final = 30 * 24 * 3600 * 1000
+"""How long the shared store keeps the last fee payer a facilitator named."""
+STORE_RECHECK_S: Final = 10.0
+"""How long this process trusts what it read (or did not find) in the store."""
+COLD_WAIT_S: Final = 1.0
+"""With no fee payer known from anywhere, how long a challenge waits for a first ``/supported``."""
+
+
+class ChallengeFeePayer:
+    """``extra.feePayer`` for the 402 challenge, without the challenge waiting on the facilitator.
+
+    An unpaid request always gets its 402. Sources, first found wins: a facilitator in this
+    process (the internal one: its own key), the external facilitator's last ``/supported``
+    answer held in memory, the last one any replica kept in the shared store (so a new or
+    restarted replica has it during a facilitator outage), then ``FACILITATOR_FEE_PAYER``.
+    ``/supported`` is refreshed in the background. Only when none of these knows a fee payer
+    does a challenge wait, at most :data:`COLD_WAIT_S`, for a first answer; then it goes out
+    without ``extra.feePayer`` (a client cannot pay it yet, but it still learns the price).
+    """
+
+    def __init__(
+        self,
+        facilitator: Facilitator,
+        store: Store,
+        configured: str = "",
+        network: str = SOLANA_MAINNET,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.facilitator = facilitator
+        self.store = store
+        self.configured = configured
+        self.network = network
+        self._clock = clock
+        self._key = f"x402gw:fee-payer:{network}:{facilitator.url}"
+        self._refresh: asyncio.Task[None] | None = None
+        self._next_refresh = 0.0
+        self._stored: str | None = None
+        """What this process last wrote to (or read from) the store."""
+        self._recheck_at = 0.0
+
+    async def current(self) -> str | None:
+        """The fee payer to advertise now; None when nothing knows one."""
+        facilitator = self.facilitator
+        if not isinstance(facilitator, HttpFacilitator):  # in-process: answers from memory
+            return fee_payer_for(await facilitator.supported(), self.network)
+        if facilitator.supported_due():
+            self._refresh_soon()
+        known = facilitator.cached_supported()
+        if known is not None:
+            return fee_payer_for(known, self.network)
+        remembered = await self._remembered()
+        if remembered or self.configured:
+            return remembered or self.configured
+        if self._refresh is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._refresh), COLD_WAIT_S)
+            known = facilitator.cached_supported()
+            if known is not None:
+                return fee_payer_for(known, self.network)
+        return None
+
+    async def required(self) -> str:
+        """The fee payer a paid request is verified with; 503 when none can be had."""
+        found = await self.current()
+        if found is None:
+            try:
+                found = fee_payer_for(await self.facilitator.supported(), self.network)
+            except FacilitatorUnavailable as exc:
+                message = "payment facilitator unavailable"
+                raise GatewayError(ErrorCode.FACILITATOR_UNAVAILABLE, message) from exc
+        if found is None:
+            raise GatewayError(
+                ErrorCode.FACILITATOR_UNAVAILABLE, "facilitator offers no exact payments on Solana"
+            )
+        return found
+
+    def _refresh_soon(self) -> None:
+        """Ask ``/supported`` in the background (one at a time, backing off after a failure)."""
+        if (self._refresh is not None and not self._refresh.done()) or self._clock() < self._next_refresh:
+            return
+        self._next_refresh = self._clock() + SUPPORTED_RETRY_S
+        self._refresh = asyncio.create_task(self._refresh_now(), name="facilitator-supported")
+
+    async def _refresh_now(self) -> None:
+        try:
+            found = fee_payer_for(await self.facilitator.supported(), self.network)
+        except FacilitatorUnavailable as exc:
+            log_event("facilitator /supported unavailable", error=str(exc))
+            return
+        if found is None or found == self._stored:
+            return
+        try:
+            await self.store.put(self._key, found, REMEMBERED_TTL_MS)
+        except StoreUnavailable:
+            return
+        self._stored = found
+
+    async def _remembered(self) -> str | None:
+        """The fee payer kept in the store, read at most every :data:`STORE_RECHECK_S`."""
+        if self._clock() >= self._recheck_at:
+            self._recheck_at = self._clock() + STORE_RECHECK_S
+            with contextlib.suppress(StoreUnavailable):
+                self._stored = await self.store.get(self._key)
+        return self._stored

@@ -1,13 +1,22 @@
 """The money state of paid requests, kept in the shared store so every replica agrees.
 
+A payment is known by its **payment key**: the SHA-256 of its transaction message, the bytes
+every signer commits to. Never by a client signature: an ed25519 signer may pick its nonce, so
+one message can carry any number of valid client signatures, and each would otherwise buy
+another answer. The facilitators deduplicate by the message too, so both sides agree on what
+"one payment" is.
+
 Keys (all under ``x402gw:``):
 
-* ``pay:{signature}`` - the claim on a client's payment (its transaction signature), taken
-  atomically before the upstream is called; it is never released, so a discarded
-  authorization can never be settled or reused.
-* ``pending:{signature}`` - a settlement whose outcome is not known yet (``settlement_pending``
-  or the facilitator went silent after upstream success), with the withheld response, so a
-  retry reconciles instead of broadcasting again.
+* ``pay:{key}`` - the claim on a payment, taken atomically before the upstream is called; it
+  is never released, so a discarded authorization can never be settled or reused.
+* ``pending:{key}`` - the write-ahead record of a settlement: written with the request
+  fingerprint and the withheld response *before* the facilitator is asked to settle, and
+  closed once the outcome is known. Whatever happens in between (a pending confirmation, a
+  silent facilitator, the process killed), a retry of the identical request reconciles
+  against it instead of paying twice.
+* ``delivered:{key}`` - taken by the one request that delivers the settled answer, so
+  concurrent reconciliations of one payment answer once.
 * ``pid:{id}`` - the payment-identifier record: the request fingerprint and, once settled,
   the response to replay for 10 minutes.
 """
@@ -37,9 +46,15 @@ class StoredResponse(msgspec.Struct):
 
 
 class PendingSettlement(msgspec.Struct):
+    """The write-ahead record of one settlement. Only the request that recorded it may reconcile
+    it: same ``fingerprint`` (route, payment, body) and same ``claimant`` (the exact signed
+    transaction), so a copy of the message under another client signature never collects it."""
+
     fingerprint: str
+    claimant: str
     response: StoredResponse | None = None
     transaction: str = ""
+    """The settlement's transaction, once a facilitator named it."""
 
 
 class PaymentIdRecord(msgspec.Struct):
@@ -47,10 +62,16 @@ class PaymentIdRecord(msgspec.Struct):
     response: StoredResponse | None = None
 
 
-def fingerprint(route: str, signature: str, body: bytes) -> str:
-    """Identity of one paid request: route, the payment and the exact body."""
+def claimant(signed_transaction: bytes) -> str:
+    """Identity of the exact signed transaction that claimed a payment (its client signature
+    included): the token a pending settlement is reconciled with."""
+    return hashlib.sha256(signed_transaction).hexdigest()
+
+
+def fingerprint(route: str, key: str, body: bytes) -> str:
+    """Identity of one paid request: route, the payment (its key) and the exact body."""
     digest = hashlib.sha256()
-    for part in (route.encode(), b"\0", signature.encode(), b"\0", body):
+    for part in (route.encode(), b"\0", key.encode(), b"\0", body):
         digest.update(part)
     return digest.hexdigest()
 
@@ -63,25 +84,27 @@ class PaymentLedger:
         self._pending = msgspec.json.Decoder(PendingSettlement)
         self._pid = msgspec.json.Decoder(PaymentIdRecord)
 
-    async def claim(self, signature: str, route: str) -> bool:
-        return await self.store.claim(f"x402gw:pay:{signature}", route, CLAIM_TTL_MS)
+    async def claim(self, key: str, route: str) -> bool:
+        return await self.store.claim(f"x402gw:pay:{key}", route, CLAIM_TTL_MS)
 
-    async def claimed(self, signature: str) -> bool:
+    async def claimed(self, key: str) -> bool:
         """Whether the payment was claimed already (a cheap look before asking the facilitator)."""
-        return await self.store.get(f"x402gw:pay:{signature}") is not None
+        return await self.store.get(f"x402gw:pay:{key}") is not None
 
-    async def pending(self, signature: str) -> PendingSettlement | None:
-        raw = await self.store.get(f"x402gw:pending:{signature}")
+    async def pending(self, key: str) -> PendingSettlement | None:
+        raw = await self.store.get(f"x402gw:pending:{key}")
         return self._pending.decode(raw) if raw else None
 
-    async def record_pending(self, signature: str, record: PendingSettlement) -> None:
-        await self.store.put(
-            f"x402gw:pending:{signature}", msgspec.json.encode(record).decode(), PENDING_TTL_MS
-        )
+    async def record_pending(self, key: str, record: PendingSettlement) -> None:
+        await self.store.put(f"x402gw:pending:{key}", msgspec.json.encode(record).decode(), PENDING_TTL_MS)
 
-    async def resolve_pending(self, signature: str) -> None:
-        """Mark the pending record done (an empty record expires with the claim)."""
-        await self.store.put(f"x402gw:pending:{signature}", "", 1)
+    async def resolve_pending(self, key: str) -> None:
+        """Mark the pending record done (an empty record expires at once)."""
+        await self.store.put(f"x402gw:pending:{key}", "", 1)
+
+    async def claim_delivery(self, key: str) -> bool:
+        """True for exactly one caller per payment: the one that hands out the settled answer."""
+        return await self.store.claim(f"x402gw:delivered:{key}", "1", CLAIM_TTL_MS)
 
     async def payment_id(self, pid: str) -> PaymentIdRecord | None:
         raw = await self.store.get(f"x402gw:pid:{pid}")

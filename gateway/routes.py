@@ -101,6 +101,7 @@ def named_limits(settings: Settings) -> dict[str, tuple[int, int]]:
         "das": (settings.rate_limit_das_rps, 1000),
         "tokens": (settings.rate_limit_tokens_per_minute, 60_000),
         "challenge": (settings.rate_limit_challenge_per_minute, 60_000),
+        "wallet": (settings.rate_limit_wallet_rps, 1000),
     }
 
 

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 
 from gateway.config import Settings
-from gateway.facilitators import Facilitator, HttpFacilitator
+from gateway.facilitators import ChallengeFeePayer, Facilitator, HttpFacilitator
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
 from gateway.local_facilitator import load_local_facilitator
 from gateway.metrics import Usage
@@ -58,6 +58,11 @@ class Services:
         )
         self.facilitator: Facilitator | None = (
             self.local_facilitator if settings.uses_internal_facilitator else _external_facilitator(settings)
+        )
+        self.fee_payer = (
+            ChallengeFeePayer(self.facilitator, self.store, settings.facilitator_fee_payer)
+            if self.facilitator is not None
+            else None
         )
         self.upstream_names = sorted({r.upstream for r in routes if r.upstream})
         self._sessions: dict[str, aiohttp.ClientSession] = {}

@@ -1,28 +1,36 @@
 """X402Exact: the paid side of an ``exact`` route, up to and including the claim.
 
-Order (design.md), cheap checks first, nothing costs the client or the facilitator before the
-request is known to be well formed:
+Order (design.md), cheap checks first: nothing costs the client, a shared rate-limit bucket or
+the facilitator before the request is known to be well formed and signed by its payer:
 
-    no header -> 402 challenge (body never read) -> decode header -> validate body (400)
-    -> payment matches this route, payer != payTo -> scope rate limit -> payment-identifier
-    lookup -> already claimed? (a pending settlement reconciles, else payment_already_used)
-    -> facilitator verify -> atomic claim of the payment -> inner app
+    no header -> 402 challenge (body never read, never waits for the facilitator)
+    -> decode header -> validate body (400) -> payment matches this route, payer != payTo,
+    the client's signature verifies over the message -> payment-identifier lookup
+    -> already claimed? (a pending settlement of this request reconciles, else
+    payment_already_used) -> scope and per-wallet rate limits -> facilitator verify
+    -> atomic claim of the payment (its message) -> inner app
 
-The verified payment goes inward in ``scope["state"]["payment"]``; SettleAfterSuccess settles it.
+A payment is known by its key, the hash of its transaction message (``gateway.payments``),
+never by a client signature. The verified payment goes inward in ``scope["state"]["payment"]``;
+SettleAfterSuccess settles it.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from solders.message import to_bytes_versioned
+from solders.transaction import VersionedTransaction
+
 from gateway.asgi import ASGIApp, Receive, Scope, Send, header, read_body, send_bytes
 from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
-from gateway.facilitators import Facilitator, FacilitatorUnavailable, fee_payer_for
+from gateway.facilitators import ChallengeFeePayer, Facilitator, FacilitatorUnavailable
 from gateway.logs import log_event
-from gateway.payments import StoredResponse, fingerprint
+from gateway.payments import StoredResponse, claimant, fingerprint
 from gateway.routes import RouteSpec
 from gateway.services import Services
 from gateway.store import StoreUnavailable
@@ -54,28 +62,18 @@ class PaidRequest:
     payload: PaymentPayload
     requirements: PaymentRequirements
     payer: str
-    signature: str
+    key: str
+    """The payment key: SHA-256 of the transaction message (what is claimed and settled once)."""
+    claimant: str
+    """The exact signed transaction that claimed it (see ``gateway.payments.claimant``)."""
     fingerprint: str
     payment_id: str | None
 
 
-async def fee_payer(facilitator: Facilitator) -> str:
-    """The facilitator's fee payer on Solana mainnet (its ``/supported`` answer is cached)."""
-    try:
-        found = fee_payer_for(await facilitator.supported(), SOLANA_MAINNET)
-    except FacilitatorUnavailable as exc:
-        raise GatewayError(ErrorCode.FACILITATOR_UNAVAILABLE, "payment facilitator unavailable") from exc
-    if found is None:
-        raise GatewayError(
-            ErrorCode.FACILITATOR_UNAVAILABLE, "facilitator offers no exact payments on Solana"
-        )
-    return found
-
-
 async def send_challenge(
-    send: Send, challenge: ExactChallenge, facilitator: Facilitator, error: str | None
+    send: Send, challenge: ExactChallenge, fee_payer: ChallengeFeePayer, error: str | None
 ) -> None:
-    body, headers = challenge.response(await fee_payer(facilitator), error)
+    body, headers = challenge.response(await fee_payer.current(), error)
     await send({"type": "http.response.start", "status": 402, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -117,18 +115,19 @@ class X402Exact:
         self.route = route = settler.route
         self.services = services = settler.services
         self.facilitator = settler.facilitator
+        self.fee_payer = settler.fee_payer
         self.challenge = settler.challenge
         self.ledger = settler.ledger
         self.validator = RequestValidator(route.input)
         self.max_body = services.settings.max_body_bytes
-        self.limits = [s for s in route.rate_limits if s.per == "scope"]
+        self.limits = route.rate_limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = header(scope, PAYMENT_SIGNATURE) or header(scope, X_PAYMENT)
         ctx = request_context(scope)
         if raw is None:
             ctx.outcome = "challenged"
-            await send_challenge(send, self.challenge, self.facilitator, None)
+            await send_challenge(send, self.challenge, self.fee_payer, None)
             return
         try:
             await self._authorize(raw, scope, receive, send)
@@ -136,8 +135,16 @@ class X402Exact:
             ctx.outcome, ctx.error = "rejected", rejected.reason
             log_event("payment rejected", route=self.route.name, reason=rejected.reason, payer=ctx.payer)
             await self.services.limiter.challenge(scope)
-            await send_challenge(send, self.challenge, self.facilitator, rejected.reason)
+            await send_challenge(send, self.challenge, self.fee_payer, rejected.reason)
         except StoreUnavailable as exc:
+            if ctx.settling:  # the settlement may have been broadcast: never say nothing was charged
+                log_event(
+                    "store lost while settling: payment left pending",
+                    logging.ERROR,
+                    route=self.route.name,
+                    payer=ctx.payer,
+                )
+                raise pending_error() from exc
             raise GatewayError(
                 ErrorCode.STORE_UNAVAILABLE, "state store unavailable; nothing was charged"
             ) from exc
@@ -153,44 +160,35 @@ class X402Exact:
             validated = self.validator.body(body)
         except InvalidInput as exc:
             raise GatewayError(ErrorCode.INVALID_REQUEST, str(exc), {"parameter": exc.where}) from exc
-        payer, signature = self._match(payload)
+        payer, key, claimed_by = self._match(payload)
         ctx.payer = payer
-        for spec in self.limits:
-            await self.services.limiter.hit(spec)
-        fp = fingerprint(self.route.name, signature, body)
+        fp = fingerprint(self.route.name, key, body)
         payment_id = _payment_id(payload)
         if payment_id is not None and await self._replayed(payment_id, fp, send):
             ctx.outcome = "replayed"
             return
-        requirements = self.challenge.requirements_for(await fee_payer(self.facilitator))
-        if payload.accepted is None:
-            # v1 (``X-PAYMENT``): the facilitator is spoken to in v2, so the payment says which
-            # requirements it accepted, as a v2 client would.
-            payload = PaymentPayload(
-                x402Version=2,
-                payload=payload.payload,
-                accepted=requirements,
-                resource=self.challenge.resource,
-                extensions=payload.extensions,
-            )
-        # A used payment is refused from the store, before the facilitator is asked: once
-        # broadcast, a real facilitator's verify fails (the funds moved), which would lose a
-        # pending settlement's withheld response and blame the client with the wrong reason.
-        if await self.ledger.claimed(signature):
-            await self._refuse_reuse(signature, fp, payment_id, payload, requirements, scope, send)
+        # A used payment is refused from the store, before any shared bucket or the facilitator
+        # is charged for it: once broadcast, a real facilitator's verify fails (the funds moved),
+        # which would lose a pending settlement's withheld response and blame the wrong reason.
+        if await self.ledger.claimed(key):
+            await self._refuse_reuse(payload, payer, key, claimed_by, fp, payment_id, scope, send)
             return
+        for spec in self.limits:
+            await self.services.limiter.hit(spec, payer if spec.per == "wallet" else None)
+        requirements = self.challenge.requirements_for(await self.fee_payer.required())
+        payload = self._as_v2(payload, requirements)
         try:
             await self._verify(payload, requirements, payer)
         except PaymentRejected:
             # A concurrent request (on any replica) may have claimed and settled this payment
             # while the facilitator was asked; its verify then fails because the funds moved,
             # and the reason the client must hear is the reuse (or its pending settlement).
-            if await self.ledger.claimed(signature):
-                await self._refuse_reuse(signature, fp, payment_id, payload, requirements, scope, send)
+            if await self.ledger.claimed(key):
+                await self._refuse_reuse(payload, payer, key, claimed_by, fp, payment_id, scope, send)
                 return
             raise
-        if not await self.ledger.claim(signature, self.route.name):
-            await self._refuse_reuse(signature, fp, payment_id, payload, requirements, scope, send)
+        if not await self.ledger.claim(key, self.route.name):
+            await self._refuse_reuse(payload, payer, key, claimed_by, fp, payment_id, scope, send)
             return
         if payment_id is not None and not await self.ledger.reserve_payment_id(payment_id, fp):
             raise GatewayError(
@@ -198,12 +196,26 @@ class X402Exact:
             )
         ctx.amount = requirements.amount
         state = scope.setdefault("state", {})
-        state["payment"] = PaidRequest(payload, requirements, payer, signature, fp, payment_id)
+        state["payment"] = PaidRequest(payload, requirements, payer, key, claimed_by, fp, payment_id)
         state["input"] = validated
         await self.app(scope, receive, send)
 
-    def _match(self, payload: PaymentPayload) -> tuple[str, str]:
-        """The payment is for this route (as far as the header says) and not a self-transfer."""
+    def _as_v2(self, payload: PaymentPayload, requirements: PaymentRequirements) -> PaymentPayload:
+        """v1 (``X-PAYMENT``): the facilitator is spoken to in v2, so the payment says which
+        requirements it accepted, as a v2 client would."""
+        if payload.accepted is not None:
+            return payload
+        return PaymentPayload(
+            x402Version=2,
+            payload=payload.payload,
+            accepted=requirements,
+            resource=self.challenge.resource,
+            extensions=payload.extensions,
+        )
+
+    def _match(self, payload: PaymentPayload) -> tuple[str, str, str]:
+        """(payer, payment key, claimant) of a payment that is for this route as far as the header says,
+        not a self-transfer, and signed by its payer over the message. All local and cheap."""
         want = self.challenge.requirements
         accepted = payload.accepted
         scheme = accepted.scheme if accepted else payload.scheme
@@ -225,14 +237,18 @@ class X402Exact:
         if not isinstance(transaction, str):
             raise PaymentRejected("invalid_payload", "payload.transaction is missing")
         try:
-            client = svm.payment_client(svm.decode_transaction(transaction))
+            tx = svm.decode_transaction(transaction)
         except ValueError as exc:
             raise PaymentRejected("invalid_payload", str(exc)) from exc
+        client = svm.payment_client(tx)
         if client is None:
             raise PaymentRejected("invalid_payload", "the transaction has no client signer")
-        if client[0] == want.payTo:
+        payer = client[0]
+        if payer == want.payTo:
             raise PaymentRejected("self_transfer", "the payer must differ from payTo")
-        return client
+        if not _client_signed(tx):
+            raise PaymentRejected(svm.Reason.TRANSACTION.value, "the client's signature does not verify")
+        return payer, svm.payment_key(tx), claimant(bytes(tx))
 
     async def _verify(self, payload: PaymentPayload, requirements: PaymentRequirements, payer: str) -> None:
         try:
@@ -262,32 +278,49 @@ class X402Exact:
 
     async def _refuse_reuse(
         self,
-        signature: str,
+        payload: PaymentPayload,
+        payer: str,
+        key: str,
+        claimed_by: str,
         fp: str,
         payment_id: str | None,
-        payload: PaymentPayload,
-        requirements: PaymentRequirements,
         scope: Scope,
         send: Send,
     ) -> None:
-        """The payment is claimed already. A retry of the identical request whose settlement was
-        pending settles again (the facilitator reconciles instead of re-broadcasting) and gets the
-        withheld response; any other reuse is refused."""
-        pending = await self.ledger.pending(signature)
-        if pending is not None and pending.fingerprint == fp:
-            await self.settler.settle_and_respond(
-                payload,
-                requirements,
-                signature,
-                fp,
-                payment_id,
-                pending.response,
-                scope,
-                send,
-                reconciling=True,
-            )
+        """The payment is claimed already. The request that claimed it (the same signed
+        transaction, route and body), whose settlement was left pending, settles again (the
+        facilitator reconciles instead of re-broadcasting) and may get the withheld response;
+        any other reuse, a copy of the message under another client signature included, is
+        refused."""
+        pending = await self.ledger.pending(key)
+        if (
+            pending is not None
+            and pending.fingerprint == fp
+            and pending.claimant == claimed_by
+            and pending.response is not None
+        ):
+            requirements = self.challenge.requirements_for(await self.fee_payer.required())
+            payload = self._as_v2(payload, requirements)
+            paid = PaidRequest(payload, requirements, payer, key, claimed_by, fp, payment_id)
+            await self.settler.settle_and_respond(paid, pending, scope, send, reconciling=True)
             return
         raise PaymentRejected("payment_already_used", "this payment was already used")
+
+
+def pending_error() -> GatewayError:
+    """The settlement's outcome is not known: retry the same request, never pay again."""
+    return GatewayError(
+        ErrorCode.SETTLEMENT_PENDING,
+        "settlement is not confirmed yet; retry the same request with the same payment",
+        headers={"Retry-After": "2"},
+    )
+
+
+def _client_signed(tx: VersionedTransaction) -> bool:
+    """The client's signature (slot 1) verifies over the message: junk never reaches a shared
+    rate-limit bucket or the facilitator. Slot 0 is the fee payer's, still empty here."""
+    message = to_bytes_versioned(tx.message)
+    return bool(tx.signatures[1].verify(tx.message.account_keys[1], message))
 
 
 def _payment_id(payload: PaymentPayload) -> str | None:

@@ -10,21 +10,17 @@ before a request and refusing the claim after verify.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
 from aiohttp import web
-from solders.keypair import Keypair
-from x402 import InMemoryPendingSettlementStore, x402FacilitatorSync
-from x402.mechanisms.svm import FacilitatorKeypairSigner
-from x402.mechanisms.svm.exact import ExactSvmFacilitatorScheme
 
 from gateway.payments import PaymentLedger
 from gateway.x402.headers import encode_header
-from gateway.x402.types import SOLANA_MAINNET, PaymentPayload
+from gateway.x402.types import PaymentPayload
+from tests.support.adversarial_paid import LateConfirmationBackend
 from tests.support.cdp_facilitator import (
     CdpCredentials,
     Fault,
@@ -334,9 +330,11 @@ async def test_paid_rpc_store_lost_between_verify_and_claim_is_503_and_calls_not
     assert paid.upstream_calls == paid.settle_calls() == 0
 
 
-async def test_paid_rpc_store_lost_after_the_claim_still_delivers_what_was_settled(
+async def test_paid_rpc_store_lost_after_the_claim_settles_nothing_without_its_write_ahead_record(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer
 ) -> None:
+    """The intent to settle must be in the store before the facilitator is asked; with the store
+    gone the answer is withheld and nothing is settled, so "nothing was charged" is true."""
     paid = await start_paid_gateway(env={"STATE_STORE_REST_URL": private_redis.url})
     paid.upstream.responder = static(200, PROVIDER_ANSWER, delay=0.3)
     payment = await paid.payment()
@@ -346,8 +344,12 @@ async def test_paid_rpc_store_lost_after_the_claim_still_delivers_what_was_settl
 
     reply = await request
 
-    assert_delivered(reply, paid)
-    assert paid.settle_calls() == paid.upstream_calls == 1
+    assert reply.status == 503, reply.body
+    assert reply.error_code == "store_unavailable"
+    assert str(MARKER) not in reply.body.decode()
+    assert "payment-response" not in reply.headers
+    assert paid.settle_calls() == 0
+    assert paid.upstream_calls == 1
 
 
 # --- the process is told to stop mid-request ------------------------------------------------------
@@ -389,52 +391,6 @@ async def test_sigterm_during_a_paid_request_finishes_it_or_settles_nothing(
     else:
         assert facilitator.count("settle") == 0
     assert running.upstream_calls == 1
-
-
-class _LateSigner(FacilitatorKeypairSigner):
-    """The reference fee-payer signer whose first confirmation wait lasts until ``release``,
-    then gives up, as on a congested cluster; later waits confirm normally."""
-
-    def __init__(self, fee_payer: Keypair, rpc_url: str) -> None:
-        super().__init__(fee_payer, rpc_url=rpc_url)
-        self.release = threading.Event()
-        self._waited = False
-
-    def confirm_transaction(self, signature: str, network: str, timeout_seconds: int = 30) -> None:
-        if not self._waited:
-            self._waited = True
-            self.release.wait(10)
-            raise RuntimeError("Transaction confirmation timeout")
-        super().confirm_transaction(signature, network, timeout_seconds)
-
-
-class _SignallingPendingStore(InMemoryPendingSettlementStore):
-    """The reference facilitator's pending-settlement store, telling when it keeps an entry."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kept = threading.Event()
-
-    def set(self, key: str, tx_hash: str) -> None:
-        super().set(key, tx_hash)
-        self.kept.set()
-
-
-class LateConfirmationBackend(ReferenceBackend):
-    """The reference facilitator (real verify, broadcast and reconciliation on LiteSVM) whose
-    first settlement is broadcast at once but confirmed only after the test releases it."""
-
-    def __init__(self, chain: UsdcChain, rpc: LiteSvmRpcServer) -> None:
-        self.fee_payer = chain.fee_payer
-        self.facilitator = x402FacilitatorSync()
-        self._signer = self.signer = _LateSigner(chain.fee_payer, rpc.url)
-        self.pending = _SignallingPendingStore()
-        scheme = ExactSvmFacilitatorScheme(self.signer, pending_store=self.pending)
-        self.facilitator.register([SOLANA_MAINNET], scheme)
-
-    def close(self) -> None:
-        self.signer.release.set()
-        super().close()
 
 
 async def test_sigterm_past_the_graceful_timeout_mid_settle_leaves_the_payment_to_reconcile_on_a_replica(

@@ -8,7 +8,6 @@ body; an unknown settlement outcome is reconciled on retry without calling the p
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator
 
 import pytest
@@ -17,9 +16,9 @@ from x402 import x402FacilitatorSync
 from x402.mechanisms.svm import FacilitatorKeypairSigner
 from x402.mechanisms.svm.exact import register_exact_svm_facilitator
 
-from gateway.logs import LOGGER_NAME, JsonFormatter
 from gateway.store.redis import RedisStore
 from gateway.x402.types import SOLANA_MAINNET
+from tests.support.adversarial_paid import captured_log_lines
 from tests.support.cdp_facilitator import Fault, ReferenceBackend, closed_port_url, settlement_signature
 from tests.support.paid_fixtures import (
     GET_BALANCE,
@@ -118,16 +117,19 @@ async def test_paid_rpc_payment_survives_a_facilitator_outage(paid: PaidGateway)
     assert paid.upstream_calls == paid.settle_calls() == 1
 
 
-async def test_paid_rpc_facilitator_down_before_any_challenge_is_503(
+async def test_paid_rpc_facilitator_down_before_any_challenge_still_challenges(
     start_paid_gateway: StartPaidGateway,
 ) -> None:
-    """Without the facilitator's fee payer there is no valid challenge to send."""
+    """An unpaid request always gets its 402; with no fee payer known from anywhere it names
+    none (tests/adversarial/test_paid_challenge.py covers the sources that know one)."""
     paid = await start_paid_gateway(env={"FACILITATOR_URL": closed_port_url()})
 
     reply = await paid.post(GET_BALANCE, balance_body())
 
-    assert reply.status == 503
-    assert reply.error_code == "facilitator_unavailable"
+    assert reply.status == 402, reply.body
+    accepted = reply.header_json("payment-required")["accepts"][0]
+    assert accepted["amount"] == str(GET_BALANCE_PRICE)
+    assert "feePayer" not in (accepted.get("extra") or {})
     assert paid.upstream_calls == 0
 
 
@@ -446,26 +448,11 @@ async def test_paid_rpc_store_outage_on_a_challenge_is_503(
 # --- secrets ------------------------------------------------------------------------------------
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.setFormatter(JsonFormatter())
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(self.format(record))
-
-
 @pytest.fixture
 def log_lines() -> Iterator[list[str]]:
     """Every gateway log line of the test, as rendered for stdout."""
-    handler = _Lines()
-    logger = logging.getLogger(LOGGER_NAME)
-    logger.addHandler(handler)
-    try:
-        yield handler.lines
-    finally:
-        logger.removeHandler(handler)
+    with captured_log_lines() as lines:
+        yield lines
 
 
 async def test_paid_rpc_logs_carry_the_settlement_but_no_secret(

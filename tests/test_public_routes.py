@@ -35,7 +35,8 @@ EXPOSE_HEADERS = {
     "Retry-After",
 }
 PACKAGED = load_routes(
-    PACKAGED_ROUTES_FILE, {"rpc": (1, 1), "das": (1, 1), "tokens": (1, 1), "challenge": (1, 1)}
+    PACKAGED_ROUTES_FILE,
+    {"rpc": (1, 1), "das": (1, 1), "tokens": (1, 1), "challenge": (1, 1), "wallet": (1, 1)},
 )
 GET_PATHS = [
     r.path.replace("{assetId}", "solana")

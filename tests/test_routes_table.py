@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-from gateway.config import PACKAGED_ROUTES_FILE
-from gateway.routes import RoutesError, RouteSpec, load_routes, parse_routes
+from gateway.config import PACKAGED_ROUTES_FILE, Settings
+from gateway.routes import RoutesError, RouteSpec, load_routes, named_limits, parse_routes
 from gateway.x402.challenge import ExactChallenge
 from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT, PaymentRequirements
 
-LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
+LIMITS = named_limits(Settings(base_url="https://gw.example.com"))
+"""The named limits at their defaults (rpc 50/s, das 10/s, tokens 30/min, challenge 120/min, wallet 5/s)."""
 RPC_METHODS = {
     "getBalance",
     "getAccountInfo",
@@ -113,11 +114,13 @@ def test_price_matches_the_derivation_table(packaged: list[RouteSpec], provider:
     assert prices == {PRICES[provider, method]}
 
 
-def test_rpc_and_das_routes_carry_their_named_scope_limit(packaged: list[RouteSpec]) -> None:
+def test_rpc_and_das_routes_carry_their_named_scope_and_wallet_limits(packaged: list[RouteSpec]) -> None:
     route = next(r for r in packaged if r.path == "/v1/x402/solana/devnet/provider_b/das/getAsset")
 
-    (limit,) = route.rate_limits
-    assert (limit.scope, limit.limit, limit.period_ms) == ("provider_b:devnet:das", 10, 1000)
+    scope, wallet = route.rate_limits
+    assert (scope.scope, scope.limit, scope.per) == ("provider_b:devnet:das", 10, "scope")
+    assert scope.period_ms == wallet.period_ms == 1000
+    assert (wallet.scope, wallet.limit, wallet.per) == ("provider_b:devnet:das:wallet", 5, "wallet")
 
 
 def test_asset_data_routes_are_19_free_siwx_routes(packaged: list[RouteSpec]) -> None:

@@ -23,9 +23,9 @@ from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 from yarl import URL
 
-from gateway.config import PACKAGED_ROUTES_FILE
+from gateway.config import PACKAGED_ROUTES_FILE, Settings
 from gateway.logs import LOGGER_NAME, JsonFormatter
-from gateway.routes import RateLimitSpec, RouteSpec, load_routes
+from gateway.routes import RateLimitSpec, RouteSpec, load_routes, named_limits
 from gateway.x402.headers import encode_header
 from gateway.x402.siwx import SiwxIssuer
 from gateway.x402.siwx_signer import Signer, sign_in, sign_payload, signer_address
@@ -42,7 +42,8 @@ WALLET = Keypair()
 NACL_WALLET = SigningKey.generate()
 TIMEOUT_S = 0.5
 MAX_BODY = 16384  # 250 mints fit; the 413 case is larger
-LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
+LIMITS = named_limits(Settings(base_url="https://gw.example.com"))
+"""The named limits at their defaults (rpc 50/s, das 10/s, tokens 30/min, challenge 120/min, wallet 5/s)."""
 
 
 @dataclass

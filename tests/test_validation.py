@@ -8,11 +8,12 @@ from urllib.parse import urlencode
 import msgspec
 import pytest
 
-from gateway.config import PACKAGED_ROUTES_FILE
-from gateway.routes import RouteSpec, load_routes
+from gateway.config import PACKAGED_ROUTES_FILE, Settings
+from gateway.routes import RouteSpec, load_routes, named_limits
 from gateway.validation import InvalidInput, RequestValidator, SchemaError, check_schema, compile_schema
 
-LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
+LIMITS = named_limits(Settings(base_url="https://gw.example.com"))
+"""The named limits at their defaults (rpc 50/s, das 10/s, tokens 30/min, challenge 120/min, wallet 5/s)."""
 MINT = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"
 OTHER_MINT = "So11111111111111111111111111111111111111112"
 

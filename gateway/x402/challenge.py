@@ -88,14 +88,17 @@ class ExactChallenge:
             BAZAAR: bazaar_extension(method, input_schema, output_schema),
             PAYMENT_IDENTIFIER: {"info": {"required": False}, "schema": PAYMENT_ID_SCHEMA},
         }
-        self._cache: dict[str, tuple[bytes, list[tuple[bytes, bytes]]]] = {}
+        self._cache: dict[str | None, tuple[bytes, list[tuple[bytes, bytes]]]] = {}
 
-    def requirements_for(self, fee_payer: str) -> PaymentRequirements:
-        """What the facilitator is asked to verify and settle: v2 fields only."""
-        extra = {**(self.requirements.extra or {}), "feePayer": fee_payer}
-        return msgspec.structs.replace(self.requirements, extra=extra)
+    def requirements_for(self, fee_payer: str | None) -> PaymentRequirements:
+        """What the facilitator is asked to verify and settle: v2 fields only. Without a known
+        fee payer (the facilitator never answered) ``extra.feePayer`` is left out."""
+        extra = {**(self.requirements.extra or {})}
+        if fee_payer is not None:
+            extra["feePayer"] = fee_payer
+        return msgspec.structs.replace(self.requirements, extra=extra or None)
 
-    def build(self, fee_payer: str, error: str | None = None) -> PaymentRequired:
+    def build(self, fee_payer: str | None, error: str | None = None) -> PaymentRequired:
         fields = msgspec.structs.asdict(self.requirements_for(fee_payer))
         accept = ChallengeAccept(
             **fields,
@@ -110,12 +113,14 @@ class ExactChallenge:
             x402Version=2, resource=self.resource, accepts=[accept], error=error, extensions=self.extensions
         )
 
-    def render(self, fee_payer: str, error: str | None = None) -> tuple[bytes, str]:
+    def render(self, fee_payer: str | None, error: str | None = None) -> tuple[bytes, str]:
         """Encoded JSON body and PAYMENT-REQUIRED header value."""
         challenge = self.build(fee_payer, error)
         return msgspec.json.encode(challenge), encode_header(challenge)
 
-    def response(self, fee_payer: str, error: str | None = None) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    def response(
+        self, fee_payer: str | None, error: str | None = None
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         """Body and complete ASGI headers of the 402; the error-free one is cached per fee payer
         (it is the discovery crawlers' and every first request's answer)."""
         cached = self._cache.get(fee_payer) if error is None else None
