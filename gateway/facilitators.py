@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import msgspec
 
+from gateway.bounded_body import AnswerTooLarge, read_bounded
 from gateway.cdp_auth import CdpKey
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
@@ -222,10 +223,10 @@ class HttpFacilitator:
                 method, url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
             ) as response:
                 status = response.status
-                raw = await _read_limited(response, MAX_RESPONSE_BYTES)
+                raw = await read_bounded(response, MAX_RESPONSE_BYTES)
         except TimeoutError:
             raise FacilitatorUnavailable(f"{where}: timed out after {self._timeout_s:g}s") from None
-        except _ResponseTooLarge:
+        except AnswerTooLarge:
             raise FacilitatorUnavailable(f"{where}: answer larger than {MAX_RESPONSE_BYTES} bytes") from None
         except aiohttp.ClientError as exc:
             raise FacilitatorUnavailable(f"{where}: {type(exc).__name__}") from None
@@ -237,22 +238,6 @@ class HttpFacilitator:
                     raise FacilitatorUnavailable(f"{where}: answer is not a valid {name} response") from None
         hint = " (API key refused)" if status in (401, 403) else ""
         raise FacilitatorUnavailable(f"{where}: HTTP {status}{hint}")
-
-
-class _ResponseTooLarge(Exception):
-    pass
-
-
-async def _read_limited(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    """Read the body but refuse more than ``limit`` bytes: a facilitator cannot exhaust our memory."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            raise _ResponseTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _public_url(base_url: str) -> str:

@@ -20,6 +20,8 @@ from typing import Any, Generic, TypeVar
 import aiohttp
 import msgspec
 
+from gateway.bounded_body import AnswerTooLarge, read_bounded
+
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -185,11 +187,11 @@ class SolanaRpc:
                 timeout=self._timeout,
             ) as response:
                 status = response.status
-                raw = await response.content.read(MAX_RESPONSE_BYTES + 1)
+                raw = await read_bounded(response, MAX_RESPONSE_BYTES)
+        except AnswerTooLarge:
+            raise RpcUnavailable(method, "answer too large") from None
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise RpcUnavailable(method, f"node unreachable ({type(exc).__name__})") from None
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise RpcUnavailable(method, "answer too large")
         try:
             envelope: RpcEnvelope[Any] = self._decoder(result_type).decode(raw)
         except (msgspec.DecodeError, RecursionError) as exc:

@@ -13,6 +13,7 @@ import aiohttp
 import msgspec
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
+from gateway.bounded_body import AnswerTooLarge, read_bounded
 from gateway.errors import ErrorCode, GatewayError
 from gateway.redact import scrub, url_secrets
 from gateway.routes import RouteSpec
@@ -39,18 +40,6 @@ class JsonRpcReply(msgspec.Struct):
     jsonrpc: str | None = None
     result: msgspec.Raw = msgspec.Raw(b"")
     error: JsonRpcError | None = None
-
-
-async def read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The whole body, refusing more than ``limit`` bytes (a provider must not exhaust memory)."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in resp.content.iter_chunked(65536):
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(ErrorCode.UPSTREAM_ERROR, "upstream answer too large; nothing was charged")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 _reply = msgspec.json.Decoder(JsonRpcReply)
@@ -100,9 +89,13 @@ class JsonRpcProxy:
                 self.url, data=payload, headers={"content-type": "application/json"}
             ) as resp:
                 status = resp.status
-                raw = await read_limited(resp, MAX_UPSTREAM_BYTES)
+                raw = await read_bounded(resp, MAX_UPSTREAM_BYTES)
         except TimeoutError as exc:
             raise GatewayError(ErrorCode.UPSTREAM_TIMEOUT, "provider timed out; nothing was charged") from exc
+        except AnswerTooLarge as exc:
+            raise GatewayError(
+                ErrorCode.UPSTREAM_ERROR, "upstream answer too large; nothing was charged"
+            ) from exc
         except aiohttp.ClientError as exc:
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider unreachable; nothing was charged") from exc
         if not 200 <= status < 300:

@@ -34,6 +34,7 @@ import msgspec
 from yarl import URL
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, header, send_bytes
+from gateway.bounded_body import AnswerTooLarge, read_bounded
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
 from gateway.routes import RouteSpec
@@ -118,8 +119,13 @@ class TokensHandler:
         session = self.services.session(self.upstream)
         try:
             async with session.request(self.method, url, headers=headers, data=body) as response:
-                raw = await _read_bounded(response)
+                raw = await read_bounded(response, MAX_UPSTREAM_BYTES)
                 return response.status, raw, response.headers.get("retry-after", "")
+        except AnswerTooLarge:
+            raise GatewayError(
+                ErrorCode.UPSTREAM_ERROR,
+                f"the asset-data upstream answered more than {MAX_UPSTREAM_BYTES} bytes",
+            ) from None
         except TimeoutError:
             self._log("timeout")
             raise GatewayError(
@@ -183,20 +189,6 @@ class TokensHandler:
 
     def _log(self, problem: str, **fields: Any) -> None:
         log_event("asset-data upstream failure", route=self.route_name, problem=problem, **fields)
-
-
-async def _read_bounded(response: aiohttp.ClientResponse) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.content.iter_any():
-        size += len(chunk)
-        if size > MAX_UPSTREAM_BYTES:
-            raise GatewayError(
-                ErrorCode.UPSTREAM_ERROR,
-                f"the asset-data upstream answered more than {MAX_UPSTREAM_BYTES} bytes",
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _accept(scope: Scope) -> str:
