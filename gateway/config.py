@@ -18,6 +18,7 @@ import msgspec
 from solders.pubkey import Pubkey
 
 from gateway.redact import Secret
+from gateway.x402.svm import DEFAULT_MAX_COMPUTE_UNIT_LIMIT, DEFAULT_MAX_COMPUTE_UNIT_PRICE, ExactPolicy
 from gateway.x402.types import USDC_MAINNET_MINT
 
 CDP_FACILITATOR_URL = "https://api.cdp.coinbase.com/platform/v2/x402"
@@ -50,7 +51,7 @@ ENV_VARS: tuple[str, ...] = (
     "RATE_LIMIT_CHALLENGE_PER_MINUTE", "RATE_LIMIT_WALLET_RPS", "FACILITATOR_FEE_PAYER", "SIWX_SECRET",
     "INTERNAL_SETTLEMENT_SECRET", "FACILITATOR_WALLET_BASE58", "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS",
     "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
-    "CLIENT_BODY_TIMEOUT_SECONDS",
+    "CLIENT_BODY_TIMEOUT_SECONDS", "X402_MAX_COMPUTE_UNIT_LIMIT", "X402_MAX_COMPUTE_UNIT_PRICE",
 )  # fmt: skip
 ALL_GROUPS = "all"
 NO_GROUPS = "none"
@@ -62,6 +63,10 @@ class ConfigError(Exception):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
         self.problems = problems
+
+
+MAX_CU_PER_TRANSACTION = 1_400_000
+"""Solana's own ceiling on a transaction's compute-unit limit."""
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,6 +86,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rate_limit_tokens_per_minute: int = 30
     rate_limit_challenge_per_minute: int = 120
     rate_limit_wallet_rps: int = 5
+    max_compute_unit_limit: int = DEFAULT_MAX_COMPUTE_UNIT_LIMIT
+    max_compute_unit_price: int = DEFAULT_MAX_COMPUTE_UNIT_PRICE
     facilitator_fee_payer: str = ""
     upstreams: dict[str, Secret] = msgspec.field(default_factory=dict)
     asset_api_key: Secret = Secret("")
@@ -104,6 +111,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     def domain(self) -> str:
         """Host of the base URL with its port, as SIWX compares it."""
         return urlsplit(self.base_url).netloc
+
+    @property
+    def exact_policy(self) -> ExactPolicy:
+        """The caps on an exact payment's compute budget (they bound the settlement fee)."""
+        return ExactPolicy(
+            max_compute_unit_limit=self.max_compute_unit_limit,
+            max_compute_unit_price=self.max_compute_unit_price,
+        )
 
     @property
     def uses_internal_facilitator(self) -> bool:
@@ -306,6 +321,12 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         rate_limit_tokens_per_minute=r.integer("RATE_LIMIT_TOKENS_PER_MINUTE", 30, 1, 1_000_000),
         rate_limit_challenge_per_minute=r.integer("RATE_LIMIT_CHALLENGE_PER_MINUTE", 120, 1, 1_000_000),
         rate_limit_wallet_rps=r.integer("RATE_LIMIT_WALLET_RPS", 5, 1, 1_000_000),
+        max_compute_unit_limit=r.integer(
+            "X402_MAX_COMPUTE_UNIT_LIMIT", DEFAULT_MAX_COMPUTE_UNIT_LIMIT, 1, MAX_CU_PER_TRANSACTION
+        ),
+        max_compute_unit_price=r.integer(
+            "X402_MAX_COMPUTE_UNIT_PRICE", DEFAULT_MAX_COMPUTE_UNIT_PRICE, 0, 10**12
+        ),
         facilitator_fee_payer=r.pubkey("FACILITATOR_FEE_PAYER"),
         upstreams=upstreams,
         asset_api_key=Secret(r.text("ASSET_API_KEY")),

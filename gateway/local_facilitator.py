@@ -47,6 +47,7 @@ from gateway.x402.svm import (
     payment_key,
     sign_as_fee_payer,
     transaction_signature,
+    transfer_source,
 )
 from gateway.x402.types import (
     SOLANA_DEVNET,
@@ -62,6 +63,8 @@ from gateway.x402.types import (
 MIN_SECRET_LENGTH = 32
 KEY_PREFIX = "x402:svm:settle:"
 DONE_SUFFIX = ":done"
+PAYER_LOCK_PREFIX = "x402:svm:payer-lock:"
+PAYER_LOCK_POLL_S = 0.05
 
 
 class ConfigProblem(msgspec.Struct, frozen=True):
@@ -139,11 +142,13 @@ class LocalFacilitator:
         confirm_interval_s: float = 1.0,
         confirm_timeout_s: float = 30.0,
         record_ttl_s: float = 900.0,
+        payer_wait_s: float = 5.0,
     ) -> None:
         """``url`` is the public URL advertised in challenges (no credentials).
 
         ``record_ttl_s`` must outlive a blockhash (60-90 s): after it, the same transaction can
-        no longer land, so forgetting it is safe.
+        no longer land, so forgetting it is safe. ``payer_wait_s`` is how long a settlement
+        waits for another one from the same payer token account to finish.
         """
         self.url = url
         self._wallet = wallet
@@ -160,6 +165,10 @@ class LocalFacilitator:
         self._confirm_interval_s = confirm_interval_s
         self._confirm_timeout_s = confirm_timeout_s
         self._record_ttl_ms = int(record_ttl_s * 1000)
+        self._payer_wait_s = payer_wait_s
+        # Held from the last simulation until the outcome is known; expires by itself if the
+        # holder dies, after longer than any confirmation wait.
+        self._payer_lock_ttl_ms = int((confirm_timeout_s + 30.0) * 1000)
 
     def __repr__(self) -> str:
         return f"LocalFacilitator(fee_payer={self._address}, networks={self.networks})"
@@ -215,12 +224,16 @@ class LocalFacilitator:
     def _rpc(self, requirements: PaymentRequirements) -> SolanaRpc:
         return self._rpc_for(normalize_network(requirements.network))
 
-    async def _simulate(self, check: ExactCheck, requirements: PaymentRequirements) -> VerifyResponse:
+    async def _simulate(
+        self, check: ExactCheck, requirements: PaymentRequirements, commitment: str = "confirmed"
+    ) -> VerifyResponse:
         """Simulate the fee-payer-signed transaction; nothing is broadcast."""
         assert check.transaction is not None
         signed = sign_as_fee_payer(check.transaction, self._wallet)
         try:
-            result = await self._rpc(requirements).simulate_transaction(encode_transaction(signed))
+            result = await self._rpc(requirements).simulate_transaction(
+                encode_transaction(signed), commitment=commitment
+            )
         except RpcUnavailable as exc:
             raise FacilitatorUnavailable(f"Solana RPC unavailable: {exc}") from None
         except RpcResponseError as exc:
@@ -277,7 +290,36 @@ class LocalFacilitator:
         if record is not None:
             return await self._resume(key, record)
 
-        verdict = await self._simulate(check, requirements)
+        lock = PAYER_LOCK_PREFIX + (transfer_source(check.transaction) or payer)
+        if not await self._hold_payer_lock(lock, payment_key(check.transaction)):
+            return self._failure(
+                network,
+                Reason.SETTLEMENT_PENDING,
+                "another settlement from this payer is in flight; nothing was broadcast, settle again",
+                payer,
+            )
+        outcome: SettleResponse | None = None
+        try:
+            outcome = await self._settle_as_only_one(key, check, requirements, payer)
+            return outcome
+        finally:
+            # A broadcast whose outcome is unknown keeps the lock until it expires: the next
+            # payment from this account must not be simulated before this one lands or dies.
+            if outcome is None or outcome.errorReason != Reason.SETTLEMENT_PENDING.value:
+                await self._release(lock)
+
+    async def _settle_as_only_one(
+        self, key: str, check: ExactCheck, requirements: PaymentRequirements, payer: str
+    ) -> SettleResponse:
+        """Simulate against the latest state, claim, broadcast with preflight, confirm; run with
+        the payer's lock held, so no other settlement from that token account moves its balance
+        between our simulation and our confirmation."""
+        assert check.transaction is not None
+        network = requirements.network
+        record = await self._load_key(key)
+        if record is not None:  # settled or claimed by a holder of the lock before us
+            return await self._resume(key, record)
+        verdict = await self._simulate(check, requirements, commitment="processed")
         if not verdict.isValid:
             # A concurrent settle of the same payment may have landed it meanwhile.
             record = await self._load_key(key)
@@ -306,7 +348,11 @@ class LocalFacilitator:
             return await self._resume(key, existing)
 
         try:
-            await self._rpc(requirements).send_transaction(encode_transaction(signed), skip_preflight=True)
+            # Preflight on: the node simulates once more against its latest state and refuses
+            # (without charging the fee payer) what would fail on chain.
+            await self._rpc(requirements).send_transaction(
+                encode_transaction(signed), skip_preflight=False, preflight_commitment="processed"
+            )
         except RpcResponseError as exc:
             # The node refused it outright: it cannot land. Terminal for this transaction.
             message = f"broadcast refused: {exc.rpc_message}"
@@ -315,6 +361,20 @@ class LocalFacilitator:
         except RpcUnavailable:
             pass  # Ambiguous: it may have been forwarded. Watch the signature; never resend.
         return await self._confirm(key, record)
+
+    async def _hold_payer_lock(self, lock: str, token: str) -> bool:
+        """Take the payer's settlement lock, waiting up to ``payer_wait_s`` for its holder."""
+        deadline = time.monotonic() + self._payer_wait_s
+        while not await self._store.claim(lock, token, self._payer_lock_ttl_ms):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(PAYER_LOCK_POLL_S)
+        return True
+
+    async def _release(self, lock: str) -> None:
+        """Let the payer's next settlement go (best effort: the lock expires by itself)."""
+        with contextlib.suppress(Exception):
+            await self._store.put(lock, "", 1)
 
     async def _resume(self, key: str, record: SettlementRecord) -> SettleResponse:
         """A settle of a payment the store already knows: refuse, or reconcile its signature."""
@@ -422,6 +482,7 @@ def load_local_facilitator(
     devnet_rpc_url: str | None = None,
     url: str = "",
     session: aiohttp.ClientSession | None = None,
+    policy: ExactPolicy | None = None,
 ) -> LocalFacilitator | None:
     """The facilitator for ``FACILITATOR_WALLET_BASE58``, or None when it is unset.
 
@@ -436,4 +497,5 @@ def load_local_facilitator(
         devnet_rpc_url=devnet_rpc_url,
         url=url,
         session=session,
+        policy=policy,
     )

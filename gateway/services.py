@@ -55,6 +55,7 @@ class Services:
             mainnet_rpc_url=settings.solana_mainnet_rpc_url.reveal(),
             devnet_rpc_url=settings.solana_devnet_rpc_url.reveal() or None,
             url=settings.base_url,  # the gateway settles itself; internal routes stay undiscovered
+            policy=settings.exact_policy,
         )
         self.facilitator: Facilitator | None = (
             self.local_facilitator if settings.uses_internal_facilitator else _external_facilitator(settings)

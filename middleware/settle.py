@@ -99,6 +99,13 @@ class Settler:
                 await self._deliver(paid, result, intent.response, scope, send)
                 return
             raise PaymentRejected("payment_already_used", "this payment's answer was delivered already")
+        if reconciling and not intent.transaction:
+            # The request that recorded this intent may still be settling it, or died before it
+            # heard the outcome: a refusal seen from here (a concurrent duplicate, say) is not
+            # final, so nothing is closed and the client is told to retry, never to pay again.
+            ctx.outcome = "settlement_pending"
+            log_event("reconciling settle refused while its intent is open", route=self.route.name)
+            raise pending_error()
         ctx.outcome, ctx.error = "settle_failed", result.errorReason or "settlement_failed"
         log_event("payment settlement failed", route=self.route.name, payer=paid.payer, reason=ctx.error)
         await self._close_intent(paid)

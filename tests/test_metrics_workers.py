@@ -10,9 +10,9 @@ import re
 import aiohttp
 from solders.keypair import Keypair
 
-from gateway.config import PACKAGED_ROUTES_FILE
+from gateway.config import PACKAGED_ROUTES_FILE, Settings
 from gateway.metrics import PAYMENT_OUTCOMES, USAGE_OUTCOMES
-from gateway.routes import RouteSpec, load_routes
+from gateway.routes import RouteSpec, load_routes, named_limits
 from gateway.x402.siwx_signer import sign_in
 from tests.support.cdp_facilitator import CdpCredentials, StaticBackend
 from tests.support.facilitator_fixtures import StartFacilitator
@@ -74,7 +74,7 @@ MAX_PAYMENT_BATCHES = 5
 PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 4}, "value": 77}}
 TOKENS_HEALTH = "/v1/x402/tokens/health"
 STORE_FLUSH_POLLS = 50
-ROUTE_LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
+ROUTE_LIMITS = named_limits(Settings(base_url="https://gw.example.com"))
 
 
 def _settling_pids(gateway: GatewayProcess) -> set[int]:
@@ -112,6 +112,7 @@ async def test_earnings_with_two_workers_add_up_and_list_only_meaningful_series(
         "ASSET_API_KEY": "asset-key-workers-0123456789",
         "SIWX_SECRET": "w" * 40,
         "ROUTE_GROUPS": "all",  # the paid groups and the asset-data group
+        "RATE_LIMIT_WALLET_RPS": "1000",  # one test wallet pays every request
     }
     async with (
         paid_processes(

@@ -103,14 +103,23 @@ async def test_one_payment_sent_to_three_replicas_at_once_reaches_the_provider_a
         *(replica.pay(GET_BALANCE, balance_body(), payment) for replica in cluster.replicas)
     )
 
-    assert sorted(reply.status for reply in replies) == [200, 402, 402], [r.body for r in replies]
+    assert sorted(reply.status for reply in replies)[0] == 200, [r.body for r in replies]
     paid = next(reply for reply in replies if reply.status == 200)
     assert paid.header_json("payment-response")["transaction"] == cluster.rpc.sent[0]
-    for refused in (reply for reply in replies if reply.status == 402):
-        assert refused.json()["error"] == "payment_already_used"
-        assert "payment-response" not in refused.headers
+    refused = [reply for reply in replies if reply is not paid]
+    assert len(refused) == 2
+    for reply in refused:
+        # Refused for good, or told to retry while the identical request is still settling:
+        # never a second answer, never a payment-response.
+        if reply.status == 402:
+            assert reply.json()["error"] == "payment_already_used"
+        else:
+            assert reply.status == 503 and reply.json()["error"]["code"] == "settlement_pending"
+        assert "payment-response" not in reply.headers
     assert cluster.upstream_calls == 1
-    assert cluster.settle_calls() == 1
+    # A copy that arrives while the first is settling may ask the facilitator too (it reconciles
+    # the same transaction); the chain still sees exactly one broadcast.
+    assert 1 <= cluster.settle_calls() <= len(cluster.replicas)
     assert len(cluster.rpc.sent) == 1
     assert chain.balance(chain.payer_ata) == payer_before - GET_BALANCE_PRICE
     assert chain.balance(chain.pay_to_ata) == pay_to_before + GET_BALANCE_PRICE

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from gateway.config import PACKAGED_ROUTES_FILE
+from gateway.config import PACKAGED_ROUTES_FILE, Settings
 from gateway.context import RequestContext
 from gateway.metrics import PAYMENT_OUTCOMES, USAGE_OUTCOMES, Usage, usage_key
-from gateway.routes import RouteSpec, load_routes
+from gateway.routes import RouteSpec, load_routes, named_limits
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from tests.support.gateway_server import free_port
@@ -22,7 +22,7 @@ EXACT = "solana.mainnet.provider_a.rpc.getBalance"
 SIWX = "tokens.curated"
 PUBLIC = "health"
 PRICE = 1005
-LIMITS = {"rpc": (50, 1000), "das": (10, 1000), "tokens": (30, 60_000), "challenge": (120, 60_000)}
+LIMITS = named_limits(Settings(base_url="https://gw.example.com"))
 
 
 @pytest.fixture(scope="module")

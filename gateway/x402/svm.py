@@ -105,11 +105,18 @@ _UNKNOWN_TRAILING = (
 )
 
 
-class ExactPolicy(msgspec.Struct, frozen=True):
-    """Caps that bound what one payment can cost the fee payer (configurable)."""
+DEFAULT_MAX_COMPUTE_UNIT_LIMIT = 50_000
+"""Room for the reference clients' 20,000 and a wallet's extra assertion instructions."""
+DEFAULT_MAX_COMPUTE_UNIT_PRICE = 20_000
+"""Micro-lamports per compute unit: at most 1,000 lamports of priority fee at the default limit."""
 
-    max_compute_unit_limit: int = 200_000
-    max_compute_unit_price: int = 5_000_000
+
+class ExactPolicy(msgspec.Struct, frozen=True):
+    """Caps that bound what one payment can cost the fee payer (operator settings
+    ``X402_MAX_COMPUTE_UNIT_LIMIT`` and ``X402_MAX_COMPUTE_UNIT_PRICE``)."""
+
+    max_compute_unit_limit: int = DEFAULT_MAX_COMPUTE_UNIT_LIMIT
+    max_compute_unit_price: int = DEFAULT_MAX_COMPUTE_UNIT_PRICE
     """Micro-lamports per compute unit."""
 
 
@@ -178,6 +185,14 @@ def encode_transaction(tx: VersionedTransaction) -> str:
 def payment_key(tx: VersionedTransaction) -> str:
     """Duplicate-settlement key: hex SHA-256 of the versioned message bytes every signer commits to."""
     return hashlib.sha256(to_bytes_versioned(tx.message)).hexdigest()
+
+
+def transfer_source(tx: VersionedTransaction) -> str | None:
+    """The token account instruction 2 (the TransferChecked) debits, or None when absent."""
+    instructions = tx.message.instructions
+    if len(instructions) < MIN_INSTRUCTIONS or not bytes(instructions[2].accounts):
+        return None
+    return str(tx.message.account_keys[bytes(instructions[2].accounts)[0]])
 
 
 def transaction_signature(tx: VersionedTransaction) -> str:

@@ -1,0 +1,42 @@
+"""What one settlement can cost the fee payer, and what a route's price earns to cover it.
+
+The internal facilitator's wallet pays every settlement's Solana fee: the base fee of every
+signature on the transaction (the fee payer's and the client's) plus the priority fee the
+client chose (compute-unit limit x compute-unit price). The exact-SVM caps bound the second
+part, so the worst case is known at start-up; start-up refuses a route table whose settlement
+fee, at the SOL price written beside it, would not cover that worst case.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+
+from gateway.x402.svm import ExactPolicy
+
+LAMPORTS_PER_SIGNATURE = 5_000
+"""Solana's base fee per signature."""
+SETTLEMENT_SIGNATURES = 2
+"""An exact payment carries exactly two signatures: the fee payer's and the client's."""
+MICRO_LAMPORTS_PER_LAMPORT = 1_000_000
+
+
+def priority_fee_lamports(compute_unit_limit: int, compute_unit_price_micro_lamports: int) -> int:
+    """The priority fee Solana charges for a transaction with this compute budget."""
+    return math.ceil(compute_unit_limit * compute_unit_price_micro_lamports / MICRO_LAMPORTS_PER_LAMPORT)
+
+
+def worst_case_lamports(policy: ExactPolicy) -> int:
+    """The most one accepted payment can cost the fee payer to settle."""
+    base = LAMPORTS_PER_SIGNATURE * SETTLEMENT_SIGNATURES
+    return base + priority_fee_lamports(policy.max_compute_unit_limit, policy.max_compute_unit_price)
+
+
+def micro_usdc_for_lamports(lamports: int, sol_price_usd: Decimal) -> int:
+    """``lamports`` in micro-USDC at ``sol_price_usd`` (1 SOL = 1e9 lamports), rounded up."""
+    return math.ceil(Decimal(lamports) * sol_price_usd / 1000)
+
+
+def lamports_covered(micro_usdc: int, sol_price_usd: Decimal) -> int:
+    """How many lamports ``micro_usdc`` pays for at ``sol_price_usd``, rounded down."""
+    return math.floor(Decimal(micro_usdc) * 1000 / sol_price_usd)
