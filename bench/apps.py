@@ -32,8 +32,8 @@ from starlette.routing import Route
 from gateway.x402.types import SOLANA_MAINNET
 
 PEER_PATH = "/rpc/getBalance"
-PEER_PRICE = "$0.001005"
-"""The gateway's provider_a getBalance price (1005 micro-USDC) as the SDK's money string."""
+PEER_PRICE = "$0.002205"
+"""The gateway's provider_a getBalance price (2205 micro-USDC) as the SDK's money string."""
 CONSTANT_JSON = b'{"ok":true,"service":"ceiling","status":"constant"}'
 
 

@@ -22,6 +22,7 @@ from gateway.routes import (
     named_limits,
     route_plan,
 )
+from gateway.settlement_cost import worst_case_lamports
 
 
 def _load(env: dict[str, str]) -> tuple[Settings, list[RouteSpec], list[str]]:
@@ -91,9 +92,30 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 1
     print(report(settings, notes))
+    print(settlement_line(mounted, settings))
     print()
     print(route_table(mounted))
     return 0
+
+
+def settlement_line(routes: list[RouteSpec], settings: Settings) -> str:
+    """What one settlement can cost the fee payer, against what the cheapest paid route earns."""
+    worst = worst_case_lamports(settings.exact_policy)
+    paid = [r for r in routes if r.access == "exact" and r.price_micro_usdc is not None]
+    if not paid:
+        return f"settlement: worst case {worst} lamports per settlement; no paid route is served"
+    cheapest = min(paid, key=lambda r: r.price_micro_usdc or 0)
+    earned = cheapest.settlement_budget_lamports
+    covers = (
+        "routes.yaml states no SOL price to compare"
+        if earned is None
+        else f"its settlement fee covers {earned} lamports"
+    )
+    return (
+        f"settlement: worst case {worst} lamports per settlement (2 signatures + compute caps "
+        f"{settings.max_compute_unit_limit} CU x {settings.max_compute_unit_price} micro-lamports/CU); "
+        f"cheapest route {cheapest.name} sells at {cheapest.price_micro_usdc} micro-USDC, {covers}"
+    )
 
 
 def cmd_routes(args: argparse.Namespace) -> int:

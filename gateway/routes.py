@@ -20,6 +20,7 @@ import msgspec
 import yaml
 
 from gateway.config import UPSTREAM_ENV, ConfigError, Settings
+from gateway.settlement_cost import lamports_covered, worst_case_lamports
 from gateway.validation import SchemaError, check_schema
 
 Access = Literal["public", "exact", "siwx", "internal"]
@@ -43,6 +44,8 @@ TOP_LEVEL_KEYS = {"version", "pricing", "routes", "templates"}
 """Keys of the route table itself; ``x-`` keys (YAML anchors such as ``x-schemas``) are free."""
 SUPPORTED_VERSIONS = (1,)
 PRICING_KEYS = {"unit", "micro_usdc_per_unit", "units"}
+PRICING_SETTINGS = {"settlement_fee_micro_usdc", "sol_price_usd"}
+"""Keys of the pricing block that are not schedules."""
 # Rate-limit keys a route of each access mode can be held to (the middlewares that enforce them:
 # ScopeRateLimit for public routes, X402Exact for exact, SignInWithX for siwx). Internal routes
 # answer only to their shared secret and run no limiter.
@@ -88,6 +91,9 @@ class RouteSpec(msgspec.Struct, frozen=True, kw_only=True):
     output: dict[str, Any] | None = None
     listed: bool = True
     replay_cap_bytes: int = DEFAULT_REPLAY_CAP_BYTES
+    settlement_budget_lamports: int | None = None
+    """Exact routes: the lamports of settlement fee this route's price earns at the SOL price
+    routes.yaml states (None when it states none); start-up refuses caps that could cost more."""
 
     @property
     def has_path_params(self) -> bool:
@@ -273,13 +279,19 @@ def _pricing(raw: Any, problems: _Problems) -> dict[str, Any]:
         problems.add("pricing", f"must be a mapping of schedules, got {_kind(raw)}")
         return {}
     pricing: dict[str, Any] = {}
+    sol_price = raw.get("sol_price_usd")
+    if sol_price is not None:
+        if (_number(sol_price) or 0) <= 0:
+            problems.add("pricing.sol_price_usd", f"must be a positive number, got {_kind(sol_price)}")
+        else:
+            pricing["sol_price_usd"] = _number(sol_price)
     fee = raw.get("settlement_fee_micro_usdc", 0)
     if _number(fee) is None or (_number(fee) or 0) < 0:
         problems.add("pricing.settlement_fee_micro_usdc", f"must be a number >= 0, got {_kind(fee)}")
     else:
         pricing["settlement_fee_micro_usdc"] = fee
     for name, schedule in raw.items():
-        if name == "settlement_fee_micro_usdc":
+        if name in PRICING_SETTINGS:
             continue
         where = f"pricing.{name}"
         if not isinstance(schedule, dict):
@@ -483,12 +495,23 @@ def _route(
         upstream_path=raw.get("upstream_path"),
         operation=raw.get("operation"),
         price_micro_usdc=price,
+        settlement_budget_lamports=_settlement_budget(raw.get("price"), price, pricing),
         rate_limits=rate_limits,
         input=input_schemas,
         output=raw.get("output"),
         listed=listed,
         replay_cap_bytes=replay_cap,
     )
+
+
+def _settlement_budget(raw: Any, price: int | None, pricing: Mapping[str, Any]) -> int | None:
+    """Lamports of settlement fee a route earns: the schedule's settlement fee, or a literal
+    price whole, at the stated SOL price."""
+    sol_price = pricing.get("sol_price_usd")
+    if price is None or sol_price is None:
+        return None
+    earned = price if isinstance(raw, int) else int(pricing.get("settlement_fee_micro_usdc", 0))
+    return lamports_covered(earned, sol_price)
 
 
 def _price(raw: Any, where: str, pricing: Mapping[str, Any], problems: _Problems) -> int | None:
@@ -663,11 +686,34 @@ def route_plan(routes: list[RouteSpec], settings: Settings) -> RoutePlan:
             f"{variable} is required by route group {names} "
             f"(set it, or switch the group off with ROUTE_GROUPS, now {_shown_groups(chosen)})"
         )
+    problems.extend(_uncovered_settlement(mounted, settings))
     warnings = [
         f"route group {group} is off ({count} route(s) not served): {why_off}" for group, count in off.items()
     ]
     mounted.sort(key=lambda r: r.has_path_params)
     return RoutePlan(mounted=mounted, warnings=warnings, problems=problems)
+
+
+def _uncovered_settlement(routes: list[RouteSpec], settings: Settings) -> list[str]:
+    """A problem when the compute caps let one settlement cost more than the cheapest route's
+    settlement fee earns: every such sale would lose the operator money."""
+    budgets = [r for r in routes if r.access == "exact" and r.settlement_budget_lamports is not None]
+    if not budgets:
+        return []
+    cheapest = min(budgets, key=lambda r: r.settlement_budget_lamports or 0)
+    worst = worst_case_lamports(settings.exact_policy)
+    if worst <= (cheapest.settlement_budget_lamports or 0):
+        return []
+    caps = (
+        f"X402_MAX_COMPUTE_UNIT_LIMIT={settings.max_compute_unit_limit} and "
+        f"X402_MAX_COMPUTE_UNIT_PRICE={settings.max_compute_unit_price}"
+    )
+    earned = cheapest.settlement_budget_lamports
+    return [
+        f"one settlement can cost the fee payer {worst} lamports under {caps}, but route "
+        f"{cheapest.name} earns only {earned} lamports of settlement fee at the SOL price routes.yaml "
+        "states: lower the caps or raise pricing.settlement_fee_micro_usdc"
+    ]
 
 
 def _shown_groups(chosen: tuple[str, ...] | None) -> str:

@@ -122,6 +122,31 @@ def test_check_never_prints_a_malformed_secret() -> None:
     assert "LEAK" not in result.stderr + result.stdout
 
 
+def test_check_prints_the_worst_case_settlement_fee_against_the_cheapest_price() -> None:
+    result = run_cli({"GATEWAY_BASE_URL": "https://gw.example", **SECRET_ENV}, "check")
+
+    assert result.returncode == 0, result.stderr
+    (line,) = [row for row in result.stdout.splitlines() if row.startswith("settlement:")]
+    assert line == (
+        "settlement: worst case 11000 lamports per settlement (2 signatures + compute caps "
+        "50000 CU x 20000 micro-lamports/CU); cheapest route solana.mainnet.provider_a.rpc.getBalance "
+        "sells at 2205 micro-USDC, its settlement fee covers 11000 lamports"
+    )
+
+
+def test_serve_refuses_compute_caps_under_which_a_settlement_costs_more_than_it_earns() -> None:
+    env = {"GATEWAY_BASE_URL": "https://gw.example", **SECRET_ENV, "X402_MAX_COMPUTE_UNIT_PRICE": "5000000"}
+
+    for command in ("check", "serve"):
+        result = run_cli(env, command)
+        assert result.returncode == 1, result.stdout
+        assert (
+            "one settlement can cost the fee payer 260000 lamports under X402_MAX_COMPUTE_UNIT_LIMIT=50000 "
+            "and X402_MAX_COMPUTE_UNIT_PRICE=5000000, but route solana.mainnet.provider_a.rpc.getBalance "
+            "earns only 11000 lamports of settlement fee" in result.stderr
+        )
+
+
 def test_check_with_good_config_prints_the_report_and_route_table() -> None:
     result = run_cli({"GATEWAY_BASE_URL": "https://gw.example", **SECRET_ENV}, "check")
 
@@ -136,7 +161,7 @@ def test_check_with_good_config_prints_the_report_and_route_table() -> None:
     assert table[0].split() == ["METHOD", "ACCESS", "PRICE(uUSDC)", "LIMITS", "PATH"]
     assert len(table) == 1 + 59
     assert any(
-        row.split()[:3] == ["POST", "exact", "1216"] and row.endswith("/das/searchAssets") for row in table
+        row.split()[:3] == ["POST", "exact", "2416"] and row.endswith("/das/searchAssets") for row in table
     )
     assert any(  # every limit in full, however long the column gets
         row.split()[3] == "tokens:upstream-key=30/60s,tokens:wallet/wallet=30/60s"

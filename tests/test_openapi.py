@@ -145,7 +145,7 @@ def test_paid_operations_have_the_body_payment_headers_and_price() -> None:
         "network": "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp",
         "asset": MINT,
         "payTo": PAY_TO,
-        "price": {"microUsdc": "1005", "usd": "$0.001005"},
+        "price": {"microUsdc": "2205", "usd": "$0.002205"},
     }
     assert op["responses"]["200"]["content"]["application/json"]["schema"] == route.output
 

@@ -129,7 +129,7 @@ async def test_paid_das_challenge_carries_the_das_price(paid: PaidGateway) -> No
 
     accept = reply.json()["accepts"][0]
     assert reply.status == 402
-    assert accept["amount"] == accept["maxAmountRequired"] == "1216"  # provider_a, 480 CU
+    assert accept["amount"] == accept["maxAmountRequired"] == "2416"  # provider_a, 480 CU
     assert accept["resource"] == paid.url + DAS_OWNER
 
 
@@ -359,7 +359,7 @@ async def test_paid_das_forwards_named_params_as_an_object(paid: PaidGateway) ->
     assert call.json == {"jsonrpc": "2.0", "id": 3, "method": "getAssetsByOwner", "params": params}
     assert paid.facilitator is not None
     settled = paid.facilitator.calls_to("settle")[0].body
-    assert settled is not None and settled.paymentRequirements.amount == "1216"
+    assert settled is not None and settled.paymentRequirements.amount == "2416"
 
 
 @pytest.mark.parametrize(
@@ -369,10 +369,10 @@ async def test_paid_das_forwards_named_params_as_an_object(paid: PaidGateway) ->
             "/v1/x402/solana/devnet/provider_a/rpc/getAccountInfo",
             "/provider-a/devnet",
             "getAccountInfo",
-            "1005",
+            "2205",
         ),
-        ("/v1/x402/solana/mainnet/provider_b/rpc/getBalance", "/provider-b/mainnet", "getBalance", "1005"),
-        ("/v1/x402/solana/devnet/provider_b/das/getAsset", "/provider-b/devnet", "getAsset", "1050"),
+        ("/v1/x402/solana/mainnet/provider_b/rpc/getBalance", "/provider-b/mainnet", "getBalance", "2205"),
+        ("/v1/x402/solana/devnet/provider_b/das/getAsset", "/provider-b/devnet", "getAsset", "2250"),
     ],
 )
 async def test_paid_route_reaches_its_provider_and_cluster(

@@ -139,7 +139,7 @@ async def test_catalog_paid_entry_carries_price_asset_network_and_schemas(
     assert entry["url"] == gateway.settings.base_url + path
     assert entry["url"].startswith("http://127.0.0.1:")
     assert (entry["method"], entry["access"]) == ("POST", "exact")
-    assert entry["price"] == {"microUsdc": "1216", "usd": "$0.001216"}
+    assert entry["price"] == {"microUsdc": "2416", "usd": "$0.002416"}
     assert (entry["asset"], entry["network"]) == (USDC_MAINNET_MINT, SOLANA_MAINNET)
     assert entry["payTo"] == PAY_TO
     assert entry["inputSchema"]["properties"]["body"]["properties"]["method"] == {"const": "getAssetsByOwner"}
@@ -157,8 +157,8 @@ async def test_catalog_price_is_a_micro_usdc_string_with_usd_display(
         r["path"].split("/", 5)[-1]: r["price"] for r in await _catalog(http, gateway, "?provider=provider_b")
     }
 
-    assert prices["provider_b/rpc/getBalance"] == {"microUsdc": "1005", "usd": "$0.001005"}
-    assert prices["provider_b/das/searchAssets"] == {"microUsdc": "1050", "usd": "$0.00105"}
+    assert prices["provider_b/rpc/getBalance"] == {"microUsdc": "2205", "usd": "$0.002205"}
+    assert prices["provider_b/das/searchAssets"] == {"microUsdc": "2250", "usd": "$0.00225"}
 
 
 async def test_catalog_free_entries_have_zero_price_and_no_asset(

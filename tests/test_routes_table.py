@@ -26,24 +26,24 @@ DAS_METHODS = {"getAsset", "getAssetsByOwner", "searchAssets"}
 
 # The derivation table of routes.yaml: ceil(units * per-unit price + 1000 micro-USDC settlement fee).
 PRICES = {
-    ("provider_a", "getBalance"): 1005,
-    ("provider_a", "getAccountInfo"): 1005,
-    ("provider_a", "getTokenAccountsByOwner"): 1005,
-    ("provider_a", "getTransaction"): 1018,
-    ("provider_a", "getSignaturesForAddress"): 1018,
-    ("provider_a", "getProgramAccounts"): 1009,
-    ("provider_a", "getAsset"): 1036,
-    ("provider_a", "getAssetsByOwner"): 1216,
-    ("provider_a", "searchAssets"): 1216,
-    ("provider_b", "getBalance"): 1005,
-    ("provider_b", "getAccountInfo"): 1005,
-    ("provider_b", "getTokenAccountsByOwner"): 1005,
-    ("provider_b", "getTransaction"): 1005,
-    ("provider_b", "getSignaturesForAddress"): 1005,
-    ("provider_b", "getProgramAccounts"): 1050,
-    ("provider_b", "getAsset"): 1050,
-    ("provider_b", "getAssetsByOwner"): 1050,
-    ("provider_b", "searchAssets"): 1050,
+    ("provider_a", "getBalance"): 2205,
+    ("provider_a", "getAccountInfo"): 2205,
+    ("provider_a", "getTokenAccountsByOwner"): 2205,
+    ("provider_a", "getTransaction"): 2218,
+    ("provider_a", "getSignaturesForAddress"): 2218,
+    ("provider_a", "getProgramAccounts"): 2209,
+    ("provider_a", "getAsset"): 2236,
+    ("provider_a", "getAssetsByOwner"): 2416,
+    ("provider_a", "searchAssets"): 2416,
+    ("provider_b", "getBalance"): 2205,
+    ("provider_b", "getAccountInfo"): 2205,
+    ("provider_b", "getTokenAccountsByOwner"): 2205,
+    ("provider_b", "getTransaction"): 2205,
+    ("provider_b", "getSignaturesForAddress"): 2205,
+    ("provider_b", "getProgramAccounts"): 2250,
+    ("provider_b", "getAsset"): 2250,
+    ("provider_b", "getAssetsByOwner"): 2250,
+    ("provider_b", "searchAssets"): 2250,
 }
 
 
@@ -389,6 +389,34 @@ def test_price_from_a_schedule_rounds_up_and_adds_the_fee() -> None:
     (parsed,) = parse_routes(_doc(route, pricing=pricing), LIMITS)
 
     assert parsed.price_micro_usdc == 1018  # ceil(40 * 0.45 + 1000)
+    assert parsed.settlement_budget_lamports is None  # no SOL price stated: nothing to compare
+
+
+def test_the_settlement_fee_is_converted_to_lamports_at_the_stated_sol_price() -> None:
+    pricing = {
+        "sol_price_usd": "200",
+        "settlement_fee_micro_usdc": 2200,
+        "provider_a": {"micro_usdc_per_unit": "0.45", "units": {"getBalance": 10}},
+    }
+    scheduled = _route(access="exact", method="POST", price={"pricing": "provider_a", "unit": "getBalance"})
+    literal = {**_route(access="exact", method="POST", price=3000), "name": "flat", "path": "/flat"}
+
+    by_name = {r.name: r for r in parse_routes(_doc(scheduled, literal, pricing=pricing), LIMITS)}
+
+    assert by_name["ping"].price_micro_usdc == 2205
+    assert by_name["ping"].settlement_budget_lamports == 11_000  # 2,200 micro-USDC at $200 per SOL
+    assert by_name["flat"].settlement_budget_lamports == 15_000  # a literal price earns its whole
+
+
+@pytest.mark.parametrize("sol_price", ["0", "-3", "cheap", True])
+def test_a_sol_price_that_is_not_a_positive_number_is_refused(sol_price: Any) -> None:
+    pricing = {"sol_price_usd": sol_price}
+    route = _route(access="exact", method="POST", price=1000)
+
+    with pytest.raises(RoutesError) as refused:
+        parse_routes(_doc(route, pricing=pricing), LIMITS)
+
+    assert "pricing.sol_price_usd: must be a positive number" in str(refused.value)
 
 
 # --- the file as an operator edits it: every problem at once, with the file and its location -------
@@ -545,7 +573,7 @@ def test_every_paid_challenge_header_fits_common_client_limits(packaged: list[Ro
     requirements = PaymentRequirements(
         scheme="exact",
         network=SOLANA_MAINNET,
-        amount="1216",
+        amount="2416",
         asset=USDC_MAINNET_MINT,
         payTo=USDC_MAINNET_MINT,
         maxTimeoutSeconds=60,

@@ -130,7 +130,7 @@ def test_pay_exits_non_zero_with_one_line_reason_when_the_wallet_holds_no_usdc(
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == [
         f"x402-gateway pay: insufficient USDC: wallet {stranger_key.pubkey()} has 0.00 USDC, "
-        "needs 0.001005 USDC"
+        "needs 0.002205 USDC"
     ]
     assert _usdc(sandbox, sandbox.wallet) == wallet_before
 

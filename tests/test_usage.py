@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXACT = "solana.mainnet.provider_a.rpc.getBalance"
 SIWX = "tokens.curated"
 PUBLIC = "health"
-PRICE = 1005
+PRICE = 2205
 LIMITS = named_limits(Settings(base_url="https://gw.example.com"))
 
 

@@ -177,10 +177,10 @@ async def test_a_challenge_under_a_raised_max_amount_is_paid_at_the_real_gateway
     sol_before = usdc_chain.lamports(fee_payer)
 
     refused = await pay_cli(url, key_file, solana_rpc_server, max_amount="0.001")
-    assert refused.code == 1 and "asks 0.001005 USDC, more than --max-amount 0.001 USDC" in refused.err
+    assert refused.code == 1 and "asks 0.002205 USDC, more than --max-amount 0.001 USDC" in refused.err
     assert paid.upstream_calls == 0
 
-    done = await pay_cli(url, key_file, solana_rpc_server, max_amount="0.002", output="json")
+    done = await pay_cli(url, key_file, solana_rpc_server, max_amount="0.003", output="json")
     assert done.code == 0, done.out
     result = json.loads(done.out)
     assert result["ok"] is True and result["status"] == 200
@@ -205,7 +205,7 @@ async def test_quiet_prints_the_body_only(
     loud = await pay_cli(paid.url + GET_BALANCE, key_file, solana_rpc_server)
     quiet = await pay_cli(paid.url + GET_BALANCE, key_file, solana_rpc_server, output="quiet")
     assert loud.code == quiet.code == 0
-    assert f"paid 0.001005 USDC to {usdc_chain.pay_to}" in loud.err
+    assert f"paid 0.002205 USDC to {usdc_chain.pay_to}" in loud.err
     assert quiet.err == ""
     assert "result" in json.loads(quiet.out)
     assert paid.upstream_calls == 2
@@ -232,10 +232,10 @@ async def test_an_unfunded_wallet_is_told_what_it_has_and_what_is_needed(
 
     assert short.code == empty.code == 1
     assert short.err.strip() == (
-        f"x402-gateway pay: insufficient USDC: wallet {poor.pubkey()} has 0.001 USDC, needs 0.001005 USDC"
+        f"x402-gateway pay: insufficient USDC: wallet {poor.pubkey()} has 0.001 USDC, needs 0.002205 USDC"
     )
     assert empty.err.strip() == (
-        f"x402-gateway pay: insufficient USDC: wallet {stranger.pubkey()} has 0.00 USDC, needs 0.001005 USDC"
+        f"x402-gateway pay: insufficient USDC: wallet {stranger.pubkey()} has 0.00 USDC, needs 0.002205 USDC"
     )
     assert paid.upstream_calls == 0 and solana_rpc_server.sent == []
     assert usdc_chain.balance(usdc_chain.pay_to_ata) == pay_to_before

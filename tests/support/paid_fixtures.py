@@ -56,8 +56,8 @@ UPSTREAM_PATHS = {
 }
 
 GET_BALANCE = "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
-GET_BALANCE_PRICE = 1005
-"""routes.yaml: provider_a getBalance, 10 CU -> 1005 micro-USDC."""
+GET_BALANCE_PRICE = 2205
+"""routes.yaml: provider_a getBalance, 10 CU -> 2205 micro-USDC."""
 ACCOUNT = "9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin"
 
 
