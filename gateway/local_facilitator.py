@@ -1,8 +1,15 @@
 """The internal facilitator: verify and settle exact Solana payments with our own fee-payer wallet.
 
 ``verify`` = the pure rules of :mod:`gateway.x402.svm` + ``simulateTransaction``; nothing is sent.
-``settle`` = verify again, claim the payment in the shared store, sign slot 0, broadcast, and
-poll until confirmed. State lives in the :class:`~gateway.store.Store` (never in process memory)
+``settle`` = verify again, take the payer's lock, simulate against the latest (``processed``)
+state, claim the payment in the shared store, sign slot 0, broadcast with preflight, and poll
+until confirmed. The fee payer pays for every transaction that lands, failed ones included, so
+nothing likely to fail is broadcast: one settlement per payer token account is in flight at a
+time (a short lock in the shared store, so replicas agree; a second payment from that account
+waits up to ``payer_wait_s``, then is answered ``settlement_pending`` with nothing broadcast, so
+the gateway's client retries), and the simulation runs with that lock held.
+
+State lives in the :class:`~gateway.store.Store` (never in process memory)
 under the payment's message hash, so several gateway processes share one duplicate guard:
 
 * record ``pending`` (written atomically, with the signature, *before* broadcasting);
