@@ -1,6 +1,6 @@
 """The app factory: routes.yaml -> one pipeline per route, built once, inside a Starlette app.
 
-Each route's ``access`` decides the middlewares stacked around its handler (design.md):
+Each route's ``access`` decides the middlewares stacked around its handler:
 
     public:   CORS -> handler
     exact:    CORS -> ChallengeRateLimit -> X402Exact -> handler

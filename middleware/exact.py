@@ -1,6 +1,6 @@
 """X402Exact: the paid side of an ``exact`` route, up to and including the claim.
 
-Order (design.md), cheap checks first: nothing costs the client, a shared rate-limit bucket or
+Order, cheap checks first: nothing costs the client, a shared rate-limit bucket or
 the facilitator before the request is known to be well formed and signed by its payer:
 
     no header -> 402 challenge (body never read, never waits for the facilitator)

@@ -1,4 +1,4 @@
-"""Rate limits backed by the shared store (spec section 8).
+"""Rate limits backed by the shared store.
 
 :class:`RateLimiter` makes one atomic store decision per bucket and is called by the access
 middlewares at the point their flow defines (after decoding, before verifying).

@@ -5,7 +5,7 @@ by the access middleware); the handler only builds the upstream request from it.
 called with the server-side key in ``x-api-key`` and the client's ``Accept``; no other client
 header goes out. Success is the envelope of spec 2.1 with the upstream JSON passed through as is.
 
-Upstream failures (design.md: the client is told what it can act on, never our key's problems):
+Upstream failures (the client is told what it can act on, never our key's problems):
 
 ====================================  ======  ===================
 upstream answer                       status  code

@@ -1,6 +1,6 @@
 """The 402 challenge of an exact route, built once per route and re-encoded only when the
-facilitator's fee payer changes (design.md: nothing decided per request that can be decided
-at start-up)."""
+facilitator's fee payer changes: nothing is decided per request that can be decided at
+start-up."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The ``exact`` scheme on Solana, facilitator side: pure functions, no I/O.
 
-* :func:`check_exact_payment` applies every structural rule of x402-notes section 2 under our
-  profile (section 6) to a v2 payment and answers an :class:`ExactCheck` with the SDK reason
-  string. Simulation is the caller's job (it needs RPC): see ``gateway.local_facilitator``.
+* :func:`check_exact_payment` applies every structural rule of the x402 exact scheme on
+  Solana, under the profile in ``docs/x402-profile.md``, to a v2 payment and answers an
+  :class:`ExactCheck` with the SDK reason string. Simulation is the caller's job (it needs
+  RPC): see ``gateway.local_facilitator``.
 * :func:`parse_wallet` reads ``FACILITATOR_WALLET_BASE58`` with messages that never echo the key.
 * :func:`sign_as_fee_payer` fills signature slot 0; :func:`payment_key` is the duplicate-settlement
   key (SHA-256 of the signed message, immune to whatever bytes a client puts in slot 0).
@@ -61,7 +62,7 @@ _P = "invalid_exact_svm_payload_"
 
 
 class Reason(enum.StrEnum):
-    """Reason strings of the x402 SDKs (x402-notes sections 1 and 2)."""
+    """Reason strings of the x402 SDKs (generic reasons and the exact-SVM ones)."""
 
     INVALID_X402_VERSION = "invalid_x402_version"
     UNSUPPORTED_SCHEME = "unsupported_scheme"

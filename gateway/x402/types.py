@@ -174,7 +174,7 @@ class SiwxExtension(Base):
     """``extensions["sign-in-with-x"]`` of a 402: what to sign and on which chains.
 
     ``info``, ``supportedChains`` and ``schema`` are the x402 extension proper; ``networks``,
-    ``statement``, ``expirationSeconds`` and ``resource`` are the spec's summary (section 2.5).
+    ``statement``, ``expirationSeconds`` and ``resource`` are the gateway's own summary of the challenge.
     The summary is optional so a client can also decode other servers' challenges.
     """
 
