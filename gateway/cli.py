@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sandbox.set_defaults(func=cmd_sandbox)
     pay = sub.add_parser("pay", help="call a URL, answering x402 challenges (exact Solana, SIWX)")
     pay.add_argument("method", help="HTTP method, e.g. GET or POST")
-    pay.add_argument("url")
+    pay.add_argument("url", help="the URL to call, e.g. a paid route of the gateway")
     pay.add_argument("--data", default=None, help="JSON request body")
     pay.add_argument("--keypair", required=True, help="solana-keygen JSON file (or base58 64-byte key)")
     pay.add_argument("--rpc", default=None, help="Solana RPC URL (default: $SOLANA_RPC_URL or mainnet)")
