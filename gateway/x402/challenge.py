@@ -99,6 +99,8 @@ class ExactChallenge:
         return msgspec.structs.replace(self.requirements, extra=extra or None)
 
     def build(self, fee_payer: str | None, error: str | None = None) -> PaymentRequired:
+        """The JSON body: the v2 envelope whose ``accepts[0]`` also carries the v1 names and the
+        discovery fields (``maxAmountRequired``, ``resource``, ``outputSchema``, ``facilitator``)."""
         fields = msgspec.structs.asdict(self.requirements_for(fee_payer))
         accept = ChallengeAccept(
             **fields,
@@ -113,10 +115,23 @@ class ExactChallenge:
             x402Version=2, resource=self.resource, accepts=[accept], error=error, extensions=self.extensions
         )
 
+    def build_header(self, fee_payer: str | None, error: str | None = None) -> PaymentRequired:
+        """The ``PAYMENT-REQUIRED`` header: v2 only. v2 clients read the header and ignore v1
+        names, and the route's schemas already travel in the ``bazaar`` extension, so the v1
+        copies (``outputSchema`` above all) stay in the body, where v1 clients look."""
+        fields = msgspec.structs.asdict(self.requirements_for(fee_payer))
+        return PaymentRequired(
+            x402Version=2,
+            resource=self.resource,
+            accepts=[ChallengeAccept(**fields)],
+            error=error,
+            extensions=self.extensions,
+        )
+
     def render(self, fee_payer: str | None, error: str | None = None) -> tuple[bytes, str]:
         """Encoded JSON body and PAYMENT-REQUIRED header value."""
-        challenge = self.build(fee_payer, error)
-        return msgspec.json.encode(challenge), encode_header(challenge)
+        body = msgspec.json.encode(self.build(fee_payer, error))
+        return body, encode_header(self.build_header(fee_payer, error))
 
     def response(
         self, fee_payer: str | None, error: str | None = None
