@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.store import Store, StoreUnavailable, open_store
+from gateway.store import Bucket, Entry, Store, StoreUnavailable, open_store
 from gateway.store.lua import GCRA_SCRIPT
 from gateway.store.memory import MemoryStore, gcra
 from gateway.store.redis import RedisStore
@@ -241,6 +241,114 @@ async def test_rate_limit_loads_its_script_on_a_server_that_lacks_it(
         await store.close()
 
 
+# --- add_counts: the batched exchange of locally decided limits ----------------------------------
+
+
+async def test_add_counts_adds_every_delta_and_returns_the_totals(store: Store) -> None:
+    first = await store.add_counts({"w:a": 3, "w:b": 1}, 60_000)
+    second = await store.add_counts({"w:a": 2, "w:c": 0}, 60_000)
+
+    assert first == {"w:a": 3, "w:b": 1}
+    assert second == {"w:a": 5, "w:c": 0}
+    assert await store.add_counts({}, 60_000) == {}
+
+
+async def test_add_counts_from_many_callers_at_once_are_all_counted(store: Store) -> None:
+    batches = [{"w:shared": 1, f"w:own{i % 4}": 1} for i in range(100)]
+
+    await asyncio.gather(*(store.add_counts(batch, 60_000) for batch in batches))
+
+    assert await store.add_counts({"w:shared": 0, "w:own3": 0}, 60_000) == {"w:shared": 100, "w:own3": 25}
+
+
+async def test_add_counts_counters_expire_after_their_ttl(store: Store) -> None:
+    await store.add_counts({"w:short": 7}, 50)
+    await asyncio.sleep(0.15)
+
+    assert await store.add_counts({"w:short": 1}, 60_000) == {"w:short": 1}
+
+
+# --- the payment's one-round-trip steps ----------------------------------------------------------
+
+
+async def test_check_then_limit_reads_the_keys_and_charges_the_buckets_only_when_all_are_absent(
+    store: Store,
+) -> None:
+    await store.put("used", "route-a", 60_000)
+    buckets = [Bucket("b:scope", 10, 60_000), Bucket("b:wallet", 10, 60_000)]
+
+    found = await store.check_then_limit(["fresh", "used"], buckets)
+    fresh = await store.check_then_limit(["fresh", "other"], buckets)
+
+    assert found.values == [None, "route-a"] and found.decisions == [] and found.refused is None
+    assert fresh.values == [None, None] and [d.allowed for d in fresh.decisions] == [True, True]
+    # The used lookup charged nothing: each bucket has 9 of 10 left, not 8.
+    for _ in range(9):
+        assert (await store.check_then_limit([], buckets)).refused is None
+    assert (await store.check_then_limit([], buckets)).refused is not None
+
+
+async def test_check_then_limit_stops_at_the_first_refusing_bucket(store: Store) -> None:
+    tight, loose = Bucket("b:tight", 1, 60_000), Bucket("b:loose", 2, 60_000)
+
+    first = await store.check_then_limit(["k"], [tight, loose])
+    second = await store.check_then_limit(["k"], [tight, loose])
+
+    assert [d.allowed for d in first.decisions] == [True, True]
+    assert len(second.decisions) == 1 and second.refused is not None
+    assert 0 < second.refused.retry_after_ms <= 60_000
+    # The refused request did not spend the loose bucket's second slot.
+    assert (await store.rate_limit("b:loose", 2, 60_000)).allowed
+
+
+async def test_check_then_limit_with_no_buckets_is_a_multi_get(store: Store) -> None:
+    await store.put("a", "1", 60_000)
+
+    lookup = await store.check_then_limit(["a", "b", "c"], [])
+
+    assert lookup.values == ["1", None, None] and lookup.decisions == []
+
+
+async def test_claim_then_put_sets_claims_in_order_and_puts_only_when_all_were_set(store: Store) -> None:
+    await store.put("taken", "x", 60_000)
+    put = [Entry("record", "written", 60_000)]
+
+    partly = await store.claim_then_put([Entry("first", "1", 60_000), Entry("taken", "2", 60_000)], put)
+    whole = await store.claim_then_put([Entry("second", "1", 60_000)], put)
+    none = await store.claim_then_put([], [Entry("only", "put", 60_000)])
+
+    assert (partly, whole, none) == (1, 1, 0)
+    assert await store.get("first") == "1"  # set before the taken one stopped the claims
+    assert await store.get("taken") == "x"
+    assert await store.get("record") == "written" and await store.get("only") == "put"
+
+
+async def test_claim_then_put_does_not_write_when_a_claim_is_taken(store: Store) -> None:
+    await store.put("taken", "x", 60_000)
+
+    assert await store.claim_then_put([Entry("taken", "y", 60_000)], [Entry("record", "z", 60_000)]) == 0
+    assert await store.get("record") is None
+
+
+async def test_exactly_one_of_many_concurrent_claim_then_puts_wins(store: Store) -> None:
+    results = await asyncio.gather(
+        *(
+            store.claim_then_put([Entry("race", str(i), 60_000)], [Entry("winner", str(i), 60_000)])
+            for i in range(30)
+        )
+    )
+
+    assert sorted(results) == [0] * 29 + [1]
+    assert await store.get("winner") == await store.get("race")
+
+
+async def test_claim_then_put_entries_expire_after_their_ttl(store: Store) -> None:
+    await store.claim_then_put([Entry("short", "1", 50)], [Entry("resolved", "", 1)])
+    await asyncio.sleep(0.15)
+
+    assert await store.get("short") is None and await store.get("resolved") is None
+
+
 # --- failing closed ------------------------------------------------------------------------------
 
 SECRET = "hunter2-s3cret"
@@ -263,6 +371,9 @@ OPERATIONS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "rate_limit": lambda s: s.rate_limit("k", 1, 1_000),
     "incr": lambda s: s.incr("k"),
     "counters": lambda s: s.counters(["k"]),
+    "add_counts": lambda s: s.add_counts({"k": 1}, 1_000),
+    "check_then_limit": lambda s: s.check_then_limit(["k"], [Bucket("b", 1, 1_000)]),
+    "claim_then_put": lambda s: s.claim_then_put([Entry("k", "v", 1_000)]),
 }
 
 

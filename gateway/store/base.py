@@ -1,8 +1,12 @@
-"""The store protocol every backend implements, and the factory that picks one.
+"""The store protocol every backend implements (``gateway.store`` opens one by URL).
 
 Semantics are shared by all backends and pinned by ``tests/test_store_contract.py``:
 
 * ``claim`` is an atomic set-if-absent with a TTL: exactly one caller wins, across processes.
+* ``add_counts`` adds to expiring counters and reads their totals back in one round trip; the
+  locally decided limits exchange their counts with it.
+* ``check_then_limit`` and ``claim_then_put`` run a payment's store work in one round trip each
+  (what it must not find, then its buckets; its claims, then its records), atomically.
 * ``rate_limit`` is GCRA: up to ``limit`` requests in any ``period_ms`` window, with the
   allowance refilling evenly; one atomic decision per call, using the store's clock so that
   many gateway processes share one bucket exactly.
@@ -11,6 +15,7 @@ Semantics are shared by all backends and pinned by ``tests/test_store_contract.p
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import msgspec
@@ -23,6 +28,35 @@ class StoreUnavailable(Exception):
 class RateDecision(msgspec.Struct, frozen=True):
     allowed: bool
     retry_after_ms: int = 0
+
+
+class Entry(msgspec.Struct, frozen=True):
+    """A value to write at ``key`` that expires ``ttl_ms`` after the write."""
+
+    key: str
+    value: str
+    ttl_ms: int
+
+
+class Bucket(msgspec.Struct, frozen=True):
+    """A GCRA bucket: up to ``limit`` requests in any ``period_ms``."""
+
+    key: str
+    limit: int
+    period_ms: int
+
+
+class Lookup(msgspec.Struct, frozen=True):
+    """What :meth:`Store.check_then_limit` found: the values at the checked keys, and a decision
+    per bucket taken (none when a checked key was present; the last one refused, if any did)."""
+
+    values: list[str | None]
+    decisions: list[RateDecision]
+
+    @property
+    def refused(self) -> RateDecision | None:
+        last = self.decisions[-1] if self.decisions else None
+        return last if last is not None and not last.allowed else None
 
 
 class Store(Protocol):
@@ -40,37 +74,28 @@ class Store(Protocol):
     async def rate_limit(self, key: str, limit: int, period_ms: int) -> RateDecision:
         """Count one request against ``key`` and decide whether it is allowed."""
 
+    async def check_then_limit(self, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
+        """Atomically, in one round trip: the values at ``keys``; only when every one is absent,
+        one GCRA decision per bucket in order, stopping at the first refusal (so nothing already
+        used, and no later bucket, is charged for a request that will be refused)."""
+
+    async def claim_then_put(self, claims: Sequence[Entry], puts: Sequence[Entry] = ()) -> int:
+        """Atomically, in one round trip: set-if-absent each claim in order, stopping at the first
+        key that exists; only when all were set, write every put. Returns how many claims were
+        set (``len(claims)``: all of them, and the puts were written)."""
+
     async def incr(self, key: str, amount: int = 1) -> int:
         """Add ``amount`` to the counter at ``key`` (no TTL) and return the new value."""
 
     async def counters(self, keys: list[str]) -> dict[str, int]:
         """Current values of the counters at ``keys`` (absent counters are 0)."""
 
+    async def add_counts(self, deltas: Mapping[str, int], ttl_ms: int) -> dict[str, int]:
+        """Add each delta to its window counter, which expires ``ttl_ms`` after this write, and
+        return every counter's new total: one round trip for any number of keys."""
+
     async def ping(self) -> bool:
         """True when the backend answers."""
 
     async def close(self) -> None:
         """Release connections."""
-
-
-def open_store(url: str | None, token: str | None) -> Store:
-    """Pick the backend by the scheme of ``STATE_STORE_REST_URL``.
-
-    ``https://`` / ``http://``: Upstash REST; ``redis://`` / ``rediss://``: Redis protocol;
-    unset or ``memory://``: the in-process store (one process only).
-    """
-    if not url or url.startswith("memory://"):
-        from gateway.store.memory import MemoryStore
-
-        return MemoryStore()
-    if url.startswith(("redis://", "rediss://")):
-        from gateway.store.redis import RedisStore
-
-        return RedisStore(url)
-    if url.startswith(("https://", "http://")):
-        from gateway.store.upstash import UpstashStore
-
-        return UpstashStore(url, token or "")
-    raise ValueError(
-        "STATE_STORE_REST_URL must start with https://, http://, redis://, rediss:// or memory://"
-    )

@@ -1,46 +1,141 @@
-"""What the Redis and Upstash backends share: the GCRA script and the checks on server replies.
+"""What the Redis and Upstash backends share: the Lua scripts and the checks on server replies.
 
-The script is ``gateway.store.memory.gcra()`` line for line, run atomically inside the server so
+The GCRA step is ``gateway.store.memory.gcra()`` line for line, run atomically inside the server so
 that every gateway process reads the same clock (``TIME``) and the same theoretical arrival time.
+The two payment scripts do in one round trip what would otherwise take one per key.
 A reply of the wrong shape raises StoreUnavailable: callers fail closed rather than guess.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
-from gateway.store.base import RateDecision, StoreUnavailable
+from gateway.store.base import Bucket, Entry, Lookup, RateDecision, StoreUnavailable
+
+# Time is in microseconds (exact in Lua's doubles) so limits above 1000/s keep their value. A
+# bucket's key expires when its TAT passes, at which point GCRA would treat it as "now" anyway.
+# TIME before a write is safe: scripts replicate by effects (the default since Redis 5; enabled
+# explicitly where the call still exists).
+_PRELUDE = """
+if redis.replicate_commands then redis.replicate_commands() end
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- One GCRA step on KEYS-named bucket: 0 when allowed (and counted), else retry_after_ms.
+local function gcra(key, limit, period_ms, now)
+  local period = period_ms * 1000
+  local interval = math.max(math.floor(period / math.max(limit, 1)), 1)
+  local tat = now
+  local stored = redis.call('GET', key)
+  if stored then tat = math.max(tonumber(stored), now) end
+  local new_tat = tat + interval
+  local allow_at = new_tat - period
+  if allow_at > now then
+    return math.ceil((allow_at - now) / 1000)
+  end
+  local ttl_ms = math.ceil((new_tat - now) / 1000)
+  redis.call('SET', key, string.format('%d', new_tat), 'PX', string.format('%d', ttl_ms))
+  return 0
+end
+"""
 
 # KEYS[1]: bucket key. ARGV[1]: limit, ARGV[2]: period_ms, ARGV[3] (optional): now in microseconds,
 # which only the differential test against memory.gcra() passes; the gateway always uses the
-# server clock. Time is in microseconds (exact in Lua's doubles) so limits above 1000/s keep their
-# value. Reply: {1, 0} allowed, or {0, retry_after_ms}. The key expires when its TAT passes, at
-# which point GCRA would treat it as "now" anyway. TIME before a write is safe: scripts replicate
-# by effects (the default since Redis 5; enabled explicitly where the call still exists).
-GCRA_SCRIPT = """
-if redis.replicate_commands then redis.replicate_commands() end
-local limit = tonumber(ARGV[1])
-local period = tonumber(ARGV[2]) * 1000
-local now = tonumber(ARGV[3])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local interval = math.max(math.floor(period / math.max(limit, 1)), 1)
-local tat = now
-local stored = redis.call('GET', KEYS[1])
-if stored then tat = math.max(tonumber(stored), now) end
-local new_tat = tat + interval
-local allow_at = new_tat - period
-if allow_at > now then
-  return {0, math.ceil((allow_at - now) / 1000)}
-end
-local ttl_ms = math.ceil((new_tat - now) / 1000)
-redis.call('SET', KEYS[1], string.format('%d', new_tat), 'PX', string.format('%d', ttl_ms))
+# server clock. Reply: {1, 0} allowed, or {0, retry_after_ms}.
+GCRA_SCRIPT = (
+    _PRELUDE
+    + """
+local wait = gcra(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]) or now_us())
+if wait > 0 then return {0, wait} end
 return {1, 0}
+"""
+)
+
+# KEYS: the n checked keys, then one key per bucket. ARGV[1]: n, then limit and period_ms per
+# bucket. Reply: {values (nil where absent), retry_after_ms per bucket taken (0: allowed)}.
+CHECK_THEN_LIMIT_SCRIPT = (
+    _PRELUDE
+    + """
+local n = tonumber(ARGV[1])
+local values, found = {}, false
+for i = 1, n do
+  values[i] = redis.call('GET', KEYS[i])
+  if values[i] then found = true end
+end
+local waits = {}
+if not found then
+  local now = now_us()
+  for j = n + 1, #KEYS do
+    local arg = 2 + (j - n - 1) * 2
+    local wait = gcra(KEYS[j], tonumber(ARGV[arg]), tonumber(ARGV[arg + 1]), now)
+    waits[#waits + 1] = wait
+    if wait > 0 then break end
+  end
+end
+return {values, waits}
+"""
+)
+
+# KEYS: the claims, then the puts; ARGV[1]: how many claims, then value and ttl_ms per key.
+# Reply: how many claims were set (all of them: the puts were written too).
+CLAIM_THEN_PUT_SCRIPT = """
+local n = tonumber(ARGV[1])
+for i = 1, n do
+  if not redis.call('SET', KEYS[i], ARGV[2 * i], 'NX', 'PX', ARGV[2 * i + 1]) then return i - 1 end
+end
+for i = n + 1, #KEYS do
+  redis.call('SET', KEYS[i], ARGV[2 * i], 'PX', ARGV[2 * i + 1])
+end
+return n
 """
 
 GCRA_SHA1 = hashlib.sha1(GCRA_SCRIPT.encode()).hexdigest()
+CHECK_THEN_LIMIT_SHA1 = hashlib.sha1(CHECK_THEN_LIMIT_SCRIPT.encode()).hexdigest()
+CLAIM_THEN_PUT_SHA1 = hashlib.sha1(CLAIM_THEN_PUT_SCRIPT.encode()).hexdigest()
+
+
+def check_then_limit_call(keys: Sequence[str], buckets: Sequence[Bucket]) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the check-then-limit script."""
+    args = [str(len(keys))]
+    for bucket in buckets:
+        args += [str(bucket.limit), str(bucket.period_ms)]
+    return [*keys, *(bucket.key for bucket in buckets)], args
+
+
+def claim_then_put_call(claims: Sequence[Entry], puts: Sequence[Entry]) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the claim-then-put script."""
+    entries = [*claims, *puts]
+    args = [str(len(claims))]
+    for entry in entries:
+        args += [entry.value, str(entry.ttl_ms)]
+    return [entry.key for entry in entries], args
+
+
+def lookup_from_reply(keys: Sequence[str], reply: object) -> Lookup:
+    """The check-then-limit script's ``{values, waits}``; anything else is garbage."""
+    if (
+        isinstance(reply, list)
+        and len(reply) == 2
+        and isinstance(reply[0], list)
+        and isinstance(reply[1], list)
+    ):
+        raw_values, waits = reply
+        values = [text_from_reply(v) for v in raw_values]
+        # Lua drops trailing nils from a table: absent keys at the end are simply missing.
+        if len(values) <= len(keys) and all(isinstance(w, int) and not isinstance(w, bool) for w in waits):
+            values += [None] * (len(keys) - len(values))
+            decisions = [RateDecision(allowed=w == 0, retry_after_ms=w) for w in waits]
+            return Lookup(values=values, decisions=decisions)
+    raise StoreUnavailable("state store answered the check-then-limit script with garbage")
+
+
+def claimed_from_reply(count: int, reply: object) -> int:
+    """The claim-then-put script's count of claims set; anything else is garbage."""
+    if isinstance(reply, int) and not isinstance(reply, bool) and 0 <= reply <= count:
+        return reply
+    raise StoreUnavailable("state store answered the claim-then-put script with garbage")
 
 
 def decision_from_reply(reply: object) -> RateDecision:
@@ -81,3 +176,10 @@ def counters_from_reply(keys: list[str], values: object) -> dict[str, int]:
         except (TypeError, ValueError):
             raise StoreUnavailable("state store holds a non-integer counter") from None
     return result
+
+
+def totals_from_replies(keys: list[str], replies: object) -> dict[str, int]:
+    """The INCRBY totals of an ``INCRBY, PEXPIRE`` pipeline, one pair per key."""
+    if not isinstance(replies, list) or len(replies) != 2 * len(keys):
+        raise StoreUnavailable("state store answered a counter pipeline with garbage")
+    return {key: integer_from_reply(total) for key, total in zip(keys, replies[0::2], strict=True)}

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Mapping, Sequence
 
-from gateway.store.base import RateDecision
+from gateway.store.base import Bucket, Entry, Lookup, RateDecision
 
 
 def _now_us() -> int:
@@ -92,6 +93,9 @@ class MemoryStore:
         self._set_value(key, value, ttl_ms)
 
     async def rate_limit(self, key: str, limit: int, period_ms: int) -> RateDecision:
+        return self._gcra(key, limit, period_ms)
+
+    def _gcra(self, key: str, limit: int, period_ms: int) -> RateDecision:
         now = _now_us()
         self._expire(now)
         decision, new_tat = gcra(self._tats.get(key), now, limit, period_ms)
@@ -100,6 +104,25 @@ class MemoryStore:
             heapq.heappush(self._expiries, (new_tat, 1, key))
         return decision
 
+    async def check_then_limit(self, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
+        values = [self._live(key) for key in keys]
+        decisions: list[RateDecision] = []
+        if all(value is None for value in values):
+            for bucket in buckets:
+                decisions.append(self._gcra(bucket.key, bucket.limit, bucket.period_ms))
+                if not decisions[-1].allowed:
+                    break
+        return Lookup(values=values, decisions=decisions)
+
+    async def claim_then_put(self, claims: Sequence[Entry], puts: Sequence[Entry] = ()) -> int:
+        for done, entry in enumerate(claims):
+            if self._live(entry.key) is not None:
+                return done
+            self._set_value(entry.key, entry.value, entry.ttl_ms)
+        for entry in puts:
+            self._set_value(entry.key, entry.value, entry.ttl_ms)
+        return len(claims)
+
     async def incr(self, key: str, amount: int = 1) -> int:
         value = self._counters.get(key, 0) + amount
         self._counters[key] = value
@@ -107,6 +130,14 @@ class MemoryStore:
 
     async def counters(self, keys: list[str]) -> dict[str, int]:
         return {key: self._counters.get(key, 0) for key in keys}
+
+    async def add_counts(self, deltas: Mapping[str, int], ttl_ms: int) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for key, delta in deltas.items():
+            total = int(self._live(key) or 0) + delta
+            self._set_value(key, str(total), ttl_ms)
+            totals[key] = total
+        return totals
 
     async def ping(self) -> bool:
         return True

@@ -7,7 +7,7 @@ exception is chained; a server's error reply ("ERR ...") is kept, as it holds no
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -16,13 +16,20 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from gateway.store.base import RateDecision, StoreUnavailable
+from gateway.store.base import Bucket, Entry, Lookup, RateDecision, StoreUnavailable
 from gateway.store.lua import (
+    CHECK_THEN_LIMIT_SCRIPT,
+    CLAIM_THEN_PUT_SCRIPT,
     GCRA_SCRIPT,
+    check_then_limit_call,
+    claim_then_put_call,
+    claimed_from_reply,
     counters_from_reply,
     decision_from_reply,
     integer_from_reply,
+    lookup_from_reply,
     text_from_reply,
+    totals_from_replies,
 )
 
 T = TypeVar("T")
@@ -61,6 +68,8 @@ class RedisStore:
         self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         # register_script sends EVALSHA and falls back to loading the script on NOSCRIPT.
         self._gcra = self._redis.register_script(GCRA_SCRIPT)
+        self._check_then_limit = self._redis.register_script(CHECK_THEN_LIMIT_SCRIPT)
+        self._claim_then_put = self._redis.register_script(CLAIM_THEN_PUT_SCRIPT)
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
         """Await one command, turning every client failure into StoreUnavailable."""
@@ -85,6 +94,16 @@ class RedisStore:
         reply: Any = await self._call(self._gcra(keys=[key], args=[limit, period_ms]))
         return decision_from_reply(reply)
 
+    async def check_then_limit(self, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
+        script_keys, args = check_then_limit_call(keys, buckets)
+        reply: Any = await self._call(self._check_then_limit(keys=script_keys, args=args))
+        return lookup_from_reply(keys, reply)
+
+    async def claim_then_put(self, claims: Sequence[Entry], puts: Sequence[Entry] = ()) -> int:
+        script_keys, args = claim_then_put_call(claims, puts)
+        reply: Any = await self._call(self._claim_then_put(keys=script_keys, args=args))
+        return claimed_from_reply(len(claims), reply)
+
     async def incr(self, key: str, amount: int = 1) -> int:
         value: Any = await self._call(self._redis.incrby(key, amount))
         return integer_from_reply(value)
@@ -94,6 +113,16 @@ class RedisStore:
             return {}
         values: Any = await self._call(self._redis.mget(keys))
         return counters_from_reply(keys, values)
+
+    async def add_counts(self, deltas: Mapping[str, int], ttl_ms: int) -> dict[str, int]:
+        if not deltas:
+            return {}
+        pipe = self._redis.pipeline(transaction=False)
+        for key, delta in deltas.items():
+            pipe.incrby(key, delta)
+            pipe.pexpire(key, ttl_ms)
+        replies: Any = await self._call(pipe.execute())
+        return totals_from_replies(list(deltas), replies)
 
     async def ping(self) -> bool:
         """True when the server answers; False (not an exception) so health checks stay simple."""

@@ -8,20 +8,29 @@ Failures become :class:`StoreUnavailable` naming only the kind of failure, never
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from upstash_redis.asyncio import Redis
 from upstash_redis.errors import UpstashError
 
-from gateway.store.base import RateDecision, StoreUnavailable
+from gateway.store.base import Bucket, Entry, Lookup, RateDecision, StoreUnavailable
 from gateway.store.lua import (
+    CHECK_THEN_LIMIT_SCRIPT,
+    CHECK_THEN_LIMIT_SHA1,
+    CLAIM_THEN_PUT_SCRIPT,
+    CLAIM_THEN_PUT_SHA1,
     GCRA_SCRIPT,
     GCRA_SHA1,
+    check_then_limit_call,
+    claim_then_put_call,
+    claimed_from_reply,
     counters_from_reply,
     decision_from_reply,
     integer_from_reply,
+    lookup_from_reply,
     text_from_reply,
+    totals_from_replies,
 )
 
 T = TypeVar("T")
@@ -61,16 +70,29 @@ class UpstashStore:
         await self._call(self._redis.set(key, value, px=ttl_ms))
 
     async def rate_limit(self, key: str, limit: int, period_ms: int) -> RateDecision:
-        return decision_from_reply(await self._call(self._gcra(key, [str(limit), str(period_ms)])))
+        reply = await self._call(self._script(GCRA_SCRIPT, GCRA_SHA1, [key], [str(limit), str(period_ms)]))
+        return decision_from_reply(reply)
 
-    async def _gcra(self, key: str, args: list[str]) -> Any:
+    async def check_then_limit(self, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
+        script_keys, args = check_then_limit_call(keys, buckets)
+        reply = await self._call(
+            self._script(CHECK_THEN_LIMIT_SCRIPT, CHECK_THEN_LIMIT_SHA1, script_keys, args)
+        )
+        return lookup_from_reply(keys, reply)
+
+    async def claim_then_put(self, claims: Sequence[Entry], puts: Sequence[Entry] = ()) -> int:
+        script_keys, args = claim_then_put_call(claims, puts)
+        reply = await self._call(self._script(CLAIM_THEN_PUT_SCRIPT, CLAIM_THEN_PUT_SHA1, script_keys, args))
+        return claimed_from_reply(len(claims), reply)
+
+    async def _script(self, script: str, sha1: str, keys: list[str], args: list[str]) -> Any:
         """EVALSHA, and on a server that has not seen the script yet, EVAL (which caches it)."""
         try:
-            return await self._redis.evalsha(GCRA_SHA1, keys=[key], args=args)
+            return await self._redis.evalsha(sha1, keys=keys, args=args)
         except UpstashError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 raise
-            return await self._redis.eval(GCRA_SCRIPT, keys=[key], args=args)
+            return await self._redis.eval(script, keys=keys, args=args)
 
     async def incr(self, key: str, amount: int = 1) -> int:
         return integer_from_reply(await self._call(self._redis.incrby(key, amount)))
@@ -79,6 +101,15 @@ class UpstashStore:
         if not keys:
             return {}
         return counters_from_reply(keys, await self._call(self._redis.mget(*keys)))
+
+    async def add_counts(self, deltas: Mapping[str, int], ttl_ms: int) -> dict[str, int]:
+        if not deltas:
+            return {}
+        pipe = self._redis.pipeline()
+        for key, delta in deltas.items():
+            pipe.incrby(key, delta)
+            pipe.pexpire(key, ttl_ms)
+        return totals_from_replies(list(deltas), await self._call(pipe.exec()))
 
     async def ping(self) -> bool:
         """True when the server answers; False (not an exception) so health checks stay simple."""
