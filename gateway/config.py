@@ -48,8 +48,9 @@ ENV_VARS: tuple[str, ...] = (
     "X402_PAY_TO_WALLET", "X402_USDC_MINT", "X402_MAX_TIMEOUT_SECONDS", "SOLANA_MAINNET_RPC_URL",
     "SOLANA_DEVNET_RPC_URL", *UPSTREAM_ENV.values(), "ASSET_API_KEY", "STATE_STORE_REST_URL",
     "STATE_STORE_REST_TOKEN", "RATE_LIMIT_RPC_RPS", "RATE_LIMIT_DAS_RPS", "RATE_LIMIT_TOKENS_PER_MINUTE",
-    "RATE_LIMIT_CHALLENGE_PER_MINUTE", "RATE_LIMIT_WALLET_RPS", "FACILITATOR_FEE_PAYER", "SIWX_SECRET",
-    "INTERNAL_SETTLEMENT_SECRET", "FACILITATOR_WALLET_BASE58", "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS",
+    "RATE_LIMIT_CHALLENGE_PER_MINUTE", "RATE_LIMIT_WALLET_RPS", "RATE_LIMIT_SYNC_SECONDS",
+    "FACILITATOR_FEE_PAYER", "SIWX_SECRET", "INTERNAL_SETTLEMENT_SECRET", "FACILITATOR_WALLET_BASE58",
+    "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS",
     "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
     "CLIENT_BODY_TIMEOUT_SECONDS", "X402_MAX_COMPUTE_UNIT_LIMIT", "X402_MAX_COMPUTE_UNIT_PRICE",
 )  # fmt: skip
@@ -86,6 +87,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rate_limit_tokens_per_minute: int = 30
     rate_limit_challenge_per_minute: int = 120
     rate_limit_wallet_rps: int = 5
+    rate_limit_sync_s: float = 0.1
+    """How often each process shares its challenge-limit counts through the store."""
     max_compute_unit_limit: int = DEFAULT_MAX_COMPUTE_UNIT_LIMIT
     max_compute_unit_price: int = DEFAULT_MAX_COMPUTE_UNIT_PRICE
     facilitator_fee_payer: str = ""
@@ -321,6 +324,7 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         rate_limit_tokens_per_minute=r.integer("RATE_LIMIT_TOKENS_PER_MINUTE", 30, 1, 1_000_000),
         rate_limit_challenge_per_minute=r.integer("RATE_LIMIT_CHALLENGE_PER_MINUTE", 120, 1, 1_000_000),
         rate_limit_wallet_rps=r.integer("RATE_LIMIT_WALLET_RPS", 5, 1, 1_000_000),
+        rate_limit_sync_s=r.number("RATE_LIMIT_SYNC_SECONDS", 0.1, 0.01, 10.0),
         max_compute_unit_limit=r.integer(
             "X402_MAX_COMPUTE_UNIT_LIMIT", DEFAULT_MAX_COMPUTE_UNIT_LIMIT, 1, MAX_CU_PER_TRANSACTION
         ),

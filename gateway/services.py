@@ -18,10 +18,11 @@ from gateway.facilitators import ChallengeFeePayer, Facilitator, HttpFacilitator
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
 from gateway.local_facilitator import load_local_facilitator
 from gateway.metrics import Usage
-from gateway.routes import RateLimitSpec, RouteSpec, named_limits
+from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
+from gateway.routes import RouteSpec, named_limits
 from gateway.store import Store, open_store
+from gateway.synced_limit import SyncedWindowLimit
 from gateway.x402.siwx import SiwxIssuer, random_secret
-from middleware.ratelimit import RateLimiter
 
 UPSTREAM_CONNECTIONS = 100
 
@@ -45,8 +46,10 @@ class Services:
             else open_store(settings.store_url.reveal(), settings.store_token.reveal())
         )
         limit, period_ms = named_limits(settings)["challenge"]
-        challenge_spec = RateLimitSpec(scope="challenge:ip", limit=limit, period_ms=period_ms)
-        self.limiter = RateLimiter(self.store, challenge_spec, settings.trusted_proxies)
+        challenge_limit = SyncedWindowLimit(
+            self.store, CHALLENGE_SCOPE, limit, period_ms, sync_interval_s=settings.rate_limit_sync_s
+        )
+        self.limiter = RateLimiter(self.store, challenge_limit, settings.trusted_proxies)
         self.usage = Usage(self.store, routes)
         self._usage_flusher: asyncio.Task[None] | None = None
         self.local_facilitator = load_local_facilitator(
@@ -82,6 +85,7 @@ class Services:
 
     async def start(self) -> None:
         self._usage_flusher = asyncio.create_task(self.usage.run(), name="usage-flusher")
+        self.limiter.start()
         timeout = aiohttp.ClientTimeout(total=self.settings.upstream_timeout_s)
         for name in self.upstream_names:
             connector = aiohttp.TCPConnector(limit=UPSTREAM_CONNECTIONS, ttl_dns_cache=300)
@@ -96,6 +100,7 @@ class Services:
                 await self._usage_flusher
             self._usage_flusher = None
         await self.usage.flush()
+        await self.limiter.stop()
         for session in self._sessions.values():
             await session.close()
         self._sessions.clear()

@@ -432,17 +432,21 @@ async def test_paid_rpc_store_refusing_the_claim_is_503_after_verify_and_calls_n
     assert paid.settle_calls() == paid.upstream_calls == 0
 
 
-async def test_paid_rpc_store_outage_on_a_challenge_is_503(
+async def test_paid_rpc_store_outage_still_answers_a_challenge_and_keeps_the_ip_limit(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer
 ) -> None:
-    paid = await start_paid_gateway(env={"STATE_STORE_REST_URL": private_redis.url})
+    """A 402 needs nothing from the store: the per-IP challenge limit is decided in the process
+    and goes on counting there while the store is down."""
+    env = {"STATE_STORE_REST_URL": private_redis.url, "RATE_LIMIT_CHALLENGE_PER_MINUTE": "2"}
+    paid = await start_paid_gateway(env=env)
     private_redis.stop()
 
-    reply = await paid.post(GET_BALANCE, balance_body())
+    replies = [await paid.post(GET_BALANCE, balance_body()) for _ in range(3)]
 
-    assert reply.status == 503
-    assert reply.error_code == "store_unavailable"
-    assert paid.upstream_calls == 0
+    assert [reply.status for reply in replies] == [402, 402, 429]
+    assert replies[0].header_json("payment-required")["accepts"][0]["amount"] == str(GET_BALANCE_PRICE)
+    assert replies[2].error_code == "rate_limited"
+    assert paid.upstream_calls == paid.verify_calls() == 0
 
 
 # --- secrets ------------------------------------------------------------------------------------

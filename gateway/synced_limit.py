@@ -1,0 +1,148 @@
+"""A rate limit decided in the process and shared through the store in the background.
+
+The per-IP challenge limit guards the cheapest answer the gateway gives (a 402 that costs no
+upstream, no facilitator and no money), so one store round trip per 402 would cost more than
+the answer itself. Here each process decides locally from what it last heard of the shared
+count plus its own admissions since, and every ``sync_interval_s`` it adds its admissions to the
+store and reads the totals back: one batched round trip per interval for all keys, whatever the
+request rate (the ``sync_rate`` of Kong's rate limiting, Envoy's local-before-global limits).
+
+Counting is a sliding window over two fixed windows of ``period``: the estimate is the previous
+window's count, weighted by how much of it still overlaps the sliding window, plus the current
+window's. A request is admitted while that estimate stays within the limit.
+
+The price is a bounded overshoot. One process alone is exact (it sees every admission). With N
+processes, each admits on a view that misses the other processes' admissions of at most two sync
+intervals plus one store round trip (``lag``), so the admitted count in any window stays within
+
+    limit + (N - 1) * min(limit, r * lag)        lag = 2 * sync_interval_s + round trip
+
+where ``r`` is the rate at which one process receives the key's requests. A store outage leaves
+every process deciding on its own counts: at most ``limit`` per process, never unlimited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.logs import log_event
+from gateway.store import RateDecision, Store, StoreUnavailable
+
+
+@dataclass(slots=True)
+class _Count:
+    known: int = 0
+    """The shared total as of the last sync (this process's flushed admissions included)."""
+    unsynced: int = 0
+    """Admitted here since the last sync started; not yet in the store."""
+    flushing: int = 0
+    """Admitted here and sent by the sync in flight."""
+
+    @property
+    def total(self) -> int:
+        return self.known + self.flushing + self.unsynced
+
+
+class SyncedWindowLimit:
+    """Sliding-window limit of ``limit`` per ``period_ms`` per subject, decided without the store."""
+
+    def __init__(
+        self,
+        store: Store,
+        scope: str,
+        limit: int,
+        period_ms: int,
+        *,
+        sync_interval_s: float = 0.1,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.scope = scope
+        self.limit = limit
+        self.period_ms = period_ms
+        self.sync_interval_s = sync_interval_s
+        self._clock = clock
+        self._prefix = f"x402gw:rlw:{scope}:"
+        # Wall-clock windows, so every process (on NTP-synchronised hosts) counts into the same
+        # key; a counter lives for two windows, as long as the estimate reads it.
+        self._ttl_ms = 2 * period_ms + 1_000
+        self._counts: dict[tuple[str, int], _Count] = {}
+
+    def acquire(self, subject: str) -> RateDecision:
+        """Admit one request of ``subject`` or say when to retry; never waits for the store."""
+        now_ms = self._clock() * 1000.0
+        window = int(now_ms // self.period_ms)
+        elapsed = (now_ms - window * self.period_ms) / self.period_ms
+        current = self._counts.get((subject, window))
+        previous = self._counts.get((subject, window - 1))
+        count = current.total if current else 0
+        before = previous.total if previous else 0
+        if before * (1.0 - elapsed) + count + 1 <= self.limit + 1e-9:  # 1e-9: float rounding
+            if current is None:
+                current = self._counts[(subject, window)] = _Count()
+            current.unsynced += 1
+            return RateDecision(allowed=True)
+        return RateDecision(allowed=False, retry_after_ms=self._retry_after_ms(before, count, elapsed))
+
+    def size(self) -> int:
+        """Windows held in memory: the subjects seen in the current and the previous window."""
+        return len(self._counts)
+
+    def _retry_after_ms(self, before: int, count: int, elapsed: float) -> int:
+        """When the estimate, decaying as the window slides, first admits one more request."""
+        room = self.limit - 1
+        if count <= room:  # the previous window's share must fade: before * (1 - f) <= room - count
+            wait = (1.0 - (room - count) / before) - elapsed if before else 0.0
+        else:  # this window is full: wait for it to become the previous one and fade in turn
+            wait = (1.0 - elapsed) + (1.0 - room / count)
+        return max(1, math.ceil(wait * self.period_ms))
+
+    async def sync(self) -> None:
+        """Send this process's admissions since the last sync and learn the shared totals.
+
+        One round trip for every key. On failure the admissions are kept for the next sync and
+        decisions go on from the counts already known.
+        """
+        window = int(self._clock() * 1000.0 // self.period_ms)
+        for key in [k for k in self._counts if k[1] < window - 1]:
+            del self._counts[key]
+        sending = {key: count for key, count in self._counts.items() if count.unsynced}
+        if not sending:
+            return
+        for count in sending.values():
+            count.flushing, count.unsynced = count.unsynced, 0
+        deltas = {f"{self._prefix}{subject}:{index}": c.flushing for (subject, index), c in sending.items()}
+        try:
+            totals = await self.store.add_counts(deltas, self._ttl_ms)
+        except StoreUnavailable:
+            for count in sending.values():
+                count.unsynced += count.flushing
+                count.flushing = 0
+            raise
+        for (subject, index), count in sending.items():
+            count.known = max(count.known + count.flushing, totals[f"{self._prefix}{subject}:{index}"])
+            count.flushing = 0
+
+    async def run(self) -> None:
+        """Sync every ``sync_interval_s`` until cancelled; a store outage is logged once."""
+        down = False
+        while True:
+            await asyncio.sleep(self.sync_interval_s)
+            try:
+                await self.sync()
+            except StoreUnavailable:
+                if not down:
+                    log_event(
+                        f"{self.scope} limit: store unavailable, deciding on this process's counts",
+                        logging.WARNING,
+                    )
+                down = True
+                continue
+            if down:
+                log_event(f"{self.scope} limit: store reachable again, sharing counts")
+            down = False
