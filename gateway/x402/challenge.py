@@ -17,6 +17,7 @@ from gateway.x402.types import (
     ResourceInfo,
 )
 
+MAX_CACHED_CHALLENGES = 64
 PAYMENT_IDENTIFIER = "payment-identifier"
 BAZAAR = "bazaar"
 PAYMENT_ID_SCHEMA: dict[str, Any] = {
@@ -88,7 +89,7 @@ class ExactChallenge:
             BAZAAR: bazaar_extension(method, input_schema, output_schema),
             PAYMENT_IDENTIFIER: {"info": {"required": False}, "schema": PAYMENT_ID_SCHEMA},
         }
-        self._cache: dict[str | None, tuple[bytes, list[tuple[bytes, bytes]]]] = {}
+        self._cache: dict[tuple[str | None, str | None], tuple[bytes, list[tuple[bytes, bytes]]]] = {}
 
     def requirements_for(self, fee_payer: str | None) -> PaymentRequirements:
         """What the facilitator is asked to verify and settle: v2 fields only. Without a known
@@ -136,9 +137,10 @@ class ExactChallenge:
     def response(
         self, fee_payer: str | None, error: str | None = None
     ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-        """Body and complete ASGI headers of the 402; the error-free one is cached per fee payer
-        (it is the discovery crawlers' and every first request's answer)."""
-        cached = self._cache.get(fee_payer) if error is None else None
+        """Body and complete ASGI headers of the 402, encoded once per (fee payer, error): the
+        error-free one is every first request's and crawler's answer, and a refusal's reason comes
+        from a short list. The cache is bounded, as a facilitator's reason text is not ours."""
+        cached = self._cache.get((fee_payer, error))
         if cached is not None:
             return cached[0], list(cached[1])
         body, encoded = self.render(fee_payer, error)
@@ -148,6 +150,6 @@ class ExactChallenge:
             (b"payment-required", encoded.encode()),
             (b"content-length", str(len(body)).encode()),
         ]
-        if error is None:
-            self._cache[fee_payer] = (body, headers)
+        if len(self._cache) < MAX_CACHED_CHALLENGES:
+            self._cache[(fee_payer, error)] = (body, headers)
         return body, list(headers)
