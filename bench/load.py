@@ -12,8 +12,10 @@ before the clock starts:
 * ``siwx``: one fresh SIGN-IN-WITH-X header per request, signed (``gateway.x402.siwx_signer``)
   over a challenge fetched from the server just before the run (nonces live 300 s).
 
-When ``cpu_pid`` is given, the CPU time that process spent during the measured phase is
-reported, so a reader can tell whether the server or the load generator was the bottleneck.
+When ``cpu_pids`` are given (the server's worker processes), the CPU time they spent during the
+measured phase is reported, in total and per request, so a reader can tell whether the server or
+the load generator was the bottleneck and project a bigger machine; ``store_pid`` (the Redis
+server) is reported apart.
 ``own_pids`` (every process of the benchmark) lets it report how much CPU other processes on
 the machine took meanwhile: a test suite running alongside skews any figure.
 """
@@ -72,6 +74,8 @@ class Result:
     statuses: dict[str, int] = field(default_factory=dict)
     unexpected: int = 0
     server_cpu_pct: float | None = None
+    server_cpu_ms_per_request: float | None = None
+    store_cpu_pct: float | None = None
     foreign_cpu_pct: float = 0.0
     prepare_s: float = 0.0
     capped: bool = False
@@ -226,16 +230,19 @@ async def run_job(job: dict[str, Any]) -> Result:
         expect = int(job["expect"])
         cap_s = float(job.get("cap_s", 60.0))
         await drive(session, job["url"], calls[:warmup], concurrency, expect, cap_s, None)
-        pid = job.get("cpu_pid")
+        pids = [int(p) for p in job.get("cpu_pids", [])]
+        store_pid = job.get("store_pid")
         own_pids = [int(p) for p in job.get("own_pids", [])]
-        ticks = cpu_ticks(pid) if pid else 0
+        ticks = sum(cpu_ticks(p) for p in pids)
+        store_ticks = cpu_ticks(store_pid) if store_pid else 0
         busy, ours = machine_busy_s(), own_ticks(own_pids)
         print("measuring", file=sys.stderr, flush=True)  # a profiler may attach now
         latencies: list[float] = []
         statuses, seconds, capped, sample_error = await drive(
             session, job["url"], calls[warmup:], concurrency, expect, cap_s, latencies
         )
-        server_cpu = (cpu_ticks(pid) - ticks) / CLK_TCK / seconds * 100 if pid and seconds else None
+        server_cpu_s = (sum(cpu_ticks(p) for p in pids) - ticks) / CLK_TCK if pids else None
+        store_cpu_s = (cpu_ticks(store_pid) - store_ticks) / CLK_TCK if store_pid else None
         foreign = (machine_busy_s() - busy) - (own_ticks(own_pids) - ours) / CLK_TCK
     latencies.sort()
     n = len(latencies)
@@ -249,7 +256,13 @@ async def run_job(job: dict[str, Any]) -> Result:
         mean_ms=round(sum(latencies) / n, 3) if n else 0.0,
         statuses={str(k): v for k, v in sorted(statuses.items())},
         unexpected=sum(v for k, v in statuses.items() if k != expect),
-        server_cpu_pct=round(server_cpu, 1) if server_cpu is not None else None,
+        server_cpu_pct=round(server_cpu_s / seconds * 100, 1)
+        if server_cpu_s is not None and seconds
+        else None,
+        server_cpu_ms_per_request=round(server_cpu_s * 1000 / n, 4)
+        if server_cpu_s is not None and n
+        else None,
+        store_cpu_pct=round(store_cpu_s / seconds * 100, 1) if store_cpu_s is not None and seconds else None,
         foreign_cpu_pct=round(max(foreign, 0.0) / seconds * 100, 1) if seconds else 0.0,
         prepare_s=round(prepare_s, 2),
         capped=capped,

