@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Literal
@@ -22,13 +22,8 @@ import yaml
 from gateway.config import UPSTREAM_ENV, ConfigError, Settings
 from gateway.settlement_cost import lamports_covered, worst_case_lamports
 from gateway.validation import SchemaError, check_schema
+from gateway.vocabulary import ACCESS_MODES, HANDLERS, SERVICE_GROUP, is_provider_group
 
-Access = Literal["public", "exact", "siwx", "internal"]
-ACCESS_MODES: tuple[str, ...] = ("public", "exact", "siwx", "internal")
-HANDLERS = {
-    "health", "catalog", "metrics", "openapi", "jsonrpc", "tokens",
-    "facilitator_supported", "facilitator_verify", "facilitator_settle",
-}  # fmt: skip
 HTTP_METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
 INPUT_LOCATIONS = {"path", "query", "body"}
 PLACEHOLDERS = ("cluster", "provider", "method")
@@ -46,15 +41,6 @@ SUPPORTED_VERSIONS = (1,)
 PRICING_KEYS = {"unit", "micro_usdc_per_unit", "units"}
 PRICING_SETTINGS = {"settlement_fee_micro_usdc", "sol_price_usd"}
 """Keys of the pricing block that are not schedules."""
-# Rate-limit keys a route of each access mode can be held to (the middlewares that enforce them:
-# ScopeRateLimit for public routes, X402Exact for exact, SignInWithX for siwx). Internal routes
-# answer only to their shared secret and run no limiter.
-ENFORCED_PER: dict[str, tuple[str, ...]] = {
-    "public": ("scope",),
-    "exact": ("scope", "wallet"),
-    "siwx": ("scope", "wallet"),
-    "internal": (),
-}
 
 
 class RoutesError(ValueError):
@@ -78,8 +64,10 @@ class RouteSpec(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     path: str
     method: str
-    access: Access
+    access: str
+    """A key of :data:`gateway.vocabulary.ACCESS_MODES` (the loader refuses any other)."""
     handler: str
+    """A key of :data:`gateway.vocabulary.HANDLERS` (the loader refuses any other)."""
     group: str
     description: str
     upstream: str | None = None
@@ -446,12 +434,13 @@ def _route(
     access = raw["access"]
     if access not in ACCESS_MODES:
         bad("access", f"{access!r} is not one of {list(ACCESS_MODES)}")
-    if raw["handler"] not in HANDLERS:
+    handler = HANDLERS.get(raw["handler"])
+    if handler is None:
         bad("handler", f"unknown handler {raw['handler']!r}")
     upstream = raw.get("upstream")
     if upstream is not None and upstream not in UPSTREAM_ENV:
         bad("upstream", f"unknown upstream {upstream!r} (known: {sorted(UPSTREAM_ENV)})")
-    if raw["handler"] in ("jsonrpc", "tokens") and upstream is None:
+    if handler is not None and handler.needs_upstream and upstream is None:
         bad("upstream", f"a {raw['handler']} route needs an upstream")
     price = _price(raw.get("price"), f"{where}.price", pricing, problems)
     if access == "exact" and raw.get("price") is None:
@@ -489,7 +478,7 @@ def _route(
         method=method,
         access=access,
         handler=raw["handler"],
-        group=str(raw.get("group") or "service"),
+        group=str(raw.get("group") or SERVICE_GROUP),
         description=str(raw.get("description") or name),
         upstream=upstream,
         upstream_path=raw.get("upstream_path"),
@@ -555,7 +544,8 @@ def _rate_limits(
     if not isinstance(raw, list):
         problems.add(where, f"must be a list, got {_kind(raw)}")
         return ()
-    enforced = ENFORCED_PER.get(access, ())
+    mode = ACCESS_MODES.get(access)
+    enforced = mode.rate_limit_per if mode is not None else ()
     out: list[RateLimitSpec] = []
     for i, item in enumerate(raw):
         at = f"{where}[{i}]"
@@ -619,9 +609,10 @@ def _check_unique(located: list[tuple[str, RouteSpec]], problems: _Problems) -> 
         paths.setdefault(key, where)
 
 
-ALWAYS_ON_GROUPS = ("service", "internal")
-"""Served whatever ROUTE_GROUPS says: health, catalog, metrics, OpenAPI, and the internal
-facilitator (which answers 401 until its secret and wallet are set)."""
+def provider_groups(routes: Iterable[RouteSpec]) -> list[str]:
+    """The groups of ``routes`` an operator can switch off, sorted: every one but the service and
+    internal groups. routes.yaml is their only declaration."""
+    return sorted({r.group for r in routes if is_provider_group(r.group)})
 
 
 def required_variables(route: RouteSpec, settings: Settings) -> list[str]:
@@ -656,7 +647,7 @@ class RoutePlan(msgspec.Struct, frozen=True):
 
 def route_plan(routes: list[RouteSpec], settings: Settings) -> RoutePlan:
     """Decide which routes to serve; never raises (see :func:`plan_routes`)."""
-    switchable = sorted({r.group for r in routes} - set(ALWAYS_ON_GROUPS))
+    switchable = provider_groups(routes)
     chosen = settings.route_groups
     problems: list[str] = []
     if chosen is None:
@@ -674,7 +665,7 @@ def route_plan(routes: list[RouteSpec], settings: Settings) -> RoutePlan:
     missing: dict[str, set[str]] = {}
     off: dict[str, int] = {}
     for route in routes:
-        if route.group not in served and route.group not in ALWAYS_ON_GROUPS:
+        if is_provider_group(route.group) and route.group not in served:
             off[route.group] = off.get(route.group, 0) + 1
             continue
         for variable in required_variables(route, settings):
@@ -731,6 +722,11 @@ def plan_routes(routes: list[RouteSpec], settings: Settings) -> tuple[list[Route
     return plan.mounted, plan.warnings
 
 
+def published(routes: Iterable[RouteSpec]) -> list[RouteSpec]:
+    """The routes the catalog and the OpenAPI document describe: listed, of a published access mode."""
+    return [r for r in routes if r.listed and ACCESS_MODES[r.access].published]
+
+
 def sells_anything(routes: list[RouteSpec]) -> bool:
     """True when a paid or sign-in route is among ``routes``."""
-    return any(r.access in ("exact", "siwx") for r in routes)
+    return any(ACCESS_MODES[r.access].sells for r in routes)
