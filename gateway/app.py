@@ -30,6 +30,7 @@ from gateway.router import MethodDispatcher, PathTable, not_found
 from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes, sells_anything
 from gateway.services import Services
 from gateway.store import Store
+from gateway.vocabulary import ACCESS_MODES
 from middleware.cors import CorsMiddleware
 from middleware.exact import CREDENTIAL_HEADERS, X402Exact, exact_challenge
 from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
@@ -179,7 +180,7 @@ def create_app(
         pipelines = {r.method: (r, build_pipeline(r, services)) for r in specs}
         methods = [r.method for r in specs]
         app: ASGIApp
-        if len(specs) == 1 and specs[0].access == "internal":
+        if len(specs) == 1 and not ACCESS_MODES[specs[0].access].from_browsers:
             app = pipelines[specs[0].method][1]  # secret gate first, then its own method check
         else:
             cors_methods = [*methods, "HEAD"] if "GET" in methods else methods

@@ -25,6 +25,9 @@ class AccessMode(msgspec.Struct, frozen=True, kw_only=True):
     """Listed in the catalog and the OpenAPI document (when the route itself is listed)."""
     sells: bool = False
     """Paid or sign-in: a gateway serving none of these has nothing to sell."""
+    from_browsers: bool = True
+    """Its path answers CORS preflights and checks the method first; a server-to-server route
+    instead checks its shared secret before anything else, the method included."""
 
 
 ACCESS_MODES: dict[str, AccessMode] = {
@@ -42,7 +45,7 @@ ACCESS_MODES: dict[str, AccessMode] = {
         sells=True,
     ),
     # Answers only to its shared secret: no limiter, no CORS, never published.
-    "internal": AccessMode(published=False),
+    "internal": AccessMode(published=False, from_browsers=False),
 }
 
 
