@@ -30,6 +30,7 @@ from gateway.router import MethodDispatcher, PathTable, not_found
 from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes, sells_anything
 from gateway.services import Services
 from gateway.store import Store
+from gateway.vocabulary import ACCESS_MODES
 from middleware.cors import CorsMiddleware
 from middleware.exact import CREDENTIAL_HEADERS, X402Exact, exact_challenge
 from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
@@ -38,6 +39,7 @@ from middleware.siwx import SignInWithX
 from middleware.telemetry import TelemetryMiddleware
 
 HandlerFactory = Callable[[RouteSpec, Services], ASGIApp]
+AccessLayer = Callable[[ASGIApp, RouteSpec, Services], ASGIApp]
 
 
 def _health(route: RouteSpec, services: Services) -> ASGIApp:
@@ -58,17 +60,32 @@ def _openapi(route: RouteSpec, services: Services) -> ASGIApp:
     return OpenApiHandler(services.routes, s.base_url, s.usdc_mint, s.pay_to)
 
 
-HANDLERS: dict[str, HandlerFactory] = {
+def _tokens(route: RouteSpec, services: Services) -> ASGIApp:
+    return TokensHandler(route, services)
+
+
+def _jsonrpc(route: RouteSpec, services: Services) -> ASGIApp:
+    return JsonRpcProxy(route, services)
+
+
+def _internal(route: RouteSpec, services: Services) -> ASGIApp:
+    """The internal facilitator endpoint; it checks the shared secret before anything else."""
+    endpoint: ASGIApp = getattr(services.internal_routes, route.handler.removeprefix("facilitator_"))
+    return endpoint
+
+
+HANDLER_FACTORIES: dict[str, HandlerFactory] = {
     "health": _health,
     "catalog": _catalog,
     "metrics": _metrics,
     "openapi": _openapi,
+    "jsonrpc": _jsonrpc,
+    "tokens": _tokens,
+    "facilitator_supported": _internal,
+    "facilitator_verify": _internal,
+    "facilitator_settle": _internal,
 }
-ACCESS_LAYERS: dict[str, Callable[[ASGIApp, RouteSpec, Services], ASGIApp]] = {}
-
-
-def _public(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
-    return ScopeRateLimit(app, services.limiter, route.rate_limits) if route.rate_limits else app
+"""One factory per handler of :data:`gateway.vocabulary.HANDLERS` (a test holds the two equal)."""
 
 
 def challenge_limit(app: ASGIApp, services: Services, credential_headers: tuple[bytes, ...]) -> ASGIApp:
@@ -76,23 +93,12 @@ def challenge_limit(app: ASGIApp, services: Services, credential_headers: tuple[
     return ChallengeRateLimit(app, services.limiter, credential_headers)
 
 
-ACCESS_LAYERS["public"] = _public
+def _public(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
+    return ScopeRateLimit(app, services.limiter, route.rate_limits) if route.rate_limits else app
 
 
 def _siwx(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
     return challenge_limit(SignInWithX(app, route, services), services, (b"sign-in-with-x",))
-
-
-def _tokens(route: RouteSpec, services: Services) -> ASGIApp:
-    return TokensHandler(route, services)
-
-
-ACCESS_LAYERS["siwx"] = _siwx
-HANDLERS["tokens"] = _tokens
-
-
-def _jsonrpc(route: RouteSpec, services: Services) -> ASGIApp:
-    return JsonRpcProxy(route, services)
 
 
 def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
@@ -103,26 +109,42 @@ def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
     return challenge_limit(X402Exact(SettleAfterSuccess(app, settler), settler), services, CREDENTIAL_HEADERS)
 
 
-def _internal(route: RouteSpec, services: Services) -> ASGIApp:
-    """The internal facilitator endpoint; it checks the shared secret before anything else."""
-    endpoint: ASGIApp = getattr(services.internal_routes, route.handler.removeprefix("facilitator_"))
-    return endpoint
+def _internal_gate(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
+    """Nothing around it: the endpoint checks its shared secret itself, before anything else."""
+    return app
 
 
-HANDLERS["jsonrpc"] = _jsonrpc
-HANDLERS["facilitator_supported"] = HANDLERS["facilitator_verify"] = HANDLERS["facilitator_settle"] = (
-    _internal
-)
-ACCESS_LAYERS["exact"] = _exact
+ACCESS_LAYERS: dict[str, AccessLayer] = {
+    "public": _public,
+    "exact": _exact,
+    "siwx": _siwx,
+    "internal": _internal_gate,
+}
+"""The middlewares around a handler, per access mode of :data:`gateway.vocabulary.ACCESS_MODES`."""
+
+
+class UnbuildableRoute(LookupError):
+    """A route names a handler or access mode this app has no factory for (the loader refuses
+    both, so only a hand-built route list can get here)."""
 
 
 def build_pipeline(route: RouteSpec, services: Services) -> ASGIApp:
     """The handler with exactly the middlewares its access mode needs (CORS is per path)."""
-    app = HANDLERS[route.handler](route, services)
-    layer = ACCESS_LAYERS.get(route.access)
-    if layer is not None:
-        app = layer(app, route, services)
-    return app
+    app = HANDLER_FACTORIES[route.handler](route, services)
+    return ACCESS_LAYERS[route.access](app, route, services)
+
+
+def check_buildable(routes: list[RouteSpec]) -> None:
+    """Refuse, naming each, the routes this app has no handler factory or access layer for."""
+    problems = [
+        f"route {r.name}: no factory for handler {r.handler!r}"
+        if r.handler not in HANDLER_FACTORIES
+        else f"route {r.name}: no layer for access mode {r.access!r}"
+        for r in routes
+        if r.handler not in HANDLER_FACTORIES or r.access not in ACCESS_LAYERS
+    ]
+    if problems:
+        raise UnbuildableRoute("\n".join(problems))
 
 
 class GatewayApp(Starlette):
@@ -145,7 +167,8 @@ def create_app(
     configure_logging(settings.log_level)
     if routes is None:
         routes = load_routes(settings.routes_file, named_limits(settings))
-    mounted, warnings = plan_routes([r for r in routes if r.handler in HANDLERS], settings)
+    check_buildable(routes)
+    mounted, warnings = plan_routes(routes, settings)
     for note in startup_notes(settings):
         log_event(note)
     for warning in warnings:
@@ -157,7 +180,7 @@ def create_app(
         pipelines = {r.method: (r, build_pipeline(r, services)) for r in specs}
         methods = [r.method for r in specs]
         app: ASGIApp
-        if len(specs) == 1 and specs[0].access == "internal":
+        if len(specs) == 1 and not ACCESS_MODES[specs[0].access].from_browsers:
             app = pipelines[specs[0].method][1]  # secret gate first, then its own method check
         else:
             cors_methods = [*methods, "HEAD"] if "GET" in methods else methods

@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
+import yaml
 from solders.pubkey import Pubkey
 
 from gateway.redact import Secret
@@ -27,26 +28,18 @@ PACKAGED_ROUTES_FILE = Path(__file__).with_name("routes.yaml")
 INTERNAL = "internal"
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # every worker reads the table's upstreams
 
 # ASCII digits only: int()/float() would also take "80_80", "+5" or non-ASCII digits.
 _INTEGER = re.compile(r"-?[0-9]+")
 _NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
 
-# Upstream config names used by routes.yaml -> the environment variable holding the URL.
-UPSTREAM_ENV: dict[str, str] = {
-    "provider_a_mainnet": "PROVIDER_A_MAINNET_RPC_URL",
-    "provider_a_devnet": "PROVIDER_A_DEVNET_RPC_URL",
-    "provider_b_mainnet": "PROVIDER_B_MAINNET_RPC_URL",
-    "provider_b_devnet": "PROVIDER_B_DEVNET_RPC_URL",
-    "asset_api": "ASSET_API_BASE_URL",
-}
-
-# Every variable load_settings reads (the README's Configuration table); tests/test_deploy.py holds
-# the deploy/ manifests to it and checks it against what load_settings actually reads.
-ENV_VARS: tuple[str, ...] = (
+# Every variable load_settings reads whatever the route table says; the URL of each upstream comes
+# from the variable the table's ``upstreams`` block names (see :func:`upstream_variables`).
+GATEWAY_VARIABLES: tuple[str, ...] = (
     "GATEWAY_BASE_URL", "PORT", "FACILITATOR_URL", "FACILITATOR_API_KEY_ID", "FACILITATOR_API_KEY_SECRET",
     "X402_PAY_TO_WALLET", "X402_USDC_MINT", "X402_MAX_TIMEOUT_SECONDS", "SOLANA_MAINNET_RPC_URL",
-    "SOLANA_DEVNET_RPC_URL", *UPSTREAM_ENV.values(), "ASSET_API_KEY", "STATE_STORE_REST_URL",
+    "SOLANA_DEVNET_RPC_URL", "ASSET_API_KEY", "STATE_STORE_REST_URL",
     "STATE_STORE_REST_TOKEN", "RATE_LIMIT_RPC_RPS", "RATE_LIMIT_DAS_RPS", "RATE_LIMIT_TOKENS_PER_MINUTE",
     "RATE_LIMIT_CHALLENGE_PER_MINUTE", "RATE_LIMIT_WALLET_RPS", "RATE_LIMIT_SYNC_SECONDS",
     "FACILITATOR_FEE_PAYER", "SIWX_SECRET", "INTERNAL_SETTLEMENT_SECRET", "FACILITATOR_WALLET_BASE58",
@@ -54,6 +47,8 @@ ENV_VARS: tuple[str, ...] = (
     "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
     "CLIENT_BODY_TIMEOUT_SECONDS", "X402_MAX_COMPUTE_UNIT_LIMIT", "X402_MAX_COMPUTE_UNIT_PRICE",
 )  # fmt: skip
+UPSTREAM_VARIABLE = re.compile(r"[A-Z][A-Z0-9_]{0,99}")
+"""What an upstream's URL variable may be called (the route loader refuses any other name)."""
 ALL_GROUPS = "all"
 NO_GROUPS = "none"
 
@@ -184,6 +179,36 @@ class _Reader:
         return raw
 
 
+def upstream_variables(routes_file: Path) -> dict[str, str]:
+    """The ``upstreams`` block of the route table: upstream name -> the variable holding its URL.
+
+    Read here, before the table is loaded, because the URLs belong to the settings. Entries that
+    are not well-formed are skipped, and an unreadable table gives none: the route loader reports
+    both, with their location.
+    """
+    try:
+        doc = yaml.load(routes_file.read_text(encoding="utf-8"), Loader=_YamlLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    block = doc.get("upstreams") if isinstance(doc, dict) else None
+    if not isinstance(block, dict):
+        return {}
+    return {
+        name: variable
+        for name, variable in block.items()
+        if isinstance(name, str)
+        and isinstance(variable, str)
+        and UPSTREAM_VARIABLE.fullmatch(variable)
+        and variable not in GATEWAY_VARIABLES
+    }
+
+
+def env_vars(routes_file: Path = PACKAGED_ROUTES_FILE) -> tuple[str, ...]:
+    """Every variable load_settings reads with ``routes_file`` as the table: for the packaged one,
+    the README's Configuration table (tests/test_deploy.py holds the deploy/ manifests to it)."""
+    return (*GATEWAY_VARIABLES, *dict.fromkeys(upstream_variables(routes_file).values()))
+
+
 def _is_http_url(value: str) -> bool:
     try:
         parts = urlsplit(value)
@@ -308,7 +333,10 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
     of the route table to the same list."""
     r = _Reader(env)
     base_url = _base_url(r)
-    upstreams = {name: Secret(url) for name, var in UPSTREAM_ENV.items() if (url := r.url(var))}
+    routes_file = Path(r.text("ROUTES_FILE") or PACKAGED_ROUTES_FILE)
+    upstreams = {
+        name: Secret(url) for name, var in upstream_variables(routes_file).items() if (url := r.url(var))
+    }
     settings = Settings(
         base_url=base_url,
         port=r.integer("PORT", 8080, 1, 65535),
@@ -339,7 +367,7 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         internal_secret=Secret(r.text("INTERNAL_SETTLEMENT_SECRET")),
         facilitator_wallet=Secret(r.text("FACILITATOR_WALLET_BASE58")),
         siwx_secret=Secret(r.text("SIWX_SECRET")),
-        routes_file=Path(r.text("ROUTES_FILE") or PACKAGED_ROUTES_FILE),
+        routes_file=routes_file,
         upstream_timeout_s=r.number("UPSTREAM_TIMEOUT_SECONDS", 15.0, 0.1, 300.0),
         max_body_bytes=r.integer("MAX_BODY_BYTES", 65536, 1024, 16 * 1024 * 1024),
         client_header_timeout_s=r.number("CLIENT_HEADER_TIMEOUT_SECONDS", 10.0, 0.5, 600.0),
@@ -352,11 +380,11 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
     _check_keys(settings, r.problems)
     if settings.siwx_secret and len(settings.siwx_secret.reveal()) < 32:
         r.problems.append("SIWX_SECRET must be at least 32 characters (shared by all replicas)")
-    routes_file = str(settings.routes_file)[:200]
-    if settings.routes_file.is_dir():
-        r.problems.append(f"ROUTES_FILE {routes_file!r} is a directory, not a route table file")
-    elif not settings.routes_file.is_file():
-        r.problems.append(f"ROUTES_FILE {routes_file!r} does not exist")
+    shown = str(routes_file)[:200]
+    if routes_file.is_dir():
+        r.problems.append(f"ROUTES_FILE {shown!r} is a directory, not a route table file")
+    elif not routes_file.is_file():
+        r.problems.append(f"ROUTES_FILE {shown!r} does not exist")
     return settings, r.problems
 
 

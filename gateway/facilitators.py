@@ -150,10 +150,6 @@ class HttpFacilitator:
     def __repr__(self) -> str:
         return f"HttpFacilitator({self._redacted!r}, authenticated={self._key is not None})"
 
-    async def open(self) -> None:
-        """Create the session now (e.g. in the app's lifespan) rather than on the first call."""
-        self._get_session()
-
     async def close(self) -> None:
         """Close the session if we created it; a later call would open a new one."""
         session, self._session = self._session, None
@@ -188,10 +184,6 @@ class HttpFacilitator:
             self._supported = fresh
             self._supported_expires = self._clock() + self._supported_ttl_s
             return fresh
-
-    async def fee_payer(self, network: str, scheme: str = "exact") -> str | None:
-        """The fee payer to put in a challenge's ``extra.feePayer`` for ``network``."""
-        return fee_payer_for(await self.supported(), network, scheme)
 
     def cached_supported(self) -> SupportedResponse | None:
         """The last ``/supported`` answer held in memory (maybe stale), without asking."""

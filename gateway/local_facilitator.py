@@ -67,54 +67,10 @@ from gateway.x402.types import (
     VerifyResponse,
 )
 
-MIN_SECRET_LENGTH = 32
 KEY_PREFIX = "x402:svm:settle:"
 DONE_SUFFIX = ":done"
 PAYER_LOCK_PREFIX = "x402:svm:payer-lock:"
 PAYER_LOCK_POLL_S = 0.05
-
-
-class ConfigProblem(msgspec.Struct, frozen=True):
-    """A start-up finding about the internal facilitator's configuration (never holds a secret)."""
-
-    message: str
-    fatal: bool = False
-
-
-def facilitator_config_problems(secret: str | None, wallet_base58: str | None) -> list[ConfigProblem]:
-    """Problems with ``INTERNAL_SETTLEMENT_SECRET`` / ``FACILITATOR_WALLET_BASE58``.
-
-    ``fatal`` ones (a malformed wallet) should stop start-up; the others are warnings. With
-    either variable unset the routes stay mounted and answer 401.
-    """
-    problems: list[ConfigProblem] = []
-    if secret and len(secret) < MIN_SECRET_LENGTH:
-        problems.append(
-            ConfigProblem(
-                f"INTERNAL_SETTLEMENT_SECRET is shorter than {MIN_SECRET_LENGTH} characters; "
-                "use a long random value"
-            )
-        )
-    if wallet_base58:
-        try:
-            parse_wallet(wallet_base58)
-        except ValueError as exc:
-            problems.append(ConfigProblem(str(exc), fatal=True))
-    if secret and not wallet_base58:
-        problems.append(
-            ConfigProblem(
-                "INTERNAL_SETTLEMENT_SECRET is set but FACILITATOR_WALLET_BASE58 is not: "
-                "the internal facilitator routes answer 401"
-            )
-        )
-    if wallet_base58 and not secret:
-        problems.append(
-            ConfigProblem(
-                "FACILITATOR_WALLET_BASE58 is set but INTERNAL_SETTLEMENT_SECRET is not: "
-                "the internal facilitator routes answer 401"
-            )
-        )
-    return problems
 
 
 class SettlementRecord(msgspec.Struct, frozen=True):

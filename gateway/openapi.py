@@ -20,7 +20,8 @@ from typing import Any
 from gateway import SERVICE_NAME, __version__
 from gateway.errors import ErrorCode
 from gateway.pricing import micro_usdc_string, usd_display
-from gateway.routes import RouteSpec
+from gateway.routes import RouteSpec, published
+from gateway.vocabulary import ACCESS_MODES
 from gateway.x402.types import SOLANA_MAINNET
 
 OPENAPI_VERSION = "3.1.0"
@@ -36,11 +37,6 @@ _ERROR_RESPONSES: dict[int, str] = {
     502: "The upstream failed or answered unusably; nothing was charged.",
     503: "The state store or the payment facilitator is unavailable; nothing was charged.",
     504: "The upstream did not answer in time; nothing was charged.",
-}
-_STATUSES: dict[str, tuple[int, ...]] = {
-    "public": (405,),
-    "exact": (400, 402, 405, 409, 413, 429, 502, 503, 504),
-    "siwx": (400, 402, 404, 405, 413, 429, 502, 503, 504),
 }
 # Rules across query parameters, which OpenAPI cannot attach to one parameter: published as is.
 _QUERY_RULES = ("oneOf", "anyOf", "x-combined-count", "x-not-less-than")
@@ -159,7 +155,7 @@ def _responses(route: RouteSpec) -> dict[str, Any]:
     if route.access == "exact":
         receipt = _ref("headers", "PaymentResponse")
         ok["headers"] = {"PAYMENT-RESPONSE": receipt, "X-PAYMENT-RESPONSE": receipt}
-    statuses = set(_STATUSES.get(route.access, ()))
+    statuses = set(ACCESS_MODES[route.access].error_statuses)
     if route.input:
         statuses.add(400)
     if route.rate_limits:
@@ -179,17 +175,18 @@ def _responses(route: RouteSpec) -> dict[str, Any]:
 
 
 def _x402(route: RouteSpec, asset: str, pay_to: str) -> dict[str, Any] | None:
+    scheme = ACCESS_MODES[route.access].scheme
     if route.access == "exact":
         price = route.price_micro_usdc or 0
         return {
-            "scheme": "exact",
+            "scheme": scheme,
             "network": SOLANA_MAINNET,
             "asset": asset,
             "payTo": pay_to,
             "price": {"microUsdc": micro_usdc_string(price), "usd": usd_display(price)},
         }
-    if route.access == "siwx":
-        return {"scheme": "sign-in-with-x", "price": {"microUsdc": "0", "usd": usd_display(0)}}
+    if scheme is not None:  # sign-in: free
+        return {"scheme": scheme, "price": {"microUsdc": "0", "usd": usd_display(0)}}
     return None
 
 
@@ -212,11 +209,6 @@ def _operation(route: RouteSpec, asset: str, pay_to: str) -> dict[str, Any]:
     if x402 is not None:
         operation["x-x402"] = x402
     return operation
-
-
-def published(routes: Iterable[RouteSpec]) -> list[RouteSpec]:
-    """The routes the document describes: listed and not internal (as in the catalog)."""
-    return [r for r in routes if r.listed and r.access != "internal"]
 
 
 def build_openapi(routes: Iterable[RouteSpec], base_url: str, asset: str, pay_to: str) -> dict[str, Any]:

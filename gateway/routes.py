@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Literal
@@ -19,16 +19,11 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from gateway.config import UPSTREAM_ENV, ConfigError, Settings
+from gateway.config import GATEWAY_VARIABLES, UPSTREAM_VARIABLE, ConfigError, Settings
 from gateway.settlement_cost import lamports_covered, worst_case_lamports
 from gateway.validation import SchemaError, check_schema
+from gateway.vocabulary import ACCESS_MODES, HANDLERS, SERVICE_GROUP, is_provider_group
 
-Access = Literal["public", "exact", "siwx", "internal"]
-ACCESS_MODES: tuple[str, ...] = ("public", "exact", "siwx", "internal")
-HANDLERS = {
-    "health", "catalog", "metrics", "openapi", "jsonrpc", "tokens",
-    "facilitator_supported", "facilitator_verify", "facilitator_settle",
-}  # fmt: skip
 HTTP_METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
 INPUT_LOCATIONS = {"path", "query", "body"}
 PLACEHOLDERS = ("cluster", "provider", "method")
@@ -40,21 +35,12 @@ METHOD_KEYS = {"description", "params", "output"}
 DEFAULT_REPLAY_CAP_BYTES = 1024 * 1024
 
 
-TOP_LEVEL_KEYS = {"version", "pricing", "routes", "templates"}
+TOP_LEVEL_KEYS = {"version", "pricing", "upstreams", "routes", "templates"}
 """Keys of the route table itself; ``x-`` keys (YAML anchors such as ``x-schemas``) are free."""
 SUPPORTED_VERSIONS = (1,)
 PRICING_KEYS = {"unit", "micro_usdc_per_unit", "units"}
 PRICING_SETTINGS = {"settlement_fee_micro_usdc", "sol_price_usd"}
 """Keys of the pricing block that are not schedules."""
-# Rate-limit keys a route of each access mode can be held to (the middlewares that enforce them:
-# ScopeRateLimit for public routes, X402Exact for exact, SignInWithX for siwx). Internal routes
-# answer only to their shared secret and run no limiter.
-ENFORCED_PER: dict[str, tuple[str, ...]] = {
-    "public": ("scope",),
-    "exact": ("scope", "wallet"),
-    "siwx": ("scope", "wallet"),
-    "internal": (),
-}
 
 
 class RoutesError(ValueError):
@@ -78,11 +64,15 @@ class RouteSpec(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     path: str
     method: str
-    access: Access
+    access: str
+    """A key of :data:`gateway.vocabulary.ACCESS_MODES` (the loader refuses any other)."""
     handler: str
+    """A key of :data:`gateway.vocabulary.HANDLERS` (the loader refuses any other)."""
     group: str
     description: str
     upstream: str | None = None
+    upstream_variable: str | None = None
+    """The environment variable holding the upstream's URL (routes.yaml ``upstreams`` block)."""
     upstream_path: str | None = None
     operation: str | None = None
     price_micro_usdc: int | None = None
@@ -216,15 +206,20 @@ def parse_routes(
     version = doc.get("version", 1)
     if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
         problems.add("version", f"unsupported version {version!r} (this gateway reads version 1)")
-    pricing = _pricing(doc.get("pricing"), problems)
+    table = _Table(
+        pricing=_pricing(doc.get("pricing"), problems),
+        upstreams=_upstreams(doc.get("upstreams"), problems),
+        limits=limits,
+    )
     located: list[tuple[str, RouteSpec]] = []
     for i, raw in enumerate(_list(doc, "routes", problems)):
-        route = _route(raw, f"routes[{i}]", pricing, limits, problems)
+        route = _route(raw, f"routes[{i}]", table, problems)
         if route is not None:
             located.append((f"routes[{i}]", route))
     for i, template in enumerate(_list(doc, "templates", problems)):
-        located.extend(_expand(template, f"templates[{i}]", pricing, limits, problems))
+        located.extend(_expand(template, f"templates[{i}]", table, problems))
     _check_unique(located, problems)
+    _check_catalog_filter(located, problems)
     if problems.items:
         raise RoutesError(problems.items)
     return [route for _, route in located]
@@ -318,13 +313,34 @@ def _pricing(raw: Any, problems: _Problems) -> dict[str, Any]:
     return pricing
 
 
-def _expand(
-    template: Any,
-    where: str,
-    pricing: Mapping[str, Any],
-    limits: Mapping[str, tuple[int, int]],
-    problems: _Problems,
-) -> list[tuple[str, RouteSpec]]:
+class _Table(msgspec.Struct, frozen=True):
+    """What every route of one table is checked against: its pricing, upstreams and named limits."""
+
+    pricing: dict[str, Any]
+    upstreams: dict[str, str]
+    limits: Mapping[str, tuple[int, int]]
+
+
+def _upstreams(raw: Any, problems: _Problems) -> dict[str, str]:
+    """The ``upstreams`` block: upstream name -> the environment variable holding its URL."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        problems.add("upstreams", f"must map upstream names to variable names, got {_kind(raw)}")
+        return {}
+    upstreams: dict[str, str] = {}
+    for name, variable in raw.items():
+        where = f"upstreams.{name}"
+        if not isinstance(variable, str) or not UPSTREAM_VARIABLE.fullmatch(variable):
+            problems.add(where, f"must name an environment variable (A-Z, 0-9, _), got {_kind(variable)}")
+        elif variable in GATEWAY_VARIABLES:
+            problems.add(where, f"{variable} is a setting of the gateway, not an upstream URL")
+        else:
+            upstreams[str(name)] = variable
+    return upstreams
+
+
+def _expand(template: Any, where: str, table: _Table, problems: _Problems) -> list[tuple[str, RouteSpec]]:
     if not isinstance(template, dict):
         problems.add(where, f"a template must be a mapping, got {_kind(template)}")
         return []
@@ -358,7 +374,7 @@ def _expand(
                 raw = _fill(body, values)
                 raw.update(_fill(method_fields, values))
                 at = f"{where}[{'/'.join(values.values())}]"
-                route = _route(raw, at, pricing, limits, problems)
+                route = _route(raw, at, table, problems)
                 if route is not None:
                     routes.append((at, route))
     return routes
@@ -412,13 +428,7 @@ def _fill(value: Any, values: Mapping[str, str]) -> Any:
     return value
 
 
-def _route(
-    raw: Any,
-    where: str,
-    pricing: Mapping[str, Any],
-    limits: Mapping[str, tuple[int, int]],
-    problems: _Problems,
-) -> RouteSpec | None:
+def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpec | None:
     """One route, or None after adding every problem it has to ``problems``."""
     if not isinstance(raw, dict):
         problems.add(where, f"a route must be a mapping, got {_kind(raw)}")
@@ -446,13 +456,18 @@ def _route(
     access = raw["access"]
     if access not in ACCESS_MODES:
         bad("access", f"{access!r} is not one of {list(ACCESS_MODES)}")
-    if raw["handler"] not in HANDLERS:
+    handler = HANDLERS.get(raw["handler"])
+    if handler is None:
         bad("handler", f"unknown handler {raw['handler']!r}")
     upstream = raw.get("upstream")
-    if upstream is not None and upstream not in UPSTREAM_ENV:
-        bad("upstream", f"unknown upstream {upstream!r} (known: {sorted(UPSTREAM_ENV)})")
-    if raw["handler"] in ("jsonrpc", "tokens") and upstream is None:
+    if upstream is not None and upstream not in table.upstreams:
+        bad(
+            "upstream",
+            f"unknown upstream {upstream!r} (declare it under upstreams; known: {sorted(table.upstreams)})",
+        )
+    if handler is not None and handler.needs_upstream and upstream is None:
         bad("upstream", f"a {raw['handler']} route needs an upstream")
+    pricing = table.pricing
     price = _price(raw.get("price"), f"{where}.price", pricing, problems)
     if access == "exact" and raw.get("price") is None:
         bad("price", "an exact route needs a price")
@@ -480,7 +495,7 @@ def _route(
         except SchemaError as exc:  # its message starts with the location it was given
             location, _, message = str(exc).partition(": ")
             problems.add(location, message)
-    rate_limits = _rate_limits(raw.get("rate_limits"), f"{where}.rate_limits", access, limits, problems)
+    rate_limits = _rate_limits(raw.get("rate_limits"), f"{where}.rate_limits", access, table.limits, problems)
     if len(problems.items) > before:
         return None
     return RouteSpec(
@@ -489,9 +504,10 @@ def _route(
         method=method,
         access=access,
         handler=raw["handler"],
-        group=str(raw.get("group") or "service"),
+        group=str(raw.get("group") or SERVICE_GROUP),
         description=str(raw.get("description") or name),
         upstream=upstream,
+        upstream_variable=table.upstreams.get(upstream) if upstream is not None else None,
         upstream_path=raw.get("upstream_path"),
         operation=raw.get("operation"),
         price_micro_usdc=price,
@@ -502,6 +518,21 @@ def _route(
         listed=listed,
         replay_cap_bytes=replay_cap,
     )
+
+
+def _check_catalog_filter(located: list[tuple[str, RouteSpec]], problems: _Problems) -> None:
+    """A catalog route that lists its ``provider`` filter values lists exactly the provider groups
+    of the table, so a provider added to the table is never refused by the catalog's own schema."""
+    groups = provider_groups(route for _, route in located)
+    for where, route in located:
+        provider = ((route.input.get("query") or {}).get("properties") or {}).get("provider")
+        values = provider.get("enum") if isinstance(provider, dict) else None
+        if route.handler == "catalog" and isinstance(values, list) and sorted(map(str, values)) != groups:
+            problems.add(
+                f"{where} ({route.name}).input.query.properties.provider.enum",
+                f"lists {', '.join(map(str, values))} but the provider groups of the table are "
+                f"{', '.join(groups) or 'none'}: list exactly those",
+            )
 
 
 def _settlement_budget(raw: Any, price: int | None, pricing: Mapping[str, Any]) -> int | None:
@@ -555,7 +586,8 @@ def _rate_limits(
     if not isinstance(raw, list):
         problems.add(where, f"must be a list, got {_kind(raw)}")
         return ()
-    enforced = ENFORCED_PER.get(access, ())
+    mode = ACCESS_MODES.get(access)
+    enforced = mode.rate_limit_per if mode is not None else ()
     out: list[RateLimitSpec] = []
     for i, item in enumerate(raw):
         at = f"{where}[{i}]"
@@ -619,16 +651,17 @@ def _check_unique(located: list[tuple[str, RouteSpec]], problems: _Problems) -> 
         paths.setdefault(key, where)
 
 
-ALWAYS_ON_GROUPS = ("service", "internal")
-"""Served whatever ROUTE_GROUPS says: health, catalog, metrics, OpenAPI, and the internal
-facilitator (which answers 401 until its secret and wallet are set)."""
+def provider_groups(routes: Iterable[RouteSpec]) -> list[str]:
+    """The groups of ``routes`` an operator can switch off, sorted: every one but the service and
+    internal groups. routes.yaml is their only declaration."""
+    return sorted({r.group for r in routes if is_provider_group(r.group)})
 
 
 def required_variables(route: RouteSpec, settings: Settings) -> list[str]:
     """Every variable ``route`` needs that is unset (empty when it can be served)."""
     missing: list[str] = []
-    if route.upstream is not None and not settings.upstream_url(route.upstream):
-        missing.append(UPSTREAM_ENV[route.upstream])
+    if route.upstream_variable is not None and not settings.upstream_url(str(route.upstream)):
+        missing.append(route.upstream_variable)
     if route.handler == "tokens" and not settings.asset_api_key:
         missing.append("ASSET_API_KEY")
     if route.access == "exact":
@@ -656,7 +689,7 @@ class RoutePlan(msgspec.Struct, frozen=True):
 
 def route_plan(routes: list[RouteSpec], settings: Settings) -> RoutePlan:
     """Decide which routes to serve; never raises (see :func:`plan_routes`)."""
-    switchable = sorted({r.group for r in routes} - set(ALWAYS_ON_GROUPS))
+    switchable = provider_groups(routes)
     chosen = settings.route_groups
     problems: list[str] = []
     if chosen is None:
@@ -674,7 +707,7 @@ def route_plan(routes: list[RouteSpec], settings: Settings) -> RoutePlan:
     missing: dict[str, set[str]] = {}
     off: dict[str, int] = {}
     for route in routes:
-        if route.group not in served and route.group not in ALWAYS_ON_GROUPS:
+        if is_provider_group(route.group) and route.group not in served:
             off[route.group] = off.get(route.group, 0) + 1
             continue
         for variable in required_variables(route, settings):
@@ -731,6 +764,11 @@ def plan_routes(routes: list[RouteSpec], settings: Settings) -> tuple[list[Route
     return plan.mounted, plan.warnings
 
 
+def published(routes: Iterable[RouteSpec]) -> list[RouteSpec]:
+    """The routes the catalog and the OpenAPI document describe: listed, of a published access mode."""
+    return [r for r in routes if r.listed and ACCESS_MODES[r.access].published]
+
+
 def sells_anything(routes: list[RouteSpec]) -> bool:
     """True when a paid or sign-in route is among ``routes``."""
-    return any(r.access in ("exact", "siwx") for r in routes)
+    return any(ACCESS_MODES[r.access].sells for r in routes)

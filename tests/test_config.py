@@ -21,6 +21,7 @@ from gateway.config import (
     PUBLIC_MAINNET_RPC_URL,
     ConfigError,
     load_settings,
+    startup_notes,
 )
 from gateway.routes import RoutePlan, load_routes, named_limits, plan_routes, route_plan
 from gateway.x402.types import USDC_MAINNET_MINT
@@ -328,6 +329,16 @@ def test_facilitator_wallet_as_json_array_is_refused() -> None:
     (problem,) = _problems({**BASE, "FACILITATOR_WALLET_BASE58": array})
 
     assert "JSON array" in problem
+
+
+def test_internal_facilitator_keys_are_checked_at_start_up_without_echoing_them() -> None:
+    wallet = _wallet_base58()
+
+    (problem,) = _problems({**BASE, "FACILITATOR_WALLET_BASE58": wallet[:-4]})
+    notes = startup_notes(load_settings({**BASE, "INTERNAL_SETTLEMENT_SECRET": "too-short"}))
+
+    assert "FACILITATOR_WALLET_BASE58" in problem and wallet[:-4] not in problem
+    assert "INTERNAL_SETTLEMENT_SECRET is shorter than 32 characters: use a longer random secret" in notes
 
 
 def test_every_problem_is_listed_in_one_message() -> None:

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from solders.keypair import Keypair
 
 from gateway import metrics
-from gateway.config import ENV_VARS, UPSTREAM_ENV, ConfigError, Settings, load_settings
+from gateway.config import ConfigError, Settings, env_vars, load_settings, upstream_variables
 from gateway.routes import named_limits, parse_routes
 from tests.support.gateway_process import serve
 from tests.support.gateway_server import SERVICE_ONLY_ENV, free_port
@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 ROUTES_YAML = ROOT / "routes.yaml"
+ENV_VARS = env_vars()
+"""Every variable the gateway reads with the packaged route table."""
 
 # The oldest Kubernetes we support (autoscaling/v2 and policy/v1 are GA well before it) and the
 # newest the installed kubernetes-validate knows.
@@ -45,7 +47,7 @@ K8S_VERSIONS = sorted({"1.30.0", kubernetes_validate.latest_version()})
 # Variables that hold a key: never a literal, never a ConfigMap.
 SECRET_VARS = frozenset(
     {
-        *(var for var in UPSTREAM_ENV.values() if var.startswith("PROVIDER_")),
+        *(var for var in upstream_variables(ROUTES_YAML).values() if var.startswith("PROVIDER_")),
         "ASSET_API_KEY",
         "FACILITATOR_API_KEY_SECRET",
         "INTERNAL_SETTLEMENT_SECRET",

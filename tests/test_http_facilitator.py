@@ -252,14 +252,19 @@ def test_uri_claim_is_method_host_port_and_path_only() -> None:
 # --- /supported cache -----------------------------------------------------------------------
 
 
+async def advertised_fee_payer(client: HttpFacilitator, network: str) -> str | None:
+    """What a challenge advertises, as ChallengeFeePayer asks it: ``/supported``, then the kind."""
+    return fee_payer_for(await client.supported(), network)
+
+
 async def test_supported_is_fetched_once_within_the_ttl(
     cdp_facilitator: CdpFacilitatorServer, make_client: ClientFactory
 ) -> None:
     client = make_client(cdp_facilitator)
 
-    assert await client.fee_payer(SOLANA_MAINNET) == DEFAULT_FEE_PAYER
-    assert await client.fee_payer(SOLANA_DEVNET) == DEFAULT_FEE_PAYER
-    assert await client.fee_payer("solana:unknown") is None
+    assert await advertised_fee_payer(client, SOLANA_MAINNET) == DEFAULT_FEE_PAYER
+    assert await advertised_fee_payer(client, SOLANA_DEVNET) == DEFAULT_FEE_PAYER
+    assert await advertised_fee_payer(client, "solana:unknown") is None
 
     assert cdp_facilitator.count("supported") == 1
 
@@ -269,7 +274,7 @@ async def test_concurrent_lookups_share_one_supported_call(
 ) -> None:
     client = make_client(cdp_facilitator)
 
-    payers = await asyncio.gather(*(client.fee_payer(SOLANA_MAINNET) for _ in range(10)))
+    payers = await asyncio.gather(*(advertised_fee_payer(client, SOLANA_MAINNET) for _ in range(10)))
 
     assert set(payers) == {DEFAULT_FEE_PAYER}
     assert cdp_facilitator.count("supported") == 1
@@ -282,13 +287,13 @@ async def test_supported_is_refreshed_after_the_ttl(
     fake = await start_cdp_facilitator(credentials=cdp_credentials, backend=backend)
     clock = FakeClock()
     client = make_client(fake, supported_ttl_s=300, clock=clock)
-    assert await client.fee_payer(SOLANA_MAINNET) == backend.fee_payer
+    assert await advertised_fee_payer(client, SOLANA_MAINNET) == backend.fee_payer
 
     backend.fee_payer = DEFAULT_FEE_PAYER
     clock.now += 299
-    assert await client.fee_payer(SOLANA_MAINNET) != DEFAULT_FEE_PAYER
+    assert await advertised_fee_payer(client, SOLANA_MAINNET) != DEFAULT_FEE_PAYER
     clock.now += 2
-    assert await client.fee_payer(SOLANA_MAINNET) == DEFAULT_FEE_PAYER
+    assert await advertised_fee_payer(client, SOLANA_MAINNET) == DEFAULT_FEE_PAYER
 
     assert fake.count("supported") == 2
 
@@ -298,18 +303,18 @@ async def test_failed_refresh_keeps_the_stale_answer_and_retries_later(
 ) -> None:
     clock = FakeClock()
     client = make_client(cdp_facilitator, supported_ttl_s=300, supported_retry_s=15, clock=clock)
-    assert await client.fee_payer(SOLANA_MAINNET) == DEFAULT_FEE_PAYER
+    assert await advertised_fee_payer(client, SOLANA_MAINNET) == DEFAULT_FEE_PAYER
     cdp_facilitator.inject(Fault.HTTP_ERROR, endpoint="supported", status=503)
 
     clock.now += 301
-    assert await client.fee_payer(SOLANA_MAINNET) == DEFAULT_FEE_PAYER
+    assert await advertised_fee_payer(client, SOLANA_MAINNET) == DEFAULT_FEE_PAYER
     clock.now += 10
-    assert await client.fee_payer(SOLANA_MAINNET) == DEFAULT_FEE_PAYER
+    assert await advertised_fee_payer(client, SOLANA_MAINNET) == DEFAULT_FEE_PAYER
     assert cdp_facilitator.count("supported") == 2
 
     cdp_facilitator.clear_faults()
     clock.now += 6
-    assert await client.fee_payer(SOLANA_MAINNET) == DEFAULT_FEE_PAYER
+    assert await advertised_fee_payer(client, SOLANA_MAINNET) == DEFAULT_FEE_PAYER
     assert cdp_facilitator.count("supported") == 3
     assert cdp_facilitator.calls_to("supported")[-1].fault is None
 
@@ -321,7 +326,7 @@ async def test_supported_failure_without_a_cached_answer_is_unavailable(
     client = make_client(cdp_facilitator)
 
     with pytest.raises(FacilitatorUnavailable, match="HTTP 500"):
-        await client.fee_payer(SOLANA_MAINNET)
+        await advertised_fee_payer(client, SOLANA_MAINNET)
 
 
 def test_fee_payer_prefers_the_v2_kind_and_ignores_kinds_without_one() -> None:
@@ -481,7 +486,7 @@ async def test_reference_backend_answers_through_the_wire(
     fake = await start_cdp_facilitator(credentials=cdp_credentials, backend=backend)
     client = make_client(fake)
 
-    assert await client.fee_payer(SOLANA_MAINNET) == str(fee_payer.pubkey())
+    assert await advertised_fee_payer(client, SOLANA_MAINNET) == str(fee_payer.pubkey())
     requirements = msgspec.structs.replace(REQUIREMENTS, extra={"feePayer": str(fee_payer.pubkey())})
     payload = msgspec.structs.replace(PAYLOAD, accepted=requirements)
     verified = await client.verify(payload, requirements)
@@ -508,7 +513,7 @@ async def test_reference_client_payment_settles_through_cdp_wire_and_reference_f
     client = make_client(fake, timeout_s=10.0)
     requirements = exact_requirements(usdc_chain, amount="1234")
     assert requirements.extra is not None
-    assert await client.fee_payer(SOLANA_MAINNET) == requirements.extra["feePayer"]
+    assert await advertised_fee_payer(client, SOLANA_MAINNET) == requirements.extra["feePayer"]
     scheme = ReferenceExactSvmClient(KeypairSigner(usdc_chain.payer), solana_rpc_server.url)
     required = ReferencePaymentRequired.model_validate(
         {"x402Version": 2, "resource": {"url": "http://gateway.test/v1/rpc"}, "accepts": [requirements]}
@@ -661,9 +666,8 @@ async def test_one_session_for_the_client_life_and_close_releases_it(
         api_key_id=cdp_facilitator.credentials.key_id if cdp_facilitator.credentials else None,
         api_key_secret=cdp_facilitator.credentials.secret if cdp_facilitator.credentials else None,
     )
-    await client.open()
-    session = client._session
     await client.verify(PAYLOAD, REQUIREMENTS)
+    session = client._session
     await client.settle(PAYLOAD, REQUIREMENTS)
 
     assert client._session is session and session is not None

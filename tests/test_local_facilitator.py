@@ -24,7 +24,6 @@ from gateway.facilitators import FacilitatorUnavailable
 from gateway.local_facilitator import (
     KEY_PREFIX,
     SettlementRecord,
-    facilitator_config_problems,
     load_local_facilitator,
 )
 from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SolanaRpc
@@ -348,22 +347,6 @@ async def test_rpc_client_errors_are_typed_and_redacted(solana_rpc_server: LiteS
     finally:
         await answering.close()
         await unreachable.close()
-
-
-def test_config_problems_report_a_short_secret_and_a_bad_wallet_without_the_key() -> None:
-    wallet = str(Keypair())
-    assert facilitator_config_problems("s" * 32, wallet) == []
-    assert facilitator_config_problems(None, None) == []
-    short = facilitator_config_problems("too-short", wallet)
-    assert [(p.fatal, "shorter than 32" in p.message) for p in short] == [(False, True)]
-    bad = facilitator_config_problems("s" * 40, wallet[:-4])
-    assert [p.fatal for p in bad] == [True]
-    assert wallet[:-4] not in bad[0].message
-    as_array = facilitator_config_problems("s" * 40, str(list(bytes(Keypair()))))
-    assert "JSON array" in as_array[0].message
-    lonely = facilitator_config_problems("s" * 40, None) + facilitator_config_problems(None, wallet)
-    assert all("401" in p.message and not p.fatal for p in lonely)
-    assert len(lonely) == 2
 
 
 async def test_load_local_facilitator_from_the_wallet_variable() -> None:

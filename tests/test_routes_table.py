@@ -172,8 +172,14 @@ def _route(**overrides: Any) -> dict[str, Any]:
     return route
 
 
+UPSTREAMS = {
+    "provider_a_mainnet": "PROVIDER_A_MAINNET_RPC_URL",
+    "provider_a_devnet": "PROVIDER_A_DEVNET_RPC_URL",
+}
+
+
 def _doc(*routes: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"routes": list(routes), **extra}
+    return {"upstreams": UPSTREAMS, "routes": list(routes), **extra}
 
 
 TEMPLATE: dict[str, Any] = {
@@ -209,7 +215,7 @@ def test_a_small_valid_table_loads() -> None:
 
 
 def test_template_expands_cluster_by_provider_by_method() -> None:
-    routes = parse_routes({"templates": [TEMPLATE]}, LIMITS)
+    routes = parse_routes({"upstreams": UPSTREAMS, "templates": [TEMPLATE]}, LIMITS)
 
     assert sorted(r.name for r in routes) == [
         "solana.devnet.provider_a.rpc.getBalance",
@@ -252,7 +258,7 @@ def test_duplicate_name_names_its_location() -> None:
 def test_duplicate_from_a_template_names_the_expansion() -> None:
     clash = _route(name="clash", path="/v1/x402/solana/devnet/provider_a/rpc/getSlot", method="POST")
 
-    message = _load_error({"routes": [clash], "templates": [TEMPLATE]})
+    message = _load_error({"upstreams": UPSTREAMS, "routes": [clash], "templates": [TEMPLATE]})
 
     assert message.startswith(
         "routes.yaml: templates[0][devnet/provider_a/getSlot].path: duplicate route POST"
@@ -275,7 +281,7 @@ def test_price_on_a_route_that_is_not_exact_is_refused() -> None:
 def test_template_without_price_names_the_expansion() -> None:
     template = {k: v for k, v in TEMPLATE.items() if k != "price"}
 
-    message = _load_error({"templates": [template]})
+    message = _load_error({"upstreams": UPSTREAMS, "templates": [template]})
 
     assert message.startswith(
         "routes.yaml: templates[0][mainnet/provider_a/getBalance] (solana.mainnet.provider_a.rpc"
@@ -298,7 +304,7 @@ def test_bad_schema_keyword_in_a_template_method_names_it() -> None:
     template = copy.deepcopy(TEMPLATE)
     template["methods"]["getBalance"]["params"] = {"type": "array", "uniqueItems": True}
 
-    message = _load_error({"templates": [template]})
+    message = _load_error({"upstreams": UPSTREAMS, "templates": [template]})
 
     assert "input.body.properties.params: unsupported schema keyword(s) ['uniqueItems']" in message
 
@@ -307,7 +313,7 @@ def test_unknown_field_in_a_template_method_is_refused() -> None:
     template = copy.deepcopy(TEMPLATE)
     template["methods"]["getBalance"] = {"parms": {"type": "array", "maxItems": 1}}
 
-    message = _load_error({"templates": [template]})
+    message = _load_error({"upstreams": UPSTREAMS, "templates": [template]})
 
     assert message.startswith("routes.yaml: templates[0].methods.getBalance: unknown field(s) ['parms']")
 
@@ -500,7 +506,8 @@ def test_unknown_top_level_keys_and_versions_are_refused() -> None:
     problems = _load_problems({"version": 2, "route": [], "x-anchors": {}, "routes": [_route()]})
 
     assert problems == [
-        "routes.yaml: route: unknown top-level key (known: pricing, routes, templates, version, or x-...)",
+        "routes.yaml: route: unknown top-level key "
+        "(known: pricing, routes, templates, upstreams, version, or x-...)",
         "routes.yaml: version: unsupported version 2 (this gateway reads version 1)",
     ]
 
@@ -603,3 +610,59 @@ def test_a_price_reference_must_name_its_schedule_and_unit_as_text(price: dict[s
     (problem,) = _load_problems(_doc(route))
 
     assert problem.startswith("routes.yaml: routes[0] (ping).price: an integer of micro-USDC or {pricing: ")
+
+
+def test_an_upstream_reads_its_url_variable_from_the_upstreams_block() -> None:
+    route = _route(handler="jsonrpc", upstream="provider_a_devnet")
+
+    (parsed,) = parse_routes(_doc(route), LIMITS)
+
+    assert (parsed.upstream, parsed.upstream_variable) == ("provider_a_devnet", "PROVIDER_A_DEVNET_RPC_URL")
+
+
+def test_bad_upstreams_entries_name_their_line(tmp_path: Any) -> None:
+    text = """\
+upstreams:
+  good: GOOD_RPC_URL
+  lower: not-a-variable
+  wallet: X402_PAY_TO_WALLET
+routes:
+  - {name: a, path: /a, method: POST, access: public, handler: jsonrpc, upstream: lower}
+"""
+
+    problems = _file_error(tmp_path, text)
+
+    source = str(tmp_path / "my-routes.yaml")
+    assert problems == [
+        f"{source}:3: upstreams.lower: must name an environment variable (A-Z, 0-9, _), "
+        "got the text 'not-a-variable'",
+        f"{source}:4: upstreams.wallet: X402_PAY_TO_WALLET is a setting of the gateway, not an upstream URL",
+        f"{source}:6: routes[0] (a).upstream: unknown upstream 'lower' (declare it under upstreams; "
+        "known: ['good'])",
+    ]
+
+
+def test_a_catalog_filter_that_misses_a_provider_group_names_its_line(tmp_path: Any) -> None:
+    text = """\
+upstreams: {provider_a_mainnet: PROVIDER_A_MAINNET_RPC_URL}
+routes:
+  - name: catalog
+    path: /v1/catalog
+    method: GET
+    access: public
+    handler: catalog
+    input:
+      query:
+        type: object
+        properties:
+          provider: {type: string, enum: [provider_z]}
+  - {name: a, path: /a, method: POST, access: public, handler: jsonrpc, group: provider_a,
+     upstream: provider_a_mainnet}
+"""
+
+    problems = _file_error(tmp_path, text)
+
+    assert problems == [
+        f"{tmp_path / 'my-routes.yaml'}:12: routes[0] (catalog).input.query.properties.provider.enum: "
+        "lists provider_z but the provider groups of the table are provider_a: list exactly those"
+    ]

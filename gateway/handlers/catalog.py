@@ -1,4 +1,4 @@
-"""``GET /v1/catalog``: the routes this gateway sells (spec 2.3), precomputed per filter."""
+"""``GET /v1/catalog``: the routes this gateway sells, precomputed per provider filter."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ from gateway import SERVICE_NAME
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
 from gateway.pricing import micro_usdc_string, usd_display
-from gateway.routes import RouteSpec
+from gateway.routes import RouteSpec, provider_groups, published
 from gateway.validation import InvalidInput, RequestValidator
+from gateway.vocabulary import ACCESS_MODES
 from gateway.x402.types import SOLANA_MAINNET
-
-PROVIDER_FILTERS = ("provider_a", "provider_b", "tokens")
 
 
 class CatalogPrice(msgspec.Struct):
@@ -72,34 +71,32 @@ def catalog_entry(route: RouteSpec, base_url: str, asset: str, pay_to: str) -> C
         asset=asset if paid else None,
         network=SOLANA_MAINNET if paid else None,
         payTo=pay_to if paid else None,
-        scheme="exact" if paid else ("sign-in-with-x" if route.access == "siwx" else None),
+        scheme=ACCESS_MODES[route.access].scheme,
         operation=route.operation,
         replayableUpToBytes=route.replay_cap_bytes if paid else None,
     )
 
 
 class CatalogHandler:
-    """Serve the catalog of the mounted, listed routes; ``?provider=`` filters by group."""
+    """Serve the catalog of the mounted, listed routes; ``?provider=`` filters by group.
+
+    The filters are the provider groups of the mounted routes; a group the route's query schema
+    accepts but ROUTE_GROUPS switched off lists nothing."""
 
     def __init__(
         self, route: RouteSpec, mounted: Sequence[RouteSpec], base_url: str, asset: str, pay_to: str
     ) -> None:
         self.validator = RequestValidator(route.input)
-        entries = [
-            catalog_entry(r, base_url, asset, pay_to) for r in mounted if r.listed and r.access != "internal"
-        ]
-        self.bodies: dict[str | None, bytes] = {
-            key: msgspec.json.encode(
-                Catalog(
-                    ok=True,
-                    service=SERVICE_NAME,
-                    baseUrl=base_url,
-                    x402Version=2,
-                    routes=[e for e in entries if key is None or e.provider == key],
-                )
-            )
-            for key in (None, *PROVIDER_FILTERS)
-        }
+        entries = [catalog_entry(r, base_url, asset, pay_to) for r in published(mounted)]
+
+        def body(listed: list[CatalogEntry]) -> bytes:
+            catalog = Catalog(ok=True, service=SERVICE_NAME, baseUrl=base_url, x402Version=2, routes=listed)
+            return msgspec.json.encode(catalog)
+
+        self.bodies: dict[str | None, bytes] = {None: body(entries)}
+        for group in provider_groups(mounted):
+            self.bodies[group] = body([e for e in entries if e.provider == group])
+        self.switched_off = body([])
         self.headers = [JSON_CONTENT_TYPE, (b"cache-control", b"public, max-age=60")]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -107,4 +104,4 @@ class CatalogHandler:
             query = self.validator.query(scope.get("query_string", b""))
         except InvalidInput as exc:
             raise GatewayError(ErrorCode.INVALID_REQUEST, str(exc), {"parameter": exc.where}) from exc
-        await send_bytes(send, 200, self.bodies[query.get("provider")], self.headers)
+        await send_bytes(send, 200, self.bodies.get(query.get("provider"), self.switched_off), self.headers)

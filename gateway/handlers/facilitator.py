@@ -4,10 +4,10 @@ Pure ASGI. The shared secret in ``x-gateway-internal-secret`` is compared in con
 before anything else happens (no body read, no parsing, no method check): a missing or wrong
 secret, or a facilitator that is not configured (secret or wallet unset), is a 401.
 
-Mounting: use the three endpoint objects (``routes.supported``, ``routes.verify``,
-``routes.settle``), or ``routes`` itself, which dispatches on the last path segment. They are
-callable objects, not functions, so Starlette's ``Route`` passes them raw ASGI (it would wrap a
-function or bound method as a request/response endpoint).
+Mounting: the app mounts the three endpoint objects (``routes.supported``, ``routes.verify``,
+``routes.settle``) at the paths routes.yaml gives them. They are callable objects, not
+functions, so Starlette's ``Route`` passes them raw ASGI too (it would wrap a function or bound
+method as a request/response endpoint).
 """
 
 from __future__ import annotations
@@ -94,7 +94,6 @@ class InternalFacilitatorRoutes:
         self.supported = _Endpoint(self, "GET", InternalFacilitatorRoutes._supported)
         self.verify = _Endpoint(self, "POST", InternalFacilitatorRoutes._verify)
         self.settle = _Endpoint(self, "POST", InternalFacilitatorRoutes._settle)
-        self._by_name = {"supported": self.supported, "verify": self.verify, "settle": self.settle}
 
     @property
     def enabled(self) -> bool:
@@ -111,21 +110,6 @@ class InternalFacilitatorRoutes:
             return False
         # Digests first, so the comparison does not even reveal the secret's length.
         return hmac.compare_digest(hashlib.sha256(provided).digest(), self._secret_digest)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Dispatch on the last path segment (for mounting under one prefix)."""
-        if scope["type"] != "http":
-            return
-        endpoint = self._by_name.get(str(scope["path"]).rstrip("/").rsplit("/", 1)[-1])
-        if endpoint is None:
-            if not self.authorized(scope):
-                await send_error(
-                    send, GatewayError(ErrorCode.UNAUTHORIZED, "missing or wrong internal secret")
-                )
-                return
-            await send_error(send, GatewayError(ErrorCode.NOT_FOUND, "no such internal facilitator route"))
-            return
-        await endpoint(scope, receive, send)
 
     def _require(self) -> Facilitator:
         if self._facilitator is None:  # unreachable: authorized() is False then

@@ -40,7 +40,7 @@ from solders.litesvm import LiteSVM
 from solders.pubkey import Pubkey
 from solders.token.associated import get_associated_token_address
 
-from gateway.config import UPSTREAM_ENV, Settings, load_settings
+from gateway.config import PACKAGED_ROUTES_FILE, Settings, load_settings, upstream_variables
 from gateway.payclient import PayError, load_keypair, usdc_text
 from gateway.sandbox.chain import USDC_MAINNET_MINT, LiteSvmRpcServer, UsdcChain, setup_usdc_chain
 from gateway.sandbox.upstreams import AssetDataSample, das_methods
@@ -163,9 +163,8 @@ def sandbox_env(parts: SandboxParts, base_url: str, port: int, asset_api_key: st
         "ASSET_API_KEY": asset_api_key,
         "STATE_STORE_REST_URL": "memory://",
     }
-    for name, variable in UPSTREAM_ENV.items():
-        if name.startswith("provider_"):
-            env[variable] = chain_url
+    for variable in upstream_variables(PACKAGED_ROUTES_FILE).values():
+        env.setdefault(variable, chain_url)  # every Solana provider is the local chain
     return env
 
 
