@@ -26,14 +26,17 @@ from gateway.handlers.metrics import MetricsHandler
 from gateway.handlers.openapi import OpenApiHandler
 from gateway.handlers.tokens import TokensHandler
 from gateway.logs import configure_logging, log_event
+from gateway.payments import PaymentGate, PaymentLedger, Settlement, exact_challenge
 from gateway.router import MethodDispatcher, PathTable, not_found
 from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes, sells_anything
 from gateway.services import Services
 from gateway.store import Store
+from gateway.validation import RequestValidator
 from middleware.cors import CorsMiddleware
-from middleware.exact import CREDENTIAL_HEADERS, X402Exact, exact_challenge
+from middleware.exact import CREDENTIAL_HEADERS, X402Exact
+from middleware.payment_answers import PaymentAnswers
 from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
-from middleware.settle import SettleAfterSuccess, Settler
+from middleware.settle import SettleAfterSuccess
 from middleware.siwx import SignInWithX
 from middleware.telemetry import TelemetryMiddleware
 
@@ -99,8 +102,35 @@ def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
     facilitator = services.facilitator
     fee_payer = services.fee_payer
     assert facilitator is not None and fee_payer is not None, "exact routes need a facilitator"
-    settler = Settler(route, services, facilitator, exact_challenge(route, services, facilitator), fee_payer)
-    return challenge_limit(X402Exact(SettleAfterSuccess(app, settler), settler), services, CREDENTIAL_HEADERS)
+    s = services.settings
+    challenge = exact_challenge(
+        route,
+        base_url=s.base_url,
+        asset=s.usdc_mint,
+        pay_to=s.pay_to,
+        timeout_s=s.payment_timeout_s,
+        facilitator_url=facilitator.url,
+    )
+    ledger = PaymentLedger(services.store)
+    gate = PaymentGate(
+        route_name=route.name,
+        challenge=challenge,
+        validator=RequestValidator(route.input),
+        ledger=ledger,
+        limiter=services.limiter,
+        limits=route.rate_limits,
+        facilitator=facilitator,
+        fee_payer=fee_payer,
+    )
+    settlement = Settlement(
+        route_name=route.name, ledger=ledger, facilitator=facilitator, replay_cap_bytes=route.replay_cap_bytes
+    )
+    answers = PaymentAnswers(
+        route_name=route.name, challenge=challenge, fee_payer=fee_payer, limiter=services.limiter
+    )
+    settled = SettleAfterSuccess(app, settlement=settlement, answers=answers, route_name=route.name)
+    paid = X402Exact(settled, gate=gate, settlement=settlement, answers=answers, max_body=s.max_body_bytes)
+    return challenge_limit(paid, services, CREDENTIAL_HEADERS)
 
 
 def _internal(route: RouteSpec, services: Services) -> ASGIApp:

@@ -22,8 +22,6 @@ class RequestContext:
     amount: str | None = None
     settlement: str | None = None
     error: str | None = None
-    settling: bool = False
-    """The facilitator may have been asked to settle: from here on, never "nothing was charged"."""
 
 
 def request_context(scope: Scope) -> RequestContext:
