@@ -3,8 +3,9 @@
 :class:`~gateway.payments.PaymentGate` decides (its docstring has the order of the checks);
 this layer reads the header and the body, records what was learned in the request's context and
 renders the result: a 402 challenge or refusal, a replayed answer, a reconciled settlement, or
-the inner app with the verified, claimed payment in ``scope["state"]["payment"]``, which
-:class:`~middleware.settle.SettleAfterSuccess` settles.
+the inner app with the verified, claimed payment and the validated body in the request's
+context (``payment``, ``input``), from where :class:`~middleware.settle.SettleAfterSuccess`
+settles it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
 from gateway.payments import Challenge, Paid, PaymentGate, Reconcile, Refused, Replay, Settlement
 from gateway.store import StoreUnavailable
-from gateway.validation import InvalidInput
+from gateway.validation import InvalidInput, ValidatedInput
 from gateway.x402.headers import PAYMENT_SIGNATURE, X_PAYMENT
 from middleware.payment_answers import PaymentAnswers, send_stored
 
@@ -69,7 +70,6 @@ class X402Exact:
                 await self.answers.settled(scope, send, retry.paid, await self.settlement.reconcile(retry))
             case Paid(paid=paid, body=body):
                 ctx.amount = paid.requirements.amount
-                state = scope.setdefault("state", {})
-                state["payment"] = paid
-                state["input"] = body
+                ctx.payment = paid
+                ctx.input = ValidatedInput(path={}, query={}, body=body)
                 await self.app(scope, receive, send)

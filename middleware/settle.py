@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from gateway.asgi import ASGIApp, Message, Receive, Scope, Send, send_bytes
 from gateway.context import request_context
-from gateway.errors import GatewayError
+from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
 from gateway.payments import PaidRequest, Settlement, StoredResponse
 from middleware.payment_answers import PaymentAnswers
@@ -51,7 +51,10 @@ class SettleAfterSuccess:
         self.route_name = route_name
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        paid: PaidRequest = scope["state"]["payment"]
+        ctx = request_context(scope)
+        paid = ctx.payment
+        if paid is None:
+            raise GatewayError(ErrorCode.INTERNAL_ERROR, "paid route is served without X402Exact")
         buffer = _Buffer()
         try:
             await self.app(scope, receive, buffer.send)
@@ -59,7 +62,7 @@ class SettleAfterSuccess:
             self._discard(scope, paid)
             raise
         body = b"".join(buffer.chunks)
-        if buffer.status != 200 or not scope["state"].get("upstream_ok"):
+        if buffer.status != 200 or not ctx.upstream_ok:
             self._discard(scope, paid)
             await send_bytes(send, buffer.status, body, buffer.headers)
             return

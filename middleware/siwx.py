@@ -7,8 +7,8 @@ validate path, query and body (400/413) -> claim the nonce once in the shared st
 challenge limit only; the wallet and upstream-key buckets are spent by credible sign-ins alone.
 Nothing is paid and nothing is settled: the price is $0.00, so no payment header is ever asked for.
 
-What it learned goes inward in ``scope["state"]``: the :class:`VerifiedSignIn` under ``"siwx"``
-and the :class:`ValidatedInput` under ``"input"``.
+What it learned goes inward in the request's context: the :class:`VerifiedSignIn` as ``sign_in``
+and the :class:`ValidatedInput` as ``input``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.routes import RouteSpec
 from gateway.services import Services
 from gateway.store import StoreUnavailable
-from gateway.validation import INPUT_STATE_KEY, InvalidInput, RequestValidator, ValidatedInput
+from gateway.validation import InvalidInput, RequestValidator, ValidatedInput
 from gateway.x402.headers import SIGN_IN_WITH_X, encode_header
 from gateway.x402.siwx import SiwxError, SiwxReason, VerifiedSignIn
 
-SIWX_STATE_KEY = "siwx"
 REPLAY_KEY_PREFIX = "x402gw:siwx:"
 _encoder = msgspec.json.Encoder()
 
@@ -75,9 +74,7 @@ class SignInWithX:
         for spec in self.limits:
             await self.limiter.hit(spec, verified.address if spec.per == "wallet" else None)
         ctx.outcome = "signed_in"
-        state = scope.setdefault("state", {})
-        state[SIWX_STATE_KEY] = verified
-        state[INPUT_STATE_KEY] = validated
+        ctx.sign_in, ctx.input = verified, validated
         await self.app(scope, receive, send)
 
     async def _challenge(self, send: Send, resource: str, error: str | None) -> None:

@@ -1,7 +1,7 @@
 """JsonRpcProxy: forward a validated paid call to the provider as JSON-RPC 2.0.
 
-Success means HTTP 2xx and a JSON body with ``result`` and no ``error``; only then is
-``scope["state"]["upstream_ok"]`` set and the provider's JSON passed on (SettleAfterSuccess
+Success means HTTP 2xx and a JSON body with ``result`` and no ``error``; only then is the
+request context's ``upstream_ok`` set and the provider's JSON passed on (SettleAfterSuccess
 settles on that flag). Everything else is a 502 or 504 and nothing is settled.
 """
 
@@ -14,6 +14,7 @@ import msgspec
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 from gateway.bounded_body import AnswerTooLarge, read_bounded
+from gateway.context import request_context, validated_input
 from gateway.errors import ErrorCode, GatewayError
 from gateway.redact import scrub, url_secrets
 from gateway.routes import RouteSpec
@@ -58,7 +59,7 @@ class JsonRpcProxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Only these four fields go upstream: anything else the client sent is ignored. DAS
         # params arrive here already in their named form (validation normalises both forms).
-        body: dict[str, Any] = scope["state"]["input"]
+        body: dict[str, Any] = validated_input(scope).body
         request = JsonRpcRequest(
             jsonrpc="2.0", id=body.get("id", 1), method=self.method, params=body["params"]
         )
@@ -75,7 +76,7 @@ class JsonRpcProxy:
             )
         if not reply.result:
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider answer has no result; nothing was charged")
-        scope["state"]["upstream_ok"] = True
+        request_context(scope).upstream_ok = True
         await send_bytes(send, 200, raw, (JSON_CONTENT_TYPE,))
 
     def _public(self, message: str | None) -> str:

@@ -1,7 +1,7 @@
 """The asset-data routes (``handler: tokens``): one validated request -> one upstream call -> envelope.
 
-The request arrives validated (:class:`ValidatedInput` in ``scope["state"]["input"]``, put there
-by the access middleware); the handler only builds the upstream request from it. The upstream is
+The request arrives validated (the :class:`ValidatedInput` in the request context's ``input``,
+put there by the access middleware); the handler only builds the upstream request from it. The upstream is
 called with the server-side key in ``x-api-key`` and the client's ``Accept``; no other client
 header goes out. Success is the envelope of spec 2.1 with the upstream JSON passed through as is.
 
@@ -35,11 +35,12 @@ from yarl import URL
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, header, send_bytes
 from gateway.bounded_body import AnswerTooLarge, read_bounded
+from gateway.context import validated_input
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
 from gateway.routes import RouteSpec
 from gateway.services import Services
-from gateway.validation import INPUT_STATE_KEY, ValidatedInput
+from gateway.validation import ValidatedInput
 
 PROVIDER: Final = "tokens"
 MAX_UPSTREAM_BYTES: Final = 8 * 1024 * 1024
@@ -83,9 +84,7 @@ class TokensHandler:
         self.headers = [JSON_CONTENT_TYPE, (b"cache-control", b"no-store")]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        validated = scope.get("state", {}).get(INPUT_STATE_KEY)
-        if not isinstance(validated, ValidatedInput):
-            raise GatewayError(ErrorCode.INTERNAL_ERROR, "route is served without input validation")
+        validated = validated_input(scope)
         url = self._url(validated)
         headers = {"x-api-key": self._key, "accept": _accept(scope)}
         body = None
