@@ -5,17 +5,16 @@ this layer reads the header and the body, records what was learned in the reques
 renders the result: a 402 challenge or refusal, a replayed answer, a reconciled settlement, or
 the inner app with the verified, claimed payment and the validated body in the request's
 context (``payment``, ``input``), from where :class:`~middleware.settle.SettleAfterSuccess`
-settles it.
+settles it. Invalid input and store outages are left to the one conversion of each
+(``gateway.failures``): 400 and 503.
 """
 
 from __future__ import annotations
 
 from gateway.asgi import ASGIApp, Receive, Scope, Send, header, read_body
 from gateway.context import request_context
-from gateway.errors import ErrorCode, GatewayError
 from gateway.payments import Challenge, Paid, PaymentGate, Reconcile, Refused, Replay, Settlement
-from gateway.store import StoreUnavailable
-from gateway.validation import InvalidInput, ValidatedInput
+from gateway.validation import ValidatedInput
 from gateway.x402.headers import PAYMENT_SIGNATURE, X_PAYMENT
 from middleware.payment_answers import PaymentAnswers, send_stored
 
@@ -39,16 +38,6 @@ class X402Exact:
         self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await self._pay(scope, receive, send)
-        except InvalidInput as exc:
-            raise GatewayError(ErrorCode.INVALID_REQUEST, str(exc), {"parameter": exc.where}) from exc
-        except StoreUnavailable as exc:
-            raise GatewayError(
-                ErrorCode.STORE_UNAVAILABLE, "state store unavailable; nothing was charged"
-            ) from exc
-
-    async def _pay(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = request_context(scope)
         raw = header(scope, PAYMENT_SIGNATURE) or header(scope, X_PAYMENT)
         inspected = await self.gate.inspect(raw, lambda: read_body(receive, self.max_body))

@@ -19,11 +19,9 @@ import msgspec
 
 from gateway.asgi import ASGIApp, RawHeaders, Receive, Scope, Send, header, read_body, replay_body, send_bytes
 from gateway.context import request_context
-from gateway.errors import ErrorCode, GatewayError
 from gateway.routes import RouteSpec
 from gateway.services import Services
-from gateway.store import StoreUnavailable
-from gateway.validation import InvalidInput, RequestValidator, ValidatedInput
+from gateway.validation import RequestValidator, ValidatedInput
 from gateway.x402.headers import SIGN_IN_WITH_X, encode_header
 from gateway.x402.siwx import SiwxError, SiwxReason, VerifiedSignIn
 
@@ -90,32 +88,23 @@ class SignInWithX:
         await send_bytes(send, 402, _encoder.encode(challenge), headers)
 
     async def _validate(self, scope: Scope, receive: Receive) -> tuple[Receive, ValidatedInput]:
-        """The route's declared input, or a 400 naming the parameter (413 for an oversized body)."""
-        try:
-            path = self.validator.path(scope.get("path_params") or {})
-            query = self.validator.query(scope.get("query_string", b""))
-            body = None
-            if self.validator.has_body:
-                raw = await read_body(receive, self.max_body)
-                receive = replay_body(raw)
-                body = self.validator.body(raw)
-        except InvalidInput as invalid:
-            # Only a body of the wrong JSON type fails at the root, where ``where`` is empty.
-            where = invalid.where or "body"
-            message = str(invalid) if invalid.where else f"body: {invalid}"
-            raise GatewayError(ErrorCode.INVALID_REQUEST, message, {"parameter": where}) from None
+        """The route's declared input; ``InvalidInput`` (400 naming the parameter) or 413 for an
+        oversized body."""
+        path = self.validator.path(scope.get("path_params") or {})
+        query = self.validator.query(scope.get("query_string", b""))
+        body = None
+        if self.validator.has_body:
+            raw = await read_body(receive, self.max_body)
+            receive = replay_body(raw)
+            body = self.validator.body(raw)
         return receive, ValidatedInput(path=path, query=query, body=body)
 
     async def _claim(self, verified: VerifiedSignIn) -> bool:
-        """Use the nonce once across every replica, for as long as it could still verify."""
-        try:
-            return await self.store.claim(
-                REPLAY_KEY_PREFIX + verified.nonce, verified.address, verified.replay_ttl_ms
-            )
-        except StoreUnavailable as down:
-            raise GatewayError(
-                ErrorCode.STORE_UNAVAILABLE, "state store unavailable, try again later"
-            ) from down
+        """Use the nonce once across every replica, for as long as it could still verify
+        (``StoreUnavailable`` is the 503 of every layer)."""
+        return await self.store.claim(
+            REPLAY_KEY_PREFIX + verified.nonce, verified.address, verified.replay_ttl_ms
+        )
 
 
 def _request_path(scope: Scope) -> str:
