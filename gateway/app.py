@@ -83,11 +83,25 @@ ACCESS_LAYERS["public"] = _public
 
 
 def _siwx(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
-    return challenge_limit(SignInWithX(app, route, services), services, (b"sign-in-with-x",))
+    signed_in = SignInWithX(
+        app,
+        route=route,
+        issuer=services.siwx,
+        store=services.store,
+        limiter=services.limiter,
+        max_body=services.settings.max_body_bytes,
+    )
+    return challenge_limit(signed_in, services, (b"sign-in-with-x",))
 
 
 def _tokens(route: RouteSpec, services: Services) -> ASGIApp:
-    return TokensHandler(route, services)
+    upstream = route.upstream or ""  # none at all: TokensHandler refuses the route by name
+    return TokensHandler(
+        route,
+        base_url=services.settings.upstream_url(upstream),
+        api_key=services.settings.asset_api_key.reveal(),
+        session=lambda: services.session(upstream),
+    )
 
 
 ACCESS_LAYERS["siwx"] = _siwx
@@ -95,7 +109,13 @@ HANDLERS["tokens"] = _tokens
 
 
 def _jsonrpc(route: RouteSpec, services: Services) -> ASGIApp:
-    return JsonRpcProxy(route, services)
+    assert route.upstream is not None and route.operation is not None
+    upstream = route.upstream
+    return JsonRpcProxy(
+        url=services.settings.upstream_url(upstream) or "",
+        method=route.operation,
+        session=lambda: services.session(upstream),
+    )
 
 
 def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:

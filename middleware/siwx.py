@@ -20,10 +20,11 @@ import msgspec
 from gateway.asgi import ASGIApp, RawHeaders, Receive, Scope, Send, header, read_body, replay_body, send_bytes
 from gateway.context import request_context
 from gateway.routes import RouteSpec
-from gateway.services import Services
+from gateway.store import Store
 from gateway.validation import RequestValidator, ValidatedInput
 from gateway.x402.headers import SIGN_IN_WITH_X, encode_header
-from gateway.x402.siwx import SiwxError, SiwxReason, VerifiedSignIn
+from gateway.x402.siwx import SiwxError, SiwxIssuer, SiwxReason, VerifiedSignIn
+from middleware.ratelimit import RateLimiter
 
 REPLAY_KEY_PREFIX = "x402gw:siwx:"
 _encoder = msgspec.json.Encoder()
@@ -32,15 +33,23 @@ _encoder = msgspec.json.Encoder()
 class SignInWithX:
     """Pure-ASGI middleware guarding one siwx route; everything per route is computed here once."""
 
-    def __init__(self, app: ASGIApp, route: RouteSpec, services: Services) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        route: RouteSpec,
+        issuer: SiwxIssuer,
+        store: Store,
+        limiter: RateLimiter,
+        max_body: int,
+    ) -> None:
         self.app = app
-        self.route_name = route.name
         self.description = route.description
-        self.issuer = services.siwx
-        self.store = services.store
-        self.limiter = services.limiter
+        self.issuer = issuer
+        self.store = store
+        self.limiter = limiter
         self.validator = RequestValidator(route.input)
-        self.max_body = services.settings.max_body_bytes
+        self.max_body = max_body
         # Per-wallet buckets first: a wallet over its own limit is refused without spending the
         # allowance the whole upstream key shares with every other wallet.
         self.limits = sorted(route.rate_limits, key=lambda spec: spec.per != "wallet")

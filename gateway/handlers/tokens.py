@@ -37,9 +37,9 @@ from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, header, send_b
 from gateway.bounded_body import AnswerTooLarge, read_bounded
 from gateway.context import validated_input
 from gateway.errors import ErrorCode, GatewayError
+from gateway.handlers.jsonrpc import SessionGetter
 from gateway.logs import log_event
 from gateway.routes import RouteSpec
-from gateway.services import Services
 from gateway.validation import ValidatedInput
 
 PROVIDER: Final = "tokens"
@@ -63,10 +63,12 @@ class TokensEnvelope(msgspec.Struct):
 class TokensHandler:
     """Proxy one asset-data operation; the URL template, key and headers are fixed at start-up."""
 
-    def __init__(self, route: RouteSpec, services: Services) -> None:
+    def __init__(
+        self, route: RouteSpec, *, base_url: str | None, api_key: str, session: SessionGetter
+    ) -> None:
         if route.upstream is None or route.upstream_path is None:
             raise ValueError(f"route {route.name}: a tokens route needs upstream and upstream_path")
-        base = services.settings.upstream_url(route.upstream)
+        base = base_url
         if not base:
             raise ValueError(f"route {route.name}: upstream {route.upstream} is not configured")
         # Alternating literal text and path-parameter names: ["/v1/assets/", "assetId", "/ohlcv"].
@@ -75,12 +77,11 @@ class TokensHandler:
         if missing:
             raise ValueError(f"route {route.name}: upstream_path names unknown parameters {sorted(missing)}")
         self.base = base.rstrip("/")
-        self.upstream = route.upstream
         self.route_name = route.name
         self.method = route.method
         self.operation = route.operation or route.name
-        self.services = services
-        self._key = services.settings.asset_api_key.reveal()
+        self.session = session
+        self._key = api_key
         self.headers = [JSON_CONTENT_TYPE, (b"cache-control", b"no-store")]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -115,7 +116,7 @@ class TokensHandler:
 
     async def _call(self, url: URL, headers: dict[str, str], body: bytes | None) -> tuple[int, bytes, str]:
         """Status, bounded body and Retry-After of the upstream answer; transport failures raised."""
-        session = self.services.session(self.upstream)
+        session = self.session()
         try:
             async with session.request(self.method, url, headers=headers, data=body) as response:
                 raw = await read_bounded(response, MAX_UPSTREAM_BYTES)
