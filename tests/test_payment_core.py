@@ -1,6 +1,6 @@
 """The payment core, called directly: every outcome of PaymentGate and Settlement.
 
-No HTTP at all: a real MemoryStore, real signed Solana payments, and a recording facilitator
+No HTTP at all: a real store (in-process and Redis), real signed Solana payments, and a recording facilitator
 (the one third party). Each test says what was, and was not, verified, claimed and settled.
 """
 
@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
+import pytest_asyncio
 from solders.keypair import Keypair
 
 from gateway.errors import GatewayError
@@ -66,9 +68,17 @@ class Body:
         return self.raw
 
 
-@pytest.fixture
-def route() -> PaidRoute:
-    return paid_route(MemoryStore())
+@pytest_asyncio.fixture(params=["memory", "redis"])
+async def route(request: pytest.FixtureRequest) -> AsyncIterator[PaidRoute]:
+    """The same core over each real store: the one in-process and Redis (the shared one)."""
+    if request.param == "memory":
+        yield paid_route(MemoryStore())
+        return
+    store = RedisStore(request.getfixturevalue("clean_redis_url"))
+    try:
+        yield paid_route(store)
+    finally:
+        await store.close()
 
 
 async def _candidate(route: PaidRoute, payment: PaymentPayload, body: bytes | None = None) -> Candidate:
