@@ -21,9 +21,9 @@ from gateway.payments import (
     PaidRequest,
     Pending,
     Refused,
+    Settled,
     StoredResponse,
 )
-from gateway.payments.results import Settled
 from gateway.x402.challenge import ExactChallenge
 from middleware.ratelimit import RateLimiter
 
@@ -77,6 +77,8 @@ class PaymentAnswers:
         await self.send_challenge(send, refused.reason)
 
     async def settled(self, scope: Scope, send: Send, paid: PaidRequest, settled: Settled) -> None:
+        """The paid answer, a 402 or the one error shape; never "nothing was charged" once the
+        facilitator may have been asked (Pending and Interrupted say "retry, do not re-pay")."""
         ctx = request_context(scope)
         match settled:
             case Delivered(response=response, settlement=settlement):
@@ -87,6 +89,7 @@ class PaymentAnswers:
                 ctx.outcome = "settlement_pending"
                 raise pending_error()
             case Interrupted():
+                # The core caught the cancellation to record it; the shutdown itself goes on.
                 ctx.outcome = "settlement_pending"
                 with contextlib.suppress(Exception):  # the client may still hear it: retry, do not re-pay
                     await send_error(send, pending_error())

@@ -16,6 +16,7 @@ from gateway.payments.gate import PaymentGate
 from gateway.payments.ledger import PaymentLedger, PendingSettlement, StoredResponse
 from gateway.payments.offer import exact_challenge
 from gateway.payments.results import (
+    Authorization,
     Candidate,
     Challenge,
     Delivered,
@@ -27,10 +28,12 @@ from gateway.payments.results import (
     Reconcile,
     Refused,
     Replay,
+    Settled,
 )
 from gateway.payments.settlement import Settlement
 
 __all__ = [
+    "Authorization",
     "Candidate",
     "Challenge",
     "Delivered",
@@ -45,6 +48,7 @@ __all__ = [
     "Reconcile",
     "Refused",
     "Replay",
+    "Settled",
     "Settlement",
     "StoredResponse",
     "exact_challenge",

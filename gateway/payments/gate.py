@@ -76,7 +76,8 @@ class PaymentGate:
         self.fee_payer = fee_payer
 
     async def inspect(self, header: str | None, read_body: BodyReader) -> Inspection:
-        """The local checks: no store, no shared bucket, no facilitator."""
+        """The local checks: no store, no shared bucket, no facilitator. A body that breaks the
+        route's schema raises ``InvalidInput`` (400), before the payment is looked at."""
         if header is None:
             return Challenge()
         try:
