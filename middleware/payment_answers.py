@@ -12,7 +12,6 @@ import contextlib
 from gateway.asgi import Scope, Send, send_bytes, send_error
 from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
-from gateway.facilitators import ChallengeFeePayer
 from gateway.logs import log_event
 from gateway.payments import (
     Delivered,
@@ -24,6 +23,7 @@ from gateway.payments import (
     Settled,
     StoredResponse,
 )
+from gateway.payments.facilitators import ChallengeFeePayer
 from gateway.x402.challenge import ExactChallenge
 from middleware.ratelimit import RateLimiter
 

@@ -20,8 +20,8 @@ from solders.keypair import Keypair
 from gateway.asgi import Message, Receive, Scope, Send, send_bytes
 from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
-from gateway.facilitators import FacilitatorUnavailable
 from gateway.metrics import Usage
+from gateway.payments.facilitators import FacilitatorUnavailable
 from gateway.router import MethodDispatcher
 from gateway.routes import RateLimitSpec, RouteSpec
 from gateway.store import StoreUnavailable

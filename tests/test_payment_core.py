@@ -17,7 +17,6 @@ import pytest_asyncio
 from solders.keypair import Keypair
 
 from gateway.errors import GatewayError
-from gateway.facilitators import FacilitatorUnavailable
 from gateway.payments import (
     Candidate,
     Challenge,
@@ -33,6 +32,7 @@ from gateway.payments import (
     Settlement,
     StoredResponse,
 )
+from gateway.payments.facilitators import FacilitatorUnavailable
 from gateway.payments.results import PaidRequest
 from gateway.routes import RateLimitSpec
 from gateway.store import StoreUnavailable

@@ -8,6 +8,10 @@
 * :mod:`~gateway.payments.matching` - the local checks of a payment against a route.
 * :mod:`~gateway.payments.ledger` - the money state in the shared store.
 * :mod:`~gateway.payments.offer` - a route's price as its 402 challenge.
+* :mod:`~gateway.payments.facilitators` - who verifies and settles: the protocol, the HTTP
+  client of an external facilitator (:mod:`~gateway.payments.cdp_auth` signs its requests) and
+  the fee payer a challenge advertises; :mod:`~gateway.payments.local_facilitator` settles
+  with our own wallet.
 
 The ASGI adapters in ``middleware/`` call these and render the results.
 """

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from gateway.errors import ErrorCode, GatewayError
-from gateway.facilitators import ChallengeFeePayer, Facilitator, FacilitatorUnavailable
+from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, FacilitatorUnavailable
 from gateway.payments.ledger import PaymentLedger, fingerprint
 from gateway.payments.matching import as_v2, match_payment, payment_identifier
 from gateway.payments.results import (

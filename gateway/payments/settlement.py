@@ -14,8 +14,8 @@ import logging
 
 import msgspec
 
-from gateway.facilitators import Facilitator, FacilitatorUnavailable
 from gateway.logs import log_event
+from gateway.payments.facilitators import Facilitator, FacilitatorUnavailable
 from gateway.payments.ledger import PaymentLedger, PendingSettlement, StoredResponse
 from gateway.payments.results import (
     Delivered,

@@ -19,8 +19,8 @@ from solders.keypair import Keypair
 
 from gateway.asgi import ASGIApp, Message, send_bytes
 from gateway.context import request_context
-from gateway.facilitators import ChallengeFeePayer
 from gateway.payments import PaymentGate, PaymentLedger, Settlement, exact_challenge
+from gateway.payments.facilitators import ChallengeFeePayer
 from gateway.router import MethodDispatcher
 from gateway.routes import RateLimitSpec, RouteSpec
 from gateway.store import Store
