@@ -3,7 +3,8 @@
 The request arrives validated (the :class:`ValidatedInput` in the request context's ``input``,
 put there by the access middleware); the handler only builds the upstream request from it. The
 upstream is called with the server-side key in ``x-api-key`` and the client's ``Accept``; no
-other client header goes out. Success is a :class:`TokensEnvelope` with the upstream JSON passed through as is.
+other client header goes out. Success is a :class:`TokensEnvelope` with the upstream JSON
+passed through as is.
 
 Upstream failures (the client is told what it can act on, never our key's problems):
 
