@@ -26,15 +26,18 @@ from gateway.handlers.metrics import MetricsHandler
 from gateway.handlers.openapi import OpenApiHandler
 from gateway.handlers.tokens import TokensHandler
 from gateway.logs import configure_logging, log_event
+from gateway.payments import PaymentGate, PaymentLedger, Settlement, exact_challenge
 from gateway.router import MethodDispatcher, PathTable, not_found
 from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes, sells_anything
 from gateway.services import Services
 from gateway.store import Store
+from gateway.validation import RequestValidator
 from gateway.vocabulary import ACCESS_MODES
 from middleware.cors import CorsMiddleware
-from middleware.exact import CREDENTIAL_HEADERS, X402Exact, exact_challenge
+from middleware.exact import CREDENTIAL_HEADERS, X402Exact
+from middleware.payment_answers import PaymentAnswers
 from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
-from middleware.settle import SettleAfterSuccess, Settler
+from middleware.settle import SettleAfterSuccess
 from middleware.siwx import SignInWithX
 from middleware.telemetry import TelemetryMiddleware
 
@@ -61,11 +64,23 @@ def _openapi(route: RouteSpec, services: Services) -> ASGIApp:
 
 
 def _tokens(route: RouteSpec, services: Services) -> ASGIApp:
-    return TokensHandler(route, services)
+    upstream = route.upstream or ""  # none at all: TokensHandler refuses the route by name
+    return TokensHandler(
+        route,
+        base_url=services.settings.upstream_url(upstream),
+        api_key=services.settings.asset_api_key.reveal(),
+        session=lambda: services.session(upstream),
+    )
 
 
 def _jsonrpc(route: RouteSpec, services: Services) -> ASGIApp:
-    return JsonRpcProxy(route, services)
+    assert route.upstream is not None and route.operation is not None
+    upstream = route.upstream
+    return JsonRpcProxy(
+        url=services.settings.upstream_url(upstream) or "",
+        method=route.operation,
+        session=lambda: services.session(upstream),
+    )
 
 
 def _internal(route: RouteSpec, services: Services) -> ASGIApp:
@@ -98,15 +113,50 @@ def _public(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
 
 
 def _siwx(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
-    return challenge_limit(SignInWithX(app, route, services), services, (b"sign-in-with-x",))
+    signed_in = SignInWithX(
+        app,
+        route=route,
+        issuer=services.siwx,
+        store=services.store,
+        limiter=services.limiter,
+        max_body=services.settings.max_body_bytes,
+    )
+    return challenge_limit(signed_in, services, (b"sign-in-with-x",))
 
 
 def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
     facilitator = services.facilitator
     fee_payer = services.fee_payer
     assert facilitator is not None and fee_payer is not None, "exact routes need a facilitator"
-    settler = Settler(route, services, facilitator, exact_challenge(route, services, facilitator), fee_payer)
-    return challenge_limit(X402Exact(SettleAfterSuccess(app, settler), settler), services, CREDENTIAL_HEADERS)
+    s = services.settings
+    challenge = exact_challenge(
+        route,
+        base_url=s.base_url,
+        asset=s.usdc_mint,
+        pay_to=s.pay_to,
+        timeout_s=s.payment_timeout_s,
+        facilitator_url=facilitator.url,
+    )
+    ledger = PaymentLedger(services.store)
+    gate = PaymentGate(
+        route_name=route.name,
+        challenge=challenge,
+        validator=RequestValidator(route.input),
+        ledger=ledger,
+        limiter=services.limiter,
+        limits=route.rate_limits,
+        facilitator=facilitator,
+        fee_payer=fee_payer,
+    )
+    settlement = Settlement(
+        route_name=route.name, ledger=ledger, facilitator=facilitator, replay_cap_bytes=route.replay_cap_bytes
+    )
+    answers = PaymentAnswers(
+        route_name=route.name, challenge=challenge, fee_payer=fee_payer, limiter=services.limiter
+    )
+    settled = SettleAfterSuccess(app, settlement=settlement, answers=answers, route_name=route.name)
+    paid = X402Exact(settled, gate=gate, settlement=settlement, answers=answers, max_body=s.max_body_bytes)
+    return challenge_limit(paid, services, CREDENTIAL_HEADERS)
 
 
 def _internal_gate(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:

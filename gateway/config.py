@@ -302,7 +302,7 @@ def _log_level(reader: _Reader) -> str:
 
 def _check_keys(settings: Settings, problems: list[str]) -> None:
     """Key material is parsed at start-up so a bad key is a config problem, not a crash later."""
-    from gateway.cdp_auth import CdpKey
+    from gateway.payments.cdp_auth import CdpKey
     from gateway.x402.svm import parse_wallet
 
     if settings.facilitator_wallet:

@@ -1,6 +1,9 @@
-"""What one request learned on its way through the pipeline, for the log line and metrics.
+"""What one request learned on its way through the pipeline: typed, in one place.
 
-Middlewares fill it in ``scope["state"]["ctx"]``; nothing is kept in globals.
+The access middlewares fill it (the payment, the validated input, the sign-in), the handler
+reads the input and marks the upstream's success, SettleAfterSuccess reads both, and the
+telemetry turns the rest into the log line and metrics. It lives in ``scope["state"]`` under
+:data:`CONTEXT_KEY`, the only key the gateway keeps there; nothing is kept in globals.
 """
 
 from __future__ import annotations
@@ -8,6 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.asgi import Scope
+from gateway.errors import ErrorCode, GatewayError
+from gateway.payments.results import PaidRequest
+from gateway.validation import ValidatedInput
+from gateway.x402.siwx import VerifiedSignIn
+
+CONTEXT_KEY = "ctx"
 
 
 @dataclass(slots=True)
@@ -22,15 +31,29 @@ class RequestContext:
     amount: str | None = None
     settlement: str | None = None
     error: str | None = None
-    settling: bool = False
-    """The facilitator may have been asked to settle: from here on, never "nothing was charged"."""
+    payment: PaidRequest | None = None
+    """The verified, claimed payment (``exact`` routes), for SettleAfterSuccess to settle."""
+    input: ValidatedInput | None = None
+    """The request after its route's validator (``exact`` and ``siwx`` routes); ``.body`` is the JSON body."""
+    sign_in: VerifiedSignIn | None = None
+    """The verified sign-in (``siwx`` routes)."""
+    upstream_ok: bool = False
+    """The handler got a real answer from its upstream: only then is a payment settled."""
 
 
 def request_context(scope: Scope) -> RequestContext:
     """The request's context, created on first use."""
     state = scope.setdefault("state", {})
-    ctx = state.get("ctx")
+    ctx = state.get(CONTEXT_KEY)
     if ctx is None:
-        ctx = state["ctx"] = RequestContext()
+        ctx = state[CONTEXT_KEY] = RequestContext()
     assert isinstance(ctx, RequestContext)
     return ctx
+
+
+def validated_input(scope: Scope) -> ValidatedInput:
+    """The input an access middleware validated; a handler mounted without one is a wiring bug."""
+    validated = request_context(scope).input
+    if validated is None:
+        raise GatewayError(ErrorCode.INTERNAL_ERROR, "route is served without input validation")
+    return validated

@@ -9,7 +9,7 @@ Two kinds, by what an overshoot would cost:
   GCRA decision in the shared store per bucket, at the point the caller's flow defines.
 
 Over a limit raises 429 ``rate_limited`` with ``Retry-After``; a store outage on an exact limit
-raises 503 ``store_unavailable``.
+raises ``StoreUnavailable`` (503 ``store_unavailable``, converted once in ``gateway.failures``).
 """
 
 from __future__ import annotations
@@ -54,14 +54,10 @@ class RateLimiter:
             raise rate_limited(limit.scope, limit.limit, limit.period_ms, decision)
 
     async def hit(self, spec: RateLimitSpec, subject: str | None = None) -> None:
-        """One exact decision for ``spec``'s bucket (of ``subject``, for per-wallet limits)."""
+        """One exact decision for ``spec``'s bucket (of ``subject``, for per-wallet limits); may
+        raise ``StoreUnavailable``."""
         key = f"x402gw:rl:{spec.scope}" if subject is None else f"x402gw:rl:{spec.scope}:{subject}"
-        try:
-            decision = await self.store.rate_limit(key, spec.limit, spec.period_ms)
-        except StoreUnavailable as exc:
-            raise GatewayError(
-                ErrorCode.STORE_UNAVAILABLE, "state store unavailable, try again later"
-            ) from exc
+        decision = await self.store.rate_limit(key, spec.limit, spec.period_ms)
         if not decision.allowed:
             raise rate_limited(spec.scope, spec.limit, spec.period_ms, decision)
 

@@ -21,13 +21,15 @@ from starlette.types import Send as StarletteSend
 from gateway.asgi import ASGIApp, Message, Receive, Scope, Send, send_bytes, send_error
 from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError, error_body
+from gateway.failures import EXPECTED_FAILURES, as_error
 from gateway.routes import RouteSpec
 
 
 class MethodDispatcher:
     """Run the pipeline for the request's method; HEAD runs GET without a body; else 405.
 
-    It is also the boundary that turns a :class:`GatewayError` into the one error shape.
+    It is also the boundary that turns every expected failure (a :class:`GatewayError`, a store
+    outage, invalid input) into the one error shape, through :func:`gateway.failures.as_error`.
     """
 
     def __init__(self, pipelines: Mapping[str, tuple[RouteSpec, ASGIApp]], allow: str) -> None:
@@ -50,9 +52,10 @@ class MethodDispatcher:
             send = without_body(send)
         try:
             await pipeline(scope, receive, send)
-        except GatewayError as error:
+        except EXPECTED_FAILURES as failure:
             if ctx.status:  # the response has started: too late for an error page
                 raise
+            error = as_error(failure)
             ctx.error = ctx.error or error.code.value
             await send_error(send, error)
 

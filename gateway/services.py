@@ -14,10 +14,10 @@ from contextlib import asynccontextmanager
 import aiohttp
 
 from gateway.config import Settings
-from gateway.facilitators import ChallengeFeePayer, Facilitator, HttpFacilitator
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
-from gateway.local_facilitator import load_local_facilitator
 from gateway.metrics import Usage
+from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, HttpFacilitator
+from gateway.payments.local_facilitator import load_local_facilitator
 from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
 from gateway.routes import RouteSpec, named_limits
 from gateway.store import Store, open_store

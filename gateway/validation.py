@@ -429,10 +429,6 @@ def _check_groups(
         raise InvalidInput(_join(where, any_of[0][0]), f"at least one of {names} must be given")
 
 
-INPUT_STATE_KEY = "input"
-"""Key in ``scope["state"]`` under which an access middleware hands its :class:`ValidatedInput` inward."""
-
-
 class ValidatedInput(msgspec.Struct, frozen=True):
     """A request after its route's validator: handlers use this, never the raw request again."""
 

@@ -7,8 +7,8 @@ validate path, query and body (400/413) -> claim the nonce once in the shared st
 challenge limit only; the wallet and upstream-key buckets are spent by credible sign-ins alone.
 Nothing is paid and nothing is settled: the price is $0.00, so no payment header is ever asked for.
 
-What it learned goes inward in ``scope["state"]``: the :class:`VerifiedSignIn` under ``"siwx"``
-and the :class:`ValidatedInput` under ``"input"``.
+What it learned goes inward in the request's context: the :class:`VerifiedSignIn` as ``sign_in``
+and the :class:`ValidatedInput` as ``input``.
 """
 
 from __future__ import annotations
@@ -19,15 +19,13 @@ import msgspec
 
 from gateway.asgi import ASGIApp, RawHeaders, Receive, Scope, Send, header, read_body, replay_body, send_bytes
 from gateway.context import request_context
-from gateway.errors import ErrorCode, GatewayError
+from gateway.rate_limiter import RateLimiter
 from gateway.routes import RouteSpec
-from gateway.services import Services
-from gateway.store import StoreUnavailable
-from gateway.validation import INPUT_STATE_KEY, InvalidInput, RequestValidator, ValidatedInput
+from gateway.store import Store
+from gateway.validation import RequestValidator, ValidatedInput
 from gateway.x402.headers import SIGN_IN_WITH_X, encode_header
-from gateway.x402.siwx import SiwxError, SiwxReason, VerifiedSignIn
+from gateway.x402.siwx import SiwxError, SiwxIssuer, SiwxReason, VerifiedSignIn
 
-SIWX_STATE_KEY = "siwx"
 REPLAY_KEY_PREFIX = "x402gw:siwx:"
 _encoder = msgspec.json.Encoder()
 
@@ -35,15 +33,23 @@ _encoder = msgspec.json.Encoder()
 class SignInWithX:
     """Pure-ASGI middleware guarding one siwx route; everything per route is computed here once."""
 
-    def __init__(self, app: ASGIApp, route: RouteSpec, services: Services) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        route: RouteSpec,
+        issuer: SiwxIssuer,
+        store: Store,
+        limiter: RateLimiter,
+        max_body: int,
+    ) -> None:
         self.app = app
-        self.route_name = route.name
         self.description = route.description
-        self.issuer = services.siwx
-        self.store = services.store
-        self.limiter = services.limiter
+        self.issuer = issuer
+        self.store = store
+        self.limiter = limiter
         self.validator = RequestValidator(route.input)
-        self.max_body = services.settings.max_body_bytes
+        self.max_body = max_body
         # Per-wallet buckets first: a wallet over its own limit is refused without spending the
         # allowance the whole upstream key shares with every other wallet.
         self.limits = sorted(route.rate_limits, key=lambda spec: spec.per != "wallet")
@@ -75,9 +81,7 @@ class SignInWithX:
         for spec in self.limits:
             await self.limiter.hit(spec, verified.address if spec.per == "wallet" else None)
         ctx.outcome = "signed_in"
-        state = scope.setdefault("state", {})
-        state[SIWX_STATE_KEY] = verified
-        state[INPUT_STATE_KEY] = validated
+        ctx.sign_in, ctx.input = verified, validated
         await self.app(scope, receive, send)
 
     async def _challenge(self, send: Send, resource: str, error: str | None) -> None:
@@ -93,32 +97,23 @@ class SignInWithX:
         await send_bytes(send, 402, _encoder.encode(challenge), headers)
 
     async def _validate(self, scope: Scope, receive: Receive) -> tuple[Receive, ValidatedInput]:
-        """The route's declared input, or a 400 naming the parameter (413 for an oversized body)."""
-        try:
-            path = self.validator.path(scope.get("path_params") or {})
-            query = self.validator.query(scope.get("query_string", b""))
-            body = None
-            if self.validator.has_body:
-                raw = await read_body(receive, self.max_body)
-                receive = replay_body(raw)
-                body = self.validator.body(raw)
-        except InvalidInput as invalid:
-            # Only a body of the wrong JSON type fails at the root, where ``where`` is empty.
-            where = invalid.where or "body"
-            message = str(invalid) if invalid.where else f"body: {invalid}"
-            raise GatewayError(ErrorCode.INVALID_REQUEST, message, {"parameter": where}) from None
+        """The route's declared input; ``InvalidInput`` (400 naming the parameter) or 413 for an
+        oversized body."""
+        path = self.validator.path(scope.get("path_params") or {})
+        query = self.validator.query(scope.get("query_string", b""))
+        body = None
+        if self.validator.has_body:
+            raw = await read_body(receive, self.max_body)
+            receive = replay_body(raw)
+            body = self.validator.body(raw)
         return receive, ValidatedInput(path=path, query=query, body=body)
 
     async def _claim(self, verified: VerifiedSignIn) -> bool:
-        """Use the nonce once across every replica, for as long as it could still verify."""
-        try:
-            return await self.store.claim(
-                REPLAY_KEY_PREFIX + verified.nonce, verified.address, verified.replay_ttl_ms
-            )
-        except StoreUnavailable as down:
-            raise GatewayError(
-                ErrorCode.STORE_UNAVAILABLE, "state store unavailable, try again later"
-            ) from down
+        """Use the nonce once across every replica, for as long as it could still verify
+        (``StoreUnavailable`` is the 503 of every layer)."""
+        return await self.store.claim(
+            REPLAY_KEY_PREFIX + verified.nonce, verified.address, verified.replay_ttl_ms
+        )
 
 
 def _request_path(scope: Scope) -> str:

@@ -23,7 +23,7 @@ from starlette.routing import Route, Router
 
 from gateway.asgi import ASGIApp, Receive, Scope, Send
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
-from gateway.local_facilitator import LocalFacilitator
+from gateway.payments.local_facilitator import LocalFacilitator
 from gateway.router import PathTable, not_found
 from gateway.solana_rpc import SolanaRpc
 from gateway.x402.svm_payer import create_exact_payment

@@ -20,8 +20,8 @@ from x402.mechanisms.svm import KeypairSigner
 from x402.mechanisms.svm.exact.register import register_exact_svm_client
 from x402.schemas import PaymentRequired as ReferencePaymentRequired
 
-from gateway.facilitators import FacilitatorUnavailable
-from gateway.local_facilitator import (
+from gateway.payments.facilitators import FacilitatorUnavailable
+from gateway.payments.local_facilitator import (
     KEY_PREFIX,
     SettlementRecord,
     load_local_facilitator,

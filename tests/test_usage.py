@@ -147,6 +147,6 @@ def _outcomes_set_in(*files: str) -> set[str]:
 
 def test_the_outcomes_counted_are_the_ones_the_middlewares_set() -> None:
     """An outcome the middlewares set but the metrics do not know would go uncounted."""
-    assert _outcomes_set_in("exact.py", "settle.py") == set(PAYMENT_OUTCOMES["exact"])
+    assert _outcomes_set_in("exact.py", "settle.py", "payment_answers.py") == set(PAYMENT_OUTCOMES["exact"])
     # upstream_failed on a sign-in route is the telemetry's word for signed_in with a 5xx
     assert _outcomes_set_in("siwx.py") | {"upstream_failed"} == set(PAYMENT_OUTCOMES["siwx"])

@@ -21,7 +21,7 @@ import msgspec
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, read_body, send_bytes, send_error
 from gateway.errors import ErrorCode, GatewayError
-from gateway.facilitators import Facilitator, FacilitatorUnavailable
+from gateway.payments.facilitators import Facilitator, FacilitatorUnavailable
 from gateway.router import without_body
 from gateway.store.base import StoreUnavailable
 from gateway.x402.types import FacilitatorRequest

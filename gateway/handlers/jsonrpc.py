@@ -1,12 +1,13 @@
 """JsonRpcProxy: forward a validated paid call to the provider as JSON-RPC 2.0.
 
-Success means HTTP 2xx and a JSON body with ``result`` and no ``error``; only then is
-``scope["state"]["upstream_ok"]`` set and the provider's JSON passed on (SettleAfterSuccess
+Success means HTTP 2xx and a JSON body with ``result`` and no ``error``; only then is the
+request context's ``upstream_ok`` set and the provider's JSON passed on (SettleAfterSuccess
 settles on that flag). Everything else is a 502 or 504 and nothing is settled.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -14,10 +15,9 @@ import msgspec
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 from gateway.bounded_body import AnswerTooLarge, read_bounded
+from gateway.context import request_context, validated_input
 from gateway.errors import ErrorCode, GatewayError
 from gateway.redact import scrub, url_secrets
-from gateway.routes import RouteSpec
-from gateway.services import Services
 
 MAX_UPSTREAM_BYTES = 8 * 1024 * 1024
 
@@ -46,19 +46,21 @@ _reply = msgspec.json.Decoder(JsonRpcReply)
 _encode = msgspec.json.Encoder().encode
 
 
+SessionGetter = Callable[[], aiohttp.ClientSession]
+"""The upstream's one session; only valid while the app runs, so it is looked up per call."""
+
+
 class JsonRpcProxy:
-    def __init__(self, route: RouteSpec, services: Services) -> None:
-        assert route.upstream is not None and route.operation is not None
-        self.services = services
-        self.upstream = route.upstream
-        self.url = services.settings.upstream_url(route.upstream) or ""
-        self.secrets = url_secrets(self.url)
-        self.method = route.operation
+    def __init__(self, *, url: str, method: str, session: SessionGetter) -> None:
+        self.url = url
+        self.secrets = url_secrets(url)
+        self.method = method
+        self.session = session
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Only these four fields go upstream: anything else the client sent is ignored. DAS
         # params arrive here already in their named form (validation normalises both forms).
-        body: dict[str, Any] = scope["state"]["input"]
+        body: dict[str, Any] = validated_input(scope).body
         request = JsonRpcRequest(
             jsonrpc="2.0", id=body.get("id", 1), method=self.method, params=body["params"]
         )
@@ -75,7 +77,7 @@ class JsonRpcProxy:
             )
         if not reply.result:
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider answer has no result; nothing was charged")
-        scope["state"]["upstream_ok"] = True
+        request_context(scope).upstream_ok = True
         await send_bytes(send, 200, raw, (JSON_CONTENT_TYPE,))
 
     def _public(self, message: str | None) -> str:
@@ -83,7 +85,7 @@ class JsonRpcProxy:
         return scrub(message or "", self.secrets)[:200]
 
     async def _post(self, payload: bytes) -> bytes:
-        session = self.services.session(self.upstream)
+        session = self.session()
         try:
             async with session.post(
                 self.url, data=payload, headers={"content-type": "application/json"}

@@ -1,9 +1,10 @@
 """The asset-data routes (``handler: tokens``): one validated request -> one upstream call -> envelope.
 
-The request arrives validated (:class:`ValidatedInput` in ``scope["state"]["input"]``, put there
-by the access middleware); the handler only builds the upstream request from it. The upstream is
-called with the server-side key in ``x-api-key`` and the client's ``Accept``; no other client
-header goes out. Success is the envelope of spec 2.1 with the upstream JSON passed through as is.
+The request arrives validated (the :class:`ValidatedInput` in the request context's ``input``,
+put there by the access middleware); the handler only builds the upstream request from it. The
+upstream is called with the server-side key in ``x-api-key`` and the client's ``Accept``; no
+other client header goes out. Success is a :class:`TokensEnvelope` with the upstream JSON
+passed through as is.
 
 Upstream failures (the client is told what it can act on, never our key's problems):
 
@@ -35,11 +36,12 @@ from yarl import URL
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, header, send_bytes
 from gateway.bounded_body import AnswerTooLarge, read_bounded
+from gateway.context import validated_input
 from gateway.errors import ErrorCode, GatewayError
+from gateway.handlers.jsonrpc import SessionGetter
 from gateway.logs import log_event
 from gateway.routes import RouteSpec
-from gateway.services import Services
-from gateway.validation import INPUT_STATE_KEY, ValidatedInput
+from gateway.validation import ValidatedInput
 
 PROVIDER: Final = "tokens"
 MAX_UPSTREAM_BYTES: Final = 8 * 1024 * 1024
@@ -50,7 +52,7 @@ _encoder = msgspec.json.Encoder()
 
 
 class TokensEnvelope(msgspec.Struct):
-    """Spec 2.1: every successful asset-data answer; ``result`` is the upstream JSON, untouched."""
+    """Every successful asset-data answer; ``result`` is the upstream JSON, untouched."""
 
     ok: bool
     provider: str
@@ -62,10 +64,12 @@ class TokensEnvelope(msgspec.Struct):
 class TokensHandler:
     """Proxy one asset-data operation; the URL template, key and headers are fixed at start-up."""
 
-    def __init__(self, route: RouteSpec, services: Services) -> None:
+    def __init__(
+        self, route: RouteSpec, *, base_url: str | None, api_key: str, session: SessionGetter
+    ) -> None:
         if route.upstream is None or route.upstream_path is None:
             raise ValueError(f"route {route.name}: a tokens route needs upstream and upstream_path")
-        base = services.settings.upstream_url(route.upstream)
+        base = base_url
         if not base:
             raise ValueError(f"route {route.name}: upstream {route.upstream} is not configured")
         # Alternating literal text and path-parameter names: ["/v1/assets/", "assetId", "/ohlcv"].
@@ -74,18 +78,15 @@ class TokensHandler:
         if missing:
             raise ValueError(f"route {route.name}: upstream_path names unknown parameters {sorted(missing)}")
         self.base = base.rstrip("/")
-        self.upstream = route.upstream
         self.route_name = route.name
         self.method = route.method
         self.operation = route.operation or route.name
-        self.services = services
-        self._key = services.settings.asset_api_key.reveal()
+        self.session = session
+        self._key = api_key
         self.headers = [JSON_CONTENT_TYPE, (b"cache-control", b"no-store")]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        validated = scope.get("state", {}).get(INPUT_STATE_KEY)
-        if not isinstance(validated, ValidatedInput):
-            raise GatewayError(ErrorCode.INTERNAL_ERROR, "route is served without input validation")
+        validated = validated_input(scope)
         url = self._url(validated)
         headers = {"x-api-key": self._key, "accept": _accept(scope)}
         body = None
@@ -116,7 +117,7 @@ class TokensHandler:
 
     async def _call(self, url: URL, headers: dict[str, str], body: bytes | None) -> tuple[int, bytes, str]:
         """Status, bounded body and Retry-After of the upstream answer; transport failures raised."""
-        session = self.services.session(self.upstream)
+        session = self.session()
         try:
             async with session.request(self.method, url, headers=headers, data=body) as response:
                 raw = await read_bounded(response, MAX_UPSTREAM_BYTES)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gateway.local_facilitator import LocalFacilitator
+from gateway.payments.local_facilitator import LocalFacilitator
 from gateway.store.memory import MemoryStore
 from gateway.x402.types import SOLANA_MAINNET, PaymentRequirements
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, setup_usdc_chain

@@ -2,8 +2,8 @@
 
 One protocol, two implementations: :class:`HttpFacilitator` speaks the facilitator HTTP API
 to an external service (Coinbase CDP by default), and ``LocalFacilitator``
-(``gateway.local_facilitator``) verifies and settles with our own fee-payer wallet.
-The exact middleware only ever sees :class:`Facilitator`.
+(``gateway.payments.local_facilitator``) verifies and settles with our own fee-payer wallet.
+The payment core (PaymentGate, Settlement) only ever sees :class:`Facilitator`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import aiohttp
 import msgspec
 
 from gateway.bounded_body import AnswerTooLarge, read_bounded
-from gateway.cdp_auth import CdpKey
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
+from gateway.payments.cdp_auth import CdpKey
 from gateway.redact import Secret, redact_url
 from gateway.store import Store, StoreUnavailable
 from gateway.x402.types import (

@@ -39,7 +39,7 @@ import aiohttp
 import msgspec
 from solders.keypair import Keypair
 
-from gateway.facilitators import FacilitatorUnavailable
+from gateway.payments.facilitators import FacilitatorUnavailable
 from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SignatureStatus, SolanaRpc
 from gateway.store.base import Store
 from gateway.x402.svm import (
@@ -89,7 +89,7 @@ _encoder = msgspec.json.Encoder()
 
 
 class LocalFacilitator:
-    """:class:`gateway.facilitators.Facilitator` backed by our own Solana fee-payer wallet."""
+    """:class:`gateway.payments.facilitators.Facilitator` backed by our own Solana fee-payer wallet."""
 
     def __init__(
         self,

@@ -1,0 +1,195 @@
+"""PaymentGate: from a payment header to a claimed payment, cheap checks first.
+
+The order never changes; nothing costs the client, a shared rate-limit bucket or the
+facilitator before the request is known to be well formed and signed by its payer:
+
+    no header -> Challenge (body never read, never waits for the facilitator)
+    -> decode header -> validate body (InvalidInput: 400) -> payment matches this route,
+    payer != payTo, the client's signature verifies over the message        (:meth:`inspect`)
+    -> payment-identifier lookup (Replay, or 409 for another request)
+    -> already claimed? (the pending settlement of this very request: Reconcile; else Refused)
+    -> scope and per-wallet rate limits -> facilitator verify
+    -> atomic claim of the payment (its message) -> Paid                    (:meth:`authorize`)
+
+A payment is known by its key, the hash of its transaction message, never by a client
+signature (see :mod:`gateway.payments.ledger`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from gateway.errors import ErrorCode, GatewayError
+from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, FacilitatorUnavailable
+from gateway.payments.ledger import PaymentLedger, fingerprint
+from gateway.payments.matching import as_v2, match_payment, payment_identifier
+from gateway.payments.results import (
+    Authorization,
+    Candidate,
+    Challenge,
+    Inspection,
+    Paid,
+    PaidRequest,
+    Reconcile,
+    Refused,
+    Replay,
+)
+from gateway.routes import RateLimitSpec
+from gateway.validation import RequestValidator
+from gateway.x402.challenge import ExactChallenge
+from gateway.x402.headers import HeaderError, decode_header
+from gateway.x402.types import PaymentPayload, PaymentRequirements
+
+BodyReader = Callable[[], Awaitable[bytes]]
+"""Reads the request body; only called once the header decoded, so junk never waits on it."""
+
+
+class RateLimits(Protocol):
+    """The shared rate limiter; over a limit it raises the 429 (or 503 when the store is down)."""
+
+    async def hit(self, spec: RateLimitSpec, subject: str | None = None) -> None: ...
+
+
+class PaymentGate:
+    """Decides what one payment on one route comes to, before the upstream is called."""
+
+    def __init__(
+        self,
+        *,
+        route_name: str,
+        challenge: ExactChallenge,
+        validator: RequestValidator,
+        ledger: PaymentLedger,
+        limiter: RateLimits,
+        limits: Sequence[RateLimitSpec],
+        facilitator: Facilitator,
+        fee_payer: ChallengeFeePayer,
+    ) -> None:
+        self.route_name = route_name
+        self.challenge = challenge
+        self.validator = validator
+        self.ledger = ledger
+        self.limiter = limiter
+        self.limits = tuple(limits)
+        self.facilitator = facilitator
+        self.fee_payer = fee_payer
+
+    async def inspect(self, header: str | None, read_body: BodyReader) -> Inspection:
+        """The local checks: no store, no shared bucket, no facilitator. A body that breaks the
+        route's schema raises ``InvalidInput`` (400), before the payment is looked at."""
+        if header is None:
+            return Challenge()
+        try:
+            payload = decode_header(header, PaymentPayload)
+        except HeaderError as exc:
+            return Refused("invalid_payment_header", str(exc))
+        raw = await read_body()
+        body = self.validator.body(raw)
+        signed = match_payment(payload, self.challenge.requirements)
+        if isinstance(signed, Refused):
+            return signed
+        payment_id = payment_identifier(payload)
+        if isinstance(payment_id, Refused):
+            return Refused(payment_id.reason, payment_id.message, signed.payer)
+        return Candidate(
+            payload=payload,
+            body=body,
+            payer=signed.payer,
+            key=signed.key,
+            claimant=signed.claimant,
+            fingerprint=fingerprint(self.route_name, signed.key, raw),
+            payment_id=payment_id,
+        )
+
+    async def authorize(self, candidate: Candidate) -> Authorization:
+        """The shared checks, ending in the atomic claim. Raises the one-shape errors: 409 for a
+        payment identifier of another request, 429, 503 (store, facilitator)."""
+        if candidate.payment_id is not None:
+            replay = await self._replay(candidate.payment_id, candidate.fingerprint)
+            if replay is not None:
+                return replay
+        # A used payment is refused from the store, before any shared bucket or the facilitator
+        # is charged for it: once broadcast, a real facilitator's verify fails (the funds moved),
+        # which would lose a pending settlement's withheld response and blame the wrong reason.
+        if await self.ledger.claimed(candidate.key):
+            return await self._reuse(candidate)
+        for spec in self.limits:
+            await self.limiter.hit(spec, candidate.payer if spec.per == "wallet" else None)
+        requirements = await self._requirements()
+        payload = as_v2(candidate.payload, requirements, self.challenge.resource)
+        refused = await self._verify(payload, requirements, candidate.payer)
+        if refused is not None:
+            # A concurrent request (on any replica) may have claimed and settled this payment
+            # while the facilitator was asked; its verify then fails because the funds moved,
+            # and the reason the client must hear is the reuse (or its pending settlement).
+            if await self.ledger.claimed(candidate.key):
+                return await self._reuse(candidate)
+            return refused
+        if not await self.ledger.claim(candidate.key, self.route_name):
+            return await self._reuse(candidate)
+        pid = candidate.payment_id
+        if pid is not None and not await self.ledger.reserve_payment_id(pid, candidate.fingerprint):
+            raise GatewayError(
+                ErrorCode.IDEMPOTENCY_CONFLICT, "payment identifier already used by another request"
+            )
+        return Paid(_paid(candidate, payload, requirements), candidate.body)
+
+    async def _requirements(self) -> PaymentRequirements:
+        return self.challenge.requirements_for(await self.fee_payer.required())
+
+    async def _verify(
+        self, payload: PaymentPayload, requirements: PaymentRequirements, payer: str
+    ) -> Refused | None:
+        try:
+            result = await self.facilitator.verify(payload, requirements)
+        except FacilitatorUnavailable as exc:
+            raise GatewayError(ErrorCode.FACILITATOR_UNAVAILABLE, "payment facilitator unavailable") from exc
+        if not result.isValid:
+            return Refused(result.invalidReason or "invalid_payment", result.invalidMessage or "", payer)
+        if result.payer and result.payer != payer:
+            return Refused("invalid_payload", "the facilitator found another payer", payer)
+        return None
+
+    async def _replay(self, payment_id: str, fp: str) -> Replay | None:
+        """The stored answer of an identical earlier request; 409 for a different one."""
+        record = await self.ledger.payment_id(payment_id)
+        if record is None:
+            return None
+        if record.fingerprint != fp:
+            raise GatewayError(
+                ErrorCode.IDEMPOTENCY_CONFLICT, "payment identifier was used with another payment or request"
+            )
+        # Not settled (yet): in flight, discarded or pending. The payment's claim decides:
+        # a pending settlement reconciles, anything else is payment_already_used.
+        return None if record.response is None else Replay(record.response)
+
+    async def _reuse(self, candidate: Candidate) -> Reconcile | Refused:
+        """The payment is claimed already. The request that claimed it (the same signed
+        transaction, route and body), whose settlement was left pending, settles again (the
+        facilitator reconciles instead of re-broadcasting) and may get the withheld response;
+        any other reuse, a copy of the message under another client signature included, is
+        refused."""
+        pending = await self.ledger.pending(candidate.key)
+        if (
+            pending is not None
+            and pending.fingerprint == candidate.fingerprint
+            and pending.claimant == candidate.claimant
+            and pending.response is not None
+        ):
+            requirements = await self._requirements()
+            payload = as_v2(candidate.payload, requirements, self.challenge.resource)
+            return Reconcile(_paid(candidate, payload, requirements), pending)
+        return Refused("payment_already_used", "this payment was already used", candidate.payer)
+
+
+def _paid(candidate: Candidate, payload: PaymentPayload, requirements: PaymentRequirements) -> PaidRequest:
+    return PaidRequest(
+        payload=payload,
+        requirements=requirements,
+        payer=candidate.payer,
+        key=candidate.key,
+        claimant=candidate.claimant,
+        fingerprint=candidate.fingerprint,
+        payment_id=candidate.payment_id,
+    )

@@ -1,0 +1,114 @@
+"""The values the payment core hands its callers: one paid request, and what each step came to.
+
+Every outcome the client hears as a 402 or a paid answer is a tagged value here, so an adapter
+renders it with one ``match`` and the core never speaks HTTP. Failures that become the one
+error shape (400, 409, 429, 503) stay exceptions: they end the request wherever they happen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.payments.ledger import PendingSettlement, StoredResponse
+from gateway.x402.types import PaymentPayload, PaymentRequirements
+
+
+@dataclass(frozen=True, slots=True)
+class PaidRequest:
+    """A verified, claimed payment: everything settling it needs, in one value."""
+
+    payload: PaymentPayload
+    """In v2 form (a v1 payment names the requirements it accepted), as the facilitator hears it."""
+    requirements: PaymentRequirements
+    payer: str
+    key: str
+    """The payment key: SHA-256 of the transaction message (what is claimed and settled once)."""
+    claimant: str
+    """The exact signed transaction that claimed it (see ``gateway.payments.ledger.claimant``)."""
+    fingerprint: str
+    """Route, payment and body: a retry must match it to reconcile or replay."""
+    payment_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A payment for this route, signed by its payer, with a valid body; not yet checked
+    against the store or the facilitator."""
+
+    payload: PaymentPayload
+    body: Any
+    """The validated JSON body."""
+    payer: str
+    key: str
+    claimant: str
+    fingerprint: str
+    payment_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """No payment was offered: answer with the route's 402 challenge."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A 402 with a fresh challenge whose ``error`` is ``reason``; counts against the challenge limit."""
+
+    reason: str
+    message: str = ""
+    payer: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """An identical earlier request (same payment identifier) was settled: its stored answer again."""
+
+    response: StoredResponse
+
+
+@dataclass(frozen=True, slots=True)
+class Reconcile:
+    """The request whose settlement was left pending came again: settle it again, never re-pay."""
+
+    paid: PaidRequest
+    intent: PendingSettlement
+
+
+@dataclass(frozen=True, slots=True)
+class Paid:
+    """Verified and claimed: the upstream may be called; settle after it succeeds."""
+
+    paid: PaidRequest
+    body: Any
+    """The validated JSON body."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """Settled: ``response`` carries the payment-response header and goes out exactly once."""
+
+    response: StoredResponse
+    settlement: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """The settlement's outcome is not known: the client retries the same request, never re-pays."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupted:
+    """The process is stopping mid-settle: tell the client it is pending, then keep stopping."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The settlement failed for good: the answer is withheld behind a 402 ``settlement_failed``."""
+
+    reason: str
+
+
+Inspection = Challenge | Refused | Candidate
+Authorization = Replay | Refused | Reconcile | Paid
+Settled = Delivered | Pending | Interrupted | Failed | Refused

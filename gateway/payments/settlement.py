@@ -1,0 +1,190 @@
+"""Settlement: settle a paid request once its upstream succeeded, and say what it came to.
+
+Write-ahead: the intent to settle (payment key, request fingerprint, withheld response) is in the
+store *before* the facilitator is asked. Whatever happens after (a pending confirmation, a silent
+facilitator, a store outage, the process killed), the record survives, and a retry of the
+identical request, on any replica, reconciles it: the facilitator answers for the one message it
+knows, nothing is broadcast twice, and exactly one request delivers the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+
+from gateway.logs import log_event
+from gateway.payments.facilitators import Facilitator, FacilitatorUnavailable
+from gateway.payments.ledger import PaymentLedger, PendingSettlement, StoredResponse
+from gateway.payments.results import (
+    Delivered,
+    Failed,
+    Interrupted,
+    PaidRequest,
+    Pending,
+    Reconcile,
+    Refused,
+    Settled,
+)
+from gateway.store import StoreUnavailable
+from gateway.x402.headers import encode_header
+from gateway.x402.types import SettleResponse
+
+DUPLICATE_SETTLEMENT = "duplicate_settlement"
+
+
+class Settlement:
+    """Settles one route's payments; every outcome is a value, none is an exception."""
+
+    def __init__(
+        self, *, route_name: str, ledger: PaymentLedger, facilitator: Facilitator, replay_cap_bytes: int
+    ) -> None:
+        self.route_name = route_name
+        self.ledger = ledger
+        self.facilitator = facilitator
+        self.replay_cap_bytes = replay_cap_bytes
+
+    async def settle(self, paid: PaidRequest, response: StoredResponse) -> Settled:
+        """Record the intent, then settle. ``StoreUnavailable`` from the intent's write means the
+        facilitator was never asked: the caller's truthful "nothing was charged"."""
+        intent = PendingSettlement(paid.fingerprint, paid.claimant, response)
+        await self.ledger.record_pending(paid.key, intent)
+        return await self._settle(paid, intent, reconciling=False)
+
+    async def reconcile(self, retry: Reconcile) -> Settled:
+        """Settle again for the retry of the request that recorded ``retry.intent``: there the
+        facilitator's ``duplicate_settlement`` naming the same transaction means the first
+        broadcast landed and its answer was lost, so this request may deliver what was paid for
+        (once: see :meth:`_deliver_once`)."""
+        return await self._settle(retry.paid, retry.intent, reconciling=True)
+
+    async def _settle(self, paid: PaidRequest, intent: PendingSettlement, *, reconciling: bool) -> Settled:
+        try:
+            return await self._ask_facilitator(paid, intent, reconciling)
+        except StoreUnavailable:
+            # The settlement may have been broadcast: never say nothing was charged.
+            log_event(
+                "store lost while settling: payment left pending",
+                logging.ERROR,
+                route=self.route_name,
+                payer=paid.payer,
+            )
+            return Pending()
+
+    async def _ask_facilitator(
+        self, paid: PaidRequest, intent: PendingSettlement, reconciling: bool
+    ) -> Settled:
+        try:
+            result: SettleResponse | None = await self.facilitator.settle(paid.payload, paid.requirements)
+        except (FacilitatorUnavailable, StoreUnavailable):
+            result = None
+        except asyncio.CancelledError:
+            # Stopped mid-settle (a shutdown past its graceful timeout): the broadcast may have
+            # landed; the intent recorded before lets a retry (on any replica) reconcile.
+            log_event("payment settlement interrupted, left pending", route=self.route_name, payer=paid.payer)
+            return Interrupted()
+        if result is None or result.errorReason == "settlement_pending":
+            await self._left_pending(paid, intent, result)
+            return Pending()
+        settled = result.success or (
+            reconciling
+            and result.errorReason == DUPLICATE_SETTLEMENT
+            and bool(result.transaction)
+            and intent.transaction in ("", result.transaction)
+        )
+        if settled and intent.response is not None:
+            return await self._deliver_once(paid, result, intent, intent.response)
+        if reconciling and not intent.transaction:
+            # The request that recorded this intent may still be settling it, or died before it
+            # heard the outcome: a refusal seen from here (a concurrent duplicate, say) is not
+            # final, so nothing is closed and the client is told to retry, never to pay again.
+            log_event("reconciling settle refused while its intent is open", route=self.route_name)
+            return Pending()
+        reason = result.errorReason or "settlement_failed"
+        log_event("payment settlement failed", route=self.route_name, payer=paid.payer, reason=reason)
+        await self._close_intent(paid)
+        return Failed(reason)
+
+    async def _deliver_once(
+        self, paid: PaidRequest, result: SettleResponse, intent: PendingSettlement, response: StoredResponse
+    ) -> Delivered | Pending | Refused:
+        """Exactly one request per payment hands out the answer, however many reconcile it at
+        once. A store outage here lets a fresh success through (only this settle call was told
+        it settled) but leaves a reconciled one pending, to be delivered by a later retry."""
+        try:
+            first = await self.ledger.claim_delivery(paid.key)
+        except StoreUnavailable:
+            if not result.success:
+                await self._left_pending(paid, intent, result)
+                return Pending()
+            first = True
+        if not first:
+            return Refused("payment_already_used", "this payment's answer was delivered already", paid.payer)
+        return await self._deliver(paid, result, response)
+
+    async def _deliver(
+        self, paid: PaidRequest, result: SettleResponse, response: StoredResponse
+    ) -> Delivered:
+        if not result.success:  # a reconciled duplicate: the client hears a plain success
+            result = msgspec.structs.replace(result, success=True, errorReason=None, errorMessage=None)
+        delivered = StoredResponse(
+            status=response.status,
+            body=response.body,
+            content_type=response.content_type,
+            payment_response=encode_header(result),
+            settlement=result.transaction,
+        )
+        log_event(
+            "payment settled",
+            route=self.route_name,
+            payer=paid.payer,
+            amount=paid.requirements.amount,
+            settlement=result.transaction,
+        )
+        await self._remember(paid, delivered)
+        return Delivered(delivered, result.transaction)
+
+    async def _left_pending(
+        self, paid: PaidRequest, intent: PendingSettlement, result: SettleResponse | None
+    ) -> None:
+        """Keep the intent (with the broadcast transaction, once known) for a retry to reconcile."""
+        transaction = result.transaction if result is not None and result.transaction else intent.transaction
+        try:
+            await self.ledger.record_pending(
+                paid.key, msgspec.structs.replace(intent, transaction=transaction)
+            )
+        except StoreUnavailable:
+            # The intent written before settling still stands, without the transaction.
+            log_event(
+                "settlement pending, its transaction not recorded: store unavailable",
+                logging.ERROR,
+                route=self.route_name,
+                payer=paid.payer,
+                settlement=transaction or None,
+            )
+        log_event("payment settlement pending", route=self.route_name, payer=paid.payer)
+
+    async def _close_intent(self, paid: PaidRequest) -> None:
+        """The settlement failed for good: nothing to reconcile (the claim keeps the payment used)."""
+        try:
+            await self.ledger.resolve_pending(paid.key)
+        except StoreUnavailable:
+            log_event(
+                "failed settlement's intent not closed: store unavailable",
+                logging.WARNING,
+                route=self.route_name,
+            )
+
+    async def _remember(self, paid: PaidRequest, delivered: StoredResponse) -> None:
+        """Close the intent and keep the response for payment-identifier replays."""
+        try:
+            await self.ledger.resolve_pending(paid.key)
+            if paid.payment_id is not None and len(delivered.body) <= self.replay_cap_bytes:
+                await self.ledger.complete_payment_id(paid.payment_id, paid.fingerprint, delivered)
+        except StoreUnavailable:
+            log_event(
+                "settled response not stored for replay: store unavailable",
+                logging.WARNING,
+                route=self.route_name,
+            )

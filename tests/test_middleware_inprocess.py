@@ -1,0 +1,455 @@
+"""Each middleware called as an ASGI app in-process: scope, receive and send built by hand.
+
+The parts are real (MemoryStore, rate limiter, SIWX issuer, signed Solana payments, the error
+boundary); the facilitator (a third party) records what it was asked and the provider behind
+the handler is a stand-in that answers like a handler. Every test checks status, body and
+headers, and for paid routes what was and was not settled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+from solders.keypair import Keypair
+
+from gateway.asgi import Message, Receive, Scope, Send, send_bytes
+from gateway.context import request_context
+from gateway.errors import ErrorCode, GatewayError
+from gateway.metrics import Usage
+from gateway.payments.facilitators import FacilitatorUnavailable
+from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
+from gateway.router import MethodDispatcher
+from gateway.routes import RateLimitSpec, RouteSpec
+from gateway.store import StoreUnavailable
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
+from gateway.synced_limit import SyncedWindowLimit
+from gateway.validation import InvalidInput, ValidatedInput
+from gateway.x402.headers import encode_header
+from gateway.x402.siwx import SiwxIssuer, SiwxReason
+from gateway.x402.siwx_signer import sign_in
+from middleware.cors import CorsMiddleware
+from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
+from middleware.siwx import SignInWithX
+from middleware.telemetry import TelemetryMiddleware
+from tests.support.inprocess import (
+    BASE_URL,
+    CLIENT_IP,
+    PROVIDER_ANSWER,
+    PaidRoute,
+    UpstreamStandIn,
+    balance_body,
+    call,
+    paid_route,
+    payment_header,
+    settle_refused,
+)
+from tests.support.redis_server import free_port
+
+PAYMENT_ID = "retry-me-0123456789"
+
+
+@pytest.fixture
+def route() -> PaidRoute:
+    return paid_route(MemoryStore())
+
+
+def _payment_response(headers: dict[str, str]) -> Any:
+    assert headers["payment-response"] == headers["x-payment-response"]
+    return json.loads(base64.b64decode(headers["payment-response"]))
+
+
+# --- X402Exact and SettleAfterSuccess -------------------------------------------------------
+
+
+async def test_no_payment_is_a_402_challenge_and_nothing_else_happens(route: PaidRoute) -> None:
+    upstream = UpstreamStandIn()
+
+    answer = await call(route.pipeline(upstream), body=balance_body())
+
+    assert answer.status == 402
+    assert answer.headers["cache-control"] == "no-store"
+    required = json.loads(base64.b64decode(answer.headers["payment-required"]))
+    accept = required["accepts"][0]
+    assert (accept["amount"], accept["payTo"]) == ("2205", str(route.wallets.pay_to.pubkey()))
+    assert accept["extra"]["feePayer"] == route.facilitator.fee_payer
+    assert answer.json()["accepts"][0]["maxAmountRequired"] == "2205" and "error" not in answer.json()
+    assert request_context(answer.scope).outcome == "challenged"
+    assert upstream.calls == 0 and route.facilitator.verified == [] and route.facilitator.settled == []
+
+
+async def test_a_paid_request_reaches_the_handler_once_and_is_settled_once(route: PaidRoute) -> None:
+    upstream = UpstreamStandIn()
+
+    answer = await call(route.pipeline(upstream), headers=payment_header(route.sign()), body=balance_body())
+
+    assert answer.status == 200 and answer.body == PROVIDER_ANSWER
+    assert answer.headers["content-type"] == "application/json"
+    assert _payment_response(answer.headers)["transaction"] == "tx-1"
+    ctx = request_context(answer.scope)
+    assert (ctx.outcome, ctx.amount, ctx.settlement) == ("paid", "2205", "tx-1")
+    assert ctx.payer == str(route.wallets.payer.pubkey())
+    assert upstream.inputs == [ValidatedInput(path={}, query={}, body=json.loads(balance_body()))]
+    assert len(route.facilitator.verified) == 1 and len(route.facilitator.settled) == 1
+
+
+async def test_a_v1_payment_header_is_spoken_to_the_facilitator_in_v2(route: PaidRoute) -> None:
+    payment = route.sign()
+    v1 = {"x402Version": 1, "scheme": "exact", "network": "solana", "payload": payment.payload}
+    headers = {"x-payment": base64.b64encode(json.dumps(v1).encode()).decode()}
+
+    answer = await call(route.pipeline(UpstreamStandIn()), headers=headers, body=balance_body())
+
+    assert answer.status == 200, answer.body
+    assert route.facilitator.settled[0].x402Version == 2
+    assert route.facilitator.settled[0].accepted is not None
+
+
+async def test_a_refusal_is_a_402_naming_the_reason_and_counts_as_a_challenge() -> None:
+    route = paid_route(MemoryStore(), challenge_limit=1)
+    app = route.pipeline(UpstreamStandIn())
+    junk = {"payment-signature": "not-a-payment"}
+
+    first = await call(app, headers=junk, body=balance_body())
+    second = await call(app, headers=junk, body=balance_body())
+
+    assert first.status == 402 and first.reason == "invalid_payment_header"
+    assert (
+        json.loads(base64.b64decode(first.headers["payment-required"]))["error"] == "invalid_payment_header"
+    )
+    assert request_context(first.scope).outcome == "rejected"
+    assert second.status == 429 and second.reason == "rate_limited" and second.headers["retry-after"]
+    assert route.facilitator.verified == []
+
+
+async def test_an_invalid_body_is_a_400_before_anything_is_charged(route: PaidRoute) -> None:
+    answer = await call(route.pipeline(UpstreamStandIn()), headers=payment_header(route.sign()), body=b"[1]")
+
+    assert answer.status == 400
+    assert answer.json()["error"]["details"] == {"parameter": "body"}
+    assert answer.json()["error"]["message"].startswith("body: ")
+    assert route.facilitator.verified == []
+
+
+async def test_a_store_outage_is_a_503_and_nothing_is_charged() -> None:
+    down = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)  # nothing listens there
+    route = paid_route(down)
+    try:
+        answer = await call(
+            route.pipeline(UpstreamStandIn()), headers=payment_header(route.sign()), body=balance_body()
+        )
+    finally:
+        await down.close()
+
+    assert answer.status == 503 and answer.reason == "store_unavailable"
+    assert "nothing was charged" in answer.json()["error"]["message"]
+    assert route.facilitator.verified == [] and route.facilitator.settled == []
+
+
+async def test_an_upstream_failure_is_passed_on_unsettled_and_the_payment_is_spent(route: PaidRoute) -> None:
+    failing = UpstreamStandIn(502, b'{"ok":false}', ok=False)
+    payment = route.sign()
+
+    answer = await call(route.pipeline(failing), headers=payment_header(payment), body=balance_body())
+    again = await call(
+        route.pipeline(UpstreamStandIn()), headers=payment_header(payment), body=balance_body()
+    )
+
+    assert (
+        answer.status == 502 and answer.body == b'{"ok":false}' and "payment-response" not in answer.headers
+    )
+    assert request_context(answer.scope).outcome == "upstream_failed"
+    assert again.status == 402 and again.reason == "payment_already_used"
+    assert route.facilitator.settled == []
+
+
+async def test_a_failed_settlement_withholds_the_answer_behind_a_402(route: PaidRoute) -> None:
+    route.facilitator.settle_answers.append(settle_refused("insufficient_funds"))
+
+    answer = await call(
+        route.pipeline(UpstreamStandIn()), headers=payment_header(route.sign()), body=balance_body()
+    )
+
+    assert answer.status == 402 and answer.reason == "settlement_failed"
+    assert PROVIDER_ANSWER not in answer.body and "payment-response" not in answer.headers
+    ctx = request_context(answer.scope)
+    assert (ctx.outcome, ctx.error) == ("settle_failed", "insufficient_funds")
+    assert len(route.facilitator.settled) == 1
+
+
+async def test_a_pending_settlement_is_reconciled_by_the_retry_and_delivered_once(route: PaidRoute) -> None:
+    route.facilitator.settle_answers += [
+        FacilitatorUnavailable("silent"),
+        settle_refused("duplicate_settlement", transaction="tx-landed"),
+    ]
+    payment = route.sign()
+    upstream = UpstreamStandIn()
+    app = route.pipeline(upstream)
+
+    pending = await call(app, headers=payment_header(payment), body=balance_body())
+    retry = await call(app, headers=payment_header(payment), body=balance_body())
+    late = await call(app, headers=payment_header(payment), body=balance_body())
+
+    assert pending.status == 503 and pending.reason == "settlement_pending"
+    assert (
+        pending.headers["retry-after"] == "2"
+        and "nothing was charged" not in pending.json()["error"]["message"]
+    )
+    assert retry.status == 200 and retry.body == PROVIDER_ANSWER
+    settlement = _payment_response(retry.headers)
+    assert settlement["transaction"] == "tx-landed" and settlement["success"] is True
+    assert request_context(retry.scope).outcome == "paid"
+    assert late.status == 402 and late.reason == "payment_already_used"
+    assert (
+        upstream.calls == 1 and len(route.facilitator.settled) == 2 and len(route.facilitator.verified) == 1
+    )
+
+
+async def test_a_payment_identifier_replays_the_settled_answer(route: PaidRoute) -> None:
+    payment = route.sign(payment_id=PAYMENT_ID)
+    upstream = UpstreamStandIn()
+    app = route.pipeline(upstream)
+
+    first = await call(app, headers=payment_header(payment), body=balance_body())
+    replay = await call(app, headers=payment_header(payment), body=balance_body())
+    other = await call(app, headers=payment_header(route.sign(payment_id=PAYMENT_ID)), body=balance_body())
+
+    assert first.status == replay.status == 200 and replay.body == first.body == PROVIDER_ANSWER
+    assert replay.headers["payment-response"] == first.headers["payment-response"]
+    assert request_context(replay.scope).outcome == "replayed"
+    assert other.status == 409 and other.reason == "idempotency_conflict"
+    assert upstream.calls == 1 and len(route.facilitator.settled) == 1
+
+
+async def test_a_shutdown_mid_settle_tells_the_client_to_retry_and_keeps_stopping(route: PaidRoute) -> None:
+    route.facilitator.settle_answers.append(asyncio.CancelledError())
+    app = route.pipeline(UpstreamStandIn())
+    sent: list[Message] = []
+
+    async def record(message: Message) -> None:
+        sent.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": balance_body(), "more_body": False}
+
+    scope: dict[str, Any] = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/rpc/getBalance",
+        "headers": [(b"payment-signature", encode_header(route.sign()).encode())],
+        "client": (CLIENT_IP, 1),
+        "state": {},
+    }
+    with pytest.raises(asyncio.CancelledError):
+        await app(scope, receive, record)
+    assert sent[0]["status"] == 503
+    assert json.loads(sent[1]["body"])["error"]["code"] == "settlement_pending"
+    assert request_context(scope).outcome == "settlement_pending"
+    assert len(route.facilitator.settled) == 1
+
+
+# --- SignInWithX ----------------------------------------------------------------------------
+
+SEARCH_ROUTE = RouteSpec(
+    name="assets_search",
+    path="/v1/assets/search",
+    method="GET",
+    access="siwx",
+    handler="tokens",
+    group="tokens",
+    description="Search assets",
+    input={
+        "query": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["q"],
+            "properties": {"q": {"type": "string", "maxLength": 8}},
+        }
+    },
+)
+
+
+def _signed_in_app(upstream: UpstreamStandIn, store: MemoryStore) -> Any:
+    issuer = SiwxIssuer(b"s" * 32, BASE_URL, "Sign in to test.")
+    limiter = RateLimiter(store)
+    guarded = SignInWithX(
+        upstream, route=SEARCH_ROUTE, issuer=issuer, store=store, limiter=limiter, max_body=4096
+    )
+    return MethodDispatcher({"GET": (SEARCH_ROUTE, guarded)}, "GET, HEAD, OPTIONS")
+
+
+async def test_sign_in_challenge_then_signed_request_then_replay_refused() -> None:
+    upstream = UpstreamStandIn()
+    app = _signed_in_app(upstream, MemoryStore())
+    keypair = Keypair()
+
+    challenge = await call(app, "GET", SEARCH_ROUTE.path, query=b"q=bonk")
+    header = sign_in(challenge.json()["extensions"]["sign-in-with-x"], keypair)
+    signed = await call(app, "GET", SEARCH_ROUTE.path, query=b"q=bonk", headers={"sign-in-with-x": header})
+    replayed = await call(app, "GET", SEARCH_ROUTE.path, query=b"q=bonk", headers={"sign-in-with-x": header})
+
+    assert (
+        challenge.status == 402 and challenge.headers["payment-required"] and "error" not in challenge.json()
+    )
+    assert signed.status == 200 and signed.body == PROVIDER_ANSWER
+    ctx = request_context(signed.scope)
+    assert ctx.outcome == "signed_in" and ctx.sign_in is not None
+    assert ctx.sign_in.address == ctx.wallet == str(keypair.pubkey())
+    assert upstream.inputs == [ValidatedInput(path={}, query={"q": "bonk"}, body=None)]
+    assert replayed.status == 402 and replayed.reason == SiwxReason.REPLAYED.value
+    assert upstream.calls == 1
+
+
+async def test_a_signed_request_with_invalid_input_is_a_400_naming_the_parameter() -> None:
+    upstream = UpstreamStandIn()
+    app = _signed_in_app(upstream, MemoryStore())
+    challenge = await call(app, "GET", SEARCH_ROUTE.path)
+    header = sign_in(challenge.json()["extensions"]["sign-in-with-x"], Keypair())
+
+    answer = await call(
+        app, "GET", SEARCH_ROUTE.path, query=b"q=far-too-long", headers={"sign-in-with-x": header}
+    )
+
+    assert answer.status == 400 and answer.reason == "invalid_request"
+    assert answer.json()["error"]["details"] == {"parameter": "q"}
+    assert upstream.calls == 0
+
+
+async def test_a_forged_sign_in_is_refused_with_a_fresh_challenge() -> None:
+    app = _signed_in_app(UpstreamStandIn(), MemoryStore())
+
+    answer = await call(app, "GET", SEARCH_ROUTE.path, query=b"q=a", headers={"sign-in-with-x": "garbage"})
+
+    assert answer.status == 402 and answer.headers["payment-required"]
+    assert request_context(answer.scope).outcome == "refused"
+
+
+# --- rate limits ----------------------------------------------------------------------------
+
+
+async def test_challenge_rate_limit_counts_only_requests_without_a_credential() -> None:
+    store = MemoryStore()
+    limiter = RateLimiter(store, SyncedWindowLimit(store, CHALLENGE_SCOPE, 1, 60_000))
+    upstream = UpstreamStandIn()
+    limited = ChallengeRateLimit(upstream, limiter, (b"payment-signature",))
+    app = MethodDispatcher({"POST": (SEARCH_ROUTE, limited)}, "POST, OPTIONS")
+
+    first = await call(app)
+    with_credential = await call(app, headers={"payment-signature": "x"})
+    second = await call(app)
+    other_ip = await call(app, client="198.51.100.1")
+
+    assert (first.status, with_credential.status, other_ip.status) == (200, 200, 200)
+    assert second.status == 429 and second.reason == "rate_limited"
+    assert int(second.headers["retry-after"]) >= 1
+    assert second.json()["error"]["details"]["scope"] == "challenge:ip"
+    assert upstream.calls == 3
+
+
+async def test_scope_rate_limit_applies_the_routes_scope_limits() -> None:
+    limiter = RateLimiter(MemoryStore())
+    specs = [RateLimitSpec(scope="catalog", limit=1, period_ms=60_000)]
+    app = MethodDispatcher({"GET": (SEARCH_ROUTE, ScopeRateLimit(UpstreamStandIn(), limiter, specs))}, "GET")
+
+    first = await call(app, "GET")
+    second = await call(app, "GET", client="198.51.100.1")  # one bucket for the whole scope
+
+    assert first.status == 200
+    assert second.status == 429 and second.json()["error"]["details"]["limit"] == 1
+
+
+# --- CORS, telemetry, method dispatch -------------------------------------------------------
+
+
+async def test_cors_answers_preflight_and_adds_headers_to_every_answer() -> None:
+    upstream = UpstreamStandIn()
+    app = CorsMiddleware(upstream, ["GET"])
+
+    preflight = await call(app, "OPTIONS")
+    simple = await call(app, "GET")
+
+    assert preflight.status == 204 and preflight.body == b""
+    assert preflight.headers["access-control-allow-methods"] == "GET, OPTIONS"
+    assert preflight.headers["allow"] == "GET, HEAD, OPTIONS"
+    assert "PAYMENT-SIGNATURE" in preflight.headers["access-control-allow-headers"]
+    assert simple.status == 200 and simple.body == PROVIDER_ANSWER
+    assert simple.headers["access-control-allow-origin"] == "*"
+    assert "PAYMENT-RESPONSE" in simple.headers["access-control-expose-headers"]
+    assert upstream.calls == 1
+
+
+async def _crash(scope: Scope, receive: Receive, send: Send) -> None:
+    request_context(scope).route = "crashing"
+    raise RuntimeError("secret upstream text")
+
+
+def _requests(route: str, status: str) -> float:
+    return (
+        REGISTRY.get_sample_value("x402_requests_total", {"route": route, "method": "GET", "status": status})
+        or 0.0
+    )
+
+
+async def test_telemetry_turns_an_unexpected_error_into_the_one_error_shape_and_counts_it() -> None:
+    app = TelemetryMiddleware(_crash, Usage(MemoryStore(), []))
+    before = _requests("crashing", "500")
+
+    answer = await call(app, "GET")
+
+    assert answer.status == 500 and answer.reason == "internal_error"
+    assert b"secret" not in answer.body
+    assert request_context(answer.scope).status == 500
+    assert _requests("crashing", "500") == before + 1
+
+
+async def test_telemetry_records_the_status_of_a_normal_answer() -> None:
+    async def named(scope: Scope, receive: Receive, send: Send) -> None:
+        request_context(scope).route = "named"
+        await send_bytes(send, 200, b"{}")
+
+    before = _requests("named", "200")
+    answer = await call(TelemetryMiddleware(named, Usage(MemoryStore(), [])), "GET")
+
+    assert answer.status == 200 and answer.body == b"{}"
+    assert request_context(answer.scope).status == 200
+    assert _requests("named", "200") == before + 1
+
+
+async def test_method_dispatch_405_names_the_allowed_methods_and_head_is_get_without_body() -> None:
+    app = MethodDispatcher({"GET": (SEARCH_ROUTE, UpstreamStandIn())}, "GET, HEAD, OPTIONS")
+
+    wrong = await call(app, "DELETE")
+    head = await call(app, "HEAD")
+
+    assert wrong.status == 405 and wrong.reason == "method_not_allowed"
+    assert wrong.headers["allow"] == "GET, HEAD, OPTIONS"
+    assert head.status == 200 and head.body == b""
+    assert head.headers["content-length"] == str(len(PROVIDER_ANSWER))
+    assert request_context(head.scope).route == SEARCH_ROUTE.name
+
+
+@pytest.mark.parametrize(
+    ("failure", "status", "code", "details"),
+    [
+        (GatewayError(ErrorCode.UPSTREAM_TIMEOUT, "slow"), 504, "upstream_timeout", None),
+        (StoreUnavailable("down"), 503, "store_unavailable", None),
+        (InvalidInput("limit", "must be at most 100"), 400, "invalid_request", {"parameter": "limit"}),
+    ],
+)
+async def test_method_dispatch_is_the_one_place_failures_become_the_error_shape(
+    failure: Exception, status: int, code: str, details: dict[str, str] | None
+) -> None:
+    async def failing(scope: Scope, receive: Receive, send: Send) -> None:
+        raise failure
+
+    answer = await call(MethodDispatcher({"GET": (SEARCH_ROUTE, failing)}, "GET"), "GET")
+
+    assert answer.status == status and answer.reason == code
+    assert answer.json()["ok"] is False and answer.json()["error"].get("details") == details
+    assert answer.headers["content-type"] == "application/json"
+    assert request_context(answer.scope).error == code

@@ -1,0 +1,358 @@
+"""The payment core, called directly: every outcome of PaymentGate and Settlement.
+
+No HTTP at all: a real store (in-process and Redis), real signed Solana payments, and a recording facilitator
+(the one third party). Each test says what was, and was not, verified, claimed and settled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+import pytest_asyncio
+from solders.keypair import Keypair
+
+from gateway.errors import GatewayError
+from gateway.payments import (
+    Candidate,
+    Challenge,
+    Delivered,
+    Failed,
+    Interrupted,
+    Paid,
+    PaymentLedger,
+    Pending,
+    Reconcile,
+    Refused,
+    Replay,
+    Settlement,
+    StoredResponse,
+)
+from gateway.payments.facilitators import FacilitatorUnavailable
+from gateway.payments.results import PaidRequest
+from gateway.routes import RateLimitSpec
+from gateway.store import StoreUnavailable
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
+from gateway.validation import InvalidInput
+from gateway.x402 import svm
+from gateway.x402.headers import encode_header
+from gateway.x402.types import PaymentPayload, VerifyResponse
+from tests.support.inprocess import (
+    PROVIDER_ANSWER,
+    PaidRoute,
+    balance_body,
+    balance_route,
+    paid_route,
+    settle_refused,
+)
+from tests.support.redis_server import free_port
+
+PAYMENT_ID = "retry-me-0123456789"
+ANSWER = StoredResponse(status=200, body=PROVIDER_ANSWER, content_type="application/json")
+
+
+class Body:
+    """A body reader that counts how often the gate asked for the body."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self.reads = 0
+
+    async def __call__(self) -> bytes:
+        self.reads += 1
+        return self.raw
+
+
+@pytest_asyncio.fixture(params=["memory", "redis"])
+async def route(request: pytest.FixtureRequest) -> AsyncIterator[PaidRoute]:
+    """The same core over each real store: the one in-process and Redis (the shared one)."""
+    if request.param == "memory":
+        yield paid_route(MemoryStore())
+        return
+    store = RedisStore(request.getfixturevalue("clean_redis_url"))
+    try:
+        yield paid_route(store)
+    finally:
+        await store.close()
+
+
+async def _candidate(route: PaidRoute, payment: PaymentPayload, body: bytes | None = None) -> Candidate:
+    inspected = await route.gate.inspect(encode_header(payment), Body(body or balance_body()))
+    assert isinstance(inspected, Candidate), inspected
+    return inspected
+
+
+async def _paid(route: PaidRoute, payment: PaymentPayload, body: bytes | None = None) -> PaidRequest:
+    authorized = await route.gate.authorize(await _candidate(route, payment, body))
+    assert isinstance(authorized, Paid), authorized
+    return authorized.paid
+
+
+# --- inspect: the local checks --------------------------------------------------------------
+
+
+async def test_no_header_is_a_challenge_and_the_body_is_never_read(route: PaidRoute) -> None:
+    body = Body(balance_body())
+    assert await route.gate.inspect(None, body) == Challenge()
+    assert body.reads == 0
+
+
+async def test_an_undecodable_header_is_refused_before_the_body_is_read(route: PaidRoute) -> None:
+    body = Body(balance_body())
+    refused = await route.gate.inspect("not base64 json", body)
+    assert isinstance(refused, Refused) and refused.reason == "invalid_payment_header"
+    assert body.reads == 0
+
+
+async def test_an_invalid_body_is_invalid_input_before_the_payment_is_looked_at(route: PaidRoute) -> None:
+    with pytest.raises(InvalidInput) as invalid:
+        await route.gate.inspect(encode_header(route.sign()), Body(b'{"jsonrpc": "2.0"}'))
+    assert invalid.value.where == "method"
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"amount": "1"}, "amount_mismatch"),
+        ({"asset": "So11111111111111111111111111111111111111112"}, "asset_mismatch"),
+        ({"network": "solana:EtWTRABZaYq6iMfeYKouRu166VU2xqa1"}, "invalid_network"),
+        ({"scheme": "upto"}, "invalid_scheme"),
+    ],
+)
+async def test_a_payment_for_other_terms_is_refused_by_name(
+    route: PaidRoute, change: dict[str, str], reason: str
+) -> None:
+    payment = route.sign()
+    assert payment.accepted is not None
+    accepted = msgspec.structs.replace(payment.accepted, **change)
+    tampered = PaymentPayload(x402Version=2, payload=payment.payload, accepted=accepted)
+    refused = await route.gate.inspect(encode_header(tampered), Body(balance_body()))
+    assert isinstance(refused, Refused) and refused.reason == reason
+    assert refused.payer is None  # nothing learned about who pays: nothing logged against them
+
+
+async def test_a_self_transfer_is_refused(route: PaidRoute) -> None:
+    payment = route.sign(payer=route.wallets.pay_to)
+    refused = await route.gate.inspect(encode_header(payment), Body(balance_body()))
+    assert isinstance(refused, Refused) and refused.reason == "self_transfer"
+
+
+async def test_a_client_signature_that_does_not_verify_is_refused(route: PaidRoute) -> None:
+    payment = route.sign()
+    raw = bytearray(base64.b64decode(payment.payload["transaction"]))
+    raw[1 + 64 + 10] ^= 0xFF  # inside the client's signature (slot 1)
+    forged = PaymentPayload(
+        x402Version=2,
+        payload={"transaction": base64.b64encode(bytes(raw)).decode()},
+        accepted=payment.accepted,
+    )
+    refused = await route.gate.inspect(encode_header(forged), Body(balance_body()))
+    assert isinstance(refused, Refused) and refused.reason == svm.Reason.TRANSACTION.value
+    assert route.facilitator.verified == []
+
+
+async def test_a_malformed_payment_identifier_is_refused_naming_the_payer(route: PaidRoute) -> None:
+    refused = await route.gate.inspect(encode_header(route.sign(payment_id="short")), Body(balance_body()))
+    assert isinstance(refused, Refused) and refused.reason == "invalid_payment_identifier"
+    assert refused.payer == str(route.wallets.payer.pubkey())
+
+
+# --- authorize: store, limits, facilitator, claim -----------------------------------------
+
+
+async def test_a_good_payment_is_verified_once_claimed_and_paid(route: PaidRoute) -> None:
+    payment = route.sign()
+    candidate = await _candidate(route, payment)
+
+    authorized = await route.gate.authorize(candidate)
+
+    assert isinstance(authorized, Paid)
+    assert authorized.body["method"] == "getBalance"
+    assert authorized.paid.payer == str(route.wallets.payer.pubkey())
+    assert authorized.paid.requirements.extra == {"feePayer": route.facilitator.fee_payer}
+    assert len(route.facilitator.verified) == 1 and route.facilitator.settled == []
+    assert await route.ledger.claimed(candidate.key)
+
+
+async def test_the_facilitator_refusing_is_refused_with_its_reason_and_nothing_claimed(
+    route: PaidRoute,
+) -> None:
+    route.facilitator.verify_answers.append(VerifyResponse(isValid=False, invalidReason="insufficient_funds"))
+    candidate = await _candidate(route, route.sign())
+
+    refused = await route.gate.authorize(candidate)
+
+    assert refused == Refused("insufficient_funds", "", candidate.payer)
+    assert not await route.ledger.claimed(candidate.key)
+
+
+async def test_the_facilitator_naming_another_payer_is_refused(route: PaidRoute) -> None:
+    route.facilitator.verify_answers.append(VerifyResponse(isValid=True, payer=str(Keypair().pubkey())))
+    refused = await route.gate.authorize(await _candidate(route, route.sign()))
+    assert isinstance(refused, Refused) and refused.reason == "invalid_payload"
+
+
+async def test_a_silent_facilitator_is_503_and_nothing_claimed(route: PaidRoute) -> None:
+    route.facilitator.verify_answers.append(FacilitatorUnavailable("down"))
+    candidate = await _candidate(route, route.sign())
+    with pytest.raises(GatewayError) as error:
+        await route.gate.authorize(candidate)
+    assert (error.value.status, error.value.code) == (503, "facilitator_unavailable")
+    assert not await route.ledger.claimed(candidate.key)
+
+
+async def test_a_used_payment_is_refused_from_the_store_without_asking_the_facilitator(
+    route: PaidRoute,
+) -> None:
+    payment = route.sign()
+    await _paid(route, payment)
+
+    refused = await route.gate.authorize(await _candidate(route, payment))
+
+    assert isinstance(refused, Refused) and refused.reason == "payment_already_used"
+    assert len(route.facilitator.verified) == 1
+
+
+async def test_the_wallet_limit_is_spent_only_by_signed_payments() -> None:
+    wallet = RateLimitSpec(scope="rpc:wallet", limit=1, period_ms=60_000, per="wallet")
+    route = paid_route(MemoryStore(), balance_route(rate_limits=[wallet]))
+    await _paid(route, route.sign())
+    with pytest.raises(GatewayError) as error:
+        await route.gate.authorize(await _candidate(route, route.sign()))
+    assert error.value.status == 429 and error.value.headers["Retry-After"]
+    assert len(route.facilitator.verified) == 1  # the limit comes before the facilitator
+
+
+async def test_a_payment_identifier_of_another_request_is_a_409(route: PaidRoute) -> None:
+    await _paid(route, route.sign(payment_id=PAYMENT_ID))
+    with pytest.raises(GatewayError) as error:
+        await route.gate.authorize(await _candidate(route, route.sign(payment_id=PAYMENT_ID)))
+    assert (error.value.status, error.value.code) == (409, "idempotency_conflict")
+
+
+async def test_a_settled_request_with_a_payment_identifier_replays_its_answer(route: PaidRoute) -> None:
+    payment = route.sign(payment_id=PAYMENT_ID)
+    paid = await _paid(route, payment)
+    delivered = await route.settlement.settle(paid, ANSWER)
+    assert isinstance(delivered, Delivered)
+
+    replay = await route.gate.authorize(await _candidate(route, payment))
+
+    assert replay == Replay(delivered.response)
+    assert replay.response.payment_response and replay.response.body == PROVIDER_ANSWER
+    assert len(route.facilitator.verified) == 1 and len(route.facilitator.settled) == 1
+
+
+async def test_the_request_whose_settlement_is_pending_is_told_to_reconcile(route: PaidRoute) -> None:
+    payment = route.sign()
+    paid = await _paid(route, payment)
+    route.facilitator.settle_answers.append(FacilitatorUnavailable("silent"))
+    assert await route.settlement.settle(paid, ANSWER) == Pending()
+
+    retry = await route.gate.authorize(await _candidate(route, payment))
+
+    assert isinstance(retry, Reconcile)
+    assert retry.paid.key == paid.key and retry.intent.response == ANSWER
+    other_body = await route.gate.authorize(await _candidate(route, payment, balance_body(request_id=2)))
+    assert isinstance(other_body, Refused) and other_body.reason == "payment_already_used"
+
+
+# --- settle and reconcile -------------------------------------------------------------------
+
+
+async def test_settling_delivers_the_answer_with_the_payment_response(route: PaidRoute) -> None:
+    paid = await _paid(route, route.sign())
+
+    delivered = await route.settlement.settle(paid, ANSWER)
+
+    assert isinstance(delivered, Delivered) and delivered.settlement == "tx-1"
+    header = json.loads(base64.b64decode(delivered.response.payment_response))
+    assert header["success"] is True and header["transaction"] == "tx-1"
+    assert await route.ledger.pending(paid.key) is None  # the intent is closed
+    assert len(route.facilitator.settled) == 1
+
+
+async def test_an_unknown_outcome_is_pending_with_the_intent_kept(route: PaidRoute) -> None:
+    paid = await _paid(route, route.sign())
+    route.facilitator.settle_answers.append(settle_refused("settlement_pending", transaction="tx-sent"))
+
+    assert await route.settlement.settle(paid, ANSWER) == Pending()
+
+    intent = await route.ledger.pending(paid.key)
+    assert intent is not None and intent.transaction == "tx-sent" and intent.response == ANSWER
+
+
+async def test_a_final_refusal_is_failed_and_the_intent_closed(route: PaidRoute) -> None:
+    paid = await _paid(route, route.sign())
+    route.facilitator.settle_answers.append(settle_refused("insufficient_funds"))
+
+    assert await route.settlement.settle(paid, ANSWER) == Failed("insufficient_funds")
+    assert await route.ledger.pending(paid.key) is None
+    assert await route.ledger.claimed(paid.key)  # the payment stays used
+
+
+async def test_a_reconciled_duplicate_is_delivered_once_as_a_plain_success(route: PaidRoute) -> None:
+    payment = route.sign()
+    paid = await _paid(route, payment)
+    route.facilitator.settle_answers += [
+        settle_refused("settlement_pending", transaction="tx-first"),
+        settle_refused("duplicate_settlement", transaction="tx-first"),
+        settle_refused("duplicate_settlement", transaction="tx-first"),
+    ]
+    assert await route.settlement.settle(paid, ANSWER) == Pending()
+    retry = await route.gate.authorize(await _candidate(route, payment))
+    assert isinstance(retry, Reconcile)
+
+    delivered = await route.settlement.reconcile(retry)
+    again = await route.settlement.reconcile(retry)
+
+    assert isinstance(delivered, Delivered) and delivered.settlement == "tx-first"
+    header = json.loads(base64.b64decode(delivered.response.payment_response))
+    assert header["success"] is True and "errorReason" not in header
+    assert isinstance(again, Refused) and again.reason == "payment_already_used"
+    assert len(route.facilitator.settled) == 3
+
+
+async def test_a_refusal_while_the_intent_is_open_stays_pending(route: PaidRoute) -> None:
+    payment = route.sign()
+    paid = await _paid(route, payment)
+    route.facilitator.settle_answers += [
+        FacilitatorUnavailable("silent"),
+        settle_refused("duplicate_settlement"),
+    ]
+    assert await route.settlement.settle(paid, ANSWER) == Pending()
+    retry = await route.gate.authorize(await _candidate(route, payment))
+    assert isinstance(retry, Reconcile)
+
+    assert await route.settlement.reconcile(retry) == Pending()
+    assert await route.ledger.pending(paid.key) is not None  # nothing closed
+
+
+async def test_a_shutdown_mid_settle_is_interrupted_with_the_intent_kept(route: PaidRoute) -> None:
+    paid = await _paid(route, route.sign())
+    route.facilitator.settle_answers.append(asyncio.CancelledError())
+
+    assert await route.settlement.settle(paid, ANSWER) == Interrupted()
+    assert await route.ledger.pending(paid.key) is not None
+
+
+async def test_without_a_store_the_intent_cannot_be_written_and_nothing_is_settled(route: PaidRoute) -> None:
+    paid = await _paid(route, route.sign())
+    down = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)  # nothing listens there
+    settlement = Settlement(
+        route_name=route.route.name,
+        ledger=PaymentLedger(down),
+        facilitator=route.facilitator,
+        replay_cap_bytes=0,
+    )
+    try:
+        with pytest.raises(StoreUnavailable):
+            await settlement.settle(paid, ANSWER)
+    finally:
+        await down.close()
+    assert route.facilitator.settled == []
