@@ -24,7 +24,7 @@ from gateway.clientip import client_ip
 from gateway.config import IpNetwork
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routes import RateLimitSpec
-from gateway.store import RateDecision, Store, StoreUnavailable
+from gateway.store import Bucket, RateDecision, Store, StoreUnavailable
 from gateway.synced_limit import SyncedWindowLimit
 
 CHALLENGE_SCOPE = "challenge:ip"
@@ -56,10 +56,20 @@ class RateLimiter:
     async def hit(self, spec: RateLimitSpec, subject: str | None = None) -> None:
         """One exact decision for ``spec``'s bucket (of ``subject``, for per-wallet limits); may
         raise ``StoreUnavailable``."""
-        key = f"x402gw:rl:{spec.scope}" if subject is None else f"x402gw:rl:{spec.scope}:{subject}"
-        decision = await self.store.rate_limit(key, spec.limit, spec.period_ms)
+        bucket = self.bucket(spec, subject)
+        decision = await self.store.rate_limit(bucket.key, bucket.limit, bucket.period_ms)
         if not decision.allowed:
-            raise rate_limited(spec.scope, spec.limit, spec.period_ms, decision)
+            raise self.refusal(spec, decision)
+
+    def bucket(self, spec: RateLimitSpec, subject: str | None = None) -> Bucket:
+        """The store bucket of ``spec`` (of ``subject``, for per-wallet limits), for callers that
+        charge it together with other store work (the paid path)."""
+        key = f"x402gw:rl:{spec.scope}" if subject is None else f"x402gw:rl:{spec.scope}:{subject}"
+        return Bucket(key, spec.limit, spec.period_ms)
+
+    def refusal(self, spec: RateLimitSpec, decision: RateDecision) -> GatewayError:
+        """The 429 of a refused decision on ``spec``'s bucket."""
+        return rate_limited(spec.scope, spec.limit, spec.period_ms, decision)
 
     def start(self) -> None:
         """Start sharing the challenge counts with the other processes (inside the event loop)."""

@@ -14,10 +14,11 @@ import time
 from urllib.parse import urlsplit
 
 import aiohttp
+import msgspec
 import pytest
 from aiohttp import web
 
-from gateway.payments import PaymentLedger
+from gateway.payments.ledger import PaymentIdRecord
 from gateway.x402.headers import encode_header
 from gateway.x402.types import PaymentPayload
 from tests.support.adversarial_paid import LateConfirmationBackend
@@ -260,12 +261,11 @@ async def _send_and_hang_up(url: str, path: str, body: bytes, headers: dict[str,
 async def _settled(paid: PaidGateway, payment_id: str | None, timeout_s: float = 5.0) -> None:
     """Wait until the gateway has settled (and, with an identifier, stored the response)."""
     services = paid.running.services
-    ledger = PaymentLedger(services.store)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if payment_id is not None:
-            record = await ledger.payment_id(payment_id)
-            if record is not None and record.response is not None:
+            raw = await services.store.get(f"x402gw:pid:{payment_id}")
+            if raw and msgspec.json.decode(raw, type=PaymentIdRecord).response is not None:
                 return
         elif (await services.usage.snapshot([ROUTE]))[(ROUTE, "paid")] == 1:
             return

@@ -7,7 +7,9 @@ body; an unknown settlement outcome is reconciled on retry without calling the p
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -17,9 +19,15 @@ from x402.mechanisms.svm import FacilitatorKeypairSigner
 from x402.mechanisms.svm.exact import register_exact_svm_facilitator
 
 from gateway.store.redis import RedisStore
-from gateway.x402.types import SOLANA_MAINNET
+from gateway.x402.types import SOLANA_MAINNET, FacilitatorRequest, VerifyResponse
 from tests.support.adversarial_paid import captured_log_lines
-from tests.support.cdp_facilitator import Fault, ReferenceBackend, closed_port_url, settlement_signature
+from tests.support.cdp_facilitator import (
+    Fault,
+    ReferenceBackend,
+    StaticBackend,
+    closed_port_url,
+    settlement_signature,
+)
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     GET_BALANCE_PRICE,
@@ -392,6 +400,62 @@ async def test_paid_rpc_pending_settlement_that_landed_is_reconciled_by_the_refe
 # --- the store ----------------------------------------------------------------------------------
 
 
+class StoreCommands:
+    """The commands clients send a Redis server while the block runs (``MONITOR``), without the
+    ones scripts run inside the server: what the gateway pays a network round trip for."""
+
+    STOP = "round-trip-count-done"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.commands: list[str] = []
+        self._ready = threading.Event()
+
+    def _listen(self) -> None:
+        with redis.Redis.from_url(self.url).monitor() as monitor:
+            self._ready.set()
+            for entry in monitor.listen():
+                if self.STOP in entry["command"]:
+                    return
+                if entry["client_type"] != "lua":
+                    self.commands.append(entry["command"].split(" ", 1)[0].upper())
+
+    async def __aenter__(self) -> StoreCommands:
+        self._stopper = redis.Redis.from_url(self.url)
+        self._stopper.ping()  # connected before the count starts: its handshake is not counted
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+        self._thread.start()
+        await asyncio.to_thread(self._ready.wait, 5)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        with self._stopper:
+            self._stopper.echo(self.STOP)
+        await asyncio.to_thread(self._thread.join, 5)
+
+
+@pytest.mark.parametrize("payment_id", [None, "round-trips-0123456789"])
+async def test_paid_rpc_takes_four_store_round_trips(
+    start_paid_gateway: StartPaidGateway, private_redis: RedisServer, payment_id: str | None
+) -> None:
+    """Look up (used? identifier known? then the scope and wallet buckets), claim (the payment,
+    then its identifier), the write-ahead intent, the delivery (closing the intent, keeping the
+    replay): four round trips, whatever the route's limits. The usage flush and the
+    challenge-limit sync run in the background, off the request's path."""
+    env = {"STATE_STORE_REST_URL": private_redis.url, "RATE_LIMIT_SYNC_SECONDS": "10"}
+    paid = await start_paid_gateway(env=env)
+    warm_up = await paid.pay(GET_BALANCE, balance_body(), await paid.payment())  # loads the scripts
+    payment = await paid.payment(payment_id=payment_id)
+    await paid.running.services.usage.flush()
+
+    async with StoreCommands(private_redis.url) as store:
+        reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert warm_up.status == reply.status == 200, reply.body
+    assert store.commands == ["EVALSHA", "EVALSHA", "SET", "EVALSHA"]
+    assert paid.settle_calls() == 2
+
+
 async def test_paid_rpc_store_down_is_503_and_calls_nothing(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer
 ) -> None:
@@ -407,20 +471,37 @@ async def test_paid_rpc_store_down_is_503_and_calls_nothing(
     assert paid.verify_calls() == paid.settle_calls() == paid.upstream_calls == 0
 
 
+class ClaimsGoReadOnlyAtVerify(StaticBackend):
+    """Verifies every payment, but first takes the gateway's store user's right to write payment
+    claims away (an operator's ACL change, say): the store fails between verify and claim."""
+
+    def __init__(self, fee_payer: str, admin_url: str) -> None:
+        super().__init__(fee_payer=fee_payer)
+        self.admin_url = admin_url
+
+    async def verify(self, request: FacilitatorRequest) -> VerifyResponse:
+        admin = redis.Redis.from_url(self.admin_url)
+        admin.execute_command(  # type: ignore[no-untyped-call]
+            "ACL", "SETUSER", "gateway", "resetkeys",
+            "~x402gw:rl*", "~x402gw:usage:*", "~x402gw:pending:*", "~x402gw:pid:*", "%R~x402gw:pay:*",
+        )  # fmt: skip
+        admin.close()
+        return await super().verify(request)
+
+
 async def test_paid_rpc_store_refusing_the_claim_is_503_after_verify_and_calls_no_provider(
-    start_paid_gateway: StartPaidGateway, private_redis: RedisServer
+    start_paid_gateway: StartPaidGateway, private_redis: RedisServer, usdc_chain: UsdcChain
 ) -> None:
-    """The store fails between verify and claim (the gateway's user may read but not write
+    """The store fails between verify and claim (the gateway's user may read but no longer write
     payment claims): fail closed, nothing reaches the provider, nothing is settled."""
     admin = redis.Redis.from_url(private_redis.url)
     admin.execute_command(  # type: ignore[no-untyped-call]
-        "ACL", "SETUSER", "gateway", "on", ">gateway-password", "resetkeys",
-        "~x402gw:rl:*", "~x402gw:usage:*", "~x402gw:pending:*", "~x402gw:pid:*",
-        "%R~x402gw:pay:*", "+@all",
+        "ACL", "SETUSER", "gateway", "on", ">gateway-password", "~x402gw:*", "+@all",
     )  # fmt: skip
     admin.close()
     url = private_redis.url.replace("redis://", "redis://gateway:gateway-password@")
-    paid = await start_paid_gateway(store=RedisStore(url))
+    backend = ClaimsGoReadOnlyAtVerify(str(usdc_chain.fee_payer.pubkey()), private_redis.url)
+    paid = await start_paid_gateway(store=RedisStore(url), backend=backend)
     payment = await paid.payment()
 
     reply = await paid.pay(GET_BALANCE, balance_body(), payment)

@@ -8,8 +8,10 @@ facilitator before the request is known to be well formed and signed by its paye
     payer != payTo, the client's signature verifies over the message        (:meth:`inspect`)
     -> payment-identifier lookup (Replay, or 409 for another request)
     -> already claimed? (the pending settlement of this very request: Reconcile; else Refused)
-    -> scope and per-wallet rate limits -> facilitator verify
-    -> atomic claim of the payment (its message) -> Paid                    (:meth:`authorize`)
+    -> scope and per-wallet rate limits (these three in one store round trip)
+    -> facilitator verify
+    -> atomic claim of the payment (its message), then of its identifier -> Paid
+                                                                            (:meth:`authorize`)
 
 A payment is known by its key, the hash of its transaction message, never by a client
 signature (see :mod:`gateway.payments.ledger`).
@@ -22,7 +24,7 @@ from typing import Protocol
 
 from gateway.errors import ErrorCode, GatewayError
 from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, FacilitatorUnavailable
-from gateway.payments.ledger import PaymentLedger, fingerprint
+from gateway.payments.ledger import Claim, PaymentIdRecord, PaymentLedger, fingerprint
 from gateway.payments.matching import as_v2, match_payment, payment_identifier
 from gateway.payments.results import (
     Authorization,
@@ -36,6 +38,7 @@ from gateway.payments.results import (
     Replay,
 )
 from gateway.routes import RateLimitSpec
+from gateway.store import Bucket, RateDecision
 from gateway.validation import RequestValidator
 from gateway.x402.challenge import ExactChallenge
 from gateway.x402.headers import HeaderError, decode_header
@@ -46,9 +49,11 @@ BodyReader = Callable[[], Awaitable[bytes]]
 
 
 class RateLimits(Protocol):
-    """The shared rate limiter; over a limit it raises the 429 (or 503 when the store is down)."""
+    """The shared rate limiter: names the buckets and words the 429."""
 
-    async def hit(self, spec: RateLimitSpec, subject: str | None = None) -> None: ...
+    def bucket(self, spec: RateLimitSpec, subject: str | None = None) -> Bucket: ...
+
+    def refusal(self, spec: RateLimitSpec, decision: RateDecision) -> GatewayError: ...
 
 
 class PaymentGate:
@@ -105,17 +110,24 @@ class PaymentGate:
     async def authorize(self, candidate: Candidate) -> Authorization:
         """The shared checks, ending in the atomic claim. Raises the one-shape errors: 409 for a
         payment identifier of another request, 429, 503 (store, facilitator)."""
-        if candidate.payment_id is not None:
-            replay = await self._replay(candidate.payment_id, candidate.fingerprint)
+        buckets = [
+            self.limiter.bucket(spec, candidate.payer if spec.per == "wallet" else None)
+            for spec in self.limits
+        ]
+        found = await self.ledger.look_up(candidate.key, candidate.payment_id, buckets)
+        if found.payment_id is not None:
+            replay = self._replay(found.payment_id, candidate.fingerprint)
             if replay is not None:
                 return replay
         # A used payment is refused from the store, before any shared bucket or the facilitator
         # is charged for it: once broadcast, a real facilitator's verify fails (the funds moved),
         # which would lose a pending settlement's withheld response and blame the wrong reason.
-        if await self.ledger.claimed(candidate.key):
+        if found.claimed:
             return await self._reuse(candidate)
-        for spec in self.limits:
-            await self.limiter.hit(spec, candidate.payer if spec.per == "wallet" else None)
+        decisions = found.decisions if found.charged else await self.ledger.charge(buckets)
+        for spec, decision in zip(self.limits, decisions, strict=False):
+            if not decision.allowed:
+                raise self.limiter.refusal(spec, decision)
         requirements = await self._requirements()
         payload = as_v2(candidate.payload, requirements, self.challenge.resource)
         refused = await self._verify(payload, requirements, candidate.payer)
@@ -126,10 +138,12 @@ class PaymentGate:
             if await self.ledger.claimed(candidate.key):
                 return await self._reuse(candidate)
             return refused
-        if not await self.ledger.claim(candidate.key, self.route_name):
+        claim = await self.ledger.claim(
+            candidate.key, self.route_name, candidate.payment_id, candidate.fingerprint
+        )
+        if claim is Claim.TAKEN:
             return await self._reuse(candidate)
-        pid = candidate.payment_id
-        if pid is not None and not await self.ledger.reserve_payment_id(pid, candidate.fingerprint):
+        if claim is Claim.ID_TAKEN:
             raise GatewayError(
                 ErrorCode.IDEMPOTENCY_CONFLICT, "payment identifier already used by another request"
             )
@@ -151,11 +165,8 @@ class PaymentGate:
             return Refused("invalid_payload", "the facilitator found another payer", payer)
         return None
 
-    async def _replay(self, payment_id: str, fp: str) -> Replay | None:
+    def _replay(self, record: PaymentIdRecord, fp: str) -> Replay | None:
         """The stored answer of an identical earlier request; 409 for a different one."""
-        record = await self.ledger.payment_id(payment_id)
-        if record is None:
-            return None
         if record.fingerprint != fp:
             raise GatewayError(
                 ErrorCode.IDEMPOTENCY_CONFLICT, "payment identifier was used with another payment or request"

@@ -19,15 +19,24 @@ Keys (all under ``x402gw:``):
   concurrent reconciliations of one payment answer once.
 * ``pid:{id}`` - the payment-identifier record: the request fingerprint and, once settled,
   the response to replay for 10 minutes.
+
+A paid request takes four store round trips, whatever its rate limits and whether it carries a
+payment identifier: :meth:`PaymentLedger.look_up` (is it used, is its identifier known, and
+only if neither, its rate-limit buckets), :meth:`~PaymentLedger.claim` (the payment, then its
+identifier), :meth:`~PaymentLedger.record_pending` (the write-ahead intent) and
+:meth:`~PaymentLedger.deliver` (the one delivery, closing the intent and keeping the replay).
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import msgspec
 
-from gateway.store import Store
+from gateway.store import Bucket, Entry, RateDecision, Store
 
 CLAIM_TTL_MS = 15 * 60 * 1000
 """Longer than any blockhash lives (about 60-90 s), so a claim outlives its payment."""
@@ -62,6 +71,30 @@ class PaymentIdRecord(msgspec.Struct):
     response: StoredResponse | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PaymentLookup:
+    """What the store knows of a payment before it is verified."""
+
+    claimed: bool
+    payment_id: PaymentIdRecord | None
+    """The record of the request's payment identifier, if it sent one and it is known."""
+    decisions: list[RateDecision]
+    """One per bucket charged, in order, up to the first refusal; none when the payment was
+    claimed or its identifier known (nothing is charged for a request answered from the store)."""
+
+    @property
+    def charged(self) -> bool:
+        return not self.claimed and self.payment_id is None
+
+
+class Claim(enum.Enum):
+    WON = "won"
+    TAKEN = "taken"
+    """Another request claimed this payment first."""
+    ID_TAKEN = "id_taken"
+    """The payment is ours, but its payment identifier belongs to another request."""
+
+
 def claimant(signed_transaction: bytes) -> str:
     """Identity of the exact signed transaction that claimed a payment (its client signature
     included): the token a pending settlement is reconciled with."""
@@ -84,11 +117,35 @@ class PaymentLedger:
         self._pending = msgspec.json.Decoder(PendingSettlement)
         self._pid = msgspec.json.Decoder(PaymentIdRecord)
 
-    async def claim(self, key: str, route: str) -> bool:
-        return await self.store.claim(f"x402gw:pay:{key}", route, CLAIM_TTL_MS)
+    async def look_up(self, key: str, payment_id: str | None, buckets: Sequence[Bucket]) -> PaymentLookup:
+        """Is the payment claimed, is its identifier known, and (only when neither) one decision
+        per rate-limit bucket: one round trip."""
+        keys = [f"x402gw:pay:{key}"] + ([f"x402gw:pid:{payment_id}"] if payment_id is not None else [])
+        found = await self.store.check_then_limit(keys, buckets)
+        raw_pid = found.values[1] if payment_id is not None else None
+        return PaymentLookup(
+            claimed=found.values[0] is not None,
+            payment_id=self._pid.decode(raw_pid) if raw_pid else None,
+            decisions=found.decisions,
+        )
+
+    async def charge(self, buckets: Sequence[Bucket]) -> list[RateDecision]:
+        """The buckets alone (a payment identifier was known, yet its payment unclaimed)."""
+        return (await self.store.check_then_limit([], buckets)).decisions
+
+    async def claim(self, key: str, route: str, payment_id: str | None, fp: str) -> Claim:
+        """Claim the payment, then tie its identifier (if any) to this request: one round trip."""
+        claims = [Entry(f"x402gw:pay:{key}", route, CLAIM_TTL_MS)]
+        if payment_id is not None:
+            record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp)).decode()
+            claims.append(Entry(f"x402gw:pid:{payment_id}", record, PAYMENT_ID_TTL_MS))
+        won = await self.store.claim_then_put(claims)
+        if won == len(claims):
+            return Claim.WON
+        return Claim.TAKEN if won == 0 else Claim.ID_TAKEN
 
     async def claimed(self, key: str) -> bool:
-        """Whether the payment was claimed already (a cheap look before asking the facilitator)."""
+        """Whether the payment was claimed already (a concurrent request may have won it)."""
         return await self.store.get(f"x402gw:pay:{key}") is not None
 
     async def pending(self, key: str) -> PendingSettlement | None:
@@ -102,19 +159,15 @@ class PaymentLedger:
         """Mark the pending record done (an empty record expires at once)."""
         await self.store.put(f"x402gw:pending:{key}", "", 1)
 
-    async def claim_delivery(self, key: str) -> bool:
-        """True for exactly one caller per payment: the one that hands out the settled answer."""
-        return await self.store.claim(f"x402gw:delivered:{key}", "1", CLAIM_TTL_MS)
-
-    async def payment_id(self, pid: str) -> PaymentIdRecord | None:
-        raw = await self.store.get(f"x402gw:pid:{pid}")
-        return self._pid.decode(raw) if raw else None
-
-    async def reserve_payment_id(self, pid: str, fp: str) -> bool:
-        """Tie ``pid`` to this request's fingerprint; False when another request holds it."""
-        record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp)).decode()
-        return await self.store.claim(f"x402gw:pid:{pid}", record, PAYMENT_ID_TTL_MS)
-
-    async def complete_payment_id(self, pid: str, fp: str, response: StoredResponse) -> None:
-        record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp, response=response)).decode()
-        await self.store.put(f"x402gw:pid:{pid}", record, PAYMENT_ID_TTL_MS)
+    async def deliver(self, key: str, replay: tuple[str, str, StoredResponse] | None) -> bool:
+        """True for exactly one caller per payment, the one that hands out the settled answer;
+        that one also closes the intent and keeps ``replay`` (payment identifier, fingerprint,
+        response) for identifier retries. One round trip."""
+        puts = [Entry(f"x402gw:pending:{key}", "", 1)]
+        if replay is not None:
+            pid, fp, response = replay
+            record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp, response=response)).decode()
+            puts.append(Entry(f"x402gw:pid:{pid}", record, PAYMENT_ID_TTL_MS))
+        return (
+            await self.store.claim_then_put([Entry(f"x402gw:delivered:{key}", "1", CLAIM_TTL_MS)], puts) == 1
+        )

@@ -110,31 +110,27 @@ class Settlement:
         self, paid: PaidRequest, result: SettleResponse, intent: PendingSettlement, response: StoredResponse
     ) -> Delivered | Pending | Refused:
         """Exactly one request per payment hands out the answer, however many reconcile it at
-        once. A store outage here lets a fresh success through (only this settle call was told
+        once; the same round trip closes the intent and keeps the answer for payment-identifier
+        retries. A store outage here lets a fresh success through (only this settle call was told
         it settled) but leaves a reconciled one pending, to be delivered by a later retry."""
+        delivered = _delivered(result, response)
+        replay = None
+        if paid.payment_id is not None and len(delivered.body) <= self.replay_cap_bytes:
+            replay = (paid.payment_id, paid.fingerprint, delivered)
         try:
-            first = await self.ledger.claim_delivery(paid.key)
+            first = await self.ledger.deliver(paid.key, replay)
         except StoreUnavailable:
             if not result.success:
                 await self._left_pending(paid, intent, result)
                 return Pending()
+            log_event(
+                "settled response delivered, its intent not closed: store unavailable",
+                logging.WARNING,
+                route=self.route_name,
+            )
             first = True
         if not first:
             return Refused("payment_already_used", "this payment's answer was delivered already", paid.payer)
-        return await self._deliver(paid, result, response)
-
-    async def _deliver(
-        self, paid: PaidRequest, result: SettleResponse, response: StoredResponse
-    ) -> Delivered:
-        if not result.success:  # a reconciled duplicate: the client hears a plain success
-            result = msgspec.structs.replace(result, success=True, errorReason=None, errorMessage=None)
-        delivered = StoredResponse(
-            status=response.status,
-            body=response.body,
-            content_type=response.content_type,
-            payment_response=encode_header(result),
-            settlement=result.transaction,
-        )
         log_event(
             "payment settled",
             route=self.route_name,
@@ -142,7 +138,6 @@ class Settlement:
             amount=paid.requirements.amount,
             settlement=result.transaction,
         )
-        await self._remember(paid, delivered)
         return Delivered(delivered, result.transaction)
 
     async def _left_pending(
@@ -176,15 +171,16 @@ class Settlement:
                 route=self.route_name,
             )
 
-    async def _remember(self, paid: PaidRequest, delivered: StoredResponse) -> None:
-        """Close the intent and keep the response for payment-identifier replays."""
-        try:
-            await self.ledger.resolve_pending(paid.key)
-            if paid.payment_id is not None and len(delivered.body) <= self.replay_cap_bytes:
-                await self.ledger.complete_payment_id(paid.payment_id, paid.fingerprint, delivered)
-        except StoreUnavailable:
-            log_event(
-                "settled response not stored for replay: store unavailable",
-                logging.WARNING,
-                route=self.route_name,
-            )
+
+def _delivered(result: SettleResponse, response: StoredResponse) -> StoredResponse:
+    """The withheld answer with its payment-response header; a reconciled duplicate is reported
+    to the client as the plain success it is."""
+    if not result.success:
+        result = msgspec.structs.replace(result, success=True, errorReason=None, errorMessage=None)
+    return StoredResponse(
+        status=response.status,
+        body=response.body,
+        content_type=response.content_type,
+        payment_response=encode_header(result),
+        settlement=result.transaction,
+    )
