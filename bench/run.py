@@ -126,13 +126,13 @@ QUICK = Profile(
 )
 FULL = Profile(
     "full",
-    throughput=(2000, 20_000),
-    latency=(300, 2000),
-    paid_throughput=(300, 4000),
+    throughput=(2000, 12_000),
+    latency=(300, 1500),
+    paid_throughput=(300, 3000),
     paid_latency=(200, 1000),
     soak_requests=100_000,
     soak_chunk=20_000,
-    rounds=5,
+    rounds=3,
     cap_s=120.0,
 )
 
