@@ -1065,6 +1065,7 @@ def main(argv: list[str] | None = None) -> int:
         "--wait-quiet", type=float, default=0.0, metavar="S", help="first wait up to S s for an idle machine"
     )
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a TERM also stops what we started
     profile = QUICK if args.quick else FULL
     pin = not args.no_pin and len(os.sched_getaffinity(0)) >= 2 and {0, 1} <= os.sched_getaffinity(0)
     bench = Bench(profile, pin)

@@ -1,4 +1,4 @@
-"""CORS for public, paid and sign-in routes (spec 4.5), in the style of Starlette's own.
+"""CORS for public, paid and sign-in routes, in the style of Starlette's own.
 
 Every header is precomputed in ``__init__``; ``__call__`` answers a preflight or adds the
 simple-response headers and gets out of the way.

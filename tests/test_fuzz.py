@@ -1,4 +1,4 @@
-"""Fuzzing (issue 7): the running gateway from its own /openapi.json, and the decoders it trusts.
+"""Fuzzing: the running gateway from its own /openapi.json, and the decoders it trusts.
 
 Two halves, both bounded in time:
 

@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 document (issue 7): generated from routes.yaml, served at /openapi.json."""
+"""The OpenAPI 3.1 document: generated from routes.yaml, served at /openapi.json."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Paid routes when something else fails: the facilitator, the provider, settlement, the store.
 
-Settle after success (design.md): nothing is settled unless the provider answered with a
+Settle after success: nothing is settled unless the provider answered with a
 JSON-RPC ``result``; a discarded authorization stays claimed; a failed settlement withholds the
 body; an unknown settlement outcome is reconciled on retry without calling the provider again.
 """

@@ -1,4 +1,4 @@
-"""Paid Solana RPC and DAS routes (issue 3): the real gateway on a socket, real signed payments.
+"""Paid Solana RPC and DAS routes: the real gateway on a socket, real signed payments.
 
 The gateway runs under hypercorn on loopback with a recording loopback provider, a fake CDP
 facilitator that checks every JWT (optionally delegating to the reference x402 facilitator, so
@@ -77,11 +77,13 @@ async def test_paid_rpc_without_payment_answers_402_with_the_challenge(paid: Pai
     assert reply.headers["content-type"] == "application/json"
     body = reply.json()
     header = reply.header_json("payment-required")
-    # The header is the v2 shape only; the body adds the v1 names and discovery fields to it.
+    # The header is the v2 shape with the extensions; the body the same accepts plus the v1 names
+    # and discovery fields, without the extensions: nothing is sent twice.
     v1_names = {"maxAmountRequired", "resource", "description", "mimeType", "outputSchema", "facilitator"}
     assert header == {
         **body,
         "accepts": [{k: v for k, v in body["accepts"][0].items() if k not in v1_names}],
+        "extensions": header["extensions"],
     }
     assert not v1_names & set(header["accepts"][0])
     assert body["x402Version"] == 2
@@ -102,8 +104,9 @@ async def test_paid_rpc_without_payment_answers_402_with_the_challenge(paid: Pai
     assert accept["mimeType"] == "application/json"
     assert accept["outputSchema"]["input"]["properties"]["method"]["const"] == "getBalance"
     assert accept["outputSchema"]["output"]["required"] == ["jsonrpc", "result"]
-    assert set(body["extensions"]) == {"bazaar", "payment-identifier"}
-    assert body["extensions"]["payment-identifier"]["info"] == {"required": False}
+    assert "extensions" not in body  # v2 only: in the header, which every v2 client reads
+    assert set(header["extensions"]) == {"bazaar", "payment-identifier"}
+    assert header["extensions"]["payment-identifier"]["info"] == {"required": False}
     assert PROVIDER_KEY not in reply.body.decode() + reply.headers["payment-required"]
     assert paid.verify_calls() == paid.settle_calls() == paid.upstream_calls == 0
 

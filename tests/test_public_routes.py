@@ -1,4 +1,4 @@
-"""Public routes over a real socket (spec 2.2, 2.3, 4.1, 4.5): health, catalog, CORS, HEAD, metrics."""
+"""Public routes over a real socket: health, catalog, CORS, HEAD, metrics."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ ALLOW_HEADERS = [
     "SIGN-IN-WITH-X",
     "Authorization",
 ]
-# Spec 4.5 plus PAYMENT-REQUIRED (the v2 challenge header) and Retry-After (for 429s).
+# The CORS headers plus PAYMENT-REQUIRED (the v2 challenge header) and Retry-After (for 429s).
 EXPOSE_HEADERS = {
     "Content-Type",
     "WWW-Authenticate",
@@ -254,7 +254,7 @@ async def test_unconfigured_groups_are_not_mounted(
         assert response.status == 404
 
 
-# --- CORS (spec 4.5) -----------------------------------------------------------------------------
+# --- CORS -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

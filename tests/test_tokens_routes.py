@@ -1,6 +1,6 @@
 """The asset-data routes behind sign-in-with-x, end to end: the real gateway under hypercorn, a
 recording loopback asset-data upstream, wallets with real ed25519 keys, and the reference x402
-client. Spec 2.1, 2.5, 2.7, 4.3, 4.5, 5, 7 and 8.
+client.
 """
 
 from __future__ import annotations

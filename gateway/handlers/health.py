@@ -1,4 +1,4 @@
-"""``GET /healthz``: liveness only (spec 2.2); it must not depend on the store or upstreams."""
+"""``GET /healthz``: liveness only; it must not depend on the store or upstreams."""
 
 from __future__ import annotations
 

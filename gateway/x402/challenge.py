@@ -100,8 +100,10 @@ class ExactChallenge:
         return msgspec.structs.replace(self.requirements, extra=extra or None)
 
     def build(self, fee_payer: str | None, error: str | None = None) -> PaymentRequired:
-        """The JSON body: the v2 envelope whose ``accepts[0]`` also carries the v1 names and the
-        discovery fields (``maxAmountRequired``, ``resource``, ``outputSchema``, ``facilitator``)."""
+        """The JSON body: the envelope whose ``accepts[0]`` also carries the v1 names and the
+        discovery fields (``maxAmountRequired``, ``resource``, ``outputSchema``, ``facilitator``).
+        The v2 ``extensions`` (bazaar, payment-identifier) travel in the header only: a v2 client
+        reads the header whenever it is there, which it always is, and a v1 client knows none."""
         fields = msgspec.structs.asdict(self.requirements_for(fee_payer))
         accept = ChallengeAccept(
             **fields,
@@ -112,14 +114,13 @@ class ExactChallenge:
             outputSchema=self.output_schema,
             facilitator=self.facilitator,
         )
-        return PaymentRequired(
-            x402Version=2, resource=self.resource, accepts=[accept], error=error, extensions=self.extensions
-        )
+        return PaymentRequired(x402Version=2, resource=self.resource, accepts=[accept], error=error)
 
     def build_header(self, fee_payer: str | None, error: str | None = None) -> PaymentRequired:
-        """The ``PAYMENT-REQUIRED`` header: v2 only. v2 clients read the header and ignore v1
-        names, and the route's schemas already travel in the ``bazaar`` extension, so the v1
-        copies (``outputSchema`` above all) stay in the body, where v1 clients look."""
+        """The ``PAYMENT-REQUIRED`` header: v2 only, with the extensions. v2 clients read the
+        header and ignore v1 names, and the route's schemas already travel in the ``bazaar``
+        extension, so the v1 copies (``outputSchema`` above all) stay in the body, where v1
+        clients look. Nothing is sent twice."""
         fields = msgspec.structs.asdict(self.requirements_for(fee_payer))
         return PaymentRequired(
             x402Version=2,
