@@ -74,9 +74,7 @@ SIWX_PATH = "/v1/x402/tokens/assets/usd-coin"
 ASSET_PATH = "/v1/assets/usd-coin"
 RPC_BODY = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getBalance", "params": [ACCOUNT]})
 UNLIMITED = "limit: 3600000, period_seconds: 3600}"
-"""Replaces the named limits in the bench's copy of routes.yaml: the GCRA store works in whole
-milliseconds, so any limit above one per millisecond is one per millisecond with a burst of
-``period_ms``; an hour-long period gives a burst no bounded run reaches."""
+"""Replaces the named limits in the bench's copy of routes.yaml: a burst no bounded run reaches."""
 PEER = "peer (x402 SDK)"
 MEMORY = "gateway, memory store"
 REDIS = "gateway, Redis store"
