@@ -17,7 +17,7 @@ from typing import Any
 from solders.hash import Hash
 from solders.keypair import Keypair
 
-from gateway.asgi import ASGIApp, Message, send_bytes
+from gateway.asgi import ASGIApp, Message, replay_body, send_bytes
 from gateway.context import request_context
 from gateway.payments import PaymentGate, PaymentLedger, Settlement, exact_challenge
 from gateway.payments.facilitators import ChallengeFeePayer
@@ -284,15 +284,7 @@ async def call(
         "server": ("127.0.0.1", 8080),
         "state": {},
     }
-    delivered = False
-
-    async def receive() -> Message:
-        nonlocal delivered
-        if delivered:
-            return {"type": "http.disconnect"}
-        delivered = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
+    receive = replay_body(body)
     messages: list[Message] = []
 
     async def send(message: Message) -> None:
