@@ -55,31 +55,55 @@ def _status(url: str) -> int:
         return 0
 
 
+PORT_TAKEN = "Address already in use"
+START_ATTEMPTS = 3
+
+
+def _start(args: tuple[str, ...], port: int, stdout: IO[bytes], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start the sandbox and wait until its banner is out and it answers; raises if it exits."""
+    for stream in (stdout, stderr):
+        stream.seek(0)
+        stream.truncate()
+    process = subprocess.Popen(
+        [*command(), "sandbox", "--port", str(port), *args],
+        env=clean_env({}),
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while READY_LINE not in read_stream(stdout) or _status(url + "/healthz") != 200:
+        if process.poll() is not None:
+            raise RuntimeError(f"sandbox exited with {process.returncode}:\n{read_stream(stderr)}")
+        if time.monotonic() > deadline:
+            kill_group(process, grace_s=5)
+            raise TimeoutError(f"sandbox not ready in {STARTUP_TIMEOUT_S} s:\n{read_stream(stderr)}")
+        time.sleep(0.05)
+    return process
+
+
 @contextmanager
 def run_sandbox(*args: str, port: int | None = None) -> Iterator[Sandbox]:
-    """``x402-gateway sandbox --port <free> *args`` until ready; stopped (SIGTERM first) on exit."""
-    port = port or free_port()
+    """``x402-gateway sandbox --port <free> *args`` until ready; stopped (SIGTERM first) on exit.
+
+    A free port can be taken by another process before the sandbox binds it (its chain's and
+    asset API's ports too), so a start that fails on a taken port is tried again on fresh ones.
+    """
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(
-            [*command(), "sandbox", "--port", str(port), *args],
-            env=clean_env({}),
-            stdout=stdout,
-            stderr=stderr,
-            start_new_session=True,
-        )
+        for attempt in range(START_ATTEMPTS):
+            chosen = port or free_port()
+            try:
+                process = _start(args, chosen, stdout, stderr)
+                break
+            except RuntimeError as failed:
+                if PORT_TAKEN not in str(failed) or attempt == START_ATTEMPTS - 1:
+                    raise
         try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while READY_LINE not in read_stream(stdout) or _status(url + "/healthz") != 200:
-                if process.poll() is not None:
-                    raise RuntimeError(f"sandbox exited with {process.returncode}:\n{read_stream(stderr)}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"sandbox not ready in {STARTUP_TIMEOUT_S} s:\n{read_stream(stderr)}")
-                time.sleep(0.05)
             text = read_stream(stdout)
             yield Sandbox(
                 process=process,
-                url=url,
+                url=f"http://127.0.0.1:{chosen}",
                 rpc_url=banner_value(text, "local chain"),
                 wallet=banner_value(text, "demo wallet"),
                 usdc_account=banner_value(text, "demo USDC account"),
