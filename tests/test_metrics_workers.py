@@ -70,7 +70,10 @@ async def test_metrics_with_two_workers_count_the_requests_of_both(clean_redis_u
 # --- earnings under two workers --------------------------------------------------------------------
 
 PAYMENT_BATCH = 6
-MAX_PAYMENT_BATCHES = 5
+MAX_PAYMENT_BATCHES = 20
+"""The kernel hands a burst of connections to whichever worker wakes first, and that worker's
+event loop accepts every pending one, so a batch often lands on one worker: keep sending batches
+(a short pause apart, which reshuffles which worker is waiting) until both have settled some."""
 PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 4}, "value": 77}}
 TOKENS_HEALTH = "/v1/x402/tokens/health"
 STORE_FLUSH_POLLS = 50
@@ -136,6 +139,7 @@ async def test_earnings_with_two_workers_add_up_and_list_only_meaningful_series(
             settled += PAYMENT_BATCH
             if len(_settling_pids(gateway.process)) == 2:
                 break
+            await asyncio.sleep(0.05)
         assert len(_settling_pids(gateway.process)) == 2, "both workers must settle for this to mean anything"
         challenge = await gateway.get(TOKENS_HEALTH)
         assert challenge.status == 402
