@@ -5,8 +5,9 @@ Two kinds, by what an overshoot would cost:
 * the per-IP challenge limit (402 answers, which cost nothing but CPU) is decided in the process
   and synchronised with the store in the background (:mod:`gateway.synced_limit`): no store
   round trip per 402, and a stated bound on overshoot across replicas;
-* the limits of a route (an upstream key's quota, a wallet's allowance) are exact: one atomic
-  GCRA decision in the shared store per bucket, at the point the caller's flow defines.
+* the limits of a route (an upstream key's quota, a wallet's allowance) are exact: atomic GCRA
+  decisions in the shared store, all of a request's buckets in one round trip, at the point the
+  caller's flow defines (the paid path charges them together with its payment look-up).
 
 Over a limit raises 429 ``rate_limited`` with ``Retry-After``; a store outage on an exact limit
 raises ``StoreUnavailable`` (503 ``store_unavailable``, converted once in ``gateway.failures``).
@@ -53,23 +54,31 @@ class RateLimiter:
         if not decision.allowed:
             raise rate_limited(limit.scope, limit.limit, limit.period_ms, decision)
 
-    async def hit(self, spec: RateLimitSpec, subject: str | None = None) -> None:
-        """One exact decision for ``spec``'s bucket (of ``subject``, for per-wallet limits); may
-        raise ``StoreUnavailable``."""
-        bucket = self.bucket(spec, subject)
-        decision = await self.store.rate_limit(bucket.key, bucket.limit, bucket.period_ms)
-        if not decision.allowed:
-            raise self.refusal(spec, decision)
+    def buckets(self, specs: Sequence[RateLimitSpec], wallet: str | None = None) -> list[Bucket]:
+        """The store buckets of ``specs``, in order; a per-wallet spec counts ``wallet``'s own
+        requests, every other one the whole scope's."""
+        return [
+            Bucket(
+                f"x402gw:rl:{spec.scope}" if spec.per != "wallet" else f"x402gw:rl:{spec.scope}:{wallet}",
+                spec.limit,
+                spec.period_ms,
+            )
+            for spec in specs
+        ]
 
-    def bucket(self, spec: RateLimitSpec, subject: str | None = None) -> Bucket:
-        """The store bucket of ``spec`` (of ``subject``, for per-wallet limits), for callers that
-        charge it together with other store work (the paid path)."""
-        key = f"x402gw:rl:{spec.scope}" if subject is None else f"x402gw:rl:{spec.scope}:{subject}"
-        return Bucket(key, spec.limit, spec.period_ms)
+    def enforce(self, specs: Sequence[RateLimitSpec], decisions: Sequence[RateDecision]) -> None:
+        """Raise the 429 of the first refused decision (``decisions`` follow ``specs``' order)."""
+        for spec, decision in zip(specs, decisions, strict=False):
+            if not decision.allowed:
+                raise rate_limited(spec.scope, spec.limit, spec.period_ms, decision)
 
-    def refusal(self, spec: RateLimitSpec, decision: RateDecision) -> GatewayError:
-        """The 429 of a refused decision on ``spec``'s bucket."""
-        return rate_limited(spec.scope, spec.limit, spec.period_ms, decision)
+    async def charge(self, specs: Sequence[RateLimitSpec], wallet: str | None = None) -> None:
+        """Exact decisions for ``specs``' buckets in one atomic store round trip, in order and
+        stopping at the first refusal, so a refused request spends no later bucket; raises the
+        429, or ``StoreUnavailable``."""
+        if specs:
+            found = await self.store.check_then_limit([], self.buckets(specs, wallet))
+            self.enforce(specs, found.decisions)
 
     def start(self) -> None:
         """Start sharing the challenge counts with the other processes (inside the event loop)."""

@@ -37,6 +37,5 @@ class ScopeRateLimit:
         self.specs = tuple(s for s in specs if s.per == "scope")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        for spec in self.specs:
-            await self.limiter.hit(spec)
+        await self.limiter.charge(self.specs)
         await self.app(scope, receive, send)

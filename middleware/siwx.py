@@ -78,8 +78,7 @@ class SignInWithX:
             return
         # Only a credible sign-in (signature, nonce, expiry and single use all passed) may spend
         # the wallet's buckets and the allowance the whole upstream key shares.
-        for spec in self.limits:
-            await self.limiter.hit(spec, verified.address if spec.per == "wallet" else None)
+        await self.limiter.charge(self.limits, verified.address)
         ctx.outcome = "signed_in"
         ctx.sign_in, ctx.input = verified, validated
         await self.app(scope, receive, send)

@@ -49,11 +49,13 @@ BodyReader = Callable[[], Awaitable[bytes]]
 
 
 class RateLimits(Protocol):
-    """The shared rate limiter: names the buckets and words the 429."""
+    """The shared rate limiter: names the buckets, raises the 429, or charges them itself."""
 
-    def bucket(self, spec: RateLimitSpec, subject: str | None = None) -> Bucket: ...
+    def buckets(self, specs: Sequence[RateLimitSpec], wallet: str | None = None) -> list[Bucket]: ...
 
-    def refusal(self, spec: RateLimitSpec, decision: RateDecision) -> GatewayError: ...
+    def enforce(self, specs: Sequence[RateLimitSpec], decisions: Sequence[RateDecision]) -> None: ...
+
+    async def charge(self, specs: Sequence[RateLimitSpec], wallet: str | None = None) -> None: ...
 
 
 class PaymentGate:
@@ -110,10 +112,7 @@ class PaymentGate:
     async def authorize(self, candidate: Candidate) -> Authorization:
         """The shared checks, ending in the atomic claim. Raises the one-shape errors: 409 for a
         payment identifier of another request, 429, 503 (store, facilitator)."""
-        buckets = [
-            self.limiter.bucket(spec, candidate.payer if spec.per == "wallet" else None)
-            for spec in self.limits
-        ]
+        buckets = self.limiter.buckets(self.limits, candidate.payer)
         found = await self.ledger.look_up(candidate.key, candidate.payment_id, buckets)
         if found.payment_id is not None:
             replay = self._replay(found.payment_id, candidate.fingerprint)
@@ -124,10 +123,10 @@ class PaymentGate:
         # which would lose a pending settlement's withheld response and blame the wrong reason.
         if found.claimed:
             return await self._reuse(candidate)
-        decisions = found.decisions if found.charged else await self.ledger.charge(buckets)
-        for spec, decision in zip(self.limits, decisions, strict=False):
-            if not decision.allowed:
-                raise self.limiter.refusal(spec, decision)
+        if found.charged:
+            self.limiter.enforce(self.limits, found.decisions)
+        else:  # an identifier known but its payment unclaimed: nothing was charged yet
+            await self.limiter.charge(self.limits, candidate.payer)
         requirements = await self._requirements()
         payload = as_v2(candidate.payload, requirements, self.challenge.resource)
         refused = await self._verify(payload, requirements, candidate.payer)

@@ -129,10 +129,6 @@ class PaymentLedger:
             decisions=found.decisions,
         )
 
-    async def charge(self, buckets: Sequence[Bucket]) -> list[RateDecision]:
-        """The buckets alone (a payment identifier was known, yet its payment unclaimed)."""
-        return (await self.store.check_then_limit([], buckets)).decisions
-
     async def claim(self, key: str, route: str, payment_id: str | None, fp: str) -> Claim:
         """Claim the payment, then tie its identifier (if any) to this request: one round trip."""
         claims = [Entry(f"x402gw:pay:{key}", route, CLAIM_TTL_MS)]
