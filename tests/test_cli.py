@@ -12,7 +12,7 @@ import base58
 from solders.keypair import Keypair
 
 from tests.support.gateway_process import run_cli, serve
-from tests.support.gateway_server import free_port
+from tests.support.ports import free_port
 
 PAY_TO = str(Keypair().pubkey())
 # Every secret carries the marker LEAK so one search finds any of them in any output.

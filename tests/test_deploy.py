@@ -31,7 +31,8 @@ from gateway import metrics
 from gateway.config import ConfigError, Settings, env_vars, load_settings, upstream_variables
 from gateway.routes import named_limits, parse_routes
 from tests.support.gateway_process import serve
-from tests.support.gateway_server import SERVICE_ONLY_ENV, free_port
+from tests.support.gateway_server import SERVICE_ONLY_ENV
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -6,10 +6,8 @@ too large, or the method is wrong, which shows nothing was read or parsed before
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import inspect
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -17,8 +15,6 @@ import aiohttp
 import msgspec
 import pytest
 import pytest_asyncio
-from hypercorn.asyncio import serve
-from hypercorn.config import Config
 from starlette.routing import Route, Router
 
 from gateway.asgi import ASGIApp, Receive, Scope, Send
@@ -28,6 +24,7 @@ from gateway.router import PathTable, not_found
 from gateway.solana_rpc import SolanaRpc
 from gateway.x402.svm_payer import create_exact_payment
 from gateway.x402.types import FacilitatorRequest, PaymentPayload, PaymentRequirements
+from tests.support.gateway_server import run_app
 from tests.support.solana_fixtures import MakeFacilitator, exact_requirements
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 
@@ -65,27 +62,12 @@ def mounted(routes: InternalFacilitatorRoutes) -> ASGIApp:
 @pytest_asyncio.fixture(loop_scope="session")
 async def serve_routes() -> AsyncIterator[ServeRoutes]:
     """Factory: serve an ASGI app on a loopback port; returns the internal facilitator's base URL."""
-    running: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+    async with contextlib.AsyncExitStack() as servers:
 
-    async def start(routes: ASGIApp) -> str:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(128)
-        port = sock.getsockname()[1]
-        config = Config()
-        config.bind = [f"fd://{sock.detach()}"]
-        config.accesslog = None
-        config.graceful_timeout = 1.0
-        shutdown = asyncio.Event()
-        task = asyncio.create_task(serve(_WithLifespan(routes), config, shutdown_trigger=shutdown.wait))  # type: ignore[arg-type]
-        running.append((shutdown, task))
-        return f"http://127.0.0.1:{port}{PREFIX}"
+        async def start(routes: ASGIApp) -> str:
+            return await servers.enter_async_context(run_app(_WithLifespan(routes))) + PREFIX
 
-    yield start
-    for shutdown, task in running:
-        shutdown.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 5)
+        yield start
 
 
 @pytest_asyncio.fixture(loop_scope="session")

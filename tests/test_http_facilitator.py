@@ -637,6 +637,7 @@ def test_bad_key_material_is_refused_without_echoing_it(secret: str, match: str)
 @pytest.mark.parametrize(
     ("key_id", "secret"),
     [("kid", None), (None, "c2VjcmV0"), ("   ", make_ed25519_credentials().secret)],
+    ids=["id-without-secret", "secret-without-id", "blank-id"],
 )
 def test_half_configured_key_is_refused(key_id: str | None, secret: str | None) -> None:
     with pytest.raises(ValueError) as caught:

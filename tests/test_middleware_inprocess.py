@@ -49,7 +49,7 @@ from tests.support.inprocess import (
     payment_header,
     settle_refused,
 )
-from tests.support.redis_server import free_port
+from tests.support.ports import refusing_port
 
 PAYMENT_ID = "retry-me-0123456789"
 
@@ -137,7 +137,7 @@ async def test_an_invalid_body_is_a_400_before_anything_is_charged(route: PaidRo
 
 
 async def test_a_store_outage_is_a_503_and_nothing_is_charged() -> None:
-    down = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)  # nothing listens there
+    down = RedisStore(f"redis://127.0.0.1:{refusing_port()}/0", timeout_s=0.2)  # nothing listens there
     route = paid_route(down)
     try:
         answer = await call(

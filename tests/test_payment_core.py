@@ -50,7 +50,7 @@ from tests.support.inprocess import (
     paid_route,
     settle_refused,
 )
-from tests.support.redis_server import free_port
+from tests.support.ports import refusing_port
 
 PAYMENT_ID = "retry-me-0123456789"
 ANSWER = StoredResponse(status=200, body=PROVIDER_ANSWER, content_type="application/json")
@@ -343,7 +343,7 @@ async def test_a_shutdown_mid_settle_is_interrupted_with_the_intent_kept(route: 
 
 async def test_without_a_store_the_intent_cannot_be_written_and_nothing_is_settled(route: PaidRoute) -> None:
     paid = await _paid(route, route.sign())
-    down = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)  # nothing listens there
+    down = RedisStore(f"redis://127.0.0.1:{refusing_port()}/0", timeout_s=0.2)  # nothing listens there
     settlement = Settlement(
         route_name=route.route.name,
         ledger=PaymentLedger(down),

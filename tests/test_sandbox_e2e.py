@@ -24,7 +24,7 @@ from solders.token.associated import get_associated_token_address
 from gateway.payclient import usdc_text
 from gateway.x402.types import USDC_MAINNET_MINT
 from tests.support.gateway_process import clean_env, command
-from tests.support.gateway_server import free_port
+from tests.support.ports import free_port
 from tests.support.sandbox_process import Sandbox, banner_value, run_sandbox
 
 ROOT_URL = "http://127.0.0.1"

@@ -19,7 +19,7 @@ from gateway.store.lua import GCRA_SCRIPT
 from gateway.store.memory import MemoryStore, gcra
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
-from tests.support.redis_server import free_port
+from tests.support.ports import refusing_port
 
 StoreFactory = Callable[[], Store]
 
@@ -356,7 +356,7 @@ SECRET = "hunter2-s3cret"
 
 def _unreachable_store(backend: str) -> tuple[Store, list[str]]:
     """A store pointed at a port nothing listens on, and the strings that must never leak."""
-    port = free_port()
+    port = refusing_port()
     if backend == "redis":
         url = f"redis://:{SECRET}@127.0.0.1:{port}/0"
         return RedisStore(url), [SECRET, url, str(port)]

@@ -14,7 +14,7 @@ from gateway.store import Store, StoreUnavailable
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.synced_limit import SyncedWindowLimit
-from tests.support.redis_server import free_port
+from tests.support.ports import refusing_port
 
 PERIOD_MS = 60_000
 
@@ -116,7 +116,7 @@ async def test_a_replica_that_never_saw_the_client_learns_the_shared_count_at_it
 
 async def test_a_store_outage_leaves_each_process_a_limit_of_its_own_and_loses_no_count() -> None:
     clock = Clock(window_start() + 1)
-    down = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
+    down = RedisStore(f"redis://127.0.0.1:{refusing_port()}/0", timeout_s=0.2)
     limit = limit_on(down, clock)
     try:
         assert admitted(limit, "ip", 3) == 3

@@ -30,7 +30,8 @@ from gateway.x402.headers import encode_header
 from gateway.x402.siwx import SiwxIssuer
 from gateway.x402.siwx_signer import Signer, sign_in, sign_payload, signer_address
 from gateway.x402.types import SOLANA_DEVNET, SOLANA_MAINNET, SiwxExtension
-from tests.support.gateway_server import RunningGateway, free_port, run_gateway
+from tests.support.gateway_server import RunningGateway, run_gateway
+from tests.support.ports import refusing_port
 from tests.support.upstream import Upstream, static
 
 KEY = "test-asset-key-0123456789abcdef"
@@ -1044,7 +1045,7 @@ async def test_a_slow_upstream_is_504(
 async def test_an_unreachable_upstream_is_502_without_naming_it(
     client: aiohttp.ClientSession, log_lines: list[str]
 ) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{refusing_port()}"
     async with run_gateway(_env(dead)) as gateway:
         reply = await call(client, gateway, "GET", f"{PREFIX}/health")
     error = assert_error(reply, 502, "upstream_error")
@@ -1162,7 +1163,7 @@ async def test_refused_sign_ins_count_against_the_per_ip_challenge_limit(
 async def test_an_unreachable_store_fails_a_sign_in_closed_with_503_but_still_challenges(
     asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
 ) -> None:
-    store = f"redis://127.0.0.1:{free_port()}/0"
+    store = f"redis://127.0.0.1:{refusing_port()}/0"
     env = _env(asset_api.url, STATE_STORE_REST_URL=store)
     async with run_gateway(env, routes=_routes_with(())) as gateway:
         path = f"{PREFIX}/health"

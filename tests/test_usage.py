@@ -15,7 +15,7 @@ from gateway.metrics import PAYMENT_OUTCOMES, USAGE_OUTCOMES, Usage, usage_key
 from gateway.routes import RouteSpec, load_routes, named_limits
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
-from tests.support.gateway_server import free_port
+from tests.support.ports import refusing_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXACT = "solana.mainnet.provider_a.rpc.getBalance"
@@ -114,7 +114,7 @@ async def test_the_snapshot_holds_exactly_the_meaningful_pairs_of_the_table(rout
 
 
 async def test_usage_counts_wait_out_a_store_outage(routes: list[RouteSpec]) -> None:
-    down = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
+    down = RedisStore(f"redis://127.0.0.1:{refusing_port()}/0", timeout_s=0.2)
     usage = Usage(down, routes)
     usage.observe(_ctx(EXACT, "exact", "settle_failed", 402))
     usage.observe(_ctx(EXACT, "exact", "upstream_failed", 502))

@@ -21,7 +21,6 @@ import base64
 import enum
 import hashlib
 import secrets
-import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
@@ -43,6 +42,7 @@ from gateway.x402.types import (
     SupportedResponse,
     VerifyResponse,
 )
+from tests.support.ports import refusing_port
 
 BASE_PATH = "/platform/v2/x402"
 JWT_MAX_LIFETIME_S = 120
@@ -535,7 +535,4 @@ def _error(status: int, error_type: str, message: str) -> web.Response:
 
 def closed_port_url(base_path: str = BASE_PATH) -> str:
     """A URL on 127.0.0.1 where nothing listens (connection refused)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    return f"http://127.0.0.1:{port}{base_path}"
+    return f"http://127.0.0.1:{refusing_port()}{base_path}"

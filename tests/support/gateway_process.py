@@ -11,7 +11,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO
 
-from tests.support.gateway_server import free_port
+from tests.support.ports import free_port
 
 
 def command() -> list[str]:
@@ -57,16 +56,17 @@ class GatewayProcess:
         return self.process.wait(timeout=timeout)
 
     def stdout(self) -> str:
-        return _read(self._stdout)
+        return read_output(self._stdout)
 
     def stderr(self) -> str:
-        return _read(self._stderr)
+        return read_output(self._stderr)
 
 
-def _read(stream: IO[bytes]) -> str:
-    stream.flush()
-    stream.seek(0)
-    return stream.read().decode("utf-8", errors="replace")
+def read_output(stream: IO[bytes]) -> str:
+    """All the process wrote so far, read without moving the offset it shares with the process
+    (a seek here would make its next write land over earlier output)."""
+    fd = stream.fileno()
+    return os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", errors="replace")
 
 
 def kill_group(process: subprocess.Popen[bytes], grace_s: float = 10) -> None:
@@ -83,41 +83,53 @@ def kill_group(process: subprocess.Popen[bytes], grace_s: float = 10) -> None:
     process.wait(timeout=10)
 
 
-def _wait_until_listening(
+PORT_TAKEN = "Address already in use"
+START_ATTEMPTS = 5
+
+
+def _wait_until_serving(
     process: subprocess.Popen[bytes], port: int, stderr: IO[bytes], timeout: float
 ) -> None:
+    """Until hypercorn says it runs on ``port``: that line proves this process bound the port,
+    where a TCP connect could reach another server that took the port first."""
+    running = f"Running on http://127.0.0.1:{port} "
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if running in read_output(stderr):
+            return
         if process.poll() is not None:
-            raise RuntimeError(f"gateway exited with {process.returncode}:\n{_read(stderr)}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"gateway did not listen on {port} within {timeout} s")
+            raise RuntimeError(f"gateway exited with {process.returncode}:\n{read_output(stderr)}")
+        time.sleep(0.02)
+    raise TimeoutError(f"gateway did not listen on {port} within {timeout} s:\n{read_output(stderr)}")
 
 
 @contextmanager
 def serve(env: Mapping[str, str], *args: str, timeout: float = 20) -> Iterator[GatewayProcess]:
     """``x402-gateway serve --host 127.0.0.1 --port <free>`` with ``env``; killed on exit if still up.
 
-    GATEWAY_BASE_URL defaults to the bound address. Readiness is a TCP connect, so no request is
-    made (and logged) before the test's own; hypercorn queues early connections until its worker
-    is up.
+    GATEWAY_BASE_URL defaults to the bound address. A start that fails because another process
+    took the free port first is tried again on a fresh one. No request is made (and logged)
+    before the test's own.
     """
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(
-            [*command(), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
-            env=clean_env({"GATEWAY_BASE_URL": url, **env}),
-            stdout=stdout,
-            stderr=stderr,
-            start_new_session=True,
-        )
-        try:
-            _wait_until_listening(process, port, stderr, timeout)
-            yield GatewayProcess(process, url, port, stdout, stderr)
-        finally:
-            kill_group(process)
+    for attempt in range(START_ATTEMPTS):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+            process = subprocess.Popen(
+                [*command(), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+                env=clean_env({"GATEWAY_BASE_URL": url, **env}),
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+            )
+            try:
+                try:
+                    _wait_until_serving(process, port, stderr, timeout)
+                except RuntimeError as failed:
+                    if PORT_TAKEN in str(failed) and attempt < START_ATTEMPTS - 1:
+                        continue
+                    raise
+                yield GatewayProcess(process, url, port, stdout, stderr)
+                return
+            finally:
+                kill_group(process)

@@ -19,6 +19,7 @@ from gateway.config import Settings, load_settings
 from gateway.routes import RouteSpec
 from gateway.store import Store
 from tests.support.cdp_facilitator import make_ed25519_credentials
+from tests.support.ports import bound_socket
 
 PAY_TO = str(Keypair().pubkey())
 _CDP = make_ed25519_credentials("LEAK-KEY-ID")
@@ -44,13 +45,6 @@ PAID_GROUPS = "provider_a,provider_b"
 """ROUTE_GROUPS of a gateway configured for the paid Solana routes only."""
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @dataclass
 class RunningGateway:
     url: str
@@ -63,11 +57,16 @@ class RunningGateway:
 
 
 @asynccontextmanager
-async def run_app(app: Starlette, port: int | None = None) -> AsyncIterator[str]:
-    """Serve ``app`` on 127.0.0.1 until the block exits; yields the base URL."""
-    port = port or free_port()
+async def run_app(app: Any, sock: socket.socket | None = None) -> AsyncIterator[str]:
+    """Serve ``app`` on 127.0.0.1 until the block exits; yields the base URL.
+
+    Hypercorn gets an already-bound socket (``fd://``), so no other process can take the port
+    between choosing and serving it.
+    """
+    sock = sock or bound_socket()
+    port = sock.getsockname()[1]
     config = Config()
-    config.bind = [f"127.0.0.1:{port}"]
+    config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None
     config.errorlog = None
     config.graceful_timeout = 1
@@ -95,9 +94,13 @@ async def run_gateway(
     env: Mapping[str, str], routes: list[RouteSpec] | None = None, store: Store | None = None
 ) -> AsyncIterator[RunningGateway]:
     """Build the gateway from ``env`` (GATEWAY_BASE_URL defaults to the bound address) and serve it."""
-    port = free_port()
-    full = {"GATEWAY_BASE_URL": f"http://127.0.0.1:{port}", **env}
-    settings = load_settings(full)
-    app = create_app(settings, routes, store)
-    async with run_app(app, port) as url:
+    sock = bound_socket()
+    full = {"GATEWAY_BASE_URL": f"http://127.0.0.1:{sock.getsockname()[1]}", **env}
+    try:
+        settings = load_settings(full)
+        app = create_app(settings, routes, store)
+    except BaseException:
+        sock.close()
+        raise
+    async with run_app(app, sock) as url:
         yield RunningGateway(url=url, app=app, settings=settings)

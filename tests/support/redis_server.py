@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,13 +18,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (the caller retries if it is taken meanwhile)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tests.support.ports import free_port
 
 
 def server_binary() -> str:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tests.support.gateway_process import clean_env, command, kill_group
-from tests.support.gateway_server import free_port
+from tests.support.gateway_process import clean_env, command, kill_group, read_output
+from tests.support.ports import free_port
 
 READY_LINE = "Ctrl-C stops it."
 STARTUP_TIMEOUT_S = 15.0
@@ -33,12 +33,6 @@ class Sandbox:
     banner: str
     stdout: IO[bytes]
     stderr: IO[bytes]
-
-
-def read_stream(stream: IO[bytes]) -> str:
-    stream.flush()
-    stream.seek(0)
-    return stream.read().decode("utf-8", errors="replace")
 
 
 def banner_value(text: str, label: str) -> str:
@@ -73,12 +67,12 @@ def _start(args: tuple[str, ...], port: int, stdout: IO[bytes], stderr: IO[bytes
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while READY_LINE not in read_stream(stdout) or _status(url + "/healthz") != 200:
+    while READY_LINE not in read_output(stdout) or _status(url + "/healthz") != 200:
         if process.poll() is not None:
-            raise RuntimeError(f"sandbox exited with {process.returncode}:\n{read_stream(stderr)}")
+            raise RuntimeError(f"sandbox exited with {process.returncode}:\n{read_output(stderr)}")
         if time.monotonic() > deadline:
             kill_group(process, grace_s=5)
-            raise TimeoutError(f"sandbox not ready in {STARTUP_TIMEOUT_S} s:\n{read_stream(stderr)}")
+            raise TimeoutError(f"sandbox not ready in {STARTUP_TIMEOUT_S} s:\n{read_output(stderr)}")
         time.sleep(0.05)
     return process
 
@@ -100,7 +94,7 @@ def run_sandbox(*args: str, port: int | None = None) -> Iterator[Sandbox]:
                 if PORT_TAKEN not in str(failed) or attempt == START_ATTEMPTS - 1:
                     raise
         try:
-            text = read_stream(stdout)
+            text = read_output(stdout)
             yield Sandbox(
                 process=process,
                 url=f"http://127.0.0.1:{chosen}",
