@@ -18,6 +18,7 @@ import msgspec
 import yaml
 from solders.pubkey import Pubkey
 
+from gateway import yaml_document
 from gateway.redact import Secret
 from gateway.x402.svm import DEFAULT_MAX_COMPUTE_UNIT_LIMIT, DEFAULT_MAX_COMPUTE_UNIT_PRICE, ExactPolicy
 from gateway.x402.types import USDC_MAINNET_MINT
@@ -28,7 +29,6 @@ PACKAGED_ROUTES_FILE = Path(__file__).with_name("routes.yaml")
 INTERNAL = "internal"
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # every worker reads the table's upstreams
 
 # ASCII digits only: int()/float() would also take "80_80", "+5" or non-ASCII digits.
 _INTEGER = re.compile(r"-?[0-9]+")
@@ -187,7 +187,7 @@ def upstream_variables(routes_file: Path) -> dict[str, str]:
     both, with their location.
     """
     try:
-        doc = yaml.load(routes_file.read_text(encoding="utf-8"), Loader=_YamlLoader)
+        doc, _ = yaml_document.parse(routes_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
     block = doc.get("upstreams") if isinstance(doc, dict) else None

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from gateway import yaml_document
 from gateway.config import GATEWAY_VARIABLES, UPSTREAM_VARIABLE, ConfigError, Settings
 from gateway.settlement_cost import lamports_covered, worst_case_lamports
 from gateway.validation import SchemaError, check_schema
@@ -113,11 +114,11 @@ def load_routes(path: Path, limits: Mapping[str, tuple[int, int]]) -> list[Route
     except (OSError, UnicodeDecodeError) as exc:
         raise RoutesError(f"{source}: cannot read: {exc}") from None
     try:
-        doc = yaml.safe_load(text)
+        doc, root = yaml_document.parse(text)
     except yaml.YAMLError as exc:
         syntax = _yaml_syntax(exc)
         raise RoutesError(f"{source}:{syntax}" if syntax[0].isdigit() else f"{source}: {syntax}") from None
-    return parse_routes(doc, limits, source, YamlLines(text))
+    return parse_routes(doc, limits, source, YamlLines(root))
 
 
 def _yaml_syntax(exc: yaml.YAMLError) -> str:
@@ -138,12 +139,8 @@ _LOCATION_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 class YamlLines:
     """The line of every key and list item of a YAML text, to point a problem at its place."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, root: yaml.Node | None) -> None:
         self.lines: dict[tuple[str, ...], int] = {}
-        try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.YAMLError:
-            return
         if root is not None:
             self._walk(root, (), 0)
 
