@@ -22,11 +22,11 @@ from aiohttp import web
 from solders.keypair import Keypair
 
 from gateway.x402.siwx_signer import sign_in
-from tests.support.cdp_facilitator import CdpCredentials, ReferenceBackend
-from tests.support.facilitator_fixtures import StartFacilitator
+from tests.support.cdp_facilitator import CdpFacilitatorServer, ReferenceBackend, make_ed25519_credentials
 from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PRICE, Reply, balance_body, encode_body
 from tests.support.paid_processes import PaidProcesses, Replica, paid_processes
-from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
+from tests.support.redis_server import start_redis_server
+from tests.support.solana_rpc_server import LiteSvmRpcServer, setup_usdc_chain
 from tests.support.upstream import Upstream
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
@@ -50,7 +50,7 @@ async def _asset_answer(request: web.Request, body: bytes) -> web.StreamResponse
     return web.json_response({"status": "ok"})
 
 
-@pytest_asyncio.fixture(loop_scope="session")
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def asset_api() -> AsyncIterator[Upstream]:
     server = Upstream(responder=_asset_answer)
     await server.start()
@@ -58,38 +58,51 @@ async def asset_api() -> AsyncIterator[Upstream]:
     await server.stop()
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def cluster(
-    clean_redis_url: str,
-    usdc_chain: UsdcChain,
-    solana_rpc_server: LiteSvmRpcServer,
-    upstream: Upstream,
-    asset_api: Upstream,
-    start_cdp_facilitator: StartFacilitator,
-    cdp_credentials: CdpCredentials,
-) -> AsyncIterator[PaidProcesses]:
-    facilitator = await start_cdp_facilitator(
-        credentials=cdp_credentials, backend=ReferenceBackend(usdc_chain.fee_payer, solana_rpc_server.url)
-    )
-    env = {
-        "STATE_STORE_REST_URL": clean_redis_url,
-        "GATEWAY_BASE_URL": BASE_URL,
-        "ROUTE_GROUPS": "all",
-        "SIWX_SECRET": SIWX_SECRET,
-        "ASSET_API_BASE_URL": asset_api.url,
-        "ASSET_API_KEY": ASSET_KEY,
-        "RATE_LIMIT_CHALLENGE_PER_MINUTE": str(CHALLENGE_LIMIT),
-        "RATE_LIMIT_SYNC_SECONDS": str(SYNC_INTERVAL_S),
-    }
-    async with paid_processes(
-        REPLICAS,
-        chain=usdc_chain,
-        rpc=solana_rpc_server,
-        upstream=upstream,
-        facilitator=facilitator,
-        env=env,
-    ) as running:
-        yield running
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def cluster(asset_api: Upstream) -> AsyncIterator[PaidProcesses]:
+    """One cluster for the module (starting three processes is most of these tests' cost), with
+    third parties of its own: the session's chain server and Redis serve other tests between
+    these, so the cluster must not share them."""
+    with start_redis_server() as redis, LiteSvmRpcServer() as rpc:
+        chain = setup_usdc_chain()
+        rpc.use(chain.svm)
+        upstream = Upstream()
+        await upstream.start()
+        facilitator = CdpFacilitatorServer(
+            backend=ReferenceBackend(chain.fee_payer, rpc.url), credentials=make_ed25519_credentials()
+        )
+        await facilitator.start()
+        env = {
+            "STATE_STORE_REST_URL": redis.url,
+            "GATEWAY_BASE_URL": BASE_URL,
+            "ROUTE_GROUPS": "all",
+            "SIWX_SECRET": SIWX_SECRET,
+            "ASSET_API_BASE_URL": asset_api.url,
+            "ASSET_API_KEY": ASSET_KEY,
+            "RATE_LIMIT_CHALLENGE_PER_MINUTE": str(CHALLENGE_LIMIT),
+            "RATE_LIMIT_SYNC_SECONDS": str(SYNC_INTERVAL_S),
+            "RATE_LIMIT_WALLET_RPS": "1000",  # one payer pays in every test, a few times a second
+        }
+        try:
+            async with paid_processes(
+                REPLICAS, chain=chain, rpc=rpc, upstream=upstream, facilitator=facilitator, env=env
+            ) as running:
+                yield running
+        finally:
+            await facilitator.stop()
+            facilitator.backend.close()
+            await upstream.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_records(cluster: PaidProcesses, asset_api: Upstream) -> None:
+    """Each test counts only its own calls, and signs transactions no earlier test signed (the
+    same payment built on the same blockhash would be the same transaction)."""
+    cluster.chain.svm.expire_blockhash()
+    cluster.upstream.calls.clear()
+    cluster.rpc.sent.clear()
+    cluster.facilitator.reset()
+    asset_api.calls.clear()
 
 
 # --- exact payments ------------------------------------------------------------------------------
