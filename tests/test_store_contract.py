@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.store import Bucket, Entry, Store, StoreUnavailable, open_store
-from gateway.store.lua import GCRA_SCRIPT
+from gateway.store import Bucket, Entry, RateDecision, Store, StoreUnavailable, open_store
+from gateway.store.lua import CHECK_THEN_LIMIT_SCRIPT
 from gateway.store.memory import MemoryStore, gcra
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
@@ -114,8 +114,14 @@ async def test_concurrent_increments_are_all_counted(store: Store) -> None:
 # --- rate limit ----------------------------------------------------------------------------------
 
 
+async def limit_once(store: Store, key: str, limit: int, period_ms: int) -> RateDecision:
+    """One GCRA decision on one bucket, as the rate limiter asks for it (nothing checked first)."""
+    (decision,) = (await store.check_then_limit([], [Bucket(key, limit, period_ms)])).decisions
+    return decision
+
+
 async def test_rate_limit_allows_exactly_limit_in_a_burst_then_refuses(store: Store) -> None:
-    decisions = [await store.rate_limit("rl:burst", 5, 60_000) for _ in range(7)]
+    decisions = [await limit_once(store, "rl:burst", 5, 60_000) for _ in range(7)]
 
     assert [d.allowed for d in decisions] == [True] * 5 + [False] * 2
     # The next slot opens one emission interval (60 s / 5) after the first request, give or take
@@ -125,33 +131,33 @@ async def test_rate_limit_allows_exactly_limit_in_a_burst_then_refuses(store: St
 
 
 async def test_rate_limit_allows_exactly_limit_of_a_concurrent_burst(store: Store) -> None:
-    decisions = await asyncio.gather(*(store.rate_limit("rl:gather", 8, 60_000) for _ in range(40)))
+    decisions = await asyncio.gather(*(limit_once(store, "rl:gather", 8, 60_000) for _ in range(40)))
 
     assert sum(d.allowed for d in decisions) == 8
 
 
 async def test_rate_limit_refills_one_slot_per_interval_and_all_after_the_period(store: Store) -> None:
     limit, period_ms = 2, 400  # one slot every 200 ms
-    assert (await store.rate_limit("rl:refill", limit, period_ms)).allowed
-    assert (await store.rate_limit("rl:refill", limit, period_ms)).allowed
-    refused = await store.rate_limit("rl:refill", limit, period_ms)
+    assert (await limit_once(store, "rl:refill", limit, period_ms)).allowed
+    assert (await limit_once(store, "rl:refill", limit, period_ms)).allowed
+    refused = await limit_once(store, "rl:refill", limit, period_ms)
     assert not refused.allowed
     assert 0 < refused.retry_after_ms <= 200
 
     await asyncio.sleep(refused.retry_after_ms / 1000 + 0.03)
-    assert (await store.rate_limit("rl:refill", limit, period_ms)).allowed
-    assert not (await store.rate_limit("rl:refill", limit, period_ms)).allowed
+    assert (await limit_once(store, "rl:refill", limit, period_ms)).allowed
+    assert not (await limit_once(store, "rl:refill", limit, period_ms)).allowed
 
     await asyncio.sleep(period_ms / 1000 + 0.03)
-    decisions = [await store.rate_limit("rl:refill", limit, period_ms) for _ in range(limit + 1)]
+    decisions = [await limit_once(store, "rl:refill", limit, period_ms) for _ in range(limit + 1)]
     assert [d.allowed for d in decisions] == [True] * limit + [False]
 
 
 async def test_rate_limit_keys_are_independent(store: Store) -> None:
-    assert (await store.rate_limit("rl:wallet-a", 1, 60_000)).allowed
-    assert not (await store.rate_limit("rl:wallet-a", 1, 60_000)).allowed
+    assert (await limit_once(store, "rl:wallet-a", 1, 60_000)).allowed
+    assert not (await limit_once(store, "rl:wallet-a", 1, 60_000)).allowed
 
-    assert (await store.rate_limit("rl:wallet-b", 1, 60_000)).allowed
+    assert (await limit_once(store, "rl:wallet-b", 1, 60_000)).allowed
 
 
 async def test_ping_answers_true(store: Store) -> None:
@@ -165,7 +171,7 @@ async def test_rate_limit_is_exact_across_many_independent_connections(clean_red
     stores = [RedisStore(clean_redis_url) for _ in range(6)]
     try:
         decisions = await asyncio.gather(
-            *(s.rate_limit("rl:shared", 25, 60_000) for s in stores for _ in range(40))
+            *(limit_once(s, "rl:shared", 25, 60_000) for s in stores for _ in range(40))
         )
     finally:
         await asyncio.gather(*(s.close() for s in stores))
@@ -182,7 +188,7 @@ async def test_redis_and_upstash_backends_share_claims_and_buckets(
         assert not await upstash_store.claim("claim:both", "upstash", 10_000)
 
         decisions = await asyncio.gather(
-            *(s.rate_limit("rl:both", 10, 60_000) for s in (redis_store, upstash_store) for _ in range(15))
+            *(limit_once(s, "rl:both", 10, 60_000) for s in (redis_store, upstash_store) for _ in range(15))
         )
         assert sum(d.allowed for d in decisions) == 10
     finally:
@@ -195,7 +201,7 @@ async def test_redis_and_upstash_backends_share_claims_and_buckets(
 
 async def test_gcra_script_decides_exactly_as_memory_gcra(raw_redis: aioredis.Redis) -> None:
     """Drive the script with explicit clocks and compare every decision and stored TAT."""
-    script = raw_redis.register_script(GCRA_SCRIPT)
+    script = raw_redis.register_script(CHECK_THEN_LIMIT_SCRIPT)
     rng = random.Random(402)
     for case in range(20):
         key, limit, period_ms = f"rl:diff:{case}", rng.randint(1, 20), rng.randint(10_000, 100_000)
@@ -204,8 +210,8 @@ async def test_gcra_script_decides_exactly_as_memory_gcra(raw_redis: aioredis.Re
             step = rng.choice([0, 0, 1, rng.randint(1, period_ms // limit), rng.randint(1, period_ms)])
             now += step * 1_000 + rng.choice([0, 0, rng.randint(1, 999)])
             expected, new_tat = gcra(tat, now, limit, period_ms)
-            reply = await script(keys=[key], args=[limit, period_ms, now])
-            assert reply == [int(expected.allowed), expected.retry_after_ms]
+            reply = await script(keys=[key], args=[0, limit, period_ms, now])  # nothing checked first
+            assert reply == [[], [expected.retry_after_ms]]
             tat = new_tat if new_tat is not None else tat
             if tat is not None and tat > now:
                 assert await raw_redis.get(key) == str(tat)
@@ -216,8 +222,8 @@ async def test_rate_limit_key_expires_when_its_tat_passes(
 ) -> None:
     store = RedisStore(clean_redis_url)
     try:
-        await store.rate_limit("rl:ttl", 4, 2_000)  # TAT = now + 500 ms
-        await store.rate_limit("rl:ttl", 4, 2_000)  # TAT = now + 1000 ms
+        await limit_once(store, "rl:ttl", 4, 2_000)  # TAT = now + 500 ms
+        await limit_once(store, "rl:ttl", 4, 2_000)  # TAT = now + 1000 ms
     finally:
         await store.close()
 
@@ -235,8 +241,8 @@ async def test_rate_limit_loads_its_script_on_a_server_that_lacks_it(
         else UpstashStore(*request.getfixturevalue("upstash_url_and_token"))
     )
     try:
-        assert (await store.rate_limit("rl:noscript", 1, 60_000)).allowed
-        assert not (await store.rate_limit("rl:noscript", 1, 60_000)).allowed
+        assert (await limit_once(store, "rl:noscript", 1, 60_000)).allowed
+        assert not (await limit_once(store, "rl:noscript", 1, 60_000)).allowed
     finally:
         await store.close()
 
@@ -298,7 +304,7 @@ async def test_check_then_limit_stops_at_the_first_refusing_bucket(store: Store)
     assert len(second.decisions) == 1 and second.refused is not None
     assert 0 < second.refused.retry_after_ms <= 60_000
     # The refused request did not spend the loose bucket's second slot.
-    assert (await store.rate_limit("b:loose", 2, 60_000)).allowed
+    assert (await limit_once(store, "b:loose", 2, 60_000)).allowed
 
 
 async def test_check_then_limit_with_no_buckets_is_a_multi_get(store: Store) -> None:
@@ -368,7 +374,6 @@ OPERATIONS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "claim": lambda s: s.claim("k", "v", 1_000),
     "get": lambda s: s.get("k"),
     "put": lambda s: s.put("k", "v", 1_000),
-    "rate_limit": lambda s: s.rate_limit("k", 1, 1_000),
     "incr": lambda s: s.incr("k"),
     "counters": lambda s: s.counters(["k"]),
     "add_counts": lambda s: s.add_counts({"k": 1}, 1_000),
@@ -481,13 +486,13 @@ async def test_memory_store_drops_expired_buckets_and_values() -> None:
 
     store = MemoryStore()
     for i in range(100):
-        await store.rate_limit(f"ip:{i}", 10, 20)
+        await limit_once(store, f"ip:{i}", 10, 20)
         await store.put(f"v:{i}", "x", 20)
     assert store.size() == 200
     await asyncio.sleep(0.05)
     await store.claim("c", "x", 60_000)  # any write drops what has expired
     assert store.size() == 1
-    assert (await store.rate_limit("ip:0", 10, 20)).allowed
+    assert (await limit_once(store, "ip:0", 10, 20)).allowed
 
 
 async def test_rate_limits_above_1000_per_second_keep_their_value() -> None:
@@ -495,5 +500,5 @@ async def test_rate_limits_above_1000_per_second_keep_their_value() -> None:
     store = MemoryStore()
     allowed = 0
     for _ in range(2_500):
-        allowed += (await store.rate_limit("fast", 2_000, 100)).allowed
+        allowed += (await limit_once(store, "fast", 2_000, 100)).allowed
     assert 2_000 <= allowed < 2_500

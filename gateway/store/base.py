@@ -71,9 +71,6 @@ class Store(Protocol):
     async def put(self, key: str, value: str, ttl_ms: int) -> None:
         """Set ``key`` unconditionally with a TTL."""
 
-    async def rate_limit(self, key: str, limit: int, period_ms: int) -> RateDecision:
-        """Count one request against ``key`` and decide whether it is allowed."""
-
     async def check_then_limit(self, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
         """Atomically, in one round trip: the values at ``keys``; only when every one is absent,
         one GCRA decision per bucket in order, stopping at the first refusal (so nothing already

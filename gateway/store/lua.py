@@ -41,20 +41,10 @@ local function gcra(key, limit, period_ms, now)
 end
 """
 
-# KEYS[1]: bucket key. ARGV[1]: limit, ARGV[2]: period_ms, ARGV[3] (optional): now in microseconds,
-# which only the differential test against memory.gcra() passes; the gateway always uses the
-# server clock. Reply: {1, 0} allowed, or {0, retry_after_ms}.
-GCRA_SCRIPT = (
-    _PRELUDE
-    + """
-local wait = gcra(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]) or now_us())
-if wait > 0 then return {0, wait} end
-return {1, 0}
-"""
-)
-
 # KEYS: the n checked keys, then one key per bucket. ARGV[1]: n, then limit and period_ms per
-# bucket. Reply: {values (nil where absent), retry_after_ms per bucket taken (0: allowed)}.
+# bucket, then (optional) now in microseconds, which only the differential test against
+# memory.gcra() passes: the gateway always uses the server clock.
+# Reply: {values (nil where absent), retry_after_ms per bucket taken (0: allowed)}.
 CHECK_THEN_LIMIT_SCRIPT = (
     _PRELUDE
     + """
@@ -66,7 +56,7 @@ for i = 1, n do
 end
 local waits = {}
 if not found then
-  local now = now_us()
+  local now = tonumber(ARGV[2 + 2 * (#KEYS - n)]) or now_us()
   for j = n + 1, #KEYS do
     local arg = 2 + (j - n - 1) * 2
     local wait = gcra(KEYS[j], tonumber(ARGV[arg]), tonumber(ARGV[arg + 1]), now)
@@ -91,7 +81,6 @@ end
 return n
 """
 
-GCRA_SHA1 = hashlib.sha1(GCRA_SCRIPT.encode()).hexdigest()
 CHECK_THEN_LIMIT_SHA1 = hashlib.sha1(CHECK_THEN_LIMIT_SCRIPT.encode()).hexdigest()
 CLAIM_THEN_PUT_SHA1 = hashlib.sha1(CLAIM_THEN_PUT_SCRIPT.encode()).hexdigest()
 
@@ -136,21 +125,6 @@ def claimed_from_reply(count: int, reply: object) -> int:
     if isinstance(reply, int) and not isinstance(reply, bool) and 0 <= reply <= count:
         return reply
     raise StoreUnavailable("state store answered the claim-then-put script with garbage")
-
-
-def decision_from_reply(reply: object) -> RateDecision:
-    """Turn the script's ``{allowed, retry_after_ms}`` into a decision; anything else is garbage."""
-    if (
-        isinstance(reply, list)
-        and len(reply) == 2
-        and all(isinstance(item, int) and not isinstance(item, bool) for item in reply)
-    ):
-        allowed, retry_after_ms = reply
-        if allowed == 1:
-            return RateDecision(allowed=True)
-        if allowed == 0 and retry_after_ms > 0:
-            return RateDecision(allowed=False, retry_after_ms=retry_after_ms)
-    raise StoreUnavailable("state store answered the rate-limit script with garbage")
 
 
 def text_from_reply(value: object) -> str | None:

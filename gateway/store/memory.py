@@ -92,9 +92,6 @@ class MemoryStore:
     async def put(self, key: str, value: str, ttl_ms: int) -> None:
         self._set_value(key, value, ttl_ms)
 
-    async def rate_limit(self, key: str, limit: int, period_ms: int) -> RateDecision:
-        return self._gcra(key, limit, period_ms)
-
     def _gcra(self, key: str, limit: int, period_ms: int) -> RateDecision:
         now = _now_us()
         self._expire(now)

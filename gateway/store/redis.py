@@ -16,16 +16,14 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from gateway.store.base import Bucket, Entry, Lookup, RateDecision, StoreUnavailable
+from gateway.store.base import Bucket, Entry, Lookup, StoreUnavailable
 from gateway.store.lua import (
     CHECK_THEN_LIMIT_SCRIPT,
     CLAIM_THEN_PUT_SCRIPT,
-    GCRA_SCRIPT,
     check_then_limit_call,
     claim_then_put_call,
     claimed_from_reply,
     counters_from_reply,
-    decision_from_reply,
     integer_from_reply,
     lookup_from_reply,
     text_from_reply,
@@ -67,7 +65,6 @@ class RedisStore:
             raise ValueError("STATE_STORE_REST_URL is not a valid redis:// URL") from None
         self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         # register_script sends EVALSHA and falls back to loading the script on NOSCRIPT.
-        self._gcra = self._redis.register_script(GCRA_SCRIPT)
         self._check_then_limit = self._redis.register_script(CHECK_THEN_LIMIT_SCRIPT)
         self._claim_then_put = self._redis.register_script(CLAIM_THEN_PUT_SCRIPT)
 
@@ -89,10 +86,6 @@ class RedisStore:
 
     async def put(self, key: str, value: str, ttl_ms: int) -> None:
         await self._call(self._redis.set(key, value, px=ttl_ms))
-
-    async def rate_limit(self, key: str, limit: int, period_ms: int) -> RateDecision:
-        reply: Any = await self._call(self._gcra(keys=[key], args=[limit, period_ms]))
-        return decision_from_reply(reply)
 
     async def check_then_limit(self, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
         script_keys, args = check_then_limit_call(keys, buckets)

@@ -14,19 +14,16 @@ from typing import Any, TypeVar
 from upstash_redis.asyncio import Redis
 from upstash_redis.errors import UpstashError
 
-from gateway.store.base import Bucket, Entry, Lookup, RateDecision, StoreUnavailable
+from gateway.store.base import Bucket, Entry, Lookup, StoreUnavailable
 from gateway.store.lua import (
     CHECK_THEN_LIMIT_SCRIPT,
     CHECK_THEN_LIMIT_SHA1,
     CLAIM_THEN_PUT_SCRIPT,
     CLAIM_THEN_PUT_SHA1,
-    GCRA_SCRIPT,
-    GCRA_SHA1,
     check_then_limit_call,
     claim_then_put_call,
     claimed_from_reply,
     counters_from_reply,
-    decision_from_reply,
     integer_from_reply,
     lookup_from_reply,
     text_from_reply,
@@ -68,10 +65,6 @@ class UpstashStore:
 
     async def put(self, key: str, value: str, ttl_ms: int) -> None:
         await self._call(self._redis.set(key, value, px=ttl_ms))
-
-    async def rate_limit(self, key: str, limit: int, period_ms: int) -> RateDecision:
-        reply = await self._call(self._script(GCRA_SCRIPT, GCRA_SHA1, [key], [str(limit), str(period_ms)]))
-        return decision_from_reply(reply)
 
     async def check_then_limit(self, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
         script_keys, args = check_then_limit_call(keys, buckets)
