@@ -82,6 +82,10 @@ LOGS = "gateway, memory, logs on"
 ONE_WORKER = "Redis, 1 worker"
 TWO_WORKERS = "Redis, 2 workers"
 GATEWAYS = (MEMORY, REDIS)
+FLOOR_MEMORY = "I-O floor, no store"
+FLOOR_REDIS = "I-O floor, Redis"
+FLOORS = {FLOOR_MEMORY: MEMORY, FLOOR_REDIS: REDIS}
+"""bench.apps:io_floor_app() beside the gateway whose round trips it makes."""
 TARGETS = {MEMORY: (0.85, 1.6), REDIS: (0.80, 1.5)}
 """Challenge-path targets at every throughput concurrency: (share of the ceiling, times the SDK)."""
 SERVER_CPU = {0}
@@ -564,6 +568,9 @@ def run_scenarios(bench: Bench, servers: dict[str, Server], stubs: dict[str, Ser
             specs.append(
                 (paid_job(server.url, PAID_PATH, challenges[name], conc, counts), "paid", name, server)
             )
+        for name, gateway in FLOORS.items():
+            job = paid_job(servers[name].url, PAID_PATH, challenges[gateway], conc, counts)
+            specs.append((job, "paid", name, servers[name]))
         specs.append((paid_job(peer.url, PEER_PATH, peer_challenge, conc, counts), "paid", PEER, peer))
         bench.load_rounds(specs, p.rounds)
 
@@ -802,6 +809,14 @@ def summary(bench: Bench) -> list[str]:
             f"| paid req/s, {name} / peer SDK (c={c}) "
             f"| {_ratio(get('paid', name, c, 'rps'), get('paid', PEER, c, 'rps'))} | |"
         )
+    for floor, gateway in FLOORS.items():
+        floor50, floor99 = get("paid", floor, 1, "p50_ms"), get("paid", floor, 1, "p99_ms")
+        if floor50 is None or floor99 is None or direct is None or direct99 is None:
+            continue
+        lines.append(
+            f"| paid path, latency added by the round trips alone ({floor}, beside {gateway}), "
+            f"p50 / p99 (c=1) | {_ms(floor50 - direct)} / {_ms(floor99 - direct99)} ms | |"
+        )
     logs_rps = get("challenge", LOGS, top, "rps")
     if logs_rps:
         lines.append(f"| challenge req/s, logs on / off (c={top}) | {_ratio(logs_rps, memory_rps)} | |")
@@ -916,7 +931,10 @@ def report(bench: Bench, routes: int) -> str:
         "blockhash, unique memo): verify, claim, provider call, settle, all on loopback. Added latency = "
         "latency minus `direct to provider` at the same concurrency. `direct to facilitator` is one "
         "/verify round trip: the gateway makes two of those (verify, settle) besides the provider call. "
-        "The peer SDK guards a minimal aiohttp JSON-RPC proxy.",
+        "The peer SDK guards a minimal aiohttp JSON-RPC proxy. The `I-O floor` rows "
+        "(`bench.apps:io_floor_app()`) make only the round trips a paid request needs (verify, "
+        "provider, settle, and on Redis the gateway's four store commands) with the same libraries "
+        "and no checks: what they add is the least a gateway built on them can add on this machine.",
         "",
         *table(bench, "paid", "direct to provider"),
         "",
@@ -1003,9 +1021,12 @@ def running(
             BENCH_FACILITATOR_URL=stubs["facilitator"].url + FACILITATOR_BASE_PATH,
             BENCH_PAY_TO=PAY_TO,
         )
+        floor_redis_env = {**peer_env, "BENCH_REDIS_URL": f"{redis.url.rsplit('/', 1)[0]}/4"}
         for name, app, env in (
             ("ceiling", "bench.apps:ceiling_app()", base_env()),
             ("peer", "bench.apps:peer_app()", peer_env),
+            (FLOOR_MEMORY, "bench.apps:io_floor_app()", peer_env),
+            (FLOOR_REDIS, "bench.apps:io_floor_app()", floor_redis_env),
         ):
             port = free_port()
             argv = [py, "-m", "bench.serve", app, "--port", str(port)]
