@@ -16,14 +16,25 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 from solders.keypair import Keypair
+from starlette.routing import Router
 
-from gateway.asgi import Message, Receive, Scope, Send, send_bytes
+from gateway.asgi import (
+    ASGIApp,
+    BodyReadDeadline,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    replay_body,
+    send_bytes,
+)
 from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
 from gateway.metrics import Usage
 from gateway.payments.facilitators import FacilitatorUnavailable
 from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
-from gateway.router import MethodDispatcher
+from gateway.router import MethodDispatcher, PathTable, not_found
 from gateway.routes import RateLimitSpec, RouteSpec
 from gateway.store import StoreUnavailable
 from gateway.store.memory import MemoryStore
@@ -453,3 +464,126 @@ async def test_method_dispatch_is_the_one_place_failures_become_the_error_shape(
     assert answer.json()["ok"] is False and answer.json()["error"].get("details") == details
     assert answer.headers["content-type"] == "application/json"
     assert request_context(answer.scope).error == code
+
+
+# --- BodyReadDeadline ----------------------------------------------------------------------------
+
+DEADLINE_S = 0.05
+
+
+def _dripping(first: bytes, pause_s: float) -> Receive:
+    """A client that sends ``first`` and then nothing for ``pause_s`` (the rest never comes)."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": first, "more_body": True}
+        await asyncio.sleep(pause_s)
+        return {"type": "http.request", "body": b"}", "more_body": False}
+
+    return receive
+
+
+class _BodyReader:
+    """An inner app that reads the whole body (as every guard does before it verifies anything),
+    then answers 200; ``finished`` says whether it got past the read."""
+
+    def __init__(self, then_listen: bool = False) -> None:
+        self.finished = False
+        self.then_listen = then_listen
+        self.heard: list[str] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await read_body(receive, 1 << 16)
+        self.finished = True
+        if self.then_listen:  # a disconnect listener, as a streaming handler keeps one
+            self.heard.append((await receive())["type"])
+        await send_bytes(send, 200, body)
+
+
+async def test_a_body_dripped_past_the_deadline_is_408_before_the_reader_gets_past_it() -> None:
+    reader = _BodyReader()
+    app = BodyReadDeadline(MethodDispatcher({"POST": (SEARCH_ROUTE, reader)}, "POST"), DEADLINE_S)
+    started = asyncio.get_running_loop().time()
+
+    answer = await call(app, "POST", receive=_dripping(b'{"jsonrpc":', pause_s=5))
+
+    assert answer.status == 408 and answer.reason == "request_timeout"
+    assert answer.json()["error"]["details"] == {"timeoutSeconds": DEADLINE_S}
+    assert not reader.finished
+    assert asyncio.get_running_loop().time() - started < 1
+
+
+async def test_a_body_that_arrives_within_the_deadline_reaches_the_reader_whole() -> None:
+    reader = _BodyReader()
+    app = BodyReadDeadline(MethodDispatcher({"POST": (SEARCH_ROUTE, reader)}, "POST"), DEADLINE_S)
+
+    answer = await call(app, "POST", receive=_dripping(b'{"a":1', pause_s=DEADLINE_S / 5))
+
+    assert answer.status == 200 and answer.body == b'{"a":1}'
+    assert reader.finished
+
+
+async def test_once_the_body_is_complete_receive_has_no_deadline() -> None:
+    """A disconnect listener may wait for as long as the response takes."""
+    reader = _BodyReader(then_listen=True)
+    app = BodyReadDeadline(MethodDispatcher({"POST": (SEARCH_ROUTE, reader)}, "POST"), DEADLINE_S)
+    whole = replay_body(b"{}")
+
+    async def slow_disconnect() -> Message:
+        message = await whole()
+        if message["type"] == "http.disconnect":
+            await asyncio.sleep(3 * DEADLINE_S)
+        return message
+
+    answer = await call(app, "POST", receive=slow_disconnect)
+
+    assert answer.status == 200 and answer.body == b"{}"
+    assert reader.heard == ["http.disconnect"]
+
+
+# --- PathTable -----------------------------------------------------------------------------------
+
+
+def _named(name: str) -> ASGIApp:
+    async def answer(scope: Scope, receive: Receive, send: Send) -> None:
+        params = json.dumps(scope.get("path_params", {}), sort_keys=True)
+        await send_bytes(send, 200, f"{name} {params}".encode())
+
+    return answer
+
+
+def _path_table() -> Router:
+    router = Router(
+        routes=[
+            PathTable(
+                [
+                    ("/v1/assets/{assetId}", _named("asset"), "asset"),
+                    ("/v1/assets/search", _named("search"), "search"),
+                ]
+            )
+        ]
+    )
+    router.default = not_found
+    return router
+
+
+async def test_a_fixed_path_wins_over_a_parameterised_one_whatever_their_order() -> None:
+    table = _path_table()
+
+    search = await call(table, "GET", "/v1/assets/search")
+    asset = await call(table, "GET", "/v1/assets/usd-coin")
+
+    assert (search.status, search.body) == (200, b"search {}")
+    assert (asset.status, asset.body) == (200, b'asset {"assetId": "usd-coin"}')
+    assert request_context(asset.scope).route == "asset"
+
+
+async def test_an_encoded_slash_matches_no_route() -> None:
+    scope_path = "/v1/assets/a/b"  # what %2F decodes to before routing
+
+    answer = await call(_path_table(), "GET", scope_path, raw_path=b"/v1/assets/a%2Fb")
+
+    assert answer.status == 404 and answer.reason == "not_found"

@@ -17,7 +17,7 @@ from typing import Any
 from solders.hash import Hash
 from solders.keypair import Keypair
 
-from gateway.asgi import ASGIApp, Message, replay_body, send_bytes
+from gateway.asgi import ASGIApp, Message, Receive, replay_body, send_bytes
 from gateway.context import request_context
 from gateway.payments import PaymentGate, PaymentLedger, Settlement, exact_challenge
 from gateway.payments.facilitators import ChallengeFeePayer
@@ -268,8 +268,11 @@ async def call(
     body: bytes = b"",
     query: bytes = b"",
     client: str = CLIENT_IP,
+    receive: Receive | None = None,
+    raw_path: bytes | None = None,
 ) -> Answer:
-    """Run one HTTP request through ``app`` in-process, as a server would hand it over."""
+    """Run one HTTP request through ``app`` in-process, as a server would hand it over
+    (``receive`` replaces the whole-body one, e.g. to drip the body)."""
     pairs = headers.items() if isinstance(headers, Mapping) else headers
     scope: dict[str, Any] = {
         "type": "http",
@@ -277,14 +280,14 @@ async def call(
         "method": method,
         "scheme": "http",
         "path": path,
-        "raw_path": path.encode() + (b"?" + query if query else b""),
+        "raw_path": (raw_path or path.encode()) + (b"?" + query if query else b""),
         "query_string": query,
         "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in pairs],
         "client": (client, 50000),
         "server": ("127.0.0.1", 8080),
         "state": {},
     }
-    receive = replay_body(body)
+    receive = receive or replay_body(body)
     messages: list[Message] = []
 
     async def send(message: Message) -> None:
