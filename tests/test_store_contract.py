@@ -72,6 +72,34 @@ async def test_claim_can_be_taken_again_after_its_ttl(store: Store) -> None:
     assert await store.get("claim:ttl") == "third"
 
 
+async def test_release_by_the_holder_frees_the_lock(store: Store) -> None:
+    assert await store.claim("lock:a", "holder", 10_000)
+
+    assert await store.release("lock:a", "holder")
+
+    assert await store.get("lock:a") is None
+    assert await store.claim("lock:a", "next", 10_000)
+
+
+async def test_release_by_a_former_holder_leaves_the_new_holders_lock(store: Store) -> None:
+    """The first holder's lock expired and another settlement took it: the late release of the
+    first must not let a third one in beside the second."""
+    assert await store.claim("lock:b", "first", 100)
+    await asyncio.sleep(0.15)
+    assert await store.claim("lock:b", "second", 10_000)
+
+    assert not await store.release("lock:b", "first")
+
+    assert await store.get("lock:b") == "second"
+    assert not await store.claim("lock:b", "third", 10_000)
+
+
+async def test_release_of_an_absent_lock_changes_nothing(store: Store) -> None:
+    assert not await store.release("lock:none", "anyone")
+
+    assert await store.get("lock:none") is None
+
+
 # --- get / put -----------------------------------------------------------------------------------
 
 
@@ -231,7 +259,7 @@ async def test_rate_limit_key_expires_when_its_tat_passes(
 
 
 @pytest.mark.parametrize("backend", ["redis", "upstash"])
-async def test_rate_limit_loads_its_script_on_a_server_that_lacks_it(
+async def test_scripts_load_on_a_server_that_lacks_them(
     backend: str, clean_redis_url: str, raw_redis: aioredis.Redis, request: pytest.FixtureRequest
 ) -> None:
     await raw_redis.script_flush()
@@ -243,6 +271,8 @@ async def test_rate_limit_loads_its_script_on_a_server_that_lacks_it(
     try:
         assert (await limit_once(store, "rl:noscript", 1, 60_000)).allowed
         assert not (await limit_once(store, "rl:noscript", 1, 60_000)).allowed
+        assert await store.claim("lock:noscript", "holder", 60_000)
+        assert await store.release("lock:noscript", "holder")
     finally:
         await store.close()
 
@@ -379,6 +409,7 @@ OPERATIONS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "add_counts": lambda s: s.add_counts({"k": 1}, 1_000),
     "check_then_limit": lambda s: s.check_then_limit(["k"], [Bucket("b", 1, 1_000)]),
     "claim_then_put": lambda s: s.claim_then_put([Entry("k", "v", 1_000)]),
+    "release": lambda s: s.release("k", "token"),
 }
 
 
@@ -485,14 +516,14 @@ async def test_memory_store_drops_expired_buckets_and_values() -> None:
     import asyncio
 
     store = MemoryStore()
-    for i in range(100):
-        await limit_once(store, f"ip:{i}", 10, 20)
-        await store.put(f"v:{i}", "x", 20)
+    for i in range(100):  # each bucket's TAT and each value live 300 ms: longer than the loop
+        await limit_once(store, f"ip:{i}", 10, 3_000)
+        await store.put(f"v:{i}", "x", 300)
     assert store.size() == 200
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.4)
     await store.claim("c", "x", 60_000)  # any write drops what has expired
     assert store.size() == 1
-    assert (await limit_once(store, "ip:0", 10, 20)).allowed
+    assert (await limit_once(store, "ip:0", 10, 3_000)).allowed
 
 
 async def test_rate_limits_above_1000_per_second_keep_their_value() -> None:

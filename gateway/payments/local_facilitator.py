@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from typing import Literal
 
@@ -254,7 +255,8 @@ class LocalFacilitator:
             return await self._resume(key, record)
 
         lock = PAYER_LOCK_PREFIX + (transfer_source(check.transaction) or payer)
-        if not await self._hold_payer_lock(lock, payment_key(check.transaction)):
+        token = secrets.token_hex(16)  # this settlement's, so only this settlement releases it
+        if not await self._hold_payer_lock(lock, token):
             return self._failure(
                 network,
                 Reason.SETTLEMENT_PENDING,
@@ -269,7 +271,7 @@ class LocalFacilitator:
             # A broadcast whose outcome is unknown keeps the lock until it expires: the next
             # payment from this account must not be simulated before this one lands or dies.
             if outcome is None or outcome.errorReason != Reason.SETTLEMENT_PENDING.value:
-                await self._release(lock)
+                await self._release(lock, token)
 
     async def _settle_as_only_one(
         self, key: str, check: ExactCheck, requirements: PaymentRequirements, payer: str
@@ -334,10 +336,11 @@ class LocalFacilitator:
             await asyncio.sleep(PAYER_LOCK_POLL_S)
         return True
 
-    async def _release(self, lock: str) -> None:
-        """Let the payer's next settlement go (best effort: the lock expires by itself)."""
+    async def _release(self, lock: str, token: str) -> None:
+        """Let the payer's next settlement go, if the lock is still ours: one that expired while
+        we held it may belong to another settlement now (best effort: it expires by itself)."""
         with contextlib.suppress(Exception):
-            await self._store.put(lock, "", 1)
+            await self._store.release(lock, token)
 
     async def _resume(self, key: str, record: SettlementRecord) -> SettleResponse:
         """A settle of a payment the store already knows: refuse, or reconcile its signature."""

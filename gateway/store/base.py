@@ -81,6 +81,11 @@ class Store(Protocol):
         key that exists; only when all were set, write every put. Returns how many claims were
         set (``len(claims)``: all of them, and the puts were written)."""
 
+    async def release(self, key: str, token: str) -> bool:
+        """Delete ``key`` only while it still holds ``token``; True when this call deleted it. A
+        lock is released by its holder only, never by a former holder after it expired and
+        another took it."""
+
     async def incr(self, key: str, amount: int = 1) -> int:
         """Add ``amount`` to the counter at ``key`` (no TTL) and return the new value."""
 

@@ -81,8 +81,15 @@ end
 return n
 """
 
+# KEYS[1]: the lock; ARGV[1]: the holder's token. Reply: 1 when deleted, else 0.
+RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 CHECK_THEN_LIMIT_SHA1 = hashlib.sha1(CHECK_THEN_LIMIT_SCRIPT.encode()).hexdigest()
 CLAIM_THEN_PUT_SHA1 = hashlib.sha1(CLAIM_THEN_PUT_SCRIPT.encode()).hexdigest()
+RELEASE_SHA1 = hashlib.sha1(RELEASE_SCRIPT.encode()).hexdigest()
 
 
 def check_then_limit_call(keys: Sequence[str], buckets: Sequence[Bucket]) -> tuple[list[str], list[str]]:
@@ -131,6 +138,13 @@ def text_from_reply(value: object) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise StoreUnavailable("state store answered a GET with garbage")
+
+
+def released_from_reply(reply: object) -> bool:
+    """The release script's 1 (deleted) or 0; anything else is garbage."""
+    if reply in (0, 1) and not isinstance(reply, bool):
+        return reply == 1
+    raise StoreUnavailable("state store answered the release script with garbage")
 
 
 def integer_from_reply(value: object) -> int:

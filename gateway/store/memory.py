@@ -92,6 +92,12 @@ class MemoryStore:
     async def put(self, key: str, value: str, ttl_ms: int) -> None:
         self._set_value(key, value, ttl_ms)
 
+    async def release(self, key: str, token: str) -> bool:
+        if self._live(key) != token:
+            return False
+        del self._values[key]
+        return True
+
     def _gcra(self, key: str, limit: int, period_ms: int) -> RateDecision:
         now = _now_us()
         self._expire(now)

@@ -20,12 +20,14 @@ from gateway.store.base import Bucket, Entry, Lookup, StoreUnavailable
 from gateway.store.lua import (
     CHECK_THEN_LIMIT_SCRIPT,
     CLAIM_THEN_PUT_SCRIPT,
+    RELEASE_SCRIPT,
     check_then_limit_call,
     claim_then_put_call,
     claimed_from_reply,
     counters_from_reply,
     integer_from_reply,
     lookup_from_reply,
+    released_from_reply,
     text_from_reply,
     totals_from_replies,
 )
@@ -67,6 +69,7 @@ class RedisStore:
         # register_script sends EVALSHA and falls back to loading the script on NOSCRIPT.
         self._check_then_limit = self._redis.register_script(CHECK_THEN_LIMIT_SCRIPT)
         self._claim_then_put = self._redis.register_script(CLAIM_THEN_PUT_SCRIPT)
+        self._release = self._redis.register_script(RELEASE_SCRIPT)
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
         """Await one command, turning every client failure into StoreUnavailable."""
@@ -96,6 +99,10 @@ class RedisStore:
         script_keys, args = claim_then_put_call(claims, puts)
         reply: Any = await self._call(self._claim_then_put(keys=script_keys, args=args))
         return claimed_from_reply(len(claims), reply)
+
+    async def release(self, key: str, token: str) -> bool:
+        reply: Any = await self._call(self._release(keys=[key], args=[token]))
+        return released_from_reply(reply)
 
     async def incr(self, key: str, amount: int = 1) -> int:
         value: Any = await self._call(self._redis.incrby(key, amount))

@@ -20,12 +20,15 @@ from gateway.store.lua import (
     CHECK_THEN_LIMIT_SHA1,
     CLAIM_THEN_PUT_SCRIPT,
     CLAIM_THEN_PUT_SHA1,
+    RELEASE_SCRIPT,
+    RELEASE_SHA1,
     check_then_limit_call,
     claim_then_put_call,
     claimed_from_reply,
     counters_from_reply,
     integer_from_reply,
     lookup_from_reply,
+    released_from_reply,
     text_from_reply,
     totals_from_replies,
 )
@@ -86,6 +89,10 @@ class UpstashStore:
             if not str(exc).startswith("NOSCRIPT"):
                 raise
             return await self._redis.eval(script, keys=keys, args=args)
+
+    async def release(self, key: str, token: str) -> bool:
+        reply = await self._call(self._script(RELEASE_SCRIPT, RELEASE_SHA1, [key], [token]))
+        return released_from_reply(reply)
 
     async def incr(self, key: str, amount: int = 1) -> int:
         return integer_from_reply(await self._call(self._redis.incrby(key, amount)))
