@@ -203,12 +203,6 @@ def upstream_variables(routes_file: Path) -> dict[str, str]:
     }
 
 
-def env_vars(routes_file: Path = PACKAGED_ROUTES_FILE) -> tuple[str, ...]:
-    """Every variable load_settings reads with ``routes_file`` as the table: for the packaged one,
-    the README's Configuration table (tests/test_deploy.py holds the deploy/ manifests to it)."""
-    return (*GATEWAY_VARIABLES, *dict.fromkeys(upstream_variables(routes_file).values()))
-
-
 def _is_http_url(value: str) -> bool:
     try:
         parts = urlsplit(value)

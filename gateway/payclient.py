@@ -186,12 +186,6 @@ def exact_solana_requirements(challenge: Challenge) -> list[PaymentRequirements]
     return found
 
 
-def exact_solana_requirement(challenge: Challenge) -> PaymentRequirements | None:
-    """The first ``accepts`` entry this client can pay, before any spending policy."""
-    found = exact_solana_requirements(challenge)
-    return found[0] if found else None
-
-
 def siwx_extension(challenge: Challenge) -> dict[str, Any] | None:
     ext = (challenge.extensions or {}).get(SIWX_EXTENSION)
     return ext if isinstance(ext, dict) else None

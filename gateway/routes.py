@@ -27,7 +27,6 @@ from gateway.vocabulary import ACCESS_MODES, HANDLERS, SERVICE_GROUP, is_provide
 
 HTTP_METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
 INPUT_LOCATIONS = {"path", "query", "body"}
-PLACEHOLDERS = ("cluster", "provider", "method")
 ROUTE_KEYS = {
     "name", "path", "method", "access", "handler", "group", "upstream", "upstream_path", "operation",
     "price", "rate_limits", "input", "output", "description", "listed", "replay_cap_bytes",

@@ -32,11 +32,6 @@ def worst_case_lamports(policy: ExactPolicy) -> int:
     return base + priority_fee_lamports(policy.max_compute_unit_limit, policy.max_compute_unit_price)
 
 
-def micro_usdc_for_lamports(lamports: int, sol_price_usd: Decimal) -> int:
-    """``lamports`` in micro-USDC at ``sol_price_usd`` (1 SOL = 1e9 lamports), rounded up."""
-    return math.ceil(Decimal(lamports) * sol_price_usd / 1000)
-
-
 def lamports_covered(micro_usdc: int, sol_price_usd: Decimal) -> int:
     """How many lamports ``micro_usdc`` pays for at ``sol_price_usd``, rounded down."""
     return math.floor(Decimal(micro_usdc) * 1000 / sol_price_usd)

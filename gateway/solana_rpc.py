@@ -121,12 +121,6 @@ class SignatureStatus(msgspec.Struct, frozen=True):
         return self.confirmationStatus in ("confirmed", "finalized")
 
 
-class TokenAmount(msgspec.Struct, frozen=True):
-    amount: str
-    decimals: int
-    uiAmountString: str | None = None
-
-
 # --- the client -------------------------------------------------------------------------------
 
 _encoder = msgspec.json.Encoder()
@@ -281,11 +275,5 @@ class SolanaRpc:
     async def get_balance(self, address: str, commitment: str = "confirmed") -> int:
         answer: WithContext[int] = await self.call(
             "getBalance", [address, {"commitment": commitment}], WithContext[int]
-        )
-        return answer.value
-
-    async def get_token_account_balance(self, address: str, commitment: str = "confirmed") -> TokenAmount:
-        answer: WithContext[TokenAmount] = await self.call(
-            "getTokenAccountBalance", [address, {"commitment": commitment}], WithContext[TokenAmount]
         )
         return answer.value

@@ -28,7 +28,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from solders.keypair import Keypair
 
 from gateway import metrics
-from gateway.config import ConfigError, Settings, env_vars, load_settings, upstream_variables
+from gateway.config import (
+    GATEWAY_VARIABLES,
+    PACKAGED_ROUTES_FILE,
+    ConfigError,
+    Settings,
+    load_settings,
+    upstream_variables,
+)
 from gateway.routes import named_limits, parse_routes
 from tests.support.gateway_process import serve
 from tests.support.gateway_server import SERVICE_ONLY_ENV
@@ -38,8 +45,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 ROUTES_YAML = ROOT / "routes.yaml"
-ENV_VARS = env_vars()
-"""Every variable the gateway reads with the packaged route table."""
+ENV_VARS = (*GATEWAY_VARIABLES, *dict.fromkeys(upstream_variables(PACKAGED_ROUTES_FILE).values()))
+"""Every variable the gateway reads with the packaged route table: the README's Configuration
+table, and what the deploy/ manifests are held to."""
 
 # The oldest Kubernetes we support (autoscaling/v2 and policy/v1 are GA well before it) and the
 # newest the installed kubernetes-validate knows.

@@ -11,7 +11,7 @@ from solders.keypair import Keypair
 from gateway.payclient import (
     Challenge,
     PayError,
-    exact_solana_requirement,
+    exact_solana_requirements,
     parse_challenge,
     parse_keypair,
     payment_header,
@@ -55,13 +55,13 @@ def test_malformed_keypair_files_are_refused_without_echoing_them(text: str) -> 
 def test_challenge_is_read_from_the_payment_required_header_first() -> None:
     header = encode_header({"x402Version": 2, "accepts": [EXACT], "resource": {"url": "http://x/y"}})
     challenge = parse_challenge({"payment-required": header}, b"not json")
-    assert exact_solana_requirement(challenge) == PaymentRequirements(**EXACT)  # type: ignore[arg-type]
+    assert exact_solana_requirements(challenge) == [PaymentRequirements(**EXACT)]  # type: ignore[arg-type]
 
 
 def test_challenge_falls_back_to_the_json_body() -> None:
     body = json.dumps({"x402Version": 2, "accepts": [], "extensions": {"sign-in-with-x": {"info": {}}}})
     challenge = parse_challenge({}, body.encode())
-    assert exact_solana_requirement(challenge) is None
+    assert exact_solana_requirements(challenge) == []
     assert siwx_extension(challenge) == {"info": {}}
 
 
@@ -74,15 +74,15 @@ def test_only_exact_solana_requirements_are_chosen() -> None:
     evm = {**EXACT, "network": "eip155:8453"}
     upto = {**EXACT, "scheme": "upto"}
     challenge = Challenge(accepts=[evm, upto, EXACT])
-    chosen = exact_solana_requirement(challenge)
-    assert chosen is not None and chosen.network == SOLANA_MAINNET
+    (chosen,) = exact_solana_requirements(challenge)
+    assert chosen.network == SOLANA_MAINNET
 
 
 def test_v1_challenges_use_max_amount_required_and_the_x_payment_header() -> None:
     v1 = {k: v for k, v in EXACT.items() if k != "amount"} | {"network": "solana", "maxAmountRequired": "7"}
     challenge = Challenge(x402Version=1, accepts=[v1])
-    chosen = exact_solana_requirement(challenge)
-    assert chosen is not None and chosen.amount == "7"
+    (chosen,) = exact_solana_requirements(challenge)
+    assert chosen.amount == "7"
     payload = PaymentPayload(x402Version=2, payload={"transaction": "AA=="}, accepted=chosen)
     name, value = payment_header(challenge, payload)
     sent = decode_header(value, PaymentPayload)

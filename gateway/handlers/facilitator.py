@@ -95,10 +95,6 @@ class InternalFacilitatorRoutes:
         self.verify = _Endpoint(self, "POST", InternalFacilitatorRoutes._verify)
         self.settle = _Endpoint(self, "POST", InternalFacilitatorRoutes._settle)
 
-    @property
-    def enabled(self) -> bool:
-        return self._secret is not None
-
     def authorized(self, scope: Scope) -> bool:
         """Constant-time comparison of the secret header; False whenever the routes are disabled."""
         provided = b""
