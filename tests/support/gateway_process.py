@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO
 
-from tests.support.ports import free_port
+from tests.support.ports import PORT_TAKEN, START_ATTEMPTS, free_port
 
 
 def command() -> list[str]:
@@ -81,10 +81,6 @@ def kill_group(process: subprocess.Popen[bytes], grace_s: float = 10) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=10)
-
-
-PORT_TAKEN = "Address already in use"
-START_ATTEMPTS = 5
 
 
 def _wait_until_serving(

@@ -272,7 +272,8 @@ async def call(
     raw_path: bytes | None = None,
 ) -> Answer:
     """Run one HTTP request through ``app`` in-process, as a server would hand it over
-    (``receive`` replaces the whole-body one, e.g. to drip the body)."""
+    (``receive`` replaces the whole-body one, e.g. to drip the body; ``raw_path`` is the path as
+    sent, before the server decoded it into ``path``)."""
     pairs = headers.items() if isinstance(headers, Mapping) else headers
     scope: dict[str, Any] = {
         "type": "http",

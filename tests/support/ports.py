@@ -12,6 +12,11 @@ import socket
 
 _HELD: list[socket.socket] = []
 
+PORT_TAKEN = "Address already in use"
+"""What a subprocess server prints when its free port was taken before it could bind it."""
+START_ATTEMPTS = 5
+"""How many fresh ports a subprocess server is started on before its failure stands."""
+
 
 def bound_socket() -> socket.socket:
     """A TCP socket bound to a fresh loopback port, not yet listening: hand it to the server."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from tests.support.gateway_process import clean_env, command, kill_group, read_output
-from tests.support.ports import free_port
+from tests.support.ports import PORT_TAKEN, START_ATTEMPTS, free_port
 
 READY_LINE = "Ctrl-C stops it."
 STARTUP_TIMEOUT_S = 15.0
@@ -47,10 +47,6 @@ def _status(url: str) -> int:
             return int(resp.status)
     except (urllib.error.URLError, OSError):
         return 0
-
-
-PORT_TAKEN = "Address already in use"
-START_ATTEMPTS = 3
 
 
 def _start(args: tuple[str, ...], port: int, stdout: IO[bytes], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
