@@ -524,15 +524,34 @@ def verify_body(challenge: dict[str, Any]) -> str:
     return json.dumps(request)
 
 
-def run_scenarios(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]) -> None:
-    p = bench.profile
-    c = p.concurrency
-    ceiling, replay, peer = servers["ceiling"], servers["replay"], servers["peer"]
+SCENARIOS = "abcde"
+
+
+def run_scenarios(
+    bench: Bench, servers: dict[str, Server], stubs: dict[str, Server], only: str = SCENARIOS
+) -> None:
+    """Scenarios (a) to (e), or those named in ``only``; (e) soaks whatever ran before it."""
     gateways = [(name, servers[name]) for name in (*GATEWAYS, LOGS) if name in servers]
-    provider, asset, facilitator = stubs["provider"], stubs["asset"], stubs["facilitator"]
 
     for name in GATEWAYS:
         bench.rss.append((name, "after start-up (idle)", rss_kib(servers[name].worker_pid()), 0))
+    if "a" in only:
+        run_challenges(bench, servers, gateways)
+    challenges = {name: challenge_of(server.url + PAID_PATH) for name, server in gateways}
+    paid_gateways = [(name, server) for name, server in gateways if name != LOGS]
+    if "b" in only:
+        run_paid(bench, servers, stubs, gateways, challenges)
+    if "c" in only:
+        run_siwx(bench, stubs, paid_gateways)
+    if "d" in only and ONE_WORKER in servers:
+        run_workers(bench, servers)
+    if "e" in only:
+        run_rss(bench, servers, challenges)
+
+
+def run_challenges(bench: Bench, servers: dict[str, Server], gateways: list[tuple[str, Server]]) -> None:
+    p = bench.profile
+    ceiling, replay, peer = servers["ceiling"], servers["replay"], servers["peer"]
     print("(a) 402 challenge path: POST without a payment header", flush=True)
     for conc, counts in [*((conc, p.throughput) for conc in p.concurrencies), (1, p.latency)]:
         specs: list[Spec] = [
@@ -546,14 +565,24 @@ def run_scenarios(bench: Bench, servers: dict[str, Server], stubs: dict[str, Ser
         ]
         bench.load_rounds(specs, p.rounds)
 
+
+def run_paid(
+    bench: Bench,
+    servers: dict[str, Server],
+    stubs: dict[str, Server],
+    gateways: list[tuple[str, Server]],
+    challenges: dict[str, dict[str, Any]],
+) -> None:
+    p = bench.profile
+    c = p.concurrency
+    peer, provider, facilitator = servers["peer"], stubs["provider"], stubs["facilitator"]
     print("(b) paid path: a unique valid exact payment per request", flush=True)
-    challenges = {name: challenge_of(server.url + PAID_PATH) for name, server in gateways}
     peer_challenge = challenge_of(peer.url + PEER_PATH)
     fac_body = verify_body(challenges[MEMORY])
     verify = FACILITATOR_BASE_PATH + "/verify"
     paid_gateways = [(name, server) for name, server in gateways if name != LOGS]
     for conc, counts in ((1, p.paid_latency), (c, p.paid_throughput)):
-        specs = [
+        specs: list[Spec] = [
             (
                 static_job(provider.url, "POST", PROVIDER_PATH, RPC_BODY, conc, counts, 200),
                 "paid",
@@ -574,35 +603,43 @@ def run_scenarios(bench: Bench, servers: dict[str, Server], stubs: dict[str, Ser
         specs.append((paid_job(peer.url, PEER_PATH, peer_challenge, conc, counts), "paid", PEER, peer))
         bench.load_rounds(specs, p.rounds)
 
+
+def run_siwx(bench: Bench, stubs: dict[str, Server], paid_gateways: list[tuple[str, Server]]) -> None:
+    p = bench.profile
+    c = p.concurrency
+    asset = stubs["asset"]
     print("(c) SIWX path: GET asset data with a fresh SIGN-IN-WITH-X header per request", flush=True)
     for conc, counts in ((1, p.paid_latency), (c, p.paid_throughput)):
         direct = static_job(asset.url, "GET", ASSET_PATH, "", conc, counts, 200)
-        specs = [(direct, "siwx", "direct to asset API", None)]
+        specs: list[Spec] = [(direct, "siwx", "direct to asset API", None)]
         specs += [
             (siwx_job(server.url, conc, counts), "siwx", name, server) for name, server in paid_gateways
         ]
         bench.load_rounds(specs, p.rounds)
 
-    if ONE_WORKER in servers:
-        print("(d) workers: Redis store, 1 and 2 workers, nothing pinned", flush=True)
-        scaled = [(name, servers[name]) for name in (ONE_WORKER, TWO_WORKERS)]
-        top = p.concurrencies[0]
-        specs = [
-            (
-                static_job(server.url, "POST", PAID_PATH, RPC_BODY, top, p.throughput, 402),
-                "workers",
-                name,
-                server,
-            )
-            for name, server in scaled
-        ]
-        bench.load_rounds(specs, p.rounds)
-        specs = []
-        for name, server in scaled:
-            job = paid_job(server.url, PAID_PATH, challenge_of(server.url + PAID_PATH), c, p.paid_throughput)
-            specs.append((job, "workers, paid", name, server))
-        bench.load_rounds(specs, p.rounds)
 
+def run_workers(bench: Bench, servers: dict[str, Server]) -> None:
+    p = bench.profile
+    print("(d) workers: Redis store, 1 and 2 workers, nothing pinned", flush=True)
+    scaled = [(name, servers[name]) for name in (ONE_WORKER, TWO_WORKERS)]
+    top = p.concurrencies[0]
+    specs: list[Spec] = [
+        (static_job(server.url, "POST", PAID_PATH, RPC_BODY, top, p.throughput, 402), "workers", name, server)
+        for name, server in scaled
+    ]
+    bench.load_rounds(specs, p.rounds)
+    specs = []
+    for name, server in scaled:
+        job = paid_job(
+            server.url, PAID_PATH, challenge_of(server.url + PAID_PATH), p.concurrency, p.paid_throughput
+        )
+        specs.append((job, "workers, paid", name, server))
+    bench.load_rounds(specs, p.rounds)
+
+
+def run_rss(bench: Bench, servers: dict[str, Server], challenges: dict[str, dict[str, Any]]) -> None:
+    p = bench.profile
+    c = p.concurrency
     print("(e) resident memory of the gateway worker", flush=True)
     for name in GATEWAYS:
         gw = servers[name]
@@ -1081,6 +1118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, help="also py-spy the gateway; write stacks here")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results.md")
     parser.add_argument(
+        "--only", default=SCENARIOS, metavar="LETTERS", help="run only these scenarios, e.g. 'b' or 'ab'"
+    )
+    parser.add_argument(
         "--wait-quiet", type=float, default=0.0, metavar="S", help="first wait up to S s for an idle machine"
     )
     args = parser.parse_args(argv)
@@ -1103,7 +1143,7 @@ def main(argv: list[str] | None = None) -> int:
         routes = mounted_routes(servers[MEMORY].env)
         print(f"servers up in {time.monotonic() - began:.1f} s; profile {profile.name}", flush=True)
         try:
-            run_scenarios(bench, servers, stubs)
+            run_scenarios(bench, servers, stubs, args.only)
         except KeyboardInterrupt:
             print("interrupted: stopping every process the benchmark started", file=sys.stderr)
             return 130
