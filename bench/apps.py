@@ -147,9 +147,8 @@ def io_floor_app() -> Starlette:
         body = await request.body()
         payment = request.headers.get("payment-signature", "")
         key = f"floor:{hash(payment)}"
-        await store_round_trip(key + ":lookup")
-        await post(facilitator_url + "/verify", payment.encode())
         await store_round_trip(key + ":claim")
+        await post(facilitator_url + "/verify", payment.encode())
         answer = await post(provider_url, body)
         await store_round_trip(key + ":intent")
         await post(facilitator_url + "/settle", payment.encode())

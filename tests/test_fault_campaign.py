@@ -214,26 +214,25 @@ async def test_paid_rpc_retry_after_a_settle_outage_delivers_without_calling_the
     assert paid.verify_calls() == 1
 
 
-async def test_paid_rpc_replay_racing_a_slow_verify_is_refused_as_already_used(
+async def test_paid_rpc_replay_during_a_slow_verify_is_refused_as_already_used_without_a_verify(
     start_paid_gateway: StartPaidGateway, usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer
 ) -> None:
-    """The replay passed the claimed-check while the first use was still unclaimed; by the time
-    the (slow) facilitator simulates it, the first use has settled and the funds moved. The
-    client hears why: the payment was used, not that its simulation failed."""
+    """The first use holds the payment's claim while the (slow) facilitator verifies it; a replay
+    arriving meanwhile is refused from the store at once, the facilitator never asked about it,
+    and the first use is served and settled once."""
     paid = await start_paid_gateway(backend=ReferenceBackend(usdc_chain.fee_payer, solana_rpc_server.url))
     assert paid.facilitator is not None
     payment = await paid.payment()
     paid.facilitator.inject(Fault.SLOW, endpoint="verify", delay_s=1.0, times=1)
-    replay = asyncio.create_task(paid.pay(GET_BALANCE, balance_body(), payment))
-    await eventually(lambda: paid.verify_calls() == 1, what="the replay's verify call")
-    first = await paid.pay(GET_BALANCE, balance_body(), payment)
-    assert first.status == 200, first.body
-    assert not replay.done()
+    first = asyncio.create_task(paid.pay(GET_BALANCE, balance_body(), payment))
+    await eventually(lambda: paid.verify_calls() == 1, what="the first use's verify call")
 
-    reply = await replay
+    replay = await paid.pay(GET_BALANCE, balance_body(), payment)
 
-    assert_challenge(reply, "payment_already_used")
-    assert paid.verify_calls() == 2
+    assert_challenge(replay, "payment_already_used")
+    assert not first.done()
+    assert (await first).status == 200
+    assert paid.verify_calls() == 1
     assert paid.settle_calls() == paid.upstream_calls == 1
     assert len(solana_rpc_server.sent) == 1
 
@@ -311,9 +310,11 @@ async def test_paid_rpc_client_gone_before_the_answer_without_identifier_is_sett
 # --- the store goes away mid-request ---------------------------------------------------------------
 
 
-async def test_paid_rpc_store_lost_between_verify_and_claim_is_503_and_calls_nothing(
+async def test_paid_rpc_store_lost_during_verify_is_503_and_settles_nothing(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer
 ) -> None:
+    """The claim was taken; the store goes away while the facilitator verifies. The provider is
+    asked, but without the write-ahead record nothing is settled and its answer is withheld."""
     paid = await start_paid_gateway(env={"STATE_STORE_REST_URL": private_redis.url})
     assert paid.facilitator is not None
     payment = await paid.payment()
@@ -326,8 +327,9 @@ async def test_paid_rpc_store_lost_between_verify_and_claim_is_503_and_calls_not
 
     assert reply.status == 503, reply.body
     assert reply.error_code == "store_unavailable"
-    assert "127.0.0.1" not in reply.body.decode()
-    assert paid.upstream_calls == paid.settle_calls() == 0
+    assert "127.0.0.1" not in reply.body.decode() and b"result" not in reply.body
+    assert paid.settle_calls() == 0
+    assert paid.upstream_calls == 1
 
 
 async def test_paid_rpc_store_lost_after_the_claim_settles_nothing_without_its_write_ahead_record(

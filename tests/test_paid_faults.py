@@ -19,7 +19,7 @@ from x402.mechanisms.svm import FacilitatorKeypairSigner
 from x402.mechanisms.svm.exact import register_exact_svm_facilitator
 
 from gateway.store.redis import RedisStore
-from gateway.x402.types import SOLANA_MAINNET, FacilitatorRequest, VerifyResponse
+from gateway.x402.types import SOLANA_MAINNET
 from tests.support.adversarial_paid import captured_log_lines
 from tests.support.cdp_facilitator import (
     Fault,
@@ -435,12 +435,12 @@ class StoreCommands:
 
 
 @pytest.mark.parametrize("payment_id", [None, "round-trips-0123456789"])
-async def test_paid_rpc_takes_four_store_round_trips(
+async def test_paid_rpc_takes_three_store_round_trips(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer, payment_id: str | None
 ) -> None:
-    """Look up (used? identifier known? then the scope and wallet buckets), claim (the payment,
-    then its identifier), the write-ahead intent, the delivery (closing the intent, keeping the
-    replay): four round trips, whatever the route's limits. The usage flush and the
+    """The claim (used? identifier known? then the scope and wallet buckets, then the payment and
+    its identifier), the write-ahead intent, the delivery (closing the intent, keeping the
+    replay): three round trips, whatever the route's limits. The usage flush and the
     challenge-limit sync run in the background, off the request's path."""
     env = {"STATE_STORE_REST_URL": private_redis.url, "RATE_LIMIT_SYNC_SECONDS": "10"}
     paid = await start_paid_gateway(env=env)
@@ -452,7 +452,7 @@ async def test_paid_rpc_takes_four_store_round_trips(
         reply = await paid.pay(GET_BALANCE, balance_body(), payment)
 
     assert warm_up.status == reply.status == 200, reply.body
-    assert store.commands == ["EVALSHA", "EVALSHA", "SET", "EVALSHA"]
+    assert store.commands == ["EVALSHA", "SET", "EVALSHA"]
     assert paid.settle_calls() == 2
 
 
@@ -471,36 +471,20 @@ async def test_paid_rpc_store_down_is_503_and_calls_nothing(
     assert paid.verify_calls() == paid.settle_calls() == paid.upstream_calls == 0
 
 
-class ClaimsGoReadOnlyAtVerify(StaticBackend):
-    """Verifies every payment, but first takes the gateway's store user's right to write payment
-    claims away (an operator's ACL change, say): the store fails between verify and claim."""
-
-    def __init__(self, fee_payer: str, admin_url: str) -> None:
-        super().__init__(fee_payer=fee_payer)
-        self.admin_url = admin_url
-
-    async def verify(self, request: FacilitatorRequest) -> VerifyResponse:
-        admin = redis.Redis.from_url(self.admin_url)
-        admin.execute_command(  # type: ignore[no-untyped-call]
-            "ACL", "SETUSER", "gateway", "resetkeys",
-            "~x402gw:rl*", "~x402gw:usage:*", "~x402gw:pending:*", "~x402gw:pid:*", "%R~x402gw:pay:*",
-        )  # fmt: skip
-        admin.close()
-        return await super().verify(request)
-
-
-async def test_paid_rpc_store_refusing_the_claim_is_503_after_verify_and_calls_no_provider(
+async def test_paid_rpc_store_refusing_the_claim_is_503_before_verify_and_calls_nothing(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer, usdc_chain: UsdcChain
 ) -> None:
-    """The store fails between verify and claim (the gateway's user may read but no longer write
-    payment claims): fail closed, nothing reaches the provider, nothing is settled."""
+    """The store refuses to write payment claims (the gateway's user may read but not write them:
+    an operator's ACL change, say): fail closed before the facilitator is asked, nothing reaches
+    the provider, nothing is settled."""
     admin = redis.Redis.from_url(private_redis.url)
     admin.execute_command(  # type: ignore[no-untyped-call]
-        "ACL", "SETUSER", "gateway", "on", ">gateway-password", "~x402gw:*", "+@all",
+        "ACL", "SETUSER", "gateway", "on", ">gateway-password", "+@all",
+        "~x402gw:rl*", "~x402gw:usage:*", "~x402gw:pending:*", "~x402gw:pid:*", "%R~x402gw:pay:*",
     )  # fmt: skip
     admin.close()
     url = private_redis.url.replace("redis://", "redis://gateway:gateway-password@")
-    backend = ClaimsGoReadOnlyAtVerify(str(usdc_chain.fee_payer.pubkey()), private_redis.url)
+    backend = StaticBackend(fee_payer=str(usdc_chain.fee_payer.pubkey()))
     paid = await start_paid_gateway(store=RedisStore(url), backend=backend)
     payment = await paid.payment()
 
@@ -509,8 +493,7 @@ async def test_paid_rpc_store_refusing_the_claim_is_503_after_verify_and_calls_n
     assert reply.status == 503
     assert reply.error_code == "store_unavailable"
     assert "gateway-password" not in reply.body.decode()
-    assert paid.verify_calls() == 1
-    assert paid.settle_calls() == paid.upstream_calls == 0
+    assert paid.verify_calls() == paid.settle_calls() == paid.upstream_calls == 0
 
 
 async def test_paid_rpc_store_outage_still_answers_a_challenge_and_keeps_the_ip_limit(

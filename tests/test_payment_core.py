@@ -41,16 +41,18 @@ from gateway.store.redis import RedisStore
 from gateway.validation import InvalidInput
 from gateway.x402 import svm
 from gateway.x402.headers import encode_header
-from gateway.x402.types import PaymentPayload, VerifyResponse
+from gateway.x402.types import PaymentPayload, PaymentRequirements, VerifyResponse
 from tests.support.inprocess import (
     PROVIDER_ANSWER,
     PaidRoute,
+    RecordingFacilitator,
     balance_body,
     balance_route,
     paid_route,
     settle_refused,
 )
 from tests.support.ports import refusing_port
+from tests.support.redis_server import RedisServer
 
 PAYMENT_ID = "retry-me-0123456789"
 ANSWER = StoredResponse(status=200, body=PROVIDER_ANSWER, content_type="application/json")
@@ -204,6 +206,80 @@ async def test_a_silent_facilitator_is_503_and_nothing_claimed(route: PaidRoute)
         await route.gate.authorize(candidate)
     assert (error.value.status, error.value.code) == (503, "facilitator_unavailable")
     assert not await route.ledger.claimed(candidate.key)
+
+
+async def test_a_payment_the_facilitator_refused_may_be_offered_again_and_is_then_paid(
+    route: PaidRoute,
+) -> None:
+    """Its claim, taken before verify, is released when the facilitator refuses: the same signed
+    payment, with the same identifier (once its wallet is funded, say), is verified again."""
+    route.facilitator.verify_answers.append(VerifyResponse(isValid=False, invalidReason="insufficient_funds"))
+    payment = route.sign(payment_id=PAYMENT_ID)
+
+    refused = await route.gate.authorize(await _candidate(route, payment))
+    again = await route.gate.authorize(await _candidate(route, payment))
+
+    assert isinstance(refused, Refused) and refused.reason == "insufficient_funds"
+    assert isinstance(again, Paid) and again.paid.payment_id == PAYMENT_ID
+    assert len(route.facilitator.verified) == 2 and route.facilitator.settled == []
+
+
+async def test_a_payment_whose_facilitator_was_silent_may_be_offered_again(route: PaidRoute) -> None:
+    route.facilitator.verify_answers.append(FacilitatorUnavailable("down"))
+    payment = route.sign()
+    with pytest.raises(GatewayError):
+        await route.gate.authorize(await _candidate(route, payment))
+
+    assert isinstance(await route.gate.authorize(await _candidate(route, payment)), Paid)
+
+
+async def test_of_concurrent_offers_of_one_payment_only_the_claim_holder_asks_the_facilitator(
+    route: PaidRoute,
+) -> None:
+    payment = route.sign()
+    candidates = [await _candidate(route, payment) for _ in range(8)]
+
+    results = await asyncio.gather(*(route.gate.authorize(candidate) for candidate in candidates))
+
+    assert sum(isinstance(result, Paid) for result in results) == 1
+    assert (
+        sorted(result.reason for result in results if isinstance(result, Refused))
+        == ["payment_already_used"] * 7
+    )
+    assert len(route.facilitator.verified) == 1
+
+
+class StoreLostAtVerify(RecordingFacilitator):
+    """Refuses the payment, but the store goes away while it is being asked."""
+
+    def __init__(self, fee_payer: str, server: RedisServer) -> None:
+        super().__init__(fee_payer)
+        self.server = server
+
+    async def verify(self, payload: PaymentPayload, requirements: PaymentRequirements) -> VerifyResponse:
+        await asyncio.to_thread(self.server.stop)
+        self.verified.append(payload)
+        return VerifyResponse(isValid=False, invalidReason="insufficient_funds")
+
+
+async def test_a_refused_payment_is_refused_by_its_reason_even_when_its_release_fails(
+    private_redis: RedisServer,
+) -> None:
+    """The store is lost between the claim and the refusal: the client still hears the reason
+    (the payment stays claimed, so it signs a new one; nothing moved)."""
+    store = RedisStore(private_redis.url, timeout_s=0.5)
+    try:
+        route = paid_route(store)
+        facilitator = StoreLostAtVerify(route.facilitator.fee_payer, private_redis)
+        route.gate.facilitator = facilitator
+        candidate = await _candidate(route, route.sign())
+
+        refused = await route.gate.authorize(candidate)
+    finally:
+        await store.close()
+
+    assert refused == Refused("insufficient_funds", "", candidate.payer)
+    assert len(facilitator.verified) == 1
 
 
 async def test_a_used_payment_is_refused_from_the_store_without_asking_the_facilitator(

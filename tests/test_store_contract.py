@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.store import Bucket, Entry, RateDecision, Store, StoreUnavailable, open_store
-from gateway.store.lua import CHECK_THEN_LIMIT_SCRIPT
+from gateway.store.lua import CHECK_THEN_LIMIT_SCRIPT, check_then_limit_call
 from gateway.store.memory import MemoryStore, gcra
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
@@ -238,8 +238,9 @@ async def test_gcra_script_decides_exactly_as_memory_gcra(raw_redis: aioredis.Re
             step = rng.choice([0, 0, 1, rng.randint(1, period_ms // limit), rng.randint(1, period_ms)])
             now += step * 1_000 + rng.choice([0, 0, rng.randint(1, 999)])
             expected, new_tat = gcra(tat, now, limit, period_ms)
-            reply = await script(keys=[key], args=[0, limit, period_ms, now])  # nothing checked first
-            assert reply == [[], [expected.retry_after_ms]]
+            keys, args = check_then_limit_call([], [Bucket(key, limit, period_ms)], now_us=now)
+            reply = await script(keys=keys, args=args)  # nothing checked first, nothing to put
+            assert reply == [[], [expected.retry_after_ms], int(expected.allowed)]
             tat = new_tat if new_tat is not None else tat
             if tat is not None and tat > now:
                 assert await raw_redis.get(key) == str(tat)
@@ -343,6 +344,44 @@ async def test_check_then_limit_with_no_buckets_is_a_multi_get(store: Store) -> 
     lookup = await store.check_then_limit(["a", "b", "c"], [])
 
     assert lookup.values == ["1", None, None] and lookup.decisions == []
+
+
+async def test_check_then_limit_writes_its_puts_only_when_every_key_is_absent_and_every_bucket_allows(
+    store: Store,
+) -> None:
+    await store.put("used", "x", 60_000)
+    tight = Bucket("b:puts", 1, 60_000)
+    claim = [Entry("claim", "mine", 60_000), Entry("record", "fp", 60_000)]
+
+    found = await store.check_then_limit(["claim", "used"], [tight], claim)
+    first = await store.check_then_limit(["claim"], [tight], claim)
+    limited = await store.check_then_limit(["other"], [tight], [Entry("other", "no", 60_000)])
+    again = await store.check_then_limit(["claim"], [], [Entry("claim", "theirs", 60_000)])
+
+    assert (found.written, first.written, limited.written, again.written) == (False, True, False, False)
+    assert found.decisions == [] and limited.refused is not None
+    assert again.values == ["mine"]
+    assert await store.get("claim") == "mine" and await store.get("record") == "fp"
+    assert await store.get("other") is None
+
+
+async def test_exactly_one_of_many_concurrent_check_then_limit_claims_wins(store: Store) -> None:
+    bucket = Bucket("b:race", 100, 60_000)
+    results = await asyncio.gather(
+        *(store.check_then_limit(["race"], [bucket], [Entry("race", str(i), 60_000)]) for i in range(30))
+    )
+
+    winners = [i for i, found in enumerate(results) if found.written]
+    assert len(winners) == 1 and await store.get("race") == str(winners[0])
+    losers = [found for found in results if not found.written]
+    assert all(found.values == [str(winners[0])] and found.decisions == [] for found in losers)
+
+
+async def test_check_then_limit_puts_expire_after_their_ttl(store: Store) -> None:
+    assert (await store.check_then_limit(["short"], [], [Entry("short", "1", 50)])).written
+    await asyncio.sleep(0.15)
+
+    assert await store.get("short") is None
 
 
 async def test_claim_then_put_sets_claims_in_order_and_puts_only_when_all_were_set(store: Store) -> None:

@@ -1,4 +1,4 @@
-"""PaymentGate: from a payment header to a claimed payment, cheap checks first.
+"""PaymentGate: from a payment header to a claimed, verified payment, cheap checks first.
 
 The order never changes; nothing costs the client, a shared rate-limit bucket or the
 facilitator before the request is known to be well formed and signed by its payer:
@@ -8,23 +8,28 @@ facilitator before the request is known to be well formed and signed by its paye
     payer != payTo, the client's signature verifies over the message        (:meth:`inspect`)
     -> payment-identifier lookup (Replay, or 409 for another request)
     -> already claimed? (the pending settlement of this very request: Reconcile; else Refused)
-    -> scope and per-wallet rate limits (these three in one store round trip)
-    -> facilitator verify
-    -> atomic claim of the payment (its message), then of its identifier -> Paid
+    -> scope and per-wallet rate limits
+    -> atomic claim of the payment (its message) and of its identifier
+       (these four in one store round trip)
+    -> facilitator verify (refused or unreachable: the claim is released) -> Paid
                                                                             (:meth:`authorize`)
 
+The claim comes before the verify so that the look-up and the claim are one round trip; of
+concurrent requests offering one payment, only the one holding the claim asks the facilitator.
 A payment is known by its key, the hash of its transaction message, never by a client
 signature (see :mod:`gateway.payments.ledger`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from gateway.errors import ErrorCode, GatewayError
+from gateway.logs import log_event
 from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, FacilitatorUnavailable
-from gateway.payments.ledger import Claim, PaymentIdRecord, PaymentLedger, fingerprint
+from gateway.payments.ledger import ClaimAttempt, PaymentIdRecord, PaymentLedger, fingerprint
 from gateway.payments.matching import as_v2, match_payment, payment_identifier
 from gateway.payments.results import (
     Authorization,
@@ -38,7 +43,7 @@ from gateway.payments.results import (
     Replay,
 )
 from gateway.routes import RateLimitSpec
-from gateway.store import Bucket, RateDecision
+from gateway.store import Bucket, RateDecision, StoreUnavailable
 from gateway.validation import RequestValidator
 from gateway.x402.challenge import ExactChallenge
 from gateway.x402.headers import HeaderError, decode_header
@@ -110,43 +115,54 @@ class PaymentGate:
         )
 
     async def authorize(self, candidate: Candidate) -> Authorization:
-        """The shared checks, ending in the atomic claim. Raises the one-shape errors: 409 for a
+        """The shared checks, ending in the verified claim. Raises the one-shape errors: 409 for a
         payment identifier of another request, 429, 503 (store, facilitator)."""
         buckets = self.limiter.buckets(self.limits, candidate.payer)
-        found = await self.ledger.look_up(candidate.key, candidate.payment_id, buckets)
-        if found.payment_id is not None:
-            replay = self._replay(found.payment_id, candidate.fingerprint)
+        attempt = await self.ledger.claim(
+            candidate.key, self.route_name, candidate.payment_id, candidate.fingerprint, buckets
+        )
+        if attempt.payment_id is not None:
+            replay = self._replay(attempt.payment_id, candidate.fingerprint)
             if replay is not None:
                 return replay
         # A used payment is refused from the store, before any shared bucket or the facilitator
         # is charged for it: once broadcast, a real facilitator's verify fails (the funds moved),
         # which would lose a pending settlement's withheld response and blame the wrong reason.
-        if found.claimed:
+        if attempt.claimed:
             return await self._reuse(candidate)
-        if found.charged:
-            self.limiter.enforce(self.limits, found.decisions)
-        else:  # an identifier known but its payment unclaimed: nothing was charged yet
-            await self.limiter.charge(self.limits, candidate.payer)
-        requirements = await self._requirements()
-        payload = as_v2(candidate.payload, requirements, self.challenge.resource)
-        refused = await self._verify(payload, requirements, candidate.payer)
-        if refused is not None:
-            # A concurrent request (on any replica) may have claimed and settled this payment
-            # while the facilitator was asked; its verify then fails because the funds moved,
-            # and the reason the client must hear is the reuse (or its pending settlement).
-            if await self.ledger.claimed(candidate.key):
-                return await self._reuse(candidate)
-            return refused
-        claim = await self.ledger.claim(
-            candidate.key, self.route_name, candidate.payment_id, candidate.fingerprint
-        )
-        if claim is Claim.TAKEN:
-            return await self._reuse(candidate)
-        if claim is Claim.ID_TAKEN:
+        if attempt.payment_id is not None:
+            # The identifier names this very request while its payment is unclaimed: the two are
+            # written together and the identifier expires first, so another request holds it.
             raise GatewayError(
                 ErrorCode.IDEMPOTENCY_CONFLICT, "payment identifier already used by another request"
             )
+        self.limiter.enforce(self.limits, attempt.decisions)
+        if not attempt.won:
+            raise StoreUnavailable("state store neither refused nor recorded the payment's claim")
+        try:
+            requirements = await self._requirements()
+            payload = as_v2(candidate.payload, requirements, self.challenge.resource)
+            refused = await self._verify(payload, requirements, candidate.payer)
+        except GatewayError:
+            await self._release(attempt, candidate.payer)
+            raise
+        if refused is not None:
+            await self._release(attempt, candidate.payer)
+            return refused
         return Paid(_paid(candidate, payload, requirements), candidate.body)
+
+    async def _release(self, attempt: ClaimAttempt, payer: str) -> None:
+        """The payment was never used: free it for the client to offer again (once funded, say).
+        Left claimed when the store fails: the client then signs a new payment; nothing moved."""
+        try:
+            await self.ledger.release(attempt)
+        except StoreUnavailable:
+            log_event(
+                "unverified payment left claimed: store unavailable",
+                logging.WARNING,
+                route=self.route_name,
+                payer=payer,
+            )
 
     async def _requirements(self) -> PaymentRequirements:
         return self.challenge.requirements_for(await self.fee_payer.required())

@@ -8,8 +8,9 @@ another answer. The facilitators deduplicate by the message too, so both sides a
 
 Keys (all under ``x402gw:``):
 
-* ``pay:{key}`` - the claim on a payment, taken atomically before the upstream is called; it
-  is never released, so a discarded authorization can never be settled or reused.
+* ``pay:{key}`` - the claim on a payment, taken atomically before the facilitator verifies it.
+  Released only when the facilitator refuses it or cannot be asked (the payment was never
+  used), never once verified: a discarded authorization can never be settled or reused.
 * ``pending:{key}`` - the write-ahead record of a settlement: written with the request
   fingerprint and the withheld response *before* the facilitator is asked to settle, and
   closed once the outcome is known. Whatever happens in between (a pending confirmation, a
@@ -20,17 +21,17 @@ Keys (all under ``x402gw:``):
 * ``pid:{id}`` - the payment-identifier record: the request fingerprint and, once settled,
   the response to replay for 10 minutes.
 
-A paid request takes four store round trips, whatever its rate limits and whether it carries a
-payment identifier: :meth:`PaymentLedger.look_up` (is it used, is its identifier known, and
-only if neither, its rate-limit buckets), :meth:`~PaymentLedger.claim` (the payment, then its
+A paid request takes three store round trips, whatever its rate limits and whether it carries
+a payment identifier: :meth:`PaymentLedger.claim` (is it used, is its identifier known; only
+if neither, its rate-limit buckets; only if they allow it, the claim on the payment and its
 identifier), :meth:`~PaymentLedger.record_pending` (the write-ahead intent) and
 :meth:`~PaymentLedger.deliver` (the one delivery, closing the intent and keeping the replay).
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -72,27 +73,20 @@ class PaymentIdRecord(msgspec.Struct):
 
 
 @dataclass(frozen=True, slots=True)
-class PaymentLookup:
-    """What the store knows of a payment before it is verified."""
+class ClaimAttempt:
+    """What one claim attempt on a payment found and did, in one store round trip."""
 
     claimed: bool
+    """The payment was claimed before this attempt (by an earlier or concurrent request)."""
     payment_id: PaymentIdRecord | None
     """The record of the request's payment identifier, if it sent one and it is known."""
     decisions: list[RateDecision]
     """One per bucket charged, in order, up to the first refusal; none when the payment was
     claimed or its identifier known (nothing is charged for a request answered from the store)."""
-
-    @property
-    def charged(self) -> bool:
-        return not self.claimed and self.payment_id is None
-
-
-class Claim(enum.Enum):
-    WON = "won"
-    TAKEN = "taken"
-    """Another request claimed this payment first."""
-    ID_TAKEN = "id_taken"
-    """The payment is ours, but its payment identifier belongs to another request."""
+    won: bool
+    """This attempt claimed the payment (and tied its identifier to this request)."""
+    entries: tuple[Entry, ...] = ()
+    """What a won attempt wrote: what :meth:`PaymentLedger.release` deletes, value for value."""
 
 
 def claimant(signed_transaction: bytes) -> str:
@@ -117,28 +111,37 @@ class PaymentLedger:
         self._pending = msgspec.json.Decoder(PendingSettlement)
         self._pid = msgspec.json.Decoder(PaymentIdRecord)
 
-    async def look_up(self, key: str, payment_id: str | None, buckets: Sequence[Bucket]) -> PaymentLookup:
-        """Is the payment claimed, is its identifier known, and (only when neither) one decision
-        per rate-limit bucket: one round trip."""
-        keys = [f"x402gw:pay:{key}"] + ([f"x402gw:pid:{payment_id}"] if payment_id is not None else [])
-        found = await self.store.check_then_limit(keys, buckets)
+    async def claim(
+        self, key: str, route: str, payment_id: str | None, fp: str, buckets: Sequence[Bucket]
+    ) -> ClaimAttempt:
+        """Is the payment claimed, is its identifier known; only when neither, one decision per
+        rate-limit bucket; only when every bucket allows it, claim the payment and tie its
+        identifier (if any) to this request. One round trip, atomic: of many concurrent
+        attempts on one payment, exactly one wins."""
+        pay_key = f"x402gw:pay:{key}"
+        keys = [pay_key]
+        entries = [Entry(pay_key, f"{route} {secrets.token_hex(8)}", CLAIM_TTL_MS)]
+        if payment_id is not None:
+            pid_key = f"x402gw:pid:{payment_id}"
+            keys.append(pid_key)
+            record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp)).decode()
+            entries.append(Entry(pid_key, record, PAYMENT_ID_TTL_MS))
+        found = await self.store.check_then_limit(keys, buckets, entries)
         raw_pid = found.values[1] if payment_id is not None else None
-        return PaymentLookup(
+        return ClaimAttempt(
             claimed=found.values[0] is not None,
             payment_id=self._pid.decode(raw_pid) if raw_pid else None,
             decisions=found.decisions,
+            won=found.written,
+            entries=tuple(entries) if found.written else (),
         )
 
-    async def claim(self, key: str, route: str, payment_id: str | None, fp: str) -> Claim:
-        """Claim the payment, then tie its identifier (if any) to this request: one round trip."""
-        claims = [Entry(f"x402gw:pay:{key}", route, CLAIM_TTL_MS)]
-        if payment_id is not None:
-            record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp)).decode()
-            claims.append(Entry(f"x402gw:pid:{payment_id}", record, PAYMENT_ID_TTL_MS))
-        won = await self.store.claim_then_put(claims)
-        if won == len(claims):
-            return Claim.WON
-        return Claim.TAKEN if won == 0 else Claim.ID_TAKEN
+    async def release(self, attempt: ClaimAttempt) -> None:
+        """Undo a won claim whose payment was never used (the facilitator refused it or could not
+        be asked): the client may offer the same payment again, its identifier included. Each key
+        is deleted only while it holds what this attempt wrote."""
+        for entry in attempt.entries:
+            await self.store.release(entry.key, entry.value)
 
     async def claimed(self, key: str) -> bool:
         """Whether the payment was claimed already (a concurrent request may have won it)."""

@@ -6,7 +6,8 @@ Semantics are shared by all backends and pinned by ``tests/test_store_contract.p
 * ``add_counts`` adds to expiring counters and reads their totals back in one round trip; the
   locally decided limits exchange their counts with it.
 * ``check_then_limit`` and ``claim_then_put`` run a payment's store work in one round trip each
-  (what it must not find, then its buckets; its claims, then its records), atomically.
+  (what it must not find, then its buckets, then its claims; once settled, its delivery claim,
+  then its records), atomically.
 * ``rate_limit`` is GCRA: up to ``limit`` requests in any ``period_ms`` window, with the
   allowance refilling evenly; one atomic decision per call, using the store's clock so that
   many gateway processes share one bucket exactly.
@@ -47,11 +48,13 @@ class Bucket(msgspec.Struct, frozen=True):
 
 
 class Lookup(msgspec.Struct, frozen=True):
-    """What :meth:`Store.check_then_limit` found: the values at the checked keys, and a decision
-    per bucket taken (none when a checked key was present; the last one refused, if any did)."""
+    """What :meth:`Store.check_then_limit` found: the values at the checked keys, a decision
+    per bucket taken (none when a checked key was present; the last one refused, if any did),
+    and whether the puts were written (every key absent, every bucket allowed)."""
 
     values: list[str | None]
     decisions: list[RateDecision]
+    written: bool = False
 
     @property
     def refused(self) -> RateDecision | None:
@@ -71,10 +74,14 @@ class Store(Protocol):
     async def put(self, key: str, value: str, ttl_ms: int) -> None:
         """Set ``key`` unconditionally with a TTL."""
 
-    async def check_then_limit(self, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
+    async def check_then_limit(
+        self, keys: Sequence[str], buckets: Sequence[Bucket], puts: Sequence[Entry] = ()
+    ) -> Lookup:
         """Atomically, in one round trip: the values at ``keys``; only when every one is absent,
         one GCRA decision per bucket in order, stopping at the first refusal (so nothing already
-        used, and no later bucket, is charged for a request that will be refused)."""
+        used, and no later bucket, is charged for a request that will be refused); and only when
+        every bucket allowed it too, write every put. A put on a checked key is therefore a claim:
+        exactly one of many concurrent callers writes it."""
 
     async def claim_then_put(self, claims: Sequence[Entry], puts: Sequence[Entry] = ()) -> int:
         """Atomically, in one round trip: set-if-absent each claim in order, stopping at the first

@@ -41,30 +41,36 @@ local function gcra(key, limit, period_ms, now)
 end
 """
 
-# KEYS: the n checked keys, then one key per bucket. ARGV[1]: n, then limit and period_ms per
-# bucket, then (optional) now in microseconds, which only the differential test against
-# memory.gcra() passes: the gateway always uses the server clock.
-# Reply: {values (nil where absent), retry_after_ms per bucket taken (0: allowed)}.
+# KEYS: the n checked keys, then the m buckets, then the puts. ARGV: n, m, now in microseconds or
+# "" (only the differential test against memory.gcra() passes a clock: the gateway always uses the
+# server's), then limit and period_ms per bucket, then value and ttl_ms per put.
+# Reply: {values (nil where absent), retry_after_ms per bucket taken (0: allowed), 1 if the puts
+# were written else 0}.
 CHECK_THEN_LIMIT_SCRIPT = (
     _PRELUDE
     + """
-local n = tonumber(ARGV[1])
+local n, m = tonumber(ARGV[1]), tonumber(ARGV[2])
 local values, found = {}, false
 for i = 1, n do
   values[i] = redis.call('GET', KEYS[i])
   if values[i] then found = true end
 end
 local waits = {}
-if not found then
-  local now = tonumber(ARGV[2 + 2 * (#KEYS - n)]) or now_us()
-  for j = n + 1, #KEYS do
-    local arg = 2 + (j - n - 1) * 2
-    local wait = gcra(KEYS[j], tonumber(ARGV[arg]), tonumber(ARGV[arg + 1]), now)
-    waits[#waits + 1] = wait
-    if wait > 0 then break end
+if found then return {values, waits, 0} end
+if m > 0 then
+  local now = tonumber(ARGV[3]) or now_us()
+  for j = 1, m do
+    local wait = gcra(KEYS[n + j], tonumber(ARGV[2 + 2 * j]), tonumber(ARGV[3 + 2 * j]), now)
+    waits[j] = wait
+    if wait > 0 then return {values, waits, 0} end
   end
 end
-return {values, waits}
+local first = 4 + 2 * m
+for k = n + m + 1, #KEYS do
+  local arg = first + 2 * (k - n - m - 1)
+  redis.call('SET', KEYS[k], ARGV[arg], 'PX', ARGV[arg + 1])
+end
+return {values, waits, 1}
 """
 )
 
@@ -92,12 +98,17 @@ CLAIM_THEN_PUT_SHA1 = hashlib.sha1(CLAIM_THEN_PUT_SCRIPT.encode()).hexdigest()
 RELEASE_SHA1 = hashlib.sha1(RELEASE_SCRIPT.encode()).hexdigest()
 
 
-def check_then_limit_call(keys: Sequence[str], buckets: Sequence[Bucket]) -> tuple[list[str], list[str]]:
-    """KEYS and ARGV of the check-then-limit script."""
-    args = [str(len(keys))]
+def check_then_limit_call(
+    keys: Sequence[str], buckets: Sequence[Bucket], puts: Sequence[Entry] = (), now_us: int | None = None
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the check-then-limit script (``now_us`` only for tests: else the server's
+    clock)."""
+    args = [str(len(keys)), str(len(buckets)), "" if now_us is None else str(now_us)]
     for bucket in buckets:
         args += [str(bucket.limit), str(bucket.period_ms)]
-    return [*keys, *(bucket.key for bucket in buckets)], args
+    for entry in puts:
+        args += [entry.value, str(entry.ttl_ms)]
+    return [*keys, *(bucket.key for bucket in buckets), *(entry.key for entry in puts)], args
 
 
 def claim_then_put_call(claims: Sequence[Entry], puts: Sequence[Entry]) -> tuple[list[str], list[str]]:
@@ -110,20 +121,22 @@ def claim_then_put_call(claims: Sequence[Entry], puts: Sequence[Entry]) -> tuple
 
 
 def lookup_from_reply(keys: Sequence[str], reply: object) -> Lookup:
-    """The check-then-limit script's ``{values, waits}``; anything else is garbage."""
+    """The check-then-limit script's ``{values, waits, written}``; anything else is garbage."""
     if (
         isinstance(reply, list)
-        and len(reply) == 2
+        and len(reply) == 3
         and isinstance(reply[0], list)
         and isinstance(reply[1], list)
+        and reply[2] in (0, 1)
+        and not isinstance(reply[2], bool)
     ):
-        raw_values, waits = reply
+        raw_values, waits, written = reply
         values = [text_from_reply(v) for v in raw_values]
         # Lua drops trailing nils from a table: absent keys at the end are simply missing.
         if len(values) <= len(keys) and all(isinstance(w, int) and not isinstance(w, bool) for w in waits):
             values += [None] * (len(keys) - len(values))
             decisions = [RateDecision(allowed=w == 0, retry_after_ms=w) for w in waits]
-            return Lookup(values=values, decisions=decisions)
+            return Lookup(values=values, decisions=decisions, written=written == 1)
     raise StoreUnavailable("state store answered the check-then-limit script with garbage")
 
 

@@ -107,15 +107,20 @@ class MemoryStore:
             heapq.heappush(self._expiries, (new_tat, 1, key))
         return decision
 
-    async def check_then_limit(self, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
+    async def check_then_limit(
+        self, keys: Sequence[str], buckets: Sequence[Bucket], puts: Sequence[Entry] = ()
+    ) -> Lookup:
         values = [self._live(key) for key in keys]
         decisions: list[RateDecision] = []
-        if all(value is None for value in values):
-            for bucket in buckets:
-                decisions.append(self._gcra(bucket.key, bucket.limit, bucket.period_ms))
-                if not decisions[-1].allowed:
-                    break
-        return Lookup(values=values, decisions=decisions)
+        if any(value is not None for value in values):
+            return Lookup(values=values, decisions=decisions)
+        for bucket in buckets:
+            decisions.append(self._gcra(bucket.key, bucket.limit, bucket.period_ms))
+            if not decisions[-1].allowed:
+                return Lookup(values=values, decisions=decisions)
+        for entry in puts:
+            self._set_value(entry.key, entry.value, entry.ttl_ms)
+        return Lookup(values=values, decisions=decisions, written=True)
 
     async def claim_then_put(self, claims: Sequence[Entry], puts: Sequence[Entry] = ()) -> int:
         for done, entry in enumerate(claims):

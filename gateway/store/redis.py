@@ -90,8 +90,10 @@ class RedisStore:
     async def put(self, key: str, value: str, ttl_ms: int) -> None:
         await self._call(self._redis.set(key, value, px=ttl_ms))
 
-    async def check_then_limit(self, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
-        script_keys, args = check_then_limit_call(keys, buckets)
+    async def check_then_limit(
+        self, keys: Sequence[str], buckets: Sequence[Bucket], puts: Sequence[Entry] = ()
+    ) -> Lookup:
+        script_keys, args = check_then_limit_call(keys, buckets, puts)
         reply: Any = await self._call(self._check_then_limit(keys=script_keys, args=args))
         return lookup_from_reply(keys, reply)
 

@@ -69,8 +69,10 @@ class UpstashStore:
     async def put(self, key: str, value: str, ttl_ms: int) -> None:
         await self._call(self._redis.set(key, value, px=ttl_ms))
 
-    async def check_then_limit(self, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
-        script_keys, args = check_then_limit_call(keys, buckets)
+    async def check_then_limit(
+        self, keys: Sequence[str], buckets: Sequence[Bucket], puts: Sequence[Entry] = ()
+    ) -> Lookup:
+        script_keys, args = check_then_limit_call(keys, buckets, puts)
         reply = await self._call(
             self._script(CHECK_THEN_LIMIT_SCRIPT, CHECK_THEN_LIMIT_SHA1, script_keys, args)
         )
