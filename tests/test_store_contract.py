@@ -207,6 +207,17 @@ async def test_rate_limit_is_exact_across_many_independent_connections(clean_red
     assert sum(d.allowed for d in decisions) == 25
 
 
+async def test_a_burst_larger_than_the_connection_pool_waits_for_connections(clean_redis_url: str) -> None:
+    """More concurrent commands than connections: they take turns, none fails."""
+    store = RedisStore(clean_redis_url, max_connections=2)
+    try:
+        claims = await asyncio.gather(*(store.claim(f"burst:{i}", "1", 60_000) for i in range(50)))
+    finally:
+        await store.close()
+
+    assert claims == [True] * 50
+
+
 async def test_redis_and_upstash_backends_share_claims_and_buckets(
     clean_redis_url: str, upstash_url_and_token: tuple[str, str]
 ) -> None:
