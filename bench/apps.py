@@ -1,7 +1,11 @@
 """The baselines served like the gateway (``python -m bench.serve``, same hypercorn settings).
 
-* :func:`ceiling_app`: a bare Starlette app answering every request with one constant JSON body;
-  the most a one-worker Starlette app under hypercorn can do on this machine.
+* :func:`ceiling_app`: a bare Starlette app answering every request with one constant 402 the
+  size of a compact x402 challenge (a 1.4 KB JSON body and a 1.9 KB ``PAYMENT-REQUIRED``
+  header): the most a one-worker Starlette app under hypercorn can do on this machine when every
+  answer carries a challenge. The challenge-path targets are set against it.
+* :func:`minimal_app`: the same app answering a 51-byte JSON 200, for scale: what serving any
+  402 costs over serving almost nothing.
 * :func:`replay_app`: the same, but answering with the very status, headers and body recorded
   from the gateway's 402 challenge (``BENCH_REPLAY_FILE``): the ceiling for a response that
   size, which separates what the gateway's code costs from what serving its bytes costs.
@@ -41,9 +45,35 @@ PEER_PATH = "/rpc/getBalance"
 PEER_PRICE = "$0.002205"
 """The gateway's provider_a getBalance price (2205 micro-USDC) as the SDK's money string."""
 CONSTANT_JSON = b'{"ok":true,"service":"ceiling","status":"constant"}'
+CEILING_BODY_BYTES = 1400
+CEILING_HEADER_CHARS = 1900
+
+
+def padded_json(fields: dict[str, Any], size: int) -> bytes:
+    """``fields`` as compact JSON with a ``padding`` string making it exactly ``size`` bytes."""
+    bare = json.dumps({**fields, "padding": ""}, separators=(",", ":")).encode()
+    return json.dumps({**fields, "padding": "x" * (size - len(bare))}, separators=(",", ":")).encode()
+
+
+def ceiling_challenge() -> tuple[bytes, dict[str, str]]:
+    """A constant 402 of a compact challenge's size: the body and headers :func:`ceiling_app` sends."""
+    envelope = {"x402Version": 2, "error": None, "accepts": []}
+    body = padded_json(envelope, CEILING_BODY_BYTES)
+    header = base64.b64encode(padded_json(envelope, CEILING_HEADER_CHARS * 3 // 4)).decode()
+    headers = {"payment-required": header, "cache-control": "no-store"}
+    return body, headers
 
 
 def ceiling_app() -> Starlette:
+    body, headers = ceiling_challenge()
+
+    async def constant(request: Request) -> Response:
+        return Response(body, status_code=402, headers=headers, media_type="application/json")
+
+    return Starlette(routes=[Route("/{path:path}", constant, methods=["GET", "POST"])])
+
+
+def minimal_app() -> Starlette:
     async def constant(request: Request) -> Response:
         return Response(CONSTANT_JSON, media_type="application/json")
 

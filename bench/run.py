@@ -7,8 +7,10 @@ and facilitator (bench/stubs.py); a Redis-protocol server (redis-server, else va
 gateway as operators run it (``x402-gateway serve``), once on the in-memory store and once on
 Redis, one worker each (``--logs`` adds one writing its INFO request log to /dev/null); one and
 two workers on Redis, unpinned, for the scaling comparison; and, under the same hypercorn
-settings (bench/serve.py), a bare Starlette app ("ceiling"), the same app replaying the gateway's
-recorded 402 bytes ("ceiling, same 402 bytes") and the reference x402 SDK's payment middleware
+settings (bench/serve.py), a bare Starlette app answering a constant 402 the size of a compact
+challenge ("ceiling"), the same app answering a 51-byte 200 ("bare minimum"), the same app
+replaying the gateway's recorded 402 bytes ("ceiling, same 402 bytes") and the reference x402
+SDK's payment middleware
 guarding a JSON-RPC proxy ("peer"). The load generator (bench/load.py) is a separate process per
 measurement. With two or more cores the servers under test are pinned to CPU 0 and everything
 else (load generator, stubs, Redis) to CPU 1.
@@ -76,6 +78,8 @@ RPC_BODY = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getBalance", "param
 UNLIMITED = "limit: 3600000, period_seconds: 3600}"
 """Replaces the named limits in the bench's copy of routes.yaml: a burst no bounded run reaches."""
 PEER = "peer (x402 SDK)"
+MINIMAL = "bare minimum (51-byte 200)"
+SAME_BYTES = "ceiling, same 402 bytes"
 MEMORY = "gateway, memory store"
 REDIS = "gateway, Redis store"
 LOGS = "gateway, memory, logs on"
@@ -552,13 +556,15 @@ def run_scenarios(
 def run_challenges(bench: Bench, servers: dict[str, Server], gateways: list[tuple[str, Server]]) -> None:
     p = bench.profile
     ceiling, replay, peer = servers["ceiling"], servers["replay"], servers["peer"]
+    minimal = servers["minimal"]
     print("(a) 402 challenge path: POST without a payment header", flush=True)
     for conc, counts in [*((conc, p.throughput) for conc in p.concurrencies), (1, p.latency)]:
         specs: list[Spec] = [
             (static_job(server.url, "POST", path, body, conc, counts, expect), "challenge", name, server)
             for name, server, path, body, expect in (
-                ("ceiling", ceiling, PAID_PATH, "{}", 200),
-                ("ceiling, same 402 bytes", replay, PAID_PATH, "{}", 402),
+                ("ceiling", ceiling, PAID_PATH, "{}", 402),
+                (MINIMAL, minimal, PAID_PATH, "{}", 200),
+                (SAME_BYTES, replay, PAID_PATH, "{}", 402),
                 *((name, server, PAID_PATH, RPC_BODY, 402) for name, server in gateways),
                 (PEER, peer, PEER_PATH, RPC_BODY, 402),
             )
@@ -822,11 +828,17 @@ def summary(bench: Bench) -> list[str]:
             )
     top = p.concurrencies[0]
     memory_rps = get("challenge", MEMORY, top, "rps")
-    same_bytes = get("challenge", "ceiling, same 402 bytes", top, "rps")
+    same_bytes = get("challenge", SAME_BYTES, top, "rps")
     lines.append(
         f"| challenge req/s, {MEMORY} / ceiling with the same 402 bytes (c={top}) "
         f"| {_ratio(memory_rps, same_bytes)} | |"
     )
+    minimal_rps = get("challenge", MINIMAL, top, "rps")
+    for name in GATEWAYS:
+        lines.append(
+            f"| challenge req/s, {name} / {MINIMAL} (c={top}) "
+            f"| {_ratio(get('challenge', name, top, 'rps'), minimal_rps)} | |"
+        )
     direct, direct99 = (
         get("paid", "direct to provider", 1, "p50_ms"),
         get("paid", "direct to provider", 1, "p99_ms"),
@@ -908,7 +920,7 @@ def ratio_lines(bench: Bench) -> list[str]:
     for conc in bench.profile.concurrencies:
         ceiling = bench.find("challenge", "ceiling", conc)
         peer = bench.find("challenge", PEER, conc)
-        for name in (*GATEWAYS, LOGS, "ceiling, same 402 bytes", PEER):
+        for name in (*GATEWAYS, LOGS, SAME_BYTES, MINIMAL, PEER):
             row = bench.find("challenge", name, conc)
             if row is None or ceiling is None or peer is None:
                 continue
@@ -956,9 +968,11 @@ def report(bench: Bench, routes: int) -> str:
         "## (a) 402 challenge path",
         "",
         "POST to the paid getBalance route without a payment header. `ceiling`: a bare Starlette app "
-        "answering a constant JSON; `ceiling, same 402 bytes`: the same app answering the gateway's "
-        "recorded 402 (status, headers, body); `peer`: the reference x402 SDK's `PaymentMiddlewareASGI` "
-        "on Starlette, same price and facilitator.",
+        "answering a constant 402 the size of a compact challenge (1.4 KB JSON body, 1.9 KB "
+        f"`PAYMENT-REQUIRED` header), the baseline of the targets; `{MINIMAL}`: the same app "
+        f"answering a 51-byte JSON 200, for scale; `{SAME_BYTES}`: the same app answering the "
+        "gateway's recorded 402 (status, headers, body); `peer`: the reference x402 SDK's "
+        "`PaymentMiddlewareASGI` on Starlette, same price and facilitator.",
         "",
         *table(bench, "challenge", None),
         "",
@@ -1061,6 +1075,7 @@ def running(
         floor_redis_env = {**peer_env, "BENCH_REDIS_URL": f"{redis.url.rsplit('/', 1)[0]}/4"}
         for name, app, env in (
             ("ceiling", "bench.apps:ceiling_app()", base_env()),
+            ("minimal", "bench.apps:minimal_app()", base_env()),
             ("peer", "bench.apps:peer_app()", peer_env),
             (FLOOR_MEMORY, "bench.apps:io_floor_app()", peer_env),
             (FLOOR_REDIS, "bench.apps:io_floor_app()", floor_redis_env),
