@@ -19,6 +19,7 @@ from x402.mechanisms.svm import FacilitatorKeypairSigner
 from x402.mechanisms.svm.exact import register_exact_svm_facilitator
 
 from gateway.store.redis import RedisStore
+from gateway.store.upstash import UpstashStore
 from gateway.x402.types import SOLANA_MAINNET
 from tests.support.adversarial_paid import captured_log_lines
 from tests.support.cdp_facilitator import (
@@ -39,6 +40,7 @@ from tests.support.paid_fixtures import (
 )
 from tests.support.redis_server import RedisServer
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
+from tests.support.upstash_rest import UpstashRestServer
 from tests.support.upstream import static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
@@ -454,6 +456,29 @@ async def test_paid_rpc_takes_three_store_round_trips(
     assert warm_up.status == reply.status == 200, reply.body
     assert store.commands == ["EVALSHA", "SET", "EVALSHA"]
     assert paid.settle_calls() == 2
+
+
+async def test_paid_rpc_takes_three_requests_over_upstash_rest(
+    start_paid_gateway: StartPaidGateway, private_redis: RedisServer
+) -> None:
+    """Over Upstash REST each of the three round trips is one HTTP request."""
+    rest = UpstashRestServer(private_redis.url, "round-trip-token")
+    url = await rest.start()
+    try:
+        env = {"RATE_LIMIT_SYNC_SECONDS": "10"}
+        paid = await start_paid_gateway(env=env, store=UpstashStore(url, "round-trip-token"))
+        warm_up = await paid.pay(GET_BALANCE, balance_body(), await paid.payment())  # loads the scripts
+        payment = await paid.payment(payment_id="upstash-round-trips-0123")
+        await paid.running.services.usage.flush()
+        rest.requests.clear()
+
+        reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+        requests = list(rest.requests)
+    finally:
+        await rest.stop()
+
+    assert warm_up.status == reply.status == 200, reply.body
+    assert requests == ["EVALSHA", "SET", "EVALSHA"]
 
 
 async def test_paid_rpc_store_down_is_503_and_calls_nothing(

@@ -36,6 +36,8 @@ class UpstashRestServer:
         app.router.add_post("/multi-exec", self._multi_exec)
         self._runner = web.AppRunner(app, access_log=None)
         self.url = ""
+        self.requests: list[str] = []
+        """One entry per authorized request, in order: its command's name, or ``pipeline``."""
 
     async def start(self) -> str:
         await self._runner.setup()
@@ -55,6 +57,7 @@ class UpstashRestServer:
             return body
         if not _is_command(body):
             return web.json_response({"error": "ERR invalid command"}, status=400)
+        self.requests.append(str(body[0]).upper())
         try:
             result = await self._redis.execute_command(*body)  # type: ignore[no-untyped-call]
         except RedisError as exc:
@@ -73,6 +76,7 @@ class UpstashRestServer:
             return body
         if not isinstance(body, list) or not body or not all(_is_command(command) for command in body):
             return web.json_response({"error": "ERR invalid pipeline"}, status=400)
+        self.requests.append("MULTI" if transaction else "PIPELINE")
         pipe = self._redis.pipeline(transaction=transaction)
         for command in body:
             pipe.execute_command(*command)
