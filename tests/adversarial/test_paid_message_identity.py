@@ -20,6 +20,7 @@ from tests.support.adversarial_paid import (
     Money,
     another_client_signature,
 )
+from tests.support.cdp_facilitator import ReferenceBackend
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     GET_BALANCE_PRICE,
@@ -108,6 +109,26 @@ async def test_copies_of_one_message_sent_at_once_reach_the_provider_once(
     replies = await asyncio.gather(*(paid.pay(GET_BALANCE, balance_body(), p) for p in payments))
 
     assert_one_answered(replies)
+    assert_one_sale(paid, solana_rpc_server, before)
+
+
+async def test_copies_of_one_message_sent_at_once_ask_the_facilitator_once(
+    start_paid_gateway: StartPaidGateway, usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer
+) -> None:
+    """The claim comes before the verify: of copies of one message under other client
+    signatures sent at once, only the one holding the claim costs a facilitator call (the
+    reference facilitator, verifying and settling for real)."""
+    backend = ReferenceBackend(usdc_chain.fee_payer, solana_rpc_server.url)
+    paid = await start_paid_gateway(backend=backend)
+    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    first = await paid.payment()
+    payments = [first, *(another_client_signature(first, usdc_chain.payer) for _ in range(5))]
+    before = Money.of(usdc_chain)
+
+    replies = await asyncio.gather(*(paid.pay(GET_BALANCE, balance_body(), p) for p in payments))
+
+    assert_one_answered(replies)
+    assert paid.verify_calls() == paid.settle_calls() == 1
     assert_one_sale(paid, solana_rpc_server, before)
 
 
