@@ -18,7 +18,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from gateway.payments.ledger import PaymentIdRecord
+from gateway.payments.ledger import PaymentIdRecord, payment_id_key
 from gateway.x402.headers import encode_header
 from gateway.x402.types import PaymentPayload
 from tests.support.adversarial_paid import LateConfirmationBackend
@@ -263,7 +263,7 @@ async def _settled(paid: PaidGateway, payment_id: str | None, timeout_s: float =
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if payment_id is not None:
-            raw = await services.store.get(f"x402gw:pid:{payment_id}")
+            raw = await services.store.get(payment_id_key(payment_id))
             if raw and msgspec.json.decode(raw, type=PaymentIdRecord).response is not None:
                 return
         elif (await services.usage.snapshot([ROUTE]))[(ROUTE, "paid")] == 1:

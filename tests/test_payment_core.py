@@ -33,6 +33,7 @@ from gateway.payments import (
     StoredResponse,
 )
 from gateway.payments.facilitators import FacilitatorUnavailable
+from gateway.payments.ledger import pay_key
 from gateway.payments.results import PaidRequest
 from gateway.routes import RateLimitSpec
 from gateway.store import StoreUnavailable
@@ -178,7 +179,7 @@ async def test_a_good_payment_is_verified_once_claimed_and_paid(route: PaidRoute
     assert authorized.paid.payer == str(route.wallets.payer.pubkey())
     assert authorized.paid.requirements.extra == {"feePayer": route.facilitator.fee_payer}
     assert len(route.facilitator.verified) == 1 and route.facilitator.settled == []
-    assert await route.ledger.claimed(candidate.key)
+    assert await route.store.get(pay_key(candidate.key)) is not None
 
 
 async def test_the_facilitator_refusing_is_refused_with_its_reason_and_nothing_claimed(
@@ -190,7 +191,7 @@ async def test_the_facilitator_refusing_is_refused_with_its_reason_and_nothing_c
     refused = await route.gate.authorize(candidate)
 
     assert refused == Refused("insufficient_funds", "", candidate.payer)
-    assert not await route.ledger.claimed(candidate.key)
+    assert await route.store.get(pay_key(candidate.key)) is None
 
 
 async def test_the_facilitator_naming_another_payer_is_refused(route: PaidRoute) -> None:
@@ -205,7 +206,7 @@ async def test_a_silent_facilitator_is_503_and_nothing_claimed(route: PaidRoute)
     with pytest.raises(GatewayError) as error:
         await route.gate.authorize(candidate)
     assert (error.value.status, error.value.code) == (503, "facilitator_unavailable")
-    assert not await route.ledger.claimed(candidate.key)
+    assert await route.store.get(pay_key(candidate.key)) is None
 
 
 async def test_a_payment_the_facilitator_refused_may_be_offered_again_and_is_then_paid(
@@ -369,7 +370,7 @@ async def test_a_final_refusal_is_failed_and_the_intent_closed(route: PaidRoute)
 
     assert await route.settlement.settle(paid, ANSWER) == Failed("insufficient_funds")
     assert await route.ledger.pending(paid.key) is None
-    assert await route.ledger.claimed(paid.key)  # the payment stays used
+    assert await route.store.get(pay_key(paid.key)) is not None  # the payment stays used
 
 
 async def test_a_reconciled_duplicate_is_delivered_once_as_a_plain_success(route: PaidRoute) -> None:

@@ -45,6 +45,22 @@ PENDING_TTL_MS = 15 * 60 * 1000
 PAYMENT_ID_TTL_MS = 10 * 60 * 1000
 
 
+def pay_key(key: str) -> str:
+    return f"x402gw:pay:{key}"
+
+
+def pending_key(key: str) -> str:
+    return f"x402gw:pending:{key}"
+
+
+def delivered_key(key: str) -> str:
+    return f"x402gw:delivered:{key}"
+
+
+def payment_id_key(payment_id: str) -> str:
+    return f"x402gw:pid:{payment_id}"
+
+
 class StoredResponse(msgspec.Struct):
     """A response we owe or may replay: status, headers, body and the payment-response header."""
 
@@ -118,14 +134,11 @@ class PaymentLedger:
         rate-limit bucket; only when every bucket allows it, claim the payment and tie its
         identifier (if any) to this request. One round trip, atomic: of many concurrent
         attempts on one payment, exactly one wins."""
-        pay_key = f"x402gw:pay:{key}"
-        keys = [pay_key]
-        entries = [Entry(pay_key, f"{route} {secrets.token_hex(8)}", CLAIM_TTL_MS)]
+        entries = [Entry(pay_key(key), f"{route} {secrets.token_hex(8)}", CLAIM_TTL_MS)]
         if payment_id is not None:
-            pid_key = f"x402gw:pid:{payment_id}"
-            keys.append(pid_key)
             record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp)).decode()
-            entries.append(Entry(pid_key, record, PAYMENT_ID_TTL_MS))
+            entries.append(Entry(payment_id_key(payment_id), record, PAYMENT_ID_TTL_MS))
+        keys = [entry.key for entry in entries]
         found = await self.store.check_then_limit(keys, buckets, entries)
         raw_pid = found.values[1] if payment_id is not None else None
         return ClaimAttempt(
@@ -143,30 +156,24 @@ class PaymentLedger:
         for entry in attempt.entries:
             await self.store.release(entry.key, entry.value)
 
-    async def claimed(self, key: str) -> bool:
-        """Whether the payment was claimed already (a concurrent request may have won it)."""
-        return await self.store.get(f"x402gw:pay:{key}") is not None
-
     async def pending(self, key: str) -> PendingSettlement | None:
-        raw = await self.store.get(f"x402gw:pending:{key}")
+        raw = await self.store.get(pending_key(key))
         return self._pending.decode(raw) if raw else None
 
     async def record_pending(self, key: str, record: PendingSettlement) -> None:
-        await self.store.put(f"x402gw:pending:{key}", msgspec.json.encode(record).decode(), PENDING_TTL_MS)
+        await self.store.put(pending_key(key), msgspec.json.encode(record).decode(), PENDING_TTL_MS)
 
     async def resolve_pending(self, key: str) -> None:
         """Mark the pending record done (an empty record expires at once)."""
-        await self.store.put(f"x402gw:pending:{key}", "", 1)
+        await self.store.put(pending_key(key), "", 1)
 
     async def deliver(self, key: str, replay: tuple[str, str, StoredResponse] | None) -> bool:
         """True for exactly one caller per payment, the one that hands out the settled answer;
         that one also closes the intent and keeps ``replay`` (payment identifier, fingerprint,
         response) for identifier retries. One round trip."""
-        puts = [Entry(f"x402gw:pending:{key}", "", 1)]
+        puts = [Entry(pending_key(key), "", 1)]
         if replay is not None:
             pid, fp, response = replay
             record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp, response=response)).decode()
-            puts.append(Entry(f"x402gw:pid:{pid}", record, PAYMENT_ID_TTL_MS))
-        return (
-            await self.store.claim_then_put([Entry(f"x402gw:delivered:{key}", "1", CLAIM_TTL_MS)], puts) == 1
-        )
+            puts.append(Entry(payment_id_key(pid), record, PAYMENT_ID_TTL_MS))
+        return await self.store.claim_then_put([Entry(delivered_key(key), "1", CLAIM_TTL_MS)], puts) == 1
