@@ -140,17 +140,16 @@ class Usage:
             self._pending[series.usage_key] = self._pending.get(series.usage_key, 0) + 1
 
     async def flush(self) -> None:
-        """Add the pending counts to the store; what cannot be written stays pending."""
+        """Add the pending counts to the store in one round trip; if it fails, they stay pending."""
         pending, self._pending = self._pending, {}
-        items = list(pending.items())
-        for index, (key, amount) in enumerate(items):
-            try:
-                await self.store.incr(key, amount)
-            except StoreUnavailable:
-                for unsent, count in items[index:]:
-                    self._pending[unsent] = self._pending.get(unsent, 0) + count
-                log_event("usage counters not flushed: store unavailable", pending=len(self._pending))
-                return
+        if not pending:
+            return
+        try:
+            await self.store.incr(pending)
+        except StoreUnavailable:
+            for key, count in pending.items():
+                self._pending[key] = self._pending.get(key, 0) + count
+            log_event("usage counters not flushed: store unavailable", pending=len(self._pending))
 
     async def run(self) -> None:
         """Flush every FLUSH_INTERVAL_S until cancelled (the app's lifespan owns this task)."""

@@ -425,8 +425,7 @@ async def test_metrics_expose_the_usage_counters_of_the_store(
     gateway: RunningGateway, http: aiohttp.ClientSession, store: MemoryStore
 ) -> None:
     route = "solana.mainnet.provider_b.rpc.getBalance"
-    await store.incr(usage_key(route, "paid"), 7)
-    await store.incr(usage_key(route, "failed"), 2)
+    await store.incr({usage_key(route, "paid"): 7, usage_key(route, "failed"): 2})
 
     text = await _metrics(http, gateway)
 

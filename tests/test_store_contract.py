@@ -120,10 +120,10 @@ async def test_put_overwrites_and_expires_after_its_ttl(store: Store) -> None:
 # --- counters ------------------------------------------------------------------------------------
 
 
-async def test_incr_adds_and_counters_read_absent_ones_as_zero(store: Store) -> None:
-    assert await store.incr("count:paid") == 1
-    assert await store.incr("count:paid", 5) == 6
-    assert await store.incr("count:failed") == 1
+async def test_incr_adds_every_delta_and_counters_read_absent_ones_as_zero(store: Store) -> None:
+    assert await store.incr({"count:paid": 1}) == {"count:paid": 1}
+    assert await store.incr({"count:paid": 5, "count:failed": 1}) == {"count:paid": 6, "count:failed": 1}
+    assert await store.incr({}) == {}
 
     assert await store.counters(["count:paid", "count:failed", "count:unpaid"]) == {
         "count:paid": 6,
@@ -134,9 +134,10 @@ async def test_incr_adds_and_counters_read_absent_ones_as_zero(store: Store) -> 
 
 
 async def test_concurrent_increments_are_all_counted(store: Store) -> None:
-    await asyncio.gather(*(store.incr("count:concurrent") for _ in range(50)))
+    await asyncio.gather(*(store.incr({"count:concurrent": 1, "count:other": 2}) for _ in range(50)))
 
-    assert await store.counters(["count:concurrent"]) == {"count:concurrent": 50}
+    totals = await store.counters(["count:concurrent", "count:other"])
+    assert totals == {"count:concurrent": 50, "count:other": 100}
 
 
 # --- rate limit ----------------------------------------------------------------------------------
@@ -454,7 +455,7 @@ OPERATIONS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "claim": lambda s: s.claim("k", "v", 1_000),
     "get": lambda s: s.get("k"),
     "put": lambda s: s.put("k", "v", 1_000),
-    "incr": lambda s: s.incr("k"),
+    "incr": lambda s: s.incr({"k": 1}),
     "counters": lambda s: s.counters(["k"]),
     "add_counts": lambda s: s.add_counts({"k": 1}, 1_000),
     "check_then_limit": lambda s: s.check_then_limit(["k"], [Bucket("b", 1, 1_000)]),

@@ -15,7 +15,9 @@ from gateway.metrics import PAYMENT_OUTCOMES, USAGE_OUTCOMES, Usage, usage_key
 from gateway.routes import RouteSpec, load_routes, named_limits
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
+from gateway.store.upstash import UpstashStore
 from tests.support.ports import refusing_port
+from tests.support.upstash_rest import UpstashRestServer
 
 ROOT = Path(__file__).resolve().parent.parent
 EXACT = "solana.mainnet.provider_a.rpc.getBalance"
@@ -125,6 +127,39 @@ async def test_usage_counts_wait_out_a_store_outage(routes: list[RouteSpec]) -> 
     await usage.flush()
 
     assert (await store.counters([usage_key(EXACT, "failed")]))[usage_key(EXACT, "failed")] == 2
+
+
+async def test_a_flush_adds_every_counter_in_one_round_trip(
+    routes: list[RouteSpec], clean_redis_url: str
+) -> None:
+    """However many counters are pending, one flush is one request to the store (here over
+    Upstash REST, one transaction), and the totals are exact."""
+    rest = UpstashRestServer(clean_redis_url, "usage-token")
+    store = UpstashStore(await rest.start(), "usage-token")
+    try:
+        usage = Usage(store, routes)
+        for _ in range(3):
+            usage.observe(_ctx(EXACT, "exact", "challenged", 402))
+        usage.observe(_ctx(EXACT, "exact", "paid", amount=str(PRICE)))
+        usage.observe(_ctx(SIWX, "siwx", "signed_in"))
+        usage.observe(_ctx(SIWX, "siwx", "refused", 402))
+
+        await usage.flush()
+        requests = list(rest.requests)
+        totals = await store.counters(
+            [
+                usage_key(EXACT, "unpaid"),
+                usage_key(EXACT, "paid"),
+                usage_key(SIWX, "signed_in"),
+                usage_key(SIWX, "failed"),
+            ]
+        )
+    finally:
+        await store.close()
+        await rest.stop()
+
+    assert requests == ["MULTI"]
+    assert list(totals.values()) == [3, 1, 1, 1]
 
 
 def _outcomes_set_in(*files: str) -> set[str]:

@@ -93,8 +93,9 @@ class Store(Protocol):
         lock is released by its holder only, never by a former holder after it expired and
         another took it."""
 
-    async def incr(self, key: str, amount: int = 1) -> int:
-        """Add ``amount`` to the counter at ``key`` (no TTL) and return the new value."""
+    async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
+        """Add each delta to its counter (no TTL) and return every counter's new value: one
+        round trip, all or none (a transaction), for any number of counters."""
 
     async def counters(self, keys: list[str]) -> dict[str, int]:
         """Current values of the counters at ``keys`` (absent counters are 0)."""

@@ -179,8 +179,9 @@ def counters_from_reply(keys: list[str], values: object) -> dict[str, int]:
     return result
 
 
-def totals_from_replies(keys: list[str], replies: object) -> dict[str, int]:
-    """The INCRBY totals of an ``INCRBY, PEXPIRE`` pipeline, one pair per key."""
-    if not isinstance(replies, list) or len(replies) != 2 * len(keys):
+def totals_from_replies(keys: list[str], replies: object, per_key: int = 2) -> dict[str, int]:
+    """The INCRBY totals of a pipeline of ``per_key`` commands per key, its INCRBY first (an
+    ``INCRBY, PEXPIRE`` pair, or the INCRBY alone)."""
+    if not isinstance(replies, list) or len(replies) != per_key * len(keys):
         raise StoreUnavailable("state store answered a counter pipeline with garbage")
-    return {key: integer_from_reply(total) for key, total in zip(keys, replies[0::2], strict=True)}
+    return {key: integer_from_reply(total) for key, total in zip(keys, replies[0::per_key], strict=True)}

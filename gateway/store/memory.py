@@ -131,10 +131,10 @@ class MemoryStore:
             self._set_value(entry.key, entry.value, entry.ttl_ms)
         return len(claims)
 
-    async def incr(self, key: str, amount: int = 1) -> int:
-        value = self._counters.get(key, 0) + amount
-        self._counters[key] = value
-        return value
+    async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
+        for key, delta in deltas.items():
+            self._counters[key] = self._counters.get(key, 0) + delta
+        return {key: self._counters[key] for key in deltas}
 
     async def counters(self, keys: list[str]) -> dict[str, int]:
         return {key: self._counters.get(key, 0) for key in keys}

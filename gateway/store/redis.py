@@ -25,7 +25,6 @@ from gateway.store.lua import (
     claim_then_put_call,
     claimed_from_reply,
     counters_from_reply,
-    integer_from_reply,
     lookup_from_reply,
     released_from_reply,
     text_from_reply,
@@ -106,9 +105,14 @@ class RedisStore:
         reply: Any = await self._call(self._release(keys=[key], args=[token]))
         return released_from_reply(reply)
 
-    async def incr(self, key: str, amount: int = 1) -> int:
-        value: Any = await self._call(self._redis.incrby(key, amount))
-        return integer_from_reply(value)
+    async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
+        if not deltas:
+            return {}
+        pipe = self._redis.pipeline(transaction=True)
+        for key, delta in deltas.items():
+            pipe.incrby(key, delta)
+        replies: Any = await self._call(pipe.execute())
+        return totals_from_replies(list(deltas), replies, per_key=1)
 
     async def counters(self, keys: list[str]) -> dict[str, int]:
         if not keys:

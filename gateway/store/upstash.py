@@ -26,7 +26,6 @@ from gateway.store.lua import (
     claim_then_put_call,
     claimed_from_reply,
     counters_from_reply,
-    integer_from_reply,
     lookup_from_reply,
     released_from_reply,
     text_from_reply,
@@ -96,8 +95,13 @@ class UpstashStore:
         reply = await self._call(self._script(RELEASE_SCRIPT, RELEASE_SHA1, [key], [token]))
         return released_from_reply(reply)
 
-    async def incr(self, key: str, amount: int = 1) -> int:
-        return integer_from_reply(await self._call(self._redis.incrby(key, amount)))
+    async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
+        if not deltas:
+            return {}
+        transaction = self._redis.multi()
+        for key, delta in deltas.items():
+            transaction.incrby(key, delta)
+        return totals_from_replies(list(deltas), await self._call(transaction.exec()), per_key=1)
 
     async def counters(self, keys: list[str]) -> dict[str, int]:
         if not keys:
