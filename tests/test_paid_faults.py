@@ -458,6 +458,48 @@ async def test_paid_rpc_takes_three_store_round_trips(
     assert paid.settle_calls() == 2
 
 
+async def test_paid_rpc_replay_is_refused_in_one_store_round_trip(
+    start_paid_gateway: StartPaidGateway, private_redis: RedisServer
+) -> None:
+    """The claim's round trip also reads the payment's pending record: a used payment offered
+    again costs one store command and no facilitator call."""
+    env = {"STATE_STORE_REST_URL": private_redis.url, "RATE_LIMIT_SYNC_SECONDS": "10"}
+    paid = await start_paid_gateway(env=env)
+    payment = await paid.payment()
+    first = await paid.pay(GET_BALANCE, balance_body(), payment)
+    await paid.running.services.usage.flush()
+
+    async with StoreCommands(private_redis.url) as store:
+        replay = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert first.status == 200, first.body
+    assert replay.status == 402 and replay.json()["error"] == "payment_already_used"
+    assert store.commands == ["EVALSHA"]
+    assert paid.verify_calls() == paid.settle_calls() == 1
+
+
+async def test_paid_rpc_retry_of_a_pending_settlement_takes_two_store_round_trips(
+    start_paid_gateway: StartPaidGateway, private_redis: RedisServer
+) -> None:
+    """The retry's claim round trip finds the pending record it reconciles with; the delivery
+    is the other one. The provider is not called again."""
+    env = {"STATE_STORE_REST_URL": private_redis.url, "RATE_LIMIT_SYNC_SECONDS": "10"}
+    paid = await start_paid_gateway(env=env)
+    assert paid.facilitator is not None
+    warm_up = await paid.pay(GET_BALANCE, balance_body(), await paid.payment())  # loads the scripts
+    paid.facilitator.inject(Fault.SETTLE_PENDING, times=1)
+    payment = await paid.payment()
+    first = await paid.pay(GET_BALANCE, balance_body(), payment)
+    await paid.running.services.usage.flush()
+
+    async with StoreCommands(private_redis.url) as store:
+        retry = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert warm_up.status == 200 and first.status == 503 and retry.status == 200, retry.body
+    assert store.commands == ["EVALSHA", "EVALSHA"]
+    assert paid.upstream_calls == 2 and paid.settle_calls() == 3  # the warm-up's, then one each
+
+
 async def test_paid_rpc_takes_three_requests_over_upstash_rest(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer
 ) -> None:

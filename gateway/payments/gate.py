@@ -10,7 +10,7 @@ facilitator before the request is known to be well formed and signed by its paye
     -> already claimed? (the pending settlement of this very request: Reconcile; else Refused)
     -> scope and per-wallet rate limits
     -> atomic claim of the payment (its message) and of its identifier
-       (these four in one store round trip)
+       (these four, and the pending record, in one store round trip)
     -> facilitator verify (refused or unreachable: the claim is released) -> Paid
                                                                             (:meth:`authorize`)
 
@@ -29,7 +29,13 @@ from typing import Protocol
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
 from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, FacilitatorUnavailable
-from gateway.payments.ledger import ClaimAttempt, PaymentIdRecord, PaymentLedger, fingerprint
+from gateway.payments.ledger import (
+    ClaimAttempt,
+    PaymentIdRecord,
+    PaymentLedger,
+    PendingSettlement,
+    fingerprint,
+)
 from gateway.payments.matching import as_v2, match_payment, payment_identifier
 from gateway.payments.results import (
     Authorization,
@@ -129,7 +135,7 @@ class PaymentGate:
         # is charged for it: once broadcast, a real facilitator's verify fails (the funds moved),
         # which would lose a pending settlement's withheld response and blame the wrong reason.
         if attempt.claimed:
-            return await self._reuse(candidate)
+            return await self._reuse(candidate, attempt.pending)
         if attempt.payment_id is not None:
             # The identifier names this very request while its payment is unclaimed: the two are
             # written together and the identifier expires first, so another request holds it.
@@ -190,13 +196,12 @@ class PaymentGate:
         # a pending settlement reconciles, anything else is payment_already_used.
         return None if record.response is None else Replay(record.response)
 
-    async def _reuse(self, candidate: Candidate) -> Reconcile | Refused:
+    async def _reuse(self, candidate: Candidate, pending: PendingSettlement | None) -> Reconcile | Refused:
         """The payment is claimed already. The request that claimed it (the same signed
-        transaction, route and body), whose settlement was left pending, settles again (the
+        transaction, route and body), whose settlement was left ``pending``, settles again (the
         facilitator reconciles instead of re-broadcasting) and may get the withheld response;
         any other reuse, a copy of the message under another client signature included, is
         refused."""
-        pending = await self.ledger.pending(candidate.key)
         if (
             pending is not None
             and pending.fingerprint == candidate.fingerprint

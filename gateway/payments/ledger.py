@@ -22,9 +22,9 @@ Keys (all under ``x402gw:``):
   the response to replay for 10 minutes.
 
 A paid request takes three store round trips, whatever its rate limits and whether it carries
-a payment identifier: :meth:`PaymentLedger.claim` (is it used, is its identifier known; only
-if neither, its rate-limit buckets; only if they allow it, the claim on the payment and its
-identifier), :meth:`~PaymentLedger.record_pending` (the write-ahead intent) and
+a payment identifier: :meth:`PaymentLedger.claim` (is it used or pending, is its identifier
+known; only if none of these, its rate-limit buckets; only if they allow it, the claim on the
+payment and its identifier), :meth:`~PaymentLedger.record_pending` (the write-ahead intent) and
 :meth:`~PaymentLedger.deliver` (the one delivery, closing the intent and keeping the replay).
 """
 
@@ -94,6 +94,8 @@ class ClaimAttempt:
 
     claimed: bool
     """The payment was claimed before this attempt (by an earlier or concurrent request)."""
+    pending: PendingSettlement | None
+    """Its open write-ahead record, when a settlement of it was left pending."""
     payment_id: PaymentIdRecord | None
     """The record of the request's payment identifier, if it sent one and it is known."""
     decisions: list[RateDecision]
@@ -130,19 +132,22 @@ class PaymentLedger:
     async def claim(
         self, key: str, route: str, payment_id: str | None, fp: str, buckets: Sequence[Bucket]
     ) -> ClaimAttempt:
-        """Is the payment claimed, is its identifier known; only when neither, one decision per
-        rate-limit bucket; only when every bucket allows it, claim the payment and tie its
-        identifier (if any) to this request. One round trip, atomic: of many concurrent
-        attempts on one payment, exactly one wins."""
+        """Is the payment claimed (its settlement perhaps pending), is its identifier known;
+        only when none of these, one decision per rate-limit bucket; only when every bucket
+        allows it, claim the payment and tie its identifier (if any) to this request. One round
+        trip, atomic: of many concurrent attempts on one payment, exactly one wins."""
         entries = [Entry(pay_key(key), f"{route} {secrets.token_hex(8)}", CLAIM_TTL_MS)]
+        keys = [pay_key(key), pending_key(key)]
         if payment_id is not None:
             record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp)).decode()
             entries.append(Entry(payment_id_key(payment_id), record, PAYMENT_ID_TTL_MS))
-        keys = [entry.key for entry in entries]
+            keys.append(payment_id_key(payment_id))
         found = await self.store.check_then_limit(keys, buckets, entries)
-        raw_pid = found.values[1] if payment_id is not None else None
+        claim, pending, raw_pid = found.values[0], found.values[1], found.values[2] if payment_id else None
         return ClaimAttempt(
-            claimed=found.values[0] is not None,
+            # An open pending record outlives its claim by the moments between the two writes.
+            claimed=claim is not None or pending is not None,
+            pending=self._pending.decode(pending) if pending else None,
             payment_id=self._pid.decode(raw_pid) if raw_pid else None,
             decisions=found.decisions,
             won=found.written,
@@ -155,10 +160,6 @@ class PaymentLedger:
         is deleted only while it holds what this attempt wrote."""
         for entry in attempt.entries:
             await self.store.release(entry.key, entry.value)
-
-    async def pending(self, key: str) -> PendingSettlement | None:
-        raw = await self.store.get(pending_key(key))
-        return self._pending.decode(raw) if raw else None
 
     async def record_pending(self, key: str, record: PendingSettlement) -> None:
         await self.store.put(pending_key(key), msgspec.json.encode(record).decode(), PENDING_TTL_MS)
