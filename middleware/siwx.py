@@ -2,9 +2,11 @@
 
 The order never changes: no ``SIGN-IN-WITH-X`` header -> 402 challenge before the body is read;
 a header -> verify it (refused: 402 with a fresh challenge whose ``error`` is the reason) ->
-validate path, query and body (400/413) -> claim the nonce once in the shared store (replayed:
-402) -> the route's rate limits (429) -> the handler. Refusals count against the per-IP
-challenge limit only; the wallet and upstream-key buckets are spent by credible sign-ins alone.
+validate path, query and body (400/413) -> in one store round trip, the nonce unused (replayed:
+402), then the route's rate limits (429), then the nonce claimed -> the handler. Refusals count
+against the per-IP challenge limit only; the wallet and upstream-key buckets are spent by
+credible sign-ins alone, and a sign-in refused by a limit leaves its nonce unused, to be sent
+again once the limit allows.
 Nothing is paid and nothing is settled: the price is $0.00, so no payment header is ever asked for.
 
 What it learned goes inward in the request's context: the :class:`VerifiedSignIn` as ``sign_in``
@@ -21,7 +23,7 @@ from gateway.asgi import ASGIApp, RawHeaders, Receive, Scope, Send, header, read
 from gateway.context import request_context
 from gateway.rate_limiter import RateLimiter
 from gateway.routes import RouteSpec
-from gateway.store import Store
+from gateway.store import Entry, Store, StoreUnavailable
 from gateway.validation import RequestValidator, ValidatedInput
 from gateway.x402.headers import SIGN_IN_WITH_X, encode_header
 from gateway.x402.siwx import SiwxError, SiwxIssuer, SiwxReason, VerifiedSignIn
@@ -71,14 +73,11 @@ class SignInWithX:
             return
         ctx.wallet = verified.address
         receive, validated = await self._validate(scope, receive)
-        if not await self._claim(verified):
+        if not await self._use(verified):
             ctx.outcome, ctx.error = "refused", SiwxReason.REPLAYED.value
             await self.limiter.challenge(scope)
             await self._challenge(send, resource, SiwxReason.REPLAYED.value)
             return
-        # Only a credible sign-in (signature, nonce, expiry and single use all passed) may spend
-        # the wallet's buckets and the allowance the whole upstream key shares.
-        await self.limiter.charge(self.limits, verified.address)
         ctx.outcome = "signed_in"
         ctx.sign_in, ctx.input = verified, validated
         await self.app(scope, receive, send)
@@ -107,12 +106,24 @@ class SignInWithX:
             body = self.validator.body(raw)
         return receive, ValidatedInput(path=path, query=query, body=body)
 
-    async def _claim(self, verified: VerifiedSignIn) -> bool:
-        """Use the nonce once across every replica, for as long as it could still verify
-        (``StoreUnavailable`` is the 503 of every layer)."""
-        return await self.store.claim(
-            REPLAY_KEY_PREFIX + verified.nonce, verified.address, verified.replay_ttl_ms
+    async def _use(self, verified: VerifiedSignIn) -> bool:
+        """Use the nonce once across every replica, for as long as it could still verify: False
+        when it was used already. Only a credible sign-in (signature, expiry and single use all
+        passed) spends the wallet's buckets and the allowance the whole upstream key shares; over
+        a limit raises the 429 and leaves the nonce unused. One round trip (``StoreUnavailable``
+        is the 503 of every layer)."""
+        key = REPLAY_KEY_PREFIX + verified.nonce
+        found = await self.store.check_then_limit(
+            [key],
+            self.limiter.buckets(self.limits, verified.address),
+            [Entry(key, verified.address, verified.replay_ttl_ms)],
         )
+        if found.values[0] is not None:
+            return False
+        self.limiter.enforce(self.limits, found.decisions)
+        if not found.written:
+            raise StoreUnavailable("state store neither refused nor recorded the sign-in")
+        return True
 
 
 def _request_path(scope: Scope) -> str:

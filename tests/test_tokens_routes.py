@@ -5,6 +5,7 @@ client.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import time
@@ -26,12 +27,14 @@ from yarl import URL
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
 from gateway.logs import LOGGER_NAME, JsonFormatter
 from gateway.routes import RateLimitSpec, RouteSpec, load_routes, named_limits
+from gateway.store.upstash import UpstashStore
 from gateway.x402.headers import encode_header
 from gateway.x402.siwx import SiwxIssuer
 from gateway.x402.siwx_signer import Signer, sign_in, sign_payload, signer_address
 from gateway.x402.types import SOLANA_DEVNET, SOLANA_MAINNET, SiwxExtension
 from tests.support.gateway_server import RunningGateway, run_gateway
 from tests.support.ports import refusing_port
+from tests.support.upstash_rest import UpstashRestServer
 from tests.support.upstream import Upstream, static
 
 KEY = "test-asset-key-0123456789abcdef"
@@ -1130,6 +1133,49 @@ async def test_each_wallet_has_its_own_limit(
     assert int(refused.headers["retry-after"]) >= 1
     assert allowed.status == 200
     assert len(api.calls) == 3
+
+
+async def test_a_sign_in_refused_by_a_limit_keeps_its_nonce_for_when_the_limit_allows(
+    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """Over its wallet's limit a sign-in is refused before its nonce is used: the very same
+    header is served once the limit allows it, and then never again."""
+    limits = (RateLimitSpec(scope="tokens:wallet", limit=1, period_ms=1_000, per="wallet"),)
+    busy = Keypair()
+    async with run_gateway(_env(asset_api.url), routes=_routes_with(limits)) as gateway:
+        path = f"{PREFIX}/health"
+        assert (await call(client, gateway, "GET", path, signer=busy)).status == 200
+        signed = {"sign-in-with-x": sign_in(await challenge(client, gateway, path), busy)}
+        limited = await send(client, gateway, "GET", path, headers=signed)
+        await asyncio.sleep(int(limited.headers["retry-after"]))
+        served = await send(client, gateway, "GET", path, headers=signed)
+        replayed = await send(client, gateway, "GET", path, headers=signed)
+    assert_error(limited, 429, "rate_limited")
+    assert served.status == 200, served.body
+    assert_challenge(replayed, gateway, path, "siwx_replayed")
+    assert len(api.calls) == 2
+
+
+async def test_a_sign_in_takes_one_store_round_trip(
+    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession, clean_redis_url: str
+) -> None:
+    """Its nonce, its wallet's and the upstream key's buckets: one request over Upstash REST."""
+    rest = UpstashRestServer(clean_redis_url, "siwx-token")
+    store = UpstashStore(await rest.start(), "siwx-token")
+    env = _env(asset_api.url, RATE_LIMIT_SYNC_SECONDS="10")
+    try:
+        async with run_gateway(env, store=store) as gateway:
+            path = f"{PREFIX}/health"
+            assert (await call(client, gateway, "GET", path)).status == 200  # loads the script
+            signed = {"sign-in-with-x": sign_in(await challenge(client, gateway, path), WALLET)}
+            await gateway.app.state.services.usage.flush()
+            rest.requests.clear()
+            reply = await send(client, gateway, "GET", path, headers=signed)
+            requests = list(rest.requests)
+    finally:
+        await rest.stop()
+    assert reply.status == 200, reply.body
+    assert requests == ["EVALSHA"]
 
 
 async def test_unsigned_challenges_are_limited_per_ip_but_signed_calls_pass(

@@ -60,13 +60,12 @@ BodyReader = Callable[[], Awaitable[bytes]]
 
 
 class RateLimits(Protocol):
-    """The shared rate limiter: names the buckets, raises the 429, or charges them itself."""
+    """The shared rate limiter: names the buckets and raises the 429 of a refused one (the
+    claim's round trip charges them)."""
 
     def buckets(self, specs: Sequence[RateLimitSpec], wallet: str | None = None) -> list[Bucket]: ...
 
     def enforce(self, specs: Sequence[RateLimitSpec], decisions: Sequence[RateDecision]) -> None: ...
-
-    async def charge(self, specs: Sequence[RateLimitSpec], wallet: str | None = None) -> None: ...
 
 
 class PaymentGate:
