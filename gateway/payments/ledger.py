@@ -143,7 +143,8 @@ class PaymentLedger:
             entries.append(Entry(payment_id_key(payment_id), record, PAYMENT_ID_TTL_MS))
             keys.append(payment_id_key(payment_id))
         found = await self.store.check_then_limit(keys, buckets, entries)
-        claim, pending, raw_pid = found.values[0], found.values[1], found.values[2] if payment_id else None
+        claim, pending = found.values[0], found.values[1]
+        raw_pid = found.values[2] if payment_id is not None else None
         return ClaimAttempt(
             # An open pending record outlives its claim by the moments between the two writes.
             claimed=claim is not None or pending is not None,
