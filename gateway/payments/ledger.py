@@ -101,10 +101,13 @@ class ClaimAttempt:
     decisions: list[RateDecision]
     """One per bucket charged, in order, up to the first refusal; none when the payment was
     claimed or its identifier known (nothing is charged for a request answered from the store)."""
-    won: bool
-    """This attempt claimed the payment (and tied its identifier to this request)."""
     entries: tuple[Entry, ...] = ()
     """What a won attempt wrote: what :meth:`PaymentLedger.release` deletes, value for value."""
+
+    @property
+    def won(self) -> bool:
+        """This attempt claimed the payment (and tied its identifier to this request)."""
+        return bool(self.entries)
 
 
 def claimant(signed_transaction: bytes) -> str:
@@ -151,7 +154,6 @@ class PaymentLedger:
             pending=self._pending.decode(pending) if pending else None,
             payment_id=self._pid.decode(raw_pid) if raw_pid else None,
             decisions=found.decisions,
-            won=found.written,
             entries=tuple(entries) if found.written else (),
         )
 
