@@ -22,7 +22,7 @@ import yaml
 from gateway import yaml_document
 from gateway.config import GATEWAY_VARIABLES, UPSTREAM_VARIABLE, ConfigError, Settings
 from gateway.settlement_cost import lamports_covered, worst_case_lamports
-from gateway.validation import SchemaError, check_schema
+from gateway.validation import InvalidInput, SchemaError, check_schema, compile_schema
 from gateway.vocabulary import ACCESS_MODES, HANDLERS, SERVICE_GROUP, is_provider_group
 
 HTTP_METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
@@ -31,7 +31,7 @@ ROUTE_KEYS = {
     "name", "path", "method", "access", "handler", "group", "upstream", "upstream_path", "operation",
     "price", "rate_limits", "input", "output", "description", "listed", "replay_cap_bytes",
 }  # fmt: skip
-METHOD_KEYS = {"description", "params", "output"}
+METHOD_KEYS = {"description", "params", "example", "output"}
 DEFAULT_REPLAY_CAP_BYTES = 1024 * 1024
 
 
@@ -377,10 +377,13 @@ def _expand(template: Any, where: str, table: _Table, problems: _Problems) -> li
 
 
 def _method_fields(spec: Any, method: str, where: str, problems: _Problems) -> dict[str, Any] | None:
-    """A template method's description and params schema -> route fields (JSON-RPC body schema).
+    """A template method's description, params schema and example -> route fields (JSON-RPC body
+    schema, whose ``examples`` hold the one call built from the method's ``example`` params).
 
     The body is open: fields other than jsonrpc, id, method and params are ignored (the proxy
-    builds the upstream request from these four alone), as JSON-RPC clients add their own.
+    builds the upstream request from these four alone), as JSON-RPC clients add their own. The
+    example defaults to no params, right for a method that takes none; the loader refuses it
+    where the schema does (see :func:`_check_body_examples`).
     """
     if not isinstance(spec, dict):
         problems.add(where, f"must be a mapping, got {_kind(spec)}")
@@ -391,6 +394,7 @@ def _method_fields(spec: Any, method: str, where: str, problems: _Problems) -> d
         return None
     fields: dict[str, Any] = {"description": spec.get("description", method)}
     params = spec.get("params", {"type": "array"})
+    example = {"jsonrpc": "2.0", "id": 1, "method": method, "params": spec.get("example", [])}
     fields["input"] = {
         "body": {
             "type": "object",
@@ -401,6 +405,7 @@ def _method_fields(spec: Any, method: str, where: str, problems: _Problems) -> d
                 "method": {"const": method},
                 "params": params,
             },
+            "examples": [example],
         }
     }
     fields["output"] = spec.get("output") or {
@@ -491,6 +496,8 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
         except SchemaError as exc:  # its message starts with the location it was given
             location, _, message = str(exc).partition(": ")
             problems.add(location, message)
+    if len(problems.items) == before and isinstance(input_schemas.get("body"), dict):
+        _check_body_examples(input_schemas["body"], access == "exact", f"{where}.input.body", problems)
     rate_limits = _rate_limits(raw.get("rate_limits"), f"{where}.rate_limits", access, table.limits, problems)
     if len(problems.items) > before:
         return None
@@ -514,6 +521,34 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
         listed=listed,
         replay_cap_bytes=replay_cap,
     )
+
+
+def _check_body_examples(schema: Mapping[str, Any], paid: bool, where: str, problems: _Problems) -> None:
+    """Every ``examples`` entry of a body schema must pass the schema: the catalog, the OpenAPI
+    document and, for a paid route, the 402's ``bazaar`` extension (whose ``info`` is the first
+    entry, or an empty object without one) show it as a call to copy, and a Bazaar indexer drops
+    a listing whose example its own schema refuses."""
+    examples = schema.get("examples")
+    if examples is not None and (not isinstance(examples, list) or not examples):
+        problems.add(f"{where}.examples", f"must be a non-empty list of bodies, got {_kind(examples)}")
+        return
+    hint = "a template method gives its params as `example`, a route its bodies as input.body.examples"
+    validate = compile_schema(schema)
+    if not examples:
+        if paid:
+            try:
+                validate({}, "body")
+            except InvalidInput as exc:
+                problems.add(
+                    f"{where}.examples",
+                    f"a paid route's Bazaar listing needs an example call its schema accepts ({exc}); {hint}",
+                )
+        return
+    for i, example in enumerate(examples):
+        try:
+            validate(example, "body")
+        except InvalidInput as exc:
+            problems.add(f"{where}.examples[{i}]", f"the schema refuses its own example ({exc}); {hint}")
 
 
 def _check_catalog_filter(located: list[tuple[str, RouteSpec]], problems: _Problems) -> None:

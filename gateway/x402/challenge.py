@@ -34,12 +34,17 @@ PAYMENT_ID_SCHEMA: dict[str, Any] = {
 def bazaar_extension(
     method: str, body_schema: dict[str, Any] | None, output: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """The v2 ``bazaar`` discovery extension: how to call the resource, as info plus schema."""
+    """The v2 ``bazaar`` discovery extension: how to call the resource, as info plus schema.
+
+    ``info`` must validate against ``schema`` (the route's own schemas), or an indexer drops the
+    listing: its example body is the body schema's first ``examples`` entry, which the route
+    loader checks against that schema (an empty object without one, which it checks too)."""
+    examples = (body_schema or {}).get("examples")
     info_input: dict[str, Any] = {
         "type": "http",
         "method": method,
         "bodyType": "json",
-        "body": {"params": []},
+        "body": examples[0] if isinstance(examples, list) and examples else {},
     }
     return {
         "info": {"input": info_input, "output": {"type": "json"}},
