@@ -189,6 +189,68 @@ async def test_rate_limit_keys_are_independent(store: Store) -> None:
     assert (await limit_once(store, "rl:wallet-b", 1, 60_000)).allowed
 
 
+# --- guards, refunds and debts: what a refused payment spends ---------------------------------------
+
+
+async def test_a_guard_bucket_refuses_when_exhausted_but_never_charges(store: Store) -> None:
+    guard = Bucket("rl:guard", 2, 60_000, guard=True)
+    for _ in range(5):  # checked five times, charged never
+        assert (await store.check_then_limit([], [guard])).decisions == [RateDecision(allowed=True)]
+    await store.undo_claim([], debts=[Bucket("rl:guard", 2, 60_000)] * 2)
+
+    refused = (await store.check_then_limit([], [guard])).decisions[0]
+
+    assert not refused.allowed and 29_000 < refused.retry_after_ms <= 30_000
+
+
+async def test_a_refused_guard_stops_the_buckets_after_it(store: Store) -> None:
+    await store.undo_claim([], debts=[Bucket("rl:refusals", 1, 60_000)])
+    shared = Bucket("rl:shared-after-guard", 1, 60_000)
+
+    found = await store.check_then_limit(
+        [], [Bucket("rl:refusals", 1, 60_000, guard=True), shared], [Entry("claim:g", "me", 60_000)]
+    )
+
+    assert [d.allowed for d in found.decisions] == [False] and not found.written
+    assert (await limit_once(store, shared.key, 1, 60_000)).allowed  # nothing shared was spent
+
+
+async def test_a_debt_is_charged_past_the_limit_and_waits_it_out(store: Store) -> None:
+    await store.undo_claim([], debts=[Bucket("rl:debt", 2, 1_000)] * 5)  # 5 charges on a 2-per-second bucket
+
+    refused = await limit_once(store, "rl:debt", 2, 1_000)
+
+    # Five intervals of 500 ms are owed; one more charge fits once 6 intervals less the period
+    # (1 s) have passed: 2 s.
+    assert not refused.allowed and 1_900 < refused.retry_after_ms <= 2_000
+
+
+async def test_a_refund_hands_back_one_request_and_never_goes_below_idle(store: Store) -> None:
+    bucket = Bucket("rl:refund", 2, 60_000)
+    assert (await limit_once(store, bucket.key, 2, 60_000)).allowed
+    assert (await limit_once(store, bucket.key, 2, 60_000)).allowed
+    assert not (await limit_once(store, bucket.key, 2, 60_000)).allowed
+
+    await store.undo_claim([], refunds=[bucket])
+    assert (await limit_once(store, bucket.key, 2, 60_000)).allowed
+    assert not (await limit_once(store, bucket.key, 2, 60_000)).allowed
+
+    await store.undo_claim([], refunds=[bucket] * 5)  # more refunds than charges: idle, no credit
+    decisions = [await limit_once(store, bucket.key, 2, 60_000) for _ in range(3)]
+    assert [d.allowed for d in decisions] == [True, True, False]
+
+
+async def test_undo_claim_deletes_only_what_still_holds_its_value(store: Store) -> None:
+    mine, taken = Entry("claim:mine", "me", 60_000), Entry("claim:taken", "me", 60_000)
+    await store.put(mine.key, "me", 60_000)
+    await store.put(taken.key, "someone else", 60_000)
+
+    await store.undo_claim([mine, taken])
+
+    assert await store.get(mine.key) is None
+    assert await store.get(taken.key) == "someone else"
+
+
 async def test_ping_answers_true(store: Store) -> None:
     assert await store.ping()
 
@@ -461,6 +523,7 @@ OPERATIONS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "check_then_limit": lambda s: s.check_then_limit(["k"], [Bucket("b", 1, 1_000)]),
     "claim_then_put": lambda s: s.claim_then_put([Entry("k", "v", 1_000)]),
     "release": lambda s: s.release("k", "token"),
+    "undo_claim": lambda s: s.undo_claim([Entry("k", "v", 1_000)], [Bucket("b", 1, 1_000)]),
 }
 
 

@@ -7,7 +7,8 @@ Semantics are shared by all backends and pinned by ``tests/test_store_contract.p
   locally decided limits exchange their counts with it.
 * ``check_then_limit`` and ``claim_then_put`` run a payment's store work in one round trip each
   (what it must not find, then its buckets, then its claims; once settled, its delivery claim,
-  then its records), atomically.
+  then its records), atomically; ``undo_claim`` takes back a claim whose payment was refused,
+  with the shared spends it made and the refusal it costs, in one round trip too.
 * ``rate_limit`` is GCRA: up to ``limit`` requests in any ``period_ms`` window, with the
   allowance refilling evenly; one atomic decision per call, using the store's clock so that
   many gateway processes share one bucket exactly.
@@ -45,6 +46,9 @@ class Bucket(msgspec.Struct, frozen=True):
     key: str
     limit: int
     period_ms: int
+    guard: bool = False
+    """Checked but never charged here: refuses when one more charge would be refused. For a
+    budget that something else spends (refused payments are charged to it after the fact)."""
 
 
 class Lookup(msgspec.Struct, frozen=True):
@@ -92,6 +96,14 @@ class Store(Protocol):
         """Delete ``key`` only while it still holds ``token``; True when this call deleted it. A
         lock is released by its holder only, never by a former holder after it expired and
         another took it."""
+
+    async def undo_claim(
+        self, entries: Sequence[Entry], refunds: Sequence[Bucket] = (), debts: Sequence[Bucket] = ()
+    ) -> None:
+        """Atomically, in one round trip: delete each entry's key while it still holds the entry's
+        value; hand one request back to each ``refunds`` bucket (a spend that turned out not to be
+        owed); charge each ``debts`` bucket one request even past its limit, so a burst that slipped
+        past a guard is paid for by a longer wait, never forgiven."""
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         """Add each delta to its counter (no TTL) and return every counter's new value: one

@@ -23,27 +23,45 @@ local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
--- One GCRA step on KEYS-named bucket: 0 when allowed (and counted), else retry_after_ms.
-local function gcra(key, limit, period_ms, now)
-  local period = period_ms * 1000
-  local interval = math.max(math.floor(period / math.max(limit, 1)), 1)
+-- One GCRA step on KEYS-named bucket: 0 when allowed (and counted, unless guard), else retry_after_ms.
+local function interval_us(limit, period_ms)
+  return math.max(math.floor(period_ms * 1000 / math.max(limit, 1)), 1)
+end
+local function set_tat(key, tat, now)
+  redis.call('SET', key, string.format('%d', tat), 'PX', string.format('%d', math.ceil((tat - now) / 1000)))
+end
+local function gcra(key, limit, period_ms, now, guard)
+  local interval = interval_us(limit, period_ms)
   local tat = now
   local stored = redis.call('GET', key)
   if stored then tat = math.max(tonumber(stored), now) end
   local new_tat = tat + interval
-  local allow_at = new_tat - period
+  local allow_at = new_tat - period_ms * 1000
   if allow_at > now then
     return math.ceil((allow_at - now) / 1000)
   end
-  local ttl_ms = math.ceil((new_tat - now) / 1000)
-  redis.call('SET', key, string.format('%d', new_tat), 'PX', string.format('%d', ttl_ms))
+  if not guard then set_tat(key, new_tat, now) end
   return 0
+end
+-- Hand one request back to a bucket (never below "now": an idle bucket stays idle).
+local function refund(key, limit, period_ms, now)
+  local stored = redis.call('GET', key)
+  if not stored then return end
+  local tat = tonumber(stored) - interval_us(limit, period_ms)
+  if tat <= now then redis.call('DEL', key) else set_tat(key, tat, now) end
+end
+-- Charge one request whatever the limit: the debt is a longer wait.
+local function debt(key, limit, period_ms, now)
+  local tat = now
+  local stored = redis.call('GET', key)
+  if stored then tat = math.max(tonumber(stored), now) end
+  set_tat(key, tat + interval_us(limit, period_ms), now)
 end
 """
 
 # KEYS: the n checked keys, then the m buckets, then the puts. ARGV: n, m, now in microseconds or
 # "" (only the differential test against memory.gcra() passes a clock: the gateway always uses the
-# server's), then limit and period_ms per bucket, then value and ttl_ms per put.
+# server's), then limit, period_ms and guard (1 or 0) per bucket, then value and ttl_ms per put.
 # Reply: {values (nil where absent), retry_after_ms per bucket taken (0: allowed), 1 if the puts
 # were written else 0}.
 CHECK_THEN_LIMIT_SCRIPT = (
@@ -60,12 +78,13 @@ if found then return {values, waits, 0} end
 if m > 0 then
   local now = tonumber(ARGV[3]) or now_us()
   for j = 1, m do
-    local wait = gcra(KEYS[n + j], tonumber(ARGV[2 + 2 * j]), tonumber(ARGV[3 + 2 * j]), now)
+    local at = 1 + 3 * j
+    local wait = gcra(KEYS[n + j], tonumber(ARGV[at]), tonumber(ARGV[at + 1]), now, ARGV[at + 2] == '1')
     waits[j] = wait
     if wait > 0 then return {values, waits, 0} end
   end
 end
-local first = 4 + 2 * m
+local first = 4 + 3 * m
 for k = n + m + 1, #KEYS do
   local arg = first + 2 * (k - n - m - 1)
   redis.call('SET', KEYS[k], ARGV[arg], 'PX', ARGV[arg + 1])
@@ -87,6 +106,25 @@ end
 return n
 """
 
+# KEYS: the n entries, then the r refund buckets, then the debt buckets. ARGV: n, r, the value per
+# entry, then limit and period_ms per bucket. Reply: 1.
+UNDO_CLAIM_SCRIPT = (
+    _PRELUDE
+    + """
+local n, r = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 1, n do
+  if redis.call('GET', KEYS[i]) == ARGV[2 + i] then redis.call('DEL', KEYS[i]) end
+end
+local now = now_us()
+for j = 1, #KEYS - n do
+  local at = 1 + n + 2 * j
+  local limit, period_ms = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+  if j <= r then refund(KEYS[n + j], limit, period_ms, now) else debt(KEYS[n + j], limit, period_ms, now) end
+end
+return 1
+"""
+)
+
 # KEYS[1]: the lock; ARGV[1]: the holder's token. Reply: 1 when deleted, else 0.
 RELEASE_SCRIPT = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -96,6 +134,7 @@ return 0
 CHECK_THEN_LIMIT_SHA1 = hashlib.sha1(CHECK_THEN_LIMIT_SCRIPT.encode()).hexdigest()
 CLAIM_THEN_PUT_SHA1 = hashlib.sha1(CLAIM_THEN_PUT_SCRIPT.encode()).hexdigest()
 RELEASE_SHA1 = hashlib.sha1(RELEASE_SCRIPT.encode()).hexdigest()
+UNDO_CLAIM_SHA1 = hashlib.sha1(UNDO_CLAIM_SCRIPT.encode()).hexdigest()
 
 
 def check_then_limit_call(
@@ -105,7 +144,7 @@ def check_then_limit_call(
     clock)."""
     args = [str(len(keys)), str(len(buckets)), "" if now_us is None else str(now_us)]
     for bucket in buckets:
-        args += [str(bucket.limit), str(bucket.period_ms)]
+        args += [str(bucket.limit), str(bucket.period_ms), "1" if bucket.guard else "0"]
     for entry in puts:
         args += [entry.value, str(entry.ttl_ms)]
     return [*keys, *(bucket.key for bucket in buckets), *(entry.key for entry in puts)], args
@@ -118,6 +157,23 @@ def claim_then_put_call(claims: Sequence[Entry], puts: Sequence[Entry]) -> tuple
     for entry in entries:
         args += [entry.value, str(entry.ttl_ms)]
     return [entry.key for entry in entries], args
+
+
+def undo_claim_call(
+    entries: Sequence[Entry], refunds: Sequence[Bucket], debts: Sequence[Bucket]
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the undo-claim script."""
+    args = [str(len(entries)), str(len(refunds)), *(entry.value for entry in entries)]
+    for bucket in (*refunds, *debts):
+        args += [str(bucket.limit), str(bucket.period_ms)]
+    keys = [entry.key for entry in entries] + [bucket.key for bucket in (*refunds, *debts)]
+    return keys, args
+
+
+def undone_from_reply(reply: object) -> None:
+    """The undo-claim script's 1; anything else is garbage."""
+    if reply != 1 or isinstance(reply, bool):
+        raise StoreUnavailable("state store answered the undo-claim script with garbage")
 
 
 def lookup_from_reply(keys: Sequence[str], reply: object) -> Lookup:

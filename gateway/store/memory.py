@@ -17,6 +17,10 @@ def _now_us() -> int:
     return time.monotonic_ns() // 1_000
 
 
+def _interval_us(limit: int, period_ms: int) -> int:
+    return max(period_ms * 1_000 // max(limit, 1), 1)
+
+
 def gcra(tat_us: int | None, now_us: int, limit: int, period_ms: int) -> tuple[RateDecision, int | None]:
     """One GCRA step: the decision and the new theoretical arrival time (None: unchanged).
 
@@ -25,7 +29,7 @@ def gcra(tat_us: int | None, now_us: int, limit: int, period_ms: int) -> tuple[R
     implements these same lines.
     """
     period_us = period_ms * 1_000
-    interval = max(period_us // max(limit, 1), 1)
+    interval = _interval_us(limit, period_ms)
     tat = max(tat_us if tat_us is not None else now_us, now_us)
     new_tat = tat + interval
     allow_at = new_tat - period_us
@@ -98,13 +102,16 @@ class MemoryStore:
         del self._values[key]
         return True
 
-    def _gcra(self, key: str, limit: int, period_ms: int) -> RateDecision:
+    def _set_tat(self, key: str, tat: int) -> None:
+        self._tats[key] = tat
+        heapq.heappush(self._expiries, (tat, 1, key))
+
+    def _gcra(self, bucket: Bucket) -> RateDecision:
         now = _now_us()
         self._expire(now)
-        decision, new_tat = gcra(self._tats.get(key), now, limit, period_ms)
-        if new_tat is not None:
-            self._tats[key] = new_tat
-            heapq.heappush(self._expiries, (new_tat, 1, key))
+        decision, new_tat = gcra(self._tats.get(bucket.key), now, bucket.limit, bucket.period_ms)
+        if new_tat is not None and not bucket.guard:
+            self._set_tat(bucket.key, new_tat)
         return decision
 
     async def check_then_limit(
@@ -115,7 +122,7 @@ class MemoryStore:
         if any(value is not None for value in values):
             return Lookup(values=values, decisions=decisions)
         for bucket in buckets:
-            decisions.append(self._gcra(bucket.key, bucket.limit, bucket.period_ms))
+            decisions.append(self._gcra(bucket))
             if not decisions[-1].allowed:
                 return Lookup(values=values, decisions=decisions)
         for entry in puts:
@@ -130,6 +137,26 @@ class MemoryStore:
         for entry in puts:
             self._set_value(entry.key, entry.value, entry.ttl_ms)
         return len(claims)
+
+    async def undo_claim(
+        self, entries: Sequence[Entry], refunds: Sequence[Bucket] = (), debts: Sequence[Bucket] = ()
+    ) -> None:
+        for entry in entries:
+            await self.release(entry.key, entry.value)
+        now = _now_us()
+        self._expire(now)
+        for bucket in refunds:
+            tat = self._tats.get(bucket.key)
+            if tat is None:
+                continue
+            tat -= _interval_us(bucket.limit, bucket.period_ms)
+            if tat <= now:
+                del self._tats[bucket.key]
+            else:
+                self._set_tat(bucket.key, tat)
+        for bucket in debts:
+            tat = max(self._tats.get(bucket.key, now), now)
+            self._set_tat(bucket.key, tat + _interval_us(bucket.limit, bucket.period_ms))
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         for key, delta in deltas.items():

@@ -21,6 +21,7 @@ from gateway.store.lua import (
     CHECK_THEN_LIMIT_SCRIPT,
     CLAIM_THEN_PUT_SCRIPT,
     RELEASE_SCRIPT,
+    UNDO_CLAIM_SCRIPT,
     check_then_limit_call,
     claim_then_put_call,
     claimed_from_reply,
@@ -29,6 +30,8 @@ from gateway.store.lua import (
     released_from_reply,
     text_from_reply,
     totals_from_replies,
+    undo_claim_call,
+    undone_from_reply,
 )
 
 T = TypeVar("T")
@@ -69,6 +72,7 @@ class RedisStore:
         self._check_then_limit = self._redis.register_script(CHECK_THEN_LIMIT_SCRIPT)
         self._claim_then_put = self._redis.register_script(CLAIM_THEN_PUT_SCRIPT)
         self._release = self._redis.register_script(RELEASE_SCRIPT)
+        self._undo_claim = self._redis.register_script(UNDO_CLAIM_SCRIPT)
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
         """Await one command, turning every client failure into StoreUnavailable."""
@@ -104,6 +108,12 @@ class RedisStore:
     async def release(self, key: str, token: str) -> bool:
         reply: Any = await self._call(self._release(keys=[key], args=[token]))
         return released_from_reply(reply)
+
+    async def undo_claim(
+        self, entries: Sequence[Entry], refunds: Sequence[Bucket] = (), debts: Sequence[Bucket] = ()
+    ) -> None:
+        script_keys, args = undo_claim_call(entries, refunds, debts)
+        undone_from_reply(await self._call(self._undo_claim(keys=script_keys, args=args)))
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         if not deltas:

@@ -22,6 +22,8 @@ from gateway.store.lua import (
     CLAIM_THEN_PUT_SHA1,
     RELEASE_SCRIPT,
     RELEASE_SHA1,
+    UNDO_CLAIM_SCRIPT,
+    UNDO_CLAIM_SHA1,
     check_then_limit_call,
     claim_then_put_call,
     claimed_from_reply,
@@ -30,6 +32,8 @@ from gateway.store.lua import (
     released_from_reply,
     text_from_reply,
     totals_from_replies,
+    undo_claim_call,
+    undone_from_reply,
 )
 
 T = TypeVar("T")
@@ -94,6 +98,13 @@ class UpstashStore:
     async def release(self, key: str, token: str) -> bool:
         reply = await self._call(self._script(RELEASE_SCRIPT, RELEASE_SHA1, [key], [token]))
         return released_from_reply(reply)
+
+    async def undo_claim(
+        self, entries: Sequence[Entry], refunds: Sequence[Bucket] = (), debts: Sequence[Bucket] = ()
+    ) -> None:
+        script_keys, args = undo_claim_call(entries, refunds, debts)
+        reply = await self._call(self._script(UNDO_CLAIM_SCRIPT, UNDO_CLAIM_SHA1, script_keys, args))
+        undone_from_reply(reply)
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         if not deltas:
