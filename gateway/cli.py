@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from gateway.config import ConfigError, Settings, read_settings, startup_notes
 from gateway.redact import redact_url
@@ -172,20 +173,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
     import asyncio
-    from pathlib import Path
 
     from gateway.sandbox import run_sandbox
 
-    port = args.port if args.port is not None else int(os.environ.get("PORT") or 8080)
-    state_dir = Path(args.state_dir).expanduser() if args.state_dir else None
+    # Absolute, so the key file paths the banner prints work from any directory.
+    state_dir = Path(args.state_dir).expanduser().absolute() if args.state_dir else None
+    if args.print_env:
+        return _print_sandbox_env(args, state_dir)
+    try:
+        default_port = int(os.environ.get("PORT") or 8080)
+    except ValueError:
+        print(f"sandbox: PORT {os.environ['PORT']!r} is not a port number", file=sys.stderr)
+        return 1
     try:
         return asyncio.run(
             run_sandbox(
-                port,
-                host=args.host,
+                args.port,
+                host=args.host or "127.0.0.1",
                 state_dir=state_dir,
                 chain_port=args.chain_port,
                 assets_port=args.assets_port,
+                default_port=default_port,
             )
         )
     except KeyboardInterrupt:
@@ -193,6 +201,33 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     except (ConfigError, RoutesError, OSError, TimeoutError) as exc:
         print(f"sandbox: {exc}", file=sys.stderr)
         return 1
+
+
+def _print_sandbox_env(args: argparse.Namespace, state_dir: Path | None) -> int:
+    """``sandbox --print-env``: the sandbox's own keys, printed on purpose (never by serve)."""
+    from gateway.sandbox.environment import print_env
+
+    if state_dir is None:
+        print(
+            "sandbox: --print-env needs --state-dir DIR, the state directory of the running sandbox "
+            "(its banner's `state:` line)",
+            file=sys.stderr,
+        )
+        return 1
+    given = {"--host": args.host, "--chain-port": args.chain_port, "--assets-port": args.assets_port}
+    ignored = ", ".join(flag for flag, value in given.items() if value is not None)
+    if ignored:
+        print(f"sandbox: --print-env reads the addresses from DIR; drop {ignored}", file=sys.stderr)
+        return 1
+    try:
+        lines, notes = print_env(state_dir, args.port, dict(os.environ))
+    except OSError as exc:
+        print(f"sandbox: {exc}", file=sys.stderr)
+        return 1
+    print(lines)
+    for note in notes:
+        print(f"sandbox: note: {note}", file=sys.stderr)
+    return 0
 
 
 def cmd_pay(args: argparse.Namespace) -> int:
@@ -275,30 +310,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         "access mode, price in micro-USDC and rate limits (count per period).",
     )
     routes.set_defaults(func=cmd_routes)
-    sandbox = sub.add_parser("sandbox", help="run the gateway offline: local chain, sample upstreams")
+    sandbox = sub.add_parser(
+        "sandbox",
+        help="run the gateway offline: local chain, sample upstreams",
+        description="Run the gateway offline: a local Solana chain with USDC and a funded demo wallet, "
+        "sample upstreams, the internal facilitator. With --state-dir, the wallet, balances, ports "
+        "and sample secrets are kept, so the commands the banner prints work after a restart. "
+        "With --print-env, print the environment of a running sandbox instead (see below).",
+    )
     sandbox.add_argument(
         "--host",
-        default="127.0.0.1",
-        help="address the gateway and the local chain listen on (0.0.0.0 in a container)",
+        default=None,
+        help="address the gateway, the local chain and the sample asset-data API listen on "
+        "(default: 127.0.0.1; 0.0.0.0 in a container)",
     )
-    sandbox.add_argument("--port", type=int, default=None, help="the gateway's port (default: $PORT or 8080)")
+    sandbox.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="the gateway's port (default: the one kept in --state-dir, else $PORT or 8080); "
+        "with --print-env, the port serve is to listen on (default: the sandbox's + 1)",
+    )
     sandbox.add_argument(
         "--chain-port",
         type=int,
-        default=0,
-        help="the local Solana RPC's port, on --host (default: any free)",
+        default=None,
+        help="the local Solana RPC's port (default: the one kept in --state-dir, else any free one)",
     )
     sandbox.add_argument(
         "--assets-port",
         type=int,
-        default=0,
-        help="the sample asset-data API's port on 127.0.0.1 (default: any free)",
+        default=None,
+        help="the sample asset-data API's port (default: the one kept in --state-dir, else any free one)",
     )
     sandbox.add_argument(
         "--state-dir",
         default=None,
         metavar="DIR",
-        help="keep the demo wallet and chain state here between runs (default: a temporary directory)",
+        help="keep the demo wallet, chain state, ports and sample secrets here between runs (default: "
+        "a temporary directory). In a container, set $SANDBOX_HOST_STATE_DIR to where the host "
+        "mounts DIR: the banner then prints host paths",
+    )
+    sandbox.add_argument(
+        "--print-env",
+        action="store_true",
+        help="print, as shell-quoted KEY=value lines, a complete environment for `x402-gateway check` "
+        "and `serve` on the chain and sample upstreams of the sandbox running with the same "
+        "--state-dir (required), then exit; it holds the sandbox's fee payer key and secrets",
     )
     sandbox.set_defaults(func=cmd_sandbox)
     pay = sub.add_parser("pay", help="call a URL, answering x402 challenges (exact Solana, SIWX)")

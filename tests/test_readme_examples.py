@@ -57,19 +57,30 @@ def _price(sandbox: Sandbox, wallet: str) -> int:
     return int(json.loads(refused.value.read())["accepts"][0]["amount"])
 
 
-def _pays_the_sandbox(command: list[str]) -> None:
-    """Run ``command`` (the example) against a fresh sandbox; it must pay exactly once."""
+ENV_READ = re.compile(r"""os\.environ(?:\.get\(|\[)"(\w+)"|process\.env\.(\w+)""")
+
+
+def _variables_read(example: str) -> set[str]:
+    """The environment variables an example reads (Python's os.environ, Node's process.env)."""
+    return {python or js for python, js in ENV_READ.findall(example)}
+
+
+def _pays_the_sandbox(command: list[str], example: str) -> None:
+    """Run ``command`` (the example) against a fresh sandbox with nothing but the variables of
+    the banner's ``export`` line, which must set every one the example reads; it must pay
+    exactly once."""
     with run_sandbox() as sandbox:
         price = _price(sandbox, sandbox.wallet)
         before = (_usdc_of(sandbox, sandbox.wallet), _usdc_of(sandbox, sandbox.pay_to))
-        env = {
-            "GATEWAY": sandbox.url,
+        assert sandbox.exports == {
             "X402_KEYPAIR": str(sandbox.key_file),
             "SOLANA_RPC_URL": sandbox.rpc_url,
+            "GATEWAY": sandbox.url,
         }
+        assert _variables_read(example) == set(sandbox.exports)
         done = subprocess.run(
             command,
-            env=clean_env(env),
+            env=clean_env(sandbox.exports),
             capture_output=True,
             text=True,
             timeout=60,
@@ -87,7 +98,13 @@ def _pays_the_sandbox(command: list[str]) -> None:
 def test_the_python_sdk_example_in_the_readme_pays_the_sandbox(tmp_path: Path) -> None:
     script = tmp_path / "pay_with_sdk.py"
     script.write_text(_fenced("python"), encoding="utf-8")
-    _pays_the_sandbox([sys.executable, str(script)])
+    _pays_the_sandbox([sys.executable, str(script)], _fenced("python"))
+
+
+def test_both_sdk_examples_read_the_same_variables_the_banner_exports() -> None:
+    # The Python example's run (above) holds the banner's export line to exactly these.
+    assert _variables_read(_fenced("js")) == _variables_read(_fenced("python"))
+    assert _variables_read(_fenced("python")) == {"X402_KEYPAIR", "SOLANA_RPC_URL", "GATEWAY"}
 
 
 JS_SDK = os.environ.get("X402_JS_SDK_DIR", "")
@@ -101,4 +118,4 @@ JS_SDK = os.environ.get("X402_JS_SDK_DIR", "")
 def test_the_javascript_sdk_example_in_the_readme_pays_the_sandbox() -> None:
     script = Path(JS_SDK) / "x402-gateway-readme-example.mjs"  # resolves its imports there
     script.write_text(_fenced("js"), encoding="utf-8")
-    _pays_the_sandbox([str(shutil.which("node")), str(script)])
+    _pays_the_sandbox([str(shutil.which("node")), str(script)], _fenced("js"))

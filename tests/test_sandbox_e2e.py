@@ -8,11 +8,16 @@ signs in for one asset-data call; USDC moves from the wallet to payTo by exactly
 from __future__ import annotations
 
 import json
+import shlex
 import signal
+import socket
 import subprocess
+import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +26,10 @@ from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 from solders.token.associated import get_associated_token_address
 
+from gateway import cli
 from gateway.payclient import usdc_text
 from gateway.x402.types import USDC_MAINNET_MINT
-from tests.support.gateway_process import clean_env, command
+from tests.support.gateway_process import clean_env, command, kill_group, read_output, run_cli
 from tests.support.ports import free_port
 from tests.support.sandbox_process import Sandbox, banner_value, run_sandbox
 
@@ -146,7 +152,15 @@ def _balance(sandbox: Sandbox, wallet: str, *extra: str) -> subprocess.Completed
     )
 
 
-def test_state_dir_keeps_the_wallet_and_balances_and_every_port_can_be_set(tmp_path: Path) -> None:
+def _run_printed(sandbox: Sandbox, line: list[str]) -> subprocess.CompletedProcess[str]:
+    """One command as the banner printed it (``x402-gateway`` is the installed entry point)."""
+    assert line[0] == "x402-gateway"
+    return run_cli({}, *line[1:])
+
+
+def test_state_dir_keeps_the_wallet_balances_and_ports_so_printed_commands_work_after_a_restart(
+    tmp_path: Path,
+) -> None:
     state = tmp_path / "sandbox-state"
     port, chain_port, assets_port = free_port(), free_port(), free_port()
     args = ("--state-dir", str(state), "--chain-port", str(chain_port), "--assets-port", str(assets_port))
@@ -169,24 +183,158 @@ def test_state_dir_keeps_the_wallet_and_balances_and_every_port_can_be_set(tmp_p
         assert _pay(first, "POST", url, data).returncode == 0
         first.process.send_signal(signal.SIGTERM)
         assert first.process.wait(timeout=10) == 0
-    assert (state / "demo-payer.json").stat().st_mode & 0o077 == 0
-    assert (state / "sandbox-state.json").stat().st_mode & 0o077 == 0
+    for kept in ("demo-payer.json", "sandbox-state.json", "sandbox-config.json"):
+        assert (state / kept).stat().st_mode & 0o077 == 0, kept
 
-    with run_sandbox(*args, port=port) as second:
+    # No port given this time: the state directory kept every one the first banner printed.
+    with run_sandbox("--state-dir", str(state), port=port, port_flag=False) as second:
         assert (second.wallet, second.pay_to, second.key_file) == (first.wallet, first.pay_to, first.key_file)
+        assert second.rpc_url == rpc_url and second.commands == first.commands
+        assert second.exports == first.exports
+        assert "moved from port" not in second.banner
         assert _usdc(second, second.wallet) == start - price
         assert _usdc(second, second.pay_to) == price
-        # The pasted command of the first run still pays.
-        assert _pay(second, "POST", url, data).returncode == 0
-        assert _usdc(second, second.wallet) == start - 2 * price
-        shown = _balance(second, second.wallet)
-        assert shown.returncode == 0, shown.stderr
+        # Every command the first run printed works again, pasted as it was: the balance, two
+        # payments and a sign-in.
+        assert [line[1] for line in first.commands] == ["balance", "pay", "pay", "pay"]
+        outputs = []
+        for line in first.commands:
+            done = _run_printed(second, line)
+            assert done.returncode == 0, f"{shlex.join(line)}: {done.stderr}"
+            outputs.append(done)
         assert (
-            f"USDC:           {usdc_text(start - 2 * price)}  (token account {second.usdc_account})"
-            in shown.stdout
+            f"USDC:           {usdc_text(start - price)}  (token account {second.usdc_account})"
+            in outputs[0].stdout
         )
+        assert all(f" USDC to {second.pay_to}" in done.stderr for done in outputs[1:3])
+        assert f"signed in as {second.wallet}" in outputs[3].stderr
         scripted = json.loads(_balance(second, second.pay_to, "--json").stdout)
-        assert scripted["usdc"] == 2 * price and scripted["lamports"] == 0
+        assert scripted["usdc"] == start - _usdc(second, second.wallet) and scripted["lamports"] == 0
+
+
+def test_a_kept_port_that_is_taken_fails_the_restart_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "state"
+    with run_sandbox("--state-dir", str(state)) as first:
+        chain_port = int(first.rpc_url.rsplit(":", 1)[1])
+    # Stopped: --print-env still prints, and says the chain must be running for it to work.
+    assert cli.main(["sandbox", "--print-env", "--state-dir", str(state)]) == 0
+    printed = capsys.readouterr()
+    assert f"SOLANA_MAINNET_RPC_URL={first.rpc_url}" in printed.out.splitlines()
+    assert f"nothing answers at {first.rpc_url}" in printed.err
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", chain_port))
+        squatter.listen()
+        done = run_cli({}, "sandbox", "--port", str(free_port()), "--state-dir", str(state))
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"sandbox: cannot listen on 127.0.0.1:{chain_port}: Address already in use (the local chain's "
+        f"port, kept in {state} so that printed commands keep working; stop what listens there, or "
+        "pass --chain-port to move it)"
+    ]
+
+
+def test_print_env_needs_the_state_dir_of_a_sandbox(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for extra, reason in [
+        ((), "--print-env needs --state-dir DIR"),
+        (("--state-dir", str(tmp_path)), f"{tmp_path} holds no sandbox"),
+        (("--state-dir", str(tmp_path), "--chain-port", "9"), "drop --chain-port"),
+    ]:
+        assert cli.main(["sandbox", "--print-env", *extra]) == 1
+        done = capsys.readouterr()
+        assert done.out == ""
+        [line] = done.err.splitlines()
+        assert reason in line
+
+
+def _printed_env(text: str) -> dict[str, str]:
+    pairs = {}
+    for line in text.splitlines():
+        [word] = shlex.split(line)  # one shell word per line: KEY=value, quoted
+        key, _, value = word.partition("=")
+        pairs[key] = value
+    return pairs
+
+
+def test_print_env_configures_check_and_a_serve_that_sells_on_the_sandbox_chain(tmp_path: Path) -> None:
+    # In a container the state directory is a mount; here the host's path is a symlink to it.
+    inside, host_side = tmp_path / "inside", tmp_path / "host-side"
+    inside.mkdir()
+    host_side.symlink_to(inside)
+    with run_sandbox("--state-dir", str(inside), env={"SANDBOX_HOST_STATE_DIR": str(host_side)}) as sandbox:
+        assert sandbox.key_file == host_side / "demo-payer.json"
+        assert banner_value(sandbox.banner, "state") == str(host_side)
+        exports = sandbox.exports
+        assert exports == {
+            "X402_KEYPAIR": str(host_side / "demo-payer.json"),
+            "SOLANA_RPC_URL": sandbox.rpc_url,
+            "GATEWAY": sandbox.url,
+        }
+        assert f"--print-env --state-dir {host_side}" in sandbox.banner
+
+        serve_port = free_port()
+        printed = run_cli(
+            {}, "sandbox", "--print-env", "--state-dir", str(host_side), "--port", str(serve_port)
+        )
+        assert printed.returncode == 0 and printed.stderr == "", printed.stderr
+        env = _printed_env(printed.stdout)
+        assert env["FACILITATOR_URL"] == "internal" and env["FACILITATOR_WALLET_BASE58"]
+        assert env["X402_PAY_TO_WALLET"] == sandbox.pay_to
+        assert env["PORT"] == str(serve_port)
+
+        checked = run_cli(env, "check")
+        assert checked.returncode == 0, checked.stderr
+        assert "facilitator:  internal" in checked.stdout and env["ASSET_API_KEY"] not in checked.stdout
+
+        with _serving(env, serve_port) as url:
+            body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getBalance", "params": [sandbox.wallet]})
+            before = _usdc(sandbox, sandbox.pay_to)
+            # pay reads the chain's URL from the exported SOLANA_RPC_URL.
+            client_env = {"SOLANA_RPC_URL": exports["SOLANA_RPC_URL"]}
+            keypair = ("--keypair", exports["X402_KEYPAIR"])
+            paid = run_cli(
+                client_env,
+                "pay",
+                "POST",
+                f"{url}/v1/x402/solana/mainnet/provider_a/rpc/getBalance",
+                "--data",
+                body,
+                *keypair,
+            )
+            assert paid.returncode == 0, paid.stderr
+            assert f"paid 0.002205 USDC to {sandbox.pay_to}" in paid.stderr
+            signed_in = run_cli(
+                client_env, "pay", "GET", f"{url}/v1/x402/tokens/assets/search?q=sol", *keypair
+            )
+            assert signed_in.returncode == 0, signed_in.stderr
+            assert '"sandbox": true' in signed_in.stdout
+        assert _usdc(sandbox, sandbox.pay_to) == before + 2205
+
+
+@contextmanager
+def _serving(env: dict[str, str], port: int) -> Iterator[str]:
+    """``x402-gateway serve`` with exactly the printed environment (its PORT included)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(
+            [*command(), "serve", "--host", "127.0.0.1"],
+            env=clean_env(env),
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while f"Running on http://127.0.0.1:{port} " not in read_output(err):
+                assert process.poll() is None, read_output(err)
+                assert time.monotonic() < deadline, read_output(err)
+                time.sleep(0.05)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            kill_group(process)
 
 
 def test_balance_prints_usdc_and_sol_of_any_wallet_on_the_sandbox_chain(sandbox: Sandbox) -> None:

@@ -7,11 +7,11 @@ airdropped facilitator wallet -> the asset-data sample (aiohttp, same loop) -> t
 ``hypercorn.asyncio.serve``. SIGINT / SIGTERM stop it.
 
 Without ``--state-dir`` everything lives in a temporary directory removed on exit. With it, the
-directory keeps the demo wallet's key file and a snapshot of the chain (the keys of payTo and
-the fee payer, and every account the chain knows: balances, token accounts); the next run with
-the same directory restores them, so pasted commands keep working. The snapshot is written at
-start, every few seconds while payments land, and at exit. Transaction history, sign-in nonces
-and rate limits are not kept.
+directory keeps the demo wallet's key file, a snapshot of the chain (the keys of payTo and the
+fee payer, and every account the chain knows: balances, token accounts), and the ports and
+sample secrets (:mod:`gateway.sandbox.state`); the next run with the same directory restores
+them, so pasted commands keep working. The snapshot is written at start, every few seconds while
+payments land, and at exit. Transaction history, sign-in nonces and rate limits are not kept.
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -40,9 +39,24 @@ from solders.litesvm import LiteSVM
 from solders.pubkey import Pubkey
 from solders.token.associated import get_associated_token_address
 
-from gateway.config import PACKAGED_ROUTES_FILE, Settings, load_settings, upstream_variables
+from gateway.config import Settings, load_settings
 from gateway.payclient import PayError, load_keypair, usdc_text
 from gateway.sandbox.chain import USDC_MAINNET_MINT, LiteSvmRpcServer, UsdcChain, setup_usdc_chain
+from gateway.sandbox.environment import HOST_STATE_DIR_VARIABLE, routes_file, sdk_exports, serve_env
+from gateway.sandbox.ports import PortChoice, check_free
+from gateway.sandbox.state import (
+    CONFIG_VERSION,
+    KEY_FILE_NAME,
+    STATE_FILE_NAME,
+    STATE_VERSION,
+    ChainSnapshot,
+    SandboxConfig,
+    read_config,
+    read_snapshot,
+    save_config,
+    write_key_file,
+    write_private,
+)
 from gateway.sandbox.upstreams import AssetDataSample, das_methods
 from gateway.x402.svm import TOKEN_PROGRAM
 from gateway.x402.types import USDC_DECIMALS
@@ -50,42 +64,12 @@ from gateway.x402.types import USDC_DECIMALS
 DEMO_PAYER_USDC = 1_000  # whole USDC in the demo wallet
 FACILITATOR_LAMPORTS = 100 * 10**9
 STARTUP_TIMEOUT_S = 10.0
-KEY_FILE_NAME = "demo-payer.json"
-STATE_FILE_NAME = "sandbox-state.json"
-STATE_VERSION = 1
 AUTOSAVE_INTERVAL_S = 2.0
 # Variables of the operator's environment the sandbox honours; everything else it sets itself.
 PASSED_THROUGH = ("LOG_LEVEL", "ROUTES_FILE")
 
 
-def write_key_file(keypair: Keypair, directory: Path) -> Path:
-    """``keypair`` as solana-keygen writes it (a JSON array of the 64 secret-key bytes), mode 0600."""
-    path = directory / KEY_FILE_NAME
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(list(bytes(keypair)), handle)
-    return path
-
-
-class ChainSnapshot(msgspec.Struct):
-    """What ``--state-dir`` keeps of the chain; the demo payer's key is the key file beside it."""
-
-    version: int
-    fee_payer: str  # base58 of the 64-byte secret key
-    pay_to: str
-    accounts: dict[str, str]  # address -> solders Account JSON
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically, readable by the owner only (it holds secret keys)."""
-    partial = path.with_name(path.name + ".partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(partial, path)
-
-
-def save_chain(state_dir: Path, chain: UsdcChain, rpc: LiteSvmRpcServer) -> None:
+def save_chain(state_dir: Path, chain: UsdcChain, rpc: LiteSvmRpcServer) -> ChainSnapshot:
     """Snapshot every account the chain knows (programs excepted: LiteSVM brings its own)."""
     accounts = {str(address): account.to_json() for address, account in rpc.known_accounts()}
     snapshot = ChainSnapshot(
@@ -94,28 +78,27 @@ def save_chain(state_dir: Path, chain: UsdcChain, rpc: LiteSvmRpcServer) -> None
         pay_to=str(chain.pay_to),
         accounts={k: v for k, v in accounts.items() if not Account.from_json(v).executable},
     )
-    _write_private(state_dir / STATE_FILE_NAME, msgspec.json.encode(snapshot))
+    write_private(state_dir / STATE_FILE_NAME, msgspec.json.encode(snapshot))
+    return snapshot
 
 
-def load_chain(state_dir: Path) -> UsdcChain | None:
-    """The chain saved in ``state_dir``, or None when there is none yet; OSError if unreadable."""
-    path = state_dir / STATE_FILE_NAME
-    if not path.exists():
+def load_chain(state_dir: Path) -> tuple[UsdcChain, list[Pubkey]] | None:
+    """The chain saved in ``state_dir`` and the addresses it knew, or None when there is none
+    yet; OSError if unreadable."""
+    snapshot = read_snapshot(state_dir)
+    if snapshot is None:
         return None
     try:
-        snapshot = msgspec.json.decode(path.read_bytes(), type=ChainSnapshot)
-        if snapshot.version != STATE_VERSION:
-            raise ValueError(f"version {snapshot.version}, expected {STATE_VERSION}")
         payer = load_keypair(state_dir / KEY_FILE_NAME)
         fee_payer = Keypair.from_bytes(base58.b58decode(snapshot.fee_payer))
         pay_to = Pubkey.from_string(snapshot.pay_to)
         svm = LiteSVM()
         for address, account in snapshot.accounts.items():
             svm.set_account(Pubkey.from_string(address), Account.from_json(account))
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, PayError) as exc:
-        raise OSError(f"cannot restore the sandbox from {path}: {exc}") from None
+    except (ValueError, PayError) as exc:
+        raise OSError(f"cannot restore the sandbox from {state_dir / STATE_FILE_NAME}: {exc}") from None
     mint = USDC_MAINNET_MINT
-    return UsdcChain(
+    chain = UsdcChain(
         svm=svm,
         mint=mint,
         decimals=USDC_DECIMALS,
@@ -126,6 +109,7 @@ def load_chain(state_dir: Path) -> UsdcChain | None:
         pay_to_ata=get_associated_token_address(pay_to, mint),
         fee_payer=fee_payer,
     )
+    return chain, [Pubkey.from_string(address) for address in snapshot.accounts]
 
 
 @dataclass
@@ -135,50 +119,41 @@ class SandboxParts:
     chain: UsdcChain
     rpc: LiteSvmRpcServer
     assets: AssetDataSample
-    key_file: Path
+    config: SandboxConfig
     state_dir: Path
+    shown_state_dir: Path  # where the user sees state_dir: the host's path when it is mounted
     persistent: bool = False
-    shown_host: str = "127.0.0.1"
+    notes: list[str] = field(default_factory=list)
 
     @property
     def chain_url(self) -> str:
         """The local chain's URL as the gateway and a client on this machine reach it."""
-        return f"http://{self.shown_host}:{self.rpc.port_bound}"
+        return self.config.url(self.config.chain_port)
 
-
-def sandbox_env(parts: SandboxParts, base_url: str, port: int, asset_api_key: str) -> dict[str, str]:
-    """The gateway's configuration for the sandbox (never read from the operator's environment)."""
-    chain_url = parts.chain_url
-    env = {
-        "GATEWAY_BASE_URL": base_url,
-        "PORT": str(port),
-        "FACILITATOR_URL": "internal",
-        "FACILITATOR_WALLET_BASE58": base58.b58encode(bytes(parts.chain.fee_payer)).decode("ascii"),
-        "INTERNAL_SETTLEMENT_SECRET": secrets.token_urlsafe(32),
-        "SOLANA_MAINNET_RPC_URL": chain_url,
-        "SOLANA_DEVNET_RPC_URL": chain_url,
-        "X402_PAY_TO_WALLET": str(parts.chain.pay_to),
-        "X402_USDC_MINT": str(parts.chain.mint),
-        "ASSET_API_BASE_URL": parts.assets.url,
-        "ASSET_API_KEY": asset_api_key,
-        "STATE_STORE_REST_URL": "memory://",
-    }
-    for variable in upstream_variables(PACKAGED_ROUTES_FILE).values():
-        env.setdefault(variable, chain_url)  # every Solana provider is the local chain
-    return env
+    @property
+    def key_file(self) -> Path:
+        """The demo key file as the user names it."""
+        return self.shown_state_dir / KEY_FILE_NAME
 
 
 def banner(parts: SandboxParts, settings: Settings) -> str:
-    """The start-up message: where things are and three commands to try."""
+    """The start-up message: where things are, the SDK exports and the commands to try."""
     base = settings.base_url
     payer = str(parts.chain.payer.pubkey())
     held = parts.chain.balance(parts.chain.payer_ata) or 0
-    tail = f"--keypair {shlex.quote(str(parts.key_file))} --rpc {parts.chain_url}"
-    kept = "kept between runs" if parts.persistent else "temporary, removed on exit; --state-dir keeps it"
+    key_file = shlex.quote(str(parts.key_file))
+    tail = f"--keypair {key_file} --rpc {parts.chain_url}"
+    if not parts.persistent:
+        kept = "temporary, removed on exit; --state-dir keeps it"
+    elif parts.shown_state_dir != parts.state_dir:
+        kept = f"kept between runs, with the ports; {parts.state_dir} where the sandbox runs"
+    else:
+        kept = "kept between runs, with the ports"
     rpc_body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getBalance", "params": [payer]})
     das_body = json.dumps(
         {"jsonrpc": "2.0", "id": 1, "method": "getAsset", "params": [{"id": str(parts.chain.mint)}]}
     )
+    print_env = f"x402-gateway sandbox --print-env --state-dir {shlex.quote(str(parts.shown_state_dir))}"
     return "\n".join(
         [
             "x402-gateway sandbox: everything below is local and offline (sample data, test USDC).",
@@ -187,10 +162,13 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
             f"  demo wallet:    {payer}  ({usdc_text(held)})",
             f"  demo USDC account: {parts.chain.payer_ata}",
             f"  demo key file:  {parts.key_file}",
-            f"  state:          {parts.state_dir}  ({kept})",
+            f"  state:          {parts.shown_state_dir}  ({kept})",
             f"  payTo:          {parts.chain.pay_to}",
             f"  facilitator:    internal, fee payer {parts.chain.fee_payer.pubkey()}",
             f"  sample asset-data API: {parts.assets.url}",
+            "",
+            "For the SDK examples of the README (and pay's default --rpc):",
+            f"  {sdk_exports(parts.key_file, parts.chain_url, base)}",
             "",
             "Balances (USDC and SOL of any wallet on the local chain):",
             f"  x402-gateway balance {payer} --rpc {parts.chain_url}",
@@ -202,6 +180,11 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
             f"--data {shlex.quote(das_body)} {tail}",
             f"  x402-gateway pay GET '{base}/v1/x402/tokens/assets/search?q=sol' {tail}",
             "",
+            f"Rehearse check and serve (on port {parts.config.gateway_port + 1}) against this chain and "
+            "sample API; the environment printed holds the sandbox's keys:",
+            f'  (set -a; eval "$({print_env})"; x402-gateway check && x402-gateway serve --host 127.0.0.1)',
+            "",
+            *(f"note: {note}" for note in parts.notes),
             "Ctrl-C stops it.",
         ]
     )
@@ -225,36 +208,21 @@ async def _wait_listening(host: str, port: int, server: asyncio.Task[None]) -> N
     raise TimeoutError(f"the gateway did not listen on {host}:{port} within {STARTUP_TIMEOUT_S} s")
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """Fail fast (OSError) when something already listens there, before anything is started."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-
-
-def _start_chain(state_dir: Path, host: str, port: int) -> tuple[UsdcChain, LiteSvmRpcServer, Path]:
+def _start_chain(state_dir: Path, host: str, port: int) -> tuple[UsdcChain, LiteSvmRpcServer, ChainSnapshot]:
     """The chain saved in ``state_dir``, else a new one (and its key file), served on ``port``."""
-    chain = load_chain(state_dir)
-    restored = [] if chain is None else [Pubkey.from_string(a) for a in _saved_addresses(state_dir)]
-    if chain is None:
+    loaded = load_chain(state_dir)
+    if loaded is None:
         chain = setup_usdc_chain(
             payer_amount=DEMO_PAYER_USDC * 10**USDC_DECIMALS, fee_payer_lamports=FACILITATOR_LAMPORTS
         )
         write_key_file(chain.payer, state_dir)
+        restored: list[Pubkey] = []
+    else:
+        chain, restored = loaded
     rpc = LiteSvmRpcServer(svm=chain.svm, host=host, port=port, extra_methods=das_methods())
     rpc.watch(*chain.addresses, *restored)
     rpc.start()
-    save_chain(state_dir, chain, rpc)
-    return chain, rpc, state_dir / KEY_FILE_NAME
-
-
-def _saved_addresses(state_dir: Path) -> list[str]:
-    snapshot = msgspec.json.decode((state_dir / STATE_FILE_NAME).read_bytes(), type=ChainSnapshot)
-    return list(snapshot.accounts)
+    return chain, rpc, save_chain(state_dir, chain, rpc)
 
 
 async def _autosave(parts: SandboxParts) -> None:
@@ -267,21 +235,45 @@ async def _autosave(parts: SandboxParts) -> None:
             await asyncio.to_thread(save_chain, parts.state_dir, parts.chain, parts.rpc)
 
 
+def _port_choices(
+    kept: SandboxConfig | None, requested: tuple[int | None, int | None, int | None], default: int
+) -> tuple[PortChoice, PortChoice, PortChoice]:
+    """The gateway's, the chain's and the asset-data sample's ports (in this order)."""
+    port, chain_port, assets_port = requested
+    if kept is None:
+        before: tuple[int | None, int | None, int | None] = (None, None, None)
+    else:
+        before = (kept.gateway_port, kept.chain_port, kept.assets_port)
+    return (
+        PortChoice("the gateway", "--port", port, before[0], default),
+        PortChoice("the local chain", "--chain-port", chain_port, before[1], 0),
+        PortChoice("the sample asset-data API", "--assets-port", assets_port, before[2], 0),
+    )
+
+
+def _shown_state_dir(state_dir: Path, persistent: bool, operator_env: Mapping[str, str]) -> Path:
+    """``state_dir`` as the user sees it: ``$SANDBOX_HOST_STATE_DIR`` when it is a mount."""
+    shown = operator_env.get(HOST_STATE_DIR_VARIABLE, "")
+    return Path(shown) if persistent and shown else state_dir
+
+
 async def run_sandbox(
-    port: int,
+    port: int | None = None,
     host: str = "127.0.0.1",
     env: Mapping[str, str] | None = None,
     out: TextIO | None = None,
     *,
     state_dir: Path | None = None,
-    chain_port: int = 0,
-    assets_port: int = 0,
+    chain_port: int | None = None,
+    assets_port: int | None = None,
+    default_port: int = 8080,
 ) -> int:
     """Run the sandbox until SIGINT/SIGTERM; returns the exit code.
 
-    ``state_dir`` keeps the wallet and chain between runs (default: a temporary directory);
-    ``chain_port`` and ``assets_port`` fix the local chain's and the asset-data sample's ports
-    on 127.0.0.1 (0: any free port).
+    ``state_dir`` keeps the wallet, chain, ports and sample secrets between runs (default: a
+    temporary directory). A port left None is the one ``state_dir`` kept, else ``default_port``
+    for the gateway and any free port for the local chain and the asset-data sample (0: any free
+    port). Every part listens on ``host``.
     """
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
@@ -290,11 +282,10 @@ async def run_sandbox(
 
     out = out or sys.stdout
     operator_env = os.environ if env is None else env
-    _check_port_free(host, port)
-    if chain_port:
-        _check_port_free(host, chain_port)
-    if assets_port:
-        _check_port_free("127.0.0.1", assets_port)
+    kept = read_config(state_dir) if state_dir is not None else None
+    choices = _port_choices(kept, (port, chain_port, assets_port), default_port)
+    for choice in choices:
+        check_free(host, choice, state_dir)
     persistent = state_dir is not None
     if state_dir is None:
         state_dir = Path(tempfile.mkdtemp(prefix="x402-sandbox-"))
@@ -305,12 +296,25 @@ async def run_sandbox(
     parts: SandboxParts | None = None
     try:
         shown_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        chain, rpc, key_file = _start_chain(state_dir, host, chain_port)
-        asset_key = secrets.token_urlsafe(24)
-        assets = AssetDataSample(asset_key, assets_port)
+        chain, rpc, snapshot = _start_chain(state_dir, host, choices[1].port)
+        asset_key = kept.asset_api_key if kept else secrets.token_urlsafe(24)
+        assets = AssetDataSample(asset_key, choices[2].port, host, shown_host)
         await assets.start()
-        parts = SandboxParts(chain, rpc, assets, key_file, state_dir, persistent, shown_host)
-        config_env = sandbox_env(parts, f"http://{shown_host}:{port}", port, asset_key)
+        config = SandboxConfig(
+            version=CONFIG_VERSION,
+            host=shown_host,
+            gateway_port=choices[0].port,
+            chain_port=rpc.port_bound,
+            assets_port=assets.port_bound,
+            asset_api_key=asset_key,
+            internal_secret=kept.internal_secret if kept else secrets.token_urlsafe(32),
+        )
+        save_config(state_dir, config)
+        bound = (config.gateway_port, config.chain_port, config.assets_port)
+        notes = [n for c, b in zip(choices, bound, strict=True) if (n := c.moved_note(b))]
+        shown_dir = _shown_state_dir(state_dir, persistent, operator_env)
+        parts = SandboxParts(chain, rpc, assets, config, state_dir, shown_dir, persistent, notes)
+        config_env = serve_env(config, snapshot, port=config.gateway_port, routes=routes_file(operator_env))
         config_env.update({k: operator_env[k] for k in PASSED_THROUGH if operator_env.get(k)})
         settings = load_settings(config_env)
         app = create_app(settings)
@@ -319,16 +323,16 @@ async def run_sandbox(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        config = Config()
-        config.bind = [f"{host}:{port}"]
-        config.accesslog = None
-        config.errorlog = "-"
-        config.graceful_timeout = 5.0
-        config.keep_alive_timeout = settings.client_header_timeout_s
-        server = asyncio.create_task(serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+        server_config = Config()
+        server_config.bind = [f"{host}:{config.gateway_port}"]
+        server_config.accesslog = None
+        server_config.errorlog = "-"
+        server_config.graceful_timeout = 5.0
+        server_config.keep_alive_timeout = settings.client_header_timeout_s
+        server = asyncio.create_task(serve(app, server_config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
         autosave = asyncio.create_task(_autosave(parts)) if persistent else None
         try:
-            await _wait_listening(shown_host, port, server)
+            await _wait_listening(shown_host, config.gateway_port, server)
             print(banner(parts, settings), file=out, flush=True)
             await server
         finally:

@@ -6,8 +6,8 @@ Everything here is deterministic sample data, derived from the request alone, an
 * :func:`das_methods` -> ``getAsset``, ``getAssetsByOwner``, ``searchAssets`` for
   :attr:`gateway.sandbox.chain.LiteSvmRpcServer.extra_methods` (the providers' RPC and DAS
   share one URL, so the local chain answers both);
-* :class:`AssetDataSample`: an aiohttp server on loopback answering the 19 ``/v1/...`` paths
-  the asset-data routes proxy (checks ``x-api-key`` like the real API).
+* :class:`AssetDataSample`: an aiohttp server (loopback by default) answering the 19 ``/v1/...``
+  paths the asset-data routes proxy (checks ``x-api-key`` like the real API).
 """
 
 from __future__ import annotations
@@ -256,11 +256,15 @@ ASSET_DATA_PATHS: Final[list[tuple[str, str, str]]] = [
 
 
 class AssetDataSample:
-    """The asset-data API on 127.0.0.1, answering sample data to callers with ``api_key``."""
+    """The asset-data API on ``host`` (loopback by default), answering sample data to callers
+    with ``api_key``; ``url`` names ``shown_host``, the address clients use (default: ``host``)."""
 
-    def __init__(self, api_key: str, port: int = 0) -> None:
+    def __init__(self, api_key: str, port: int = 0, host: str = "127.0.0.1", shown_host: str = "") -> None:
         self.api_key = api_key
         self.port = port
+        self.host = host
+        self.shown_host = shown_host or host
+        self.port_bound = 0
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -270,10 +274,10 @@ class AssetDataSample:
             app.router.add_route(method, path, self._handler(operation))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        port = self._runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}"
+        self.port_bound = int(self._runner.addresses[0][1])
+        self.url = f"http://{self.shown_host}:{self.port_bound}"
         return self.url
 
     async def stop(self) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,21 @@ class Sandbox:
     stdout: IO[bytes]
     stderr: IO[bytes]
 
+    @property
+    def commands(self) -> list[list[str]]:
+        """The commands the banner prints to paste (``balance``, ``pay``), as argument lists."""
+        return [
+            shlex.split(line)
+            for line in self.banner.splitlines()
+            if re.match(r"^\s+x402-gateway (pay|balance) ", line)
+        ]
+
+    @property
+    def exports(self) -> dict[str, str]:
+        """The variables of the banner's ``export`` line."""
+        [line] = [line for line in self.banner.splitlines() if line.strip().startswith("export ")]
+        return dict(word.split("=", 1) for word in shlex.split(line)[1:])
+
 
 def banner_value(text: str, label: str) -> str:
     match = re.search(rf"^\s*{re.escape(label)}:\s+(\S+)", text, re.MULTILINE)
@@ -49,14 +65,21 @@ def _status(url: str) -> int:
         return 0
 
 
-def _start(args: tuple[str, ...], port: int, stdout: IO[bytes], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+def _start(
+    args: tuple[str, ...],
+    port: int,
+    stdout: IO[bytes],
+    stderr: IO[bytes],
+    env: Mapping[str, str],
+    port_flag: bool,
+) -> subprocess.Popen[bytes]:
     """Start the sandbox and wait until its banner is out and it answers; raises if it exits."""
     for stream in (stdout, stderr):
         stream.seek(0)
         stream.truncate()
     process = subprocess.Popen(
-        [*command(), "sandbox", "--port", str(port), *args],
-        env=clean_env({}),
+        [*command(), "sandbox", *(("--port", str(port)) if port_flag else ()), *args],
+        env=clean_env(env),
         stdout=stdout,
         stderr=stderr,
         start_new_session=True,
@@ -74,17 +97,22 @@ def _start(args: tuple[str, ...], port: int, stdout: IO[bytes], stderr: IO[bytes
 
 
 @contextmanager
-def run_sandbox(*args: str, port: int | None = None) -> Iterator[Sandbox]:
+def run_sandbox(
+    *args: str, port: int | None = None, env: Mapping[str, str] = {}, port_flag: bool = True
+) -> Iterator[Sandbox]:
     """``x402-gateway sandbox --port <free> *args`` until ready; stopped (SIGTERM first) on exit.
 
-    A free port can be taken by another process before the sandbox binds it (its chain's and
-    asset API's ports too), so a start that fails on a taken port is tried again on fresh ones.
+    ``port_flag=False`` leaves ``--port`` out: the sandbox takes the port its ``--state-dir``
+    kept, which the caller passes as ``port``. A free port can be taken by another process
+    before the sandbox binds it (its chain's and asset API's ports too), so a start that fails
+    on a taken port is tried again on fresh ones.
     """
+    assert port_flag or port, "without --port, say which port the state directory kept"
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
         for attempt in range(START_ATTEMPTS):
             chosen = port or free_port()
             try:
-                process = _start(args, chosen, stdout, stderr)
+                process = _start(args, chosen, stdout, stderr, env, port_flag)
                 break
             except RuntimeError as failed:
                 if PORT_TAKEN not in str(failed) or attempt == START_ATTEMPTS - 1:
