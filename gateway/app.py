@@ -4,7 +4,7 @@ Each route's ``access`` decides the middlewares stacked around its handler:
 
     public:   CORS -> handler
     exact:    CORS -> ChallengeRateLimit -> X402Exact -> handler
-    siwx:     CORS -> ChallengeRateLimit -> SignInWithX -> handler
+    siwx:     CORS -> SignInWithX -> handler
     internal: handler (gated by its shared secret; no CORS)
 """
 
@@ -30,6 +30,7 @@ from gateway.payments import PaymentGate, PaymentLedger, Settlement, exact_chall
 from gateway.router import MethodDispatcher, PathTable, not_found
 from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes, sells_anything
 from gateway.services import Services
+from gateway.sign_in import SignInGate
 from gateway.store import Store
 from gateway.validation import RequestValidator
 from gateway.vocabulary import ACCESS_MODES
@@ -113,15 +114,15 @@ def _public(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
 
 
 def _siwx(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
-    signed_in = SignInWithX(
+    """A sign-in challenge has no side effect: only refused sign-ins count against the IP."""
+    return SignInWithX(
         app,
         route=route,
         issuer=services.siwx,
-        store=services.store,
+        gate=SignInGate(services.store, services.limiter, route.rate_limits),
         limiter=services.limiter,
         max_body=services.settings.max_body_bytes,
     )
-    return challenge_limit(signed_in, services, (b"sign-in-with-x",))
 
 
 def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
@@ -155,7 +156,14 @@ def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
         route_name=route.name, challenge=challenge, fee_payer=fee_payer, limiter=services.limiter
     )
     settled = SettleAfterSuccess(app, settlement=settlement, answers=answers, route_name=route.name)
-    paid = X402Exact(settled, gate=gate, settlement=settlement, answers=answers, max_body=s.max_body_bytes)
+    paid = X402Exact(
+        settled,
+        gate=gate,
+        settlement=settlement,
+        answers=answers,
+        max_body=s.max_body_bytes,
+        client_ip=services.limiter.client_ip,
+    )
     return challenge_limit(paid, services, CREDENTIAL_HEADERS)
 
 

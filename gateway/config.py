@@ -42,6 +42,7 @@ GATEWAY_VARIABLES: tuple[str, ...] = (
     "SOLANA_DEVNET_RPC_URL", "ASSET_API_KEY", "STATE_STORE_REST_URL",
     "STATE_STORE_REST_TOKEN", "RATE_LIMIT_RPC_RPS", "RATE_LIMIT_DAS_RPS", "RATE_LIMIT_TOKENS_PER_MINUTE",
     "RATE_LIMIT_CHALLENGE_PER_MINUTE", "RATE_LIMIT_WALLET_RPS", "RATE_LIMIT_SYNC_SECONDS",
+    "RATE_LIMIT_REFUSED_PAYMENTS_PER_MINUTE", "RATE_LIMIT_TOKENS_SHARE_PERCENT",
     "FACILITATOR_FEE_PAYER", "SIWX_SECRET", "INTERNAL_SETTLEMENT_SECRET", "FACILITATOR_WALLET_BASE58",
     "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS",
     "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
@@ -81,7 +82,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rate_limit_das_rps: int = 10
     rate_limit_tokens_per_minute: int = 30
     rate_limit_challenge_per_minute: int = 120
-    rate_limit_wallet_rps: int = 5
+    rate_limit_wallet_rps: int | None = None
+    """A payer's own limit on each paid scope; None: the scope's own limit (rpc or das)."""
+    rate_limit_refused_per_minute: int = 10
+    """Payments the facilitator may refuse per client IP and per payer before the next one is
+    refused without asking it (each refusal cost the operator a verify)."""
+    rate_limit_tokens_share_percent: int = 25
+    """The most of the asset-data key's budget one wallet, or one IP, may take."""
     rate_limit_sync_s: float = 0.1
     """How often each process shares its challenge-limit counts through the store."""
     max_compute_unit_limit: int = DEFAULT_MAX_COMPUTE_UNIT_LIMIT
@@ -345,7 +352,11 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         rate_limit_das_rps=r.integer("RATE_LIMIT_DAS_RPS", 10, 1, 1_000_000),
         rate_limit_tokens_per_minute=r.integer("RATE_LIMIT_TOKENS_PER_MINUTE", 30, 1, 1_000_000),
         rate_limit_challenge_per_minute=r.integer("RATE_LIMIT_CHALLENGE_PER_MINUTE", 120, 1, 1_000_000),
-        rate_limit_wallet_rps=r.integer("RATE_LIMIT_WALLET_RPS", 5, 1, 1_000_000),
+        rate_limit_wallet_rps=(
+            r.integer("RATE_LIMIT_WALLET_RPS", 1, 1, 1_000_000) if r.text("RATE_LIMIT_WALLET_RPS") else None
+        ),
+        rate_limit_refused_per_minute=r.integer("RATE_LIMIT_REFUSED_PAYMENTS_PER_MINUTE", 10, 1, 1_000_000),
+        rate_limit_tokens_share_percent=r.integer("RATE_LIMIT_TOKENS_SHARE_PERCENT", 25, 1, 100),
         rate_limit_sync_s=r.number("RATE_LIMIT_SYNC_SECONDS", 0.1, 0.01, 10.0),
         max_compute_unit_limit=r.integer(
             "X402_MAX_COMPUTE_UNIT_LIMIT", DEFAULT_MAX_COMPUTE_UNIT_LIMIT, 1, MAX_CU_PER_TRANSACTION

@@ -9,6 +9,11 @@ Two kinds, by what an overshoot would cost:
   decisions in the shared store, all of a request's buckets in one round trip, at the point the
   caller's flow defines (the paid path charges them together with its payment look-up).
 
+A request is charged its own buckets (its wallet, its IP) first and the shared ones (a paid scope,
+the asset-data key) last, so a client over its own limit never spends what others share. Guards
+sit between the two: budgets of refusals, checked before a payment may cost the facilitator a
+verify and charged only when the facilitator refused it (see :class:`BucketPlan`).
+
 Over a limit raises 429 ``rate_limited`` with ``Retry-After``; a store outage on an exact limit
 raises ``StoreUnavailable`` (503 ``store_unavailable``, converted once in ``gateway.failures``).
 """
@@ -19,6 +24,9 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
 
 from gateway.asgi import Scope
 from gateway.clientip import client_ip
@@ -29,6 +37,44 @@ from gateway.store import Bucket, RateDecision, Store, StoreUnavailable
 from gateway.synced_limit import SyncedWindowLimit
 
 CHALLENGE_SCOPE = "challenge:ip"
+REFUSED_IP_SCOPE = "payments-refused:ip"
+REFUSED_PAYER_SCOPE = "payments-refused:payer"
+
+
+def _bucket_key(spec: RateLimitSpec, wallet: str | None, ip: str | None) -> str:
+    if spec.per == "wallet":
+        return f"x402gw:rl:{spec.scope}:{wallet}"
+    if spec.per == "ip":
+        return f"x402gw:rl:{spec.scope}:{ip}"
+    return f"x402gw:rl:{spec.scope}"
+
+
+@dataclass(frozen=True, slots=True)
+class BucketPlan:
+    """The buckets one request is charged, in the order they are charged: its own (its wallet,
+    its IP), then the guards, then the shared ones (a scope, an upstream key). A request refused
+    by its own bucket or a guard therefore spends nothing that other clients share."""
+
+    specs: tuple[RateLimitSpec, ...]
+    buckets: tuple[Bucket, ...]
+
+    @property
+    def shared(self) -> tuple[Bucket, ...]:
+        """What the request spent of budgets other clients share: handed back when it turns out
+        not to be owed (the facilitator refused the payment)."""
+        return tuple(b for s, b in zip(self.specs, self.buckets, strict=True) if s.per == "scope")
+
+    @property
+    def refusal_debts(self) -> tuple[Bucket, ...]:
+        """The guards, charged for real: what a refused payment costs its IP and its payer."""
+        return tuple(msgspec.structs.replace(b, guard=False) for b in self.buckets if b.guard)
+
+    def refusal(self, decisions: Sequence[RateDecision]) -> GatewayError | None:
+        """The 429 of the first refused decision (``decisions`` follow the buckets), if any."""
+        for spec, decision in zip(self.specs, decisions, strict=False):
+            if not decision.allowed:
+                return rate_limited(spec.scope, spec.limit, spec.period_ms, decision)
+        return None
 
 
 class RateLimiter:
@@ -39,46 +85,63 @@ class RateLimiter:
         store: Store,
         challenge_limit: SyncedWindowLimit | None = None,
         trusted_proxies: Sequence[IpNetwork] = (),
+        refused_per_minute: int | None = None,
     ) -> None:
         self.store = store
         self.challenge_limit = challenge_limit
         self.trusted_proxies = tuple(trusted_proxies)
+        self.refusal_guards: tuple[RateLimitSpec, ...] = (
+            ()
+            if refused_per_minute is None
+            else (
+                RateLimitSpec(REFUSED_IP_SCOPE, refused_per_minute, 60_000, per="ip"),
+                RateLimitSpec(REFUSED_PAYER_SCOPE, refused_per_minute, 60_000, per="wallet"),
+            )
+        )
+        """Checked before a payment costs a verify; charged when the facilitator refuses one."""
         self._sync: asyncio.Task[None] | None = None
+
+    def client_ip(self, scope: Scope) -> str:
+        return client_ip(scope, self.trusted_proxies)
 
     async def challenge(self, scope: Scope) -> None:
         """Count one 402 challenge against the client's IP (no store round trip)."""
         limit = self.challenge_limit
         if limit is None:
             return
-        decision = limit.acquire(client_ip(scope, self.trusted_proxies))
+        decision = limit.acquire(self.client_ip(scope))
         if not decision.allowed:
             raise rate_limited(limit.scope, limit.limit, limit.period_ms, decision)
 
-    def buckets(self, specs: Sequence[RateLimitSpec], wallet: str | None = None) -> list[Bucket]:
-        """The store buckets of ``specs``, in order; a per-wallet spec counts ``wallet``'s own
-        requests, every other one the whole scope's."""
-        return [
-            Bucket(
-                f"x402gw:rl:{spec.scope}" if spec.per != "wallet" else f"x402gw:rl:{spec.scope}:{wallet}",
-                spec.limit,
-                spec.period_ms,
-            )
-            for spec in specs
-        ]
+    def plan(
+        self,
+        specs: Sequence[RateLimitSpec],
+        *,
+        wallet: str | None = None,
+        ip: str | None = None,
+        guards: Sequence[RateLimitSpec] = (),
+    ) -> BucketPlan:
+        """The store buckets of ``specs`` (a per-wallet or per-IP spec counts that client's own
+        requests, a per-scope one everybody's) and of the ``guards``, own ones first."""
+        own = [spec for spec in specs if spec.per != "scope"]
+        shared = [spec for spec in specs if spec.per == "scope"]
+        ordered = (*own, *guards, *shared)
+        first, last = len(own), len(own) + len(guards)
+        buckets = tuple(
+            Bucket(_bucket_key(spec, wallet, ip), spec.limit, spec.period_ms, guard=first <= i < last)
+            for i, spec in enumerate(ordered)
+        )
+        return BucketPlan(ordered, buckets)
 
-    def enforce(self, specs: Sequence[RateLimitSpec], decisions: Sequence[RateDecision]) -> None:
-        """Raise the 429 of the first refused decision (``decisions`` follow ``specs``' order)."""
-        for spec, decision in zip(specs, decisions, strict=False):
-            if not decision.allowed:
-                raise rate_limited(spec.scope, spec.limit, spec.period_ms, decision)
-
-    async def charge(self, specs: Sequence[RateLimitSpec], wallet: str | None = None) -> None:
+    async def charge(self, specs: Sequence[RateLimitSpec]) -> None:
         """Exact decisions for ``specs``' buckets in one atomic store round trip, in order and
         stopping at the first refusal, so a refused request spends no later bucket; raises the
         429, or ``StoreUnavailable``."""
         if specs:
-            found = await self.store.check_then_limit([], self.buckets(specs, wallet))
-            self.enforce(specs, found.decisions)
+            plan = self.plan(specs)
+            refused = plan.refusal((await self.store.check_then_limit([], plan.buckets)).decisions)
+            if refused is not None:
+                raise refused
 
     def start(self) -> None:
         """Start sharing the challenge counts with the other processes (inside the event loop)."""

@@ -52,12 +52,13 @@ class RoutesError(ValueError):
 
 
 class RateLimitSpec(msgspec.Struct, frozen=True):
-    """``limit`` requests per ``period_ms`` in the bucket ``scope`` (plus the wallet when per=wallet)."""
+    """``limit`` requests per ``period_ms`` in the bucket ``scope``: the whole scope's, or each
+    wallet's (per=wallet) or each client IP's (per=ip) own."""
 
     scope: str
     limit: int
     period_ms: int
-    per: Literal["scope", "wallet"] = "scope"
+    per: Literal["scope", "wallet", "ip"] = "scope"
 
 
 class RouteSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,13 +92,23 @@ class RouteSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def named_limits(settings: Settings) -> dict[str, tuple[int, int]]:
-    """Rate limits routes.yaml may name, from the environment: name -> (limit, period_ms)."""
+    """Rate limits routes.yaml may name, from the environment: name -> (limit, period_ms).
+
+    A payer's own limit on a paid scope defaults to the scope's limit, so one honest client may
+    use all of an idle scope; one wallet's or one IP's share of the asset-data key is a
+    percentage of its budget, so a flood of throwaway wallets from one IP leaves the rest to
+    others."""
+    wallet = settings.rate_limit_wallet_rps
+    tokens = settings.rate_limit_tokens_per_minute
+    share = max(1, math.ceil(tokens * settings.rate_limit_tokens_share_percent / 100))
     return {
         "rpc": (settings.rate_limit_rpc_rps, 1000),
         "das": (settings.rate_limit_das_rps, 1000),
-        "tokens": (settings.rate_limit_tokens_per_minute, 60_000),
+        "tokens": (tokens, 60_000),
         "challenge": (settings.rate_limit_challenge_per_minute, 60_000),
-        "wallet": (settings.rate_limit_wallet_rps, 1000),
+        "rpc_wallet": (wallet or settings.rate_limit_rpc_rps, 1000),
+        "das_wallet": (wallet or settings.rate_limit_das_rps, 1000),
+        "tokens_share": (share, 60_000),
     }
 
 
@@ -645,8 +656,8 @@ def _rate_limits(
             )
             continue
         per = item.get("per", "scope")
-        if per not in ("scope", "wallet"):
-            problems.add(f"{at}.per", f"must be scope or wallet, got {_kind(per)}")
+        if per not in ("scope", "wallet", "ip"):
+            problems.add(f"{at}.per", f"must be scope, wallet or ip, got {_kind(per)}")
             continue
         if per not in enforced:
             problems.add(

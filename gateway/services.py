@@ -49,7 +49,9 @@ class Services:
         challenge_limit = SyncedWindowLimit(
             self.store, CHALLENGE_SCOPE, limit, period_ms, sync_interval_s=settings.rate_limit_sync_s
         )
-        self.limiter = RateLimiter(self.store, challenge_limit, settings.trusted_proxies)
+        self.limiter = RateLimiter(
+            self.store, challenge_limit, settings.trusted_proxies, settings.rate_limit_refused_per_minute
+        )
         self.usage = Usage(self.store, routes)
         self._usage_flusher: asyncio.Task[None] | None = None
         self.local_facilitator = load_local_facilitator(

@@ -34,13 +34,13 @@ ACCESS_MODES: dict[str, AccessMode] = {
     "public": AccessMode(rate_limit_per=("scope",), error_statuses=(405,)),
     "exact": AccessMode(
         scheme="exact",
-        rate_limit_per=("scope", "wallet"),
+        rate_limit_per=("scope", "wallet", "ip"),
         error_statuses=(400, 402, 405, 409, 413, 429, 502, 503, 504),
         sells=True,
     ),
     "siwx": AccessMode(
         scheme="sign-in-with-x",
-        rate_limit_per=("scope", "wallet"),
+        rate_limit_per=("scope", "wallet", "ip"),
         error_statuses=(400, 402, 404, 405, 413, 429, 502, 503, 504),
         sells=True,
     ),

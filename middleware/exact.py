@@ -11,12 +11,14 @@ settles it. Invalid input and store outages are left to the one conversion of ea
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gateway.asgi import ASGIApp, Receive, Scope, Send, header, read_body
 from gateway.context import request_context
 from gateway.payments import Challenge, Paid, PaymentGate, Reconcile, Refused, Replay, Settlement
 from gateway.validation import ValidatedInput
 from gateway.x402.headers import PAYMENT_SIGNATURE, X_PAYMENT
-from middleware.payment_answers import PaymentAnswers, send_stored
+from middleware.payment_answers import PaymentAnswers
 
 CREDENTIAL_HEADERS = (PAYMENT_SIGNATURE, X_PAYMENT)
 
@@ -30,12 +32,14 @@ class X402Exact:
         settlement: Settlement,
         answers: PaymentAnswers,
         max_body: int,
+        client_ip: Callable[[Scope], str],
     ) -> None:
         self.app = app
         self.gate = gate
         self.settlement = settlement
         self.answers = answers
         self.max_body = max_body
+        self.client_ip = client_ip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = request_context(scope)
@@ -49,10 +53,9 @@ class X402Exact:
             await self.answers.refused(scope, send, inspected)
             return
         ctx.payer = inspected.payer
-        match await self.gate.authorize(inspected):
+        match await self.gate.authorize(inspected, self.client_ip(scope)):
             case Replay(response=response):
-                ctx.outcome = "replayed"
-                await send_stored(send, response)
+                await self.answers.replayed(scope, send, response)
             case Refused() as refused:
                 await self.answers.refused(scope, send, refused)
             case Reconcile() as retry:

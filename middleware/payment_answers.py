@@ -76,6 +76,13 @@ class PaymentAnswers:
         await self.limiter.challenge(scope)
         await self.send_challenge(send, refused.reason)
 
+    async def replayed(self, scope: Scope, send: Send, response: StoredResponse) -> None:
+        """An answer paid for once, given again from the store: free for the client, so it counts
+        against the client IP's challenge limit like any other unpaid answer."""
+        request_context(scope).outcome = "replayed"
+        await self.limiter.challenge(scope)
+        await send_stored(send, response)
+
     async def settled(self, scope: Scope, send: Send, paid: PaidRequest, settled: Settled) -> None:
         """The paid answer, a 402 or the one error shape; never "nothing was charged" once the
         facilitator may have been asked (Pending and Interrupted say "retry, do not re-pay")."""

@@ -1,12 +1,12 @@
-"""Sign-in-with-x for the asset-data routes (access ``siwx``): challenge, verify, validate, claim.
+"""Sign-in-with-x for the asset-data routes (access ``siwx``): challenge, verify, validate, admit.
 
-The order never changes: no ``SIGN-IN-WITH-X`` header -> 402 challenge before the body is read;
-a header -> verify it (refused: 402 with a fresh challenge whose ``error`` is the reason) ->
-validate path, query and body (400/413) -> in one store round trip, the nonce unused (replayed:
-402), then the route's rate limits (429), then the nonce claimed -> the handler. Refusals count
-against the per-IP challenge limit only; the wallet and upstream-key buckets are spent by
-credible sign-ins alone, and a sign-in refused by a limit leaves its nonce unused, to be sent
-again once the limit allows.
+The order never changes: no ``SIGN-IN-WITH-X`` header -> 402 challenge before the body is read
+(a challenge has no side effect: it is not counted against any limit); a header -> verify it
+(refused: 402 with a fresh challenge whose ``error`` is the reason) -> validate path, query and
+body (400/413) -> :class:`~gateway.sign_in.SignInGate` admits it (replayed: 402; over a limit:
+429) -> the handler. Every refusal, a 429 included, counts against the client IP's challenge
+limit, so re-sending a refused sign-in is not free; the wallet, IP and upstream-key buckets are
+spent by credible sign-ins alone.
 Nothing is paid and nothing is settled: the price is $0.00, so no payment header is ever asked for.
 
 What it learned goes inward in the request's context: the :class:`VerifiedSignIn` as ``sign_in``
@@ -23,12 +23,11 @@ from gateway.asgi import ASGIApp, RawHeaders, Receive, Scope, Send, header, read
 from gateway.context import request_context
 from gateway.rate_limiter import RateLimiter
 from gateway.routes import RouteSpec
-from gateway.store import Entry, Store, StoreUnavailable
+from gateway.sign_in import Limited, Replayed, SignInGate
 from gateway.validation import RequestValidator, ValidatedInput
 from gateway.x402.headers import SIGN_IN_WITH_X, encode_header
-from gateway.x402.siwx import SiwxError, SiwxIssuer, SiwxReason, VerifiedSignIn
+from gateway.x402.siwx import SiwxError, SiwxIssuer, SiwxReason
 
-REPLAY_KEY_PREFIX = "x402gw:siwx:"
 _encoder = msgspec.json.Encoder()
 
 
@@ -41,20 +40,17 @@ class SignInWithX:
         *,
         route: RouteSpec,
         issuer: SiwxIssuer,
-        store: Store,
+        gate: SignInGate,
         limiter: RateLimiter,
         max_body: int,
     ) -> None:
         self.app = app
         self.description = route.description
         self.issuer = issuer
-        self.store = store
+        self.gate = gate
         self.limiter = limiter
         self.validator = RequestValidator(route.input)
         self.max_body = max_body
-        # Per-wallet buckets first: a wallet over its own limit is refused without spending the
-        # allowance the whole upstream key shares with every other wallet.
-        self.limits = sorted(route.rate_limits, key=lambda spec: spec.per != "wallet")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = request_context(scope)
@@ -67,20 +63,27 @@ class SignInWithX:
         try:
             verified = self.issuer.verify(signed, resource)
         except SiwxError as refused:
-            ctx.outcome, ctx.error = "refused", refused.reason.value
-            await self.limiter.challenge(scope)  # a refused sign-in earns a challenge too
-            await self._challenge(send, resource, refused.reason.value)
+            await self._refuse(scope, send, resource, refused.reason.value)
             return
         ctx.wallet = verified.address
         receive, validated = await self._validate(scope, receive)
-        if not await self._use(verified):
-            ctx.outcome, ctx.error = "refused", SiwxReason.REPLAYED.value
-            await self.limiter.challenge(scope)
-            await self._challenge(send, resource, SiwxReason.REPLAYED.value)
-            return
-        ctx.outcome = "signed_in"
-        ctx.sign_in, ctx.input = verified, validated
-        await self.app(scope, receive, send)
+        match await self.gate.admit(verified, self.limiter.client_ip(scope)):
+            case Replayed():
+                await self._refuse(scope, send, resource, SiwxReason.REPLAYED.value)
+            case Limited(error=error):
+                await self.limiter.challenge(scope)
+                raise error
+            case _:
+                ctx.outcome = "signed_in"
+                ctx.sign_in, ctx.input = verified, validated
+                await self.app(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, send: Send, resource: str, reason: str) -> None:
+        """A fresh challenge naming the reason; a refusal counts against the IP's challenge limit."""
+        ctx = request_context(scope)
+        ctx.outcome, ctx.error = "refused", reason
+        await self.limiter.challenge(scope)
+        await self._challenge(send, resource, reason)
 
     async def _challenge(self, send: Send, resource: str, error: str | None) -> None:
         """A 402 with a fresh challenge, as JSON body and base64 ``PAYMENT-REQUIRED`` header."""
@@ -105,25 +108,6 @@ class SignInWithX:
             receive = replay_body(raw)
             body = self.validator.body(raw)
         return receive, ValidatedInput(path=path, query=query, body=body)
-
-    async def _use(self, verified: VerifiedSignIn) -> bool:
-        """Use the nonce once across every replica, for as long as it could still verify: False
-        when it was used already. Only a credible sign-in (signature, expiry and single use all
-        passed) spends the wallet's buckets and the allowance the whole upstream key shares; over
-        a limit raises the 429 and leaves the nonce unused. One round trip (``StoreUnavailable``
-        is the 503 of every layer)."""
-        key = REPLAY_KEY_PREFIX + verified.nonce
-        found = await self.store.check_then_limit(
-            [key],
-            self.limiter.buckets(self.limits, verified.address),
-            [Entry(key, verified.address, verified.replay_ttl_ms)],
-        )
-        if found.values[0] is not None:
-            return False
-        self.limiter.enforce(self.limits, found.decisions)
-        if not found.written:
-            raise StoreUnavailable("state store neither refused nor recorded the sign-in")
-        return True
 
 
 def _request_path(scope: Scope) -> str:

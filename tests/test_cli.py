@@ -164,7 +164,7 @@ def test_check_with_good_config_prints_the_report_and_route_table() -> None:
         row.split()[:3] == ["POST", "exact", "2416"] and row.endswith("/das/searchAssets") for row in table
     )
     assert any(  # every limit in full, however long the column gets
-        row.split()[3] == "tokens:upstream-key=30/60s,tokens:wallet/wallet=30/60s"
+        row.split()[3] == "tokens:upstream-key=30/60s,tokens:wallet/wallet=8/60s,tokens:ip/ip=8/60s"
         and row.endswith("/v1/x402/tokens/assets/{assetId}/risk-details")
         for row in table
     )

@@ -83,6 +83,9 @@ SIWX_ENV = {
     "RATE_LIMIT_CHALLENGE_PER_MINUTE": "3",
 }
 CHALLENGED = "/v1/x402/tokens/health"
+REFUSED_SIGN_IN = {"SIGN-IN-WITH-X": "bm90LWEtc2lnbi1pbg=="}
+"""A sign-in the gateway refuses: refusals count against the IP's challenge limit, while a plain
+sign-in challenge has no side effect."""
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -94,7 +97,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 async def _statuses(http: aiohttp.ClientSession, gateway: RunningGateway, n: int) -> list[int]:
     statuses = []
     for i in range(n):
-        headers = {"X-Forwarded-For": f"198.51.100.{i + 1}"}
+        headers = {"X-Forwarded-For": f"198.51.100.{i + 1}", **REFUSED_SIGN_IN}
         async with http.get(f"{gateway.url}{CHALLENGED}", headers=headers) as response:
             statuses.append(response.status)
     return statuses
@@ -107,6 +110,16 @@ async def test_client_cannot_pick_its_own_challenge_bucket(http: aiohttp.ClientS
     assert statuses == [402, 402, 402, 429, 429]
 
 
+async def test_sign_in_challenges_are_never_counted_against_the_ip(http: aiohttp.ClientSession) -> None:
+    async with run_gateway(SIWX_ENV) as gateway:
+        statuses = []
+        for _ in range(6):
+            async with http.get(f"{gateway.url}{CHALLENGED}") as response:
+                statuses.append(response.status)
+
+    assert statuses == [402] * 6
+
+
 async def test_trusted_proxy_gives_each_forwarded_client_its_own_bucket(http: aiohttp.ClientSession) -> None:
     async with run_gateway({**SIWX_ENV, "TRUSTED_PROXIES": "127.0.0.1"}) as gateway:
         statuses = await _statuses(http, gateway, 5)
@@ -117,7 +130,8 @@ async def test_trusted_proxy_gives_each_forwarded_client_its_own_bucket(http: ai
 async def test_rate_limited_challenge_carries_retry_after(http: aiohttp.ClientSession) -> None:
     async with run_gateway({**SIWX_ENV, "RATE_LIMIT_CHALLENGE_PER_MINUTE": "1"}) as gateway:
         await _statuses(http, gateway, 1)
-        async with http.get(f"{gateway.url}{CHALLENGED}", headers={"X-Forwarded-For": "6.6.6.6"}) as response:
+        headers = {"X-Forwarded-For": "6.6.6.6", **REFUSED_SIGN_IN}
+        async with http.get(f"{gateway.url}{CHALLENGED}", headers=headers) as response:
             body = await response.json()
             assert response.status == 429
             assert int(response.headers["Retry-After"]) >= 1

@@ -783,7 +783,7 @@ async def test_a_reused_payment_authorization_is_rejected(
     assert (await paid.pay(DAS_GET_ASSET, {"params": [MINT]}, payment)).status == 200
     after_first = _balances(usdc_chain)
 
-    reply = await paid.pay(DAS_GET_ASSET, {"params": [MINT]}, payment)
+    reply = await paid.pay(DAS_GET_ASSET, {"params": [MINT], "id": "another"}, payment)
 
     assert reply.status == 402
     assert reply.json()["error"]

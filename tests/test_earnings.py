@@ -179,14 +179,20 @@ async def test_refused_payments_are_rejected_and_earn_nothing(paid: PaidGateway)
     assert (await paid.pay(GET_BALANCE, balance_body(), payment)).status == 200
     settled = await scrape(paid)
 
-    reused = await paid.pay(GET_BALANCE, balance_body(), payment)
+    reused = await paid.pay(GET_BALANCE, balance_body(request_id=2), payment)
     junk = await paid.pay(GET_BALANCE, balance_body(), "junk")
+    again = await paid.pay(GET_BALANCE, balance_body(), payment)
 
     assert reused.status == junk.status == 402
     assert reused.json()["error"] == "payment_already_used"
     assert junk.json()["error"] == "invalid_payment_header"
+    assert again.status == 200  # the identical request's answer again: no new sale
     assert paid.settle_calls() == paid.upstream_calls == 1
-    assert delta(settled, await scrape(paid)) == {"payments:rejected": 2, "usage:failed": 2}
+    assert delta(settled, await scrape(paid)) == {
+        "payments:rejected": 2,
+        "usage:failed": 2,
+        "payments:replayed": 1,
+    }
 
 
 async def test_a_refusal_before_the_payment_flow_is_no_payment_outcome(paid: PaidGateway) -> None:

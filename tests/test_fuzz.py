@@ -106,7 +106,8 @@ SETTINGS = settings(
 PROPERTY = settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 ROUTES = load_routes(
     PACKAGED_ROUTES_FILE,
-    {"rpc": (1, 1), "das": (1, 1), "tokens": (1, 1), "challenge": (1, 1), "wallet": (1, 1)},
+    {"rpc": (1, 1), "das": (1, 1), "tokens": (1, 1), "challenge": (1, 1),
+     "rpc_wallet": (1, 1), "das_wallet": (1, 1), "tokens_share": (1, 1)},
 )
 
 

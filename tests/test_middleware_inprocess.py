@@ -36,6 +36,7 @@ from gateway.payments.facilitators import FacilitatorUnavailable
 from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
 from gateway.router import MethodDispatcher, PathTable, not_found
 from gateway.routes import RateLimitSpec, RouteSpec
+from gateway.sign_in import SignInGate
 from gateway.store import StoreUnavailable
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
@@ -205,6 +206,7 @@ async def test_a_pending_settlement_is_reconciled_by_the_retry_and_delivered_onc
     pending = await call(app, headers=payment_header(payment), body=balance_body())
     retry = await call(app, headers=payment_header(payment), body=balance_body())
     late = await call(app, headers=payment_header(payment), body=balance_body())
+    other = await call(app, headers=payment_header(payment), body=balance_body(request_id=2))
 
     assert pending.status == 503 and pending.reason == "settlement_pending"
     assert (
@@ -215,7 +217,14 @@ async def test_a_pending_settlement_is_reconciled_by_the_retry_and_delivered_onc
     settlement = _payment_response(retry.headers)
     assert settlement["transaction"] == "tx-landed" and settlement["success"] is True
     assert request_context(retry.scope).outcome == "paid"
-    assert late.status == 402 and late.reason == "payment_already_used"
+    # The identical request once more gets what was paid for, from the store; another is refused.
+    assert (late.status, late.body, late.headers["payment-response"]) == (
+        200,
+        PROVIDER_ANSWER,
+        retry.headers["payment-response"],
+    )
+    assert request_context(late.scope).outcome == "replayed"
+    assert other.status == 402 and other.reason == "payment_already_used"
     assert (
         upstream.calls == 1 and len(route.facilitator.settled) == 2 and len(route.facilitator.verified) == 1
     )
@@ -288,8 +297,9 @@ SEARCH_ROUTE = RouteSpec(
 def _signed_in_app(upstream: UpstreamStandIn, store: MemoryStore) -> Any:
     issuer = SiwxIssuer(b"s" * 32, BASE_URL, "Sign in to test.")
     limiter = RateLimiter(store)
+    gate = SignInGate(store, limiter, SEARCH_ROUTE.rate_limits)
     guarded = SignInWithX(
-        upstream, route=SEARCH_ROUTE, issuer=issuer, store=store, limiter=limiter, max_body=4096
+        upstream, route=SEARCH_ROUTE, issuer=issuer, gate=gate, limiter=limiter, max_body=4096
     )
     return MethodDispatcher({"GET": (SEARCH_ROUTE, guarded)}, "GET, HEAD, OPTIONS")
 

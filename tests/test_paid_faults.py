@@ -470,11 +470,13 @@ async def test_paid_rpc_replay_is_refused_in_one_store_round_trip(
     await paid.running.services.usage.flush()
 
     async with StoreCommands(private_redis.url) as store:
-        replay = await paid.pay(GET_BALANCE, balance_body(), payment)
+        replay = await paid.pay(GET_BALANCE, balance_body(request_id=2), payment)
+        again = await paid.pay(GET_BALANCE, balance_body(), payment)
 
     assert first.status == 200, first.body
     assert replay.status == 402 and replay.json()["error"] == "payment_already_used"
-    assert store.commands == ["EVALSHA"]
+    assert (again.status, again.body) == (200, first.body)  # the identical request: its answer again
+    assert store.commands == ["EVALSHA", "EVALSHA"]
     assert paid.verify_calls() == paid.settle_calls() == 1
 
 

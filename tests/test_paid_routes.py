@@ -490,11 +490,11 @@ async def test_paid_rpc_settles_through_the_internal_facilitator(
 # --- replay -------------------------------------------------------------------------------------
 
 
-async def test_paid_rpc_same_payment_twice_is_payment_already_used(paid: PaidGateway) -> None:
+async def test_paid_rpc_same_payment_for_another_request_is_payment_already_used(paid: PaidGateway) -> None:
     payment = await paid.payment()
     assert (await paid.pay(GET_BALANCE, balance_body(), payment)).status == 200
 
-    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+    reply = await paid.pay(GET_BALANCE, balance_body(request_id=2), payment)
 
     assert reply.status == 402
     assert reply.json()["error"] == "payment_already_used"
@@ -502,6 +502,18 @@ async def test_paid_rpc_same_payment_twice_is_payment_already_used(paid: PaidGat
     assert paid.upstream_calls == 1
     assert paid.settle_calls() == 1
     assert paid.verify_calls() == 1  # a replay is refused from the store, before the facilitator
+
+
+async def test_paid_rpc_identical_request_again_gets_the_answer_it_paid_for(paid: PaidGateway) -> None:
+    payment = await paid.payment()
+    first = await paid.pay(GET_BALANCE, balance_body(), payment)
+    assert first.status == 200
+
+    again = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert (again.status, again.body) == (200, first.body)
+    assert again.headers["payment-response"] == first.headers["payment-response"]
+    assert paid.upstream_calls == paid.settle_calls() == paid.verify_calls() == 1
 
 
 async def test_paid_rpc_replay_is_refused_with_a_real_facilitator(
@@ -512,8 +524,10 @@ async def test_paid_rpc_replay_is_refused_with_a_real_facilitator(
     assert (await paid.pay(GET_BALANCE, balance_body(), payment)).status == 200
     after_first = balances(usdc_chain)
 
-    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+    again = await paid.pay(GET_BALANCE, balance_body(), payment)
+    reply = await paid.pay(GET_BALANCE, balance_body(request_id=2), payment)
 
+    assert again.status == 200  # the identical request: its answer again, paid once
     assert reply.status == 402
     assert reply.json()["error"] == "payment_already_used"
     assert balances(usdc_chain) == after_first

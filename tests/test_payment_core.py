@@ -18,6 +18,7 @@ from solders.keypair import Keypair
 
 from gateway.errors import GatewayError
 from gateway.payments import (
+    Authorization,
     Candidate,
     Challenge,
     Delivered,
@@ -34,17 +35,19 @@ from gateway.payments import (
     StoredResponse,
 )
 from gateway.payments.facilitators import FacilitatorUnavailable
-from gateway.payments.ledger import pay_key, pending_key
+from gateway.payments.ledger import ANSWER_CAP_BYTES, pay_key, pending_key
 from gateway.payments.results import PaidRequest
 from gateway.routes import RateLimitSpec
-from gateway.store import StoreUnavailable
+from gateway.store import Store, StoreUnavailable
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.validation import InvalidInput
 from gateway.x402 import svm
 from gateway.x402.headers import encode_header
 from gateway.x402.types import PaymentPayload, PaymentRequirements, VerifyResponse
+from tests.support.adversarial_paid import another_client_signature
 from tests.support.inprocess import (
+    CLIENT_IP,
     PROVIDER_ANSWER,
     PaidRoute,
     RecordingFacilitator,
@@ -98,7 +101,7 @@ async def _intent(route: PaidRoute, key: str) -> PendingSettlement | None:
 
 
 async def _paid(route: PaidRoute, payment: PaymentPayload, body: bytes | None = None) -> PaidRequest:
-    authorized = await route.gate.authorize(await _candidate(route, payment, body))
+    authorized = await route.gate.authorize(await _candidate(route, payment, body), CLIENT_IP)
     assert isinstance(authorized, Paid), authorized
     return authorized.paid
 
@@ -179,7 +182,7 @@ async def test_a_good_payment_is_verified_once_claimed_and_paid(route: PaidRoute
     payment = route.sign()
     candidate = await _candidate(route, payment)
 
-    authorized = await route.gate.authorize(candidate)
+    authorized = await route.gate.authorize(candidate, CLIENT_IP)
 
     assert isinstance(authorized, Paid)
     assert authorized.body["method"] == "getBalance"
@@ -195,7 +198,7 @@ async def test_the_facilitator_refusing_is_refused_with_its_reason_and_nothing_c
     route.facilitator.verify_answers.append(VerifyResponse(isValid=False, invalidReason="insufficient_funds"))
     candidate = await _candidate(route, route.sign())
 
-    refused = await route.gate.authorize(candidate)
+    refused = await route.gate.authorize(candidate, CLIENT_IP)
 
     assert refused == Refused("insufficient_funds", "", candidate.payer)
     assert await route.store.get(pay_key(candidate.key)) is None
@@ -203,7 +206,7 @@ async def test_the_facilitator_refusing_is_refused_with_its_reason_and_nothing_c
 
 async def test_the_facilitator_naming_another_payer_is_refused(route: PaidRoute) -> None:
     route.facilitator.verify_answers.append(VerifyResponse(isValid=True, payer=str(Keypair().pubkey())))
-    refused = await route.gate.authorize(await _candidate(route, route.sign()))
+    refused = await route.gate.authorize(await _candidate(route, route.sign()), CLIENT_IP)
     assert isinstance(refused, Refused) and refused.reason == "invalid_payload"
 
 
@@ -211,7 +214,7 @@ async def test_a_silent_facilitator_is_503_and_nothing_claimed(route: PaidRoute)
     route.facilitator.verify_answers.append(FacilitatorUnavailable("down"))
     candidate = await _candidate(route, route.sign())
     with pytest.raises(GatewayError) as error:
-        await route.gate.authorize(candidate)
+        await route.gate.authorize(candidate, CLIENT_IP)
     assert (error.value.status, error.value.code) == (503, "facilitator_unavailable")
     assert await route.store.get(pay_key(candidate.key)) is None
 
@@ -224,8 +227,8 @@ async def test_a_payment_the_facilitator_refused_may_be_offered_again_and_is_the
     route.facilitator.verify_answers.append(VerifyResponse(isValid=False, invalidReason="insufficient_funds"))
     payment = route.sign(payment_id=PAYMENT_ID)
 
-    refused = await route.gate.authorize(await _candidate(route, payment))
-    again = await route.gate.authorize(await _candidate(route, payment))
+    refused = await route.gate.authorize(await _candidate(route, payment), CLIENT_IP)
+    again = await route.gate.authorize(await _candidate(route, payment), CLIENT_IP)
 
     assert isinstance(refused, Refused) and refused.reason == "insufficient_funds"
     assert isinstance(again, Paid) and again.paid.payment_id == PAYMENT_ID
@@ -236,9 +239,9 @@ async def test_a_payment_whose_facilitator_was_silent_may_be_offered_again(route
     route.facilitator.verify_answers.append(FacilitatorUnavailable("down"))
     payment = route.sign()
     with pytest.raises(GatewayError):
-        await route.gate.authorize(await _candidate(route, payment))
+        await route.gate.authorize(await _candidate(route, payment), CLIENT_IP)
 
-    assert isinstance(await route.gate.authorize(await _candidate(route, payment)), Paid)
+    assert isinstance(await route.gate.authorize(await _candidate(route, payment), CLIENT_IP), Paid)
 
 
 async def test_of_concurrent_offers_of_one_payment_only_the_claim_holder_asks_the_facilitator(
@@ -247,7 +250,7 @@ async def test_of_concurrent_offers_of_one_payment_only_the_claim_holder_asks_th
     payment = route.sign()
     candidates = [await _candidate(route, payment) for _ in range(8)]
 
-    results = await asyncio.gather(*(route.gate.authorize(candidate) for candidate in candidates))
+    results = await asyncio.gather(*(route.gate.authorize(candidate, CLIENT_IP) for candidate in candidates))
 
     assert sum(isinstance(result, Paid) for result in results) == 1
     assert (
@@ -282,7 +285,7 @@ async def test_a_refused_payment_is_refused_by_its_reason_even_when_its_release_
         route.gate.facilitator = facilitator
         candidate = await _candidate(route, route.sign())
 
-        refused = await route.gate.authorize(candidate)
+        refused = await route.gate.authorize(candidate, CLIENT_IP)
     finally:
         await store.close()
 
@@ -296,7 +299,7 @@ async def test_a_used_payment_is_refused_from_the_store_without_asking_the_facil
     payment = route.sign()
     await _paid(route, payment)
 
-    refused = await route.gate.authorize(await _candidate(route, payment))
+    refused = await route.gate.authorize(await _candidate(route, payment), CLIENT_IP)
 
     assert isinstance(refused, Refused) and refused.reason == "payment_already_used"
     assert len(route.facilitator.verified) == 1
@@ -307,7 +310,7 @@ async def test_the_wallet_limit_is_spent_only_by_signed_payments() -> None:
     route = paid_route(MemoryStore(), balance_route(rate_limits=[wallet]))
     await _paid(route, route.sign())
     with pytest.raises(GatewayError) as error:
-        await route.gate.authorize(await _candidate(route, route.sign()))
+        await route.gate.authorize(await _candidate(route, route.sign()), CLIENT_IP)
     assert error.value.status == 429 and error.value.headers["Retry-After"]
     assert len(route.facilitator.verified) == 1  # the limit comes before the facilitator
 
@@ -315,7 +318,7 @@ async def test_the_wallet_limit_is_spent_only_by_signed_payments() -> None:
 async def test_a_payment_identifier_of_another_request_is_a_409(route: PaidRoute) -> None:
     await _paid(route, route.sign(payment_id=PAYMENT_ID))
     with pytest.raises(GatewayError) as error:
-        await route.gate.authorize(await _candidate(route, route.sign(payment_id=PAYMENT_ID)))
+        await route.gate.authorize(await _candidate(route, route.sign(payment_id=PAYMENT_ID)), CLIENT_IP)
     assert (error.value.status, error.value.code) == (409, "idempotency_conflict")
 
 
@@ -325,7 +328,7 @@ async def test_a_settled_request_with_a_payment_identifier_replays_its_answer(ro
     delivered = await route.settlement.settle(paid, ANSWER)
     assert isinstance(delivered, Delivered)
 
-    replay = await route.gate.authorize(await _candidate(route, payment))
+    replay = await route.gate.authorize(await _candidate(route, payment), CLIENT_IP)
 
     assert replay == Replay(delivered.response)
     assert replay.response.payment_response and replay.response.body == PROVIDER_ANSWER
@@ -338,11 +341,12 @@ async def test_the_request_whose_settlement_is_pending_is_told_to_reconcile(rout
     route.facilitator.settle_answers.append(FacilitatorUnavailable("silent"))
     assert await route.settlement.settle(paid, ANSWER) == Pending()
 
-    retry = await route.gate.authorize(await _candidate(route, payment))
+    retry = await route.gate.authorize(await _candidate(route, payment), CLIENT_IP)
 
     assert isinstance(retry, Reconcile)
     assert retry.paid.key == paid.key and retry.intent.response == ANSWER
-    other_body = await route.gate.authorize(await _candidate(route, payment, balance_body(request_id=2)))
+    other = await _candidate(route, payment, balance_body(request_id=2))
+    other_body = await route.gate.authorize(other, CLIENT_IP)
     assert isinstance(other_body, Refused) and other_body.reason == "payment_already_used"
 
 
@@ -389,7 +393,7 @@ async def test_a_reconciled_duplicate_is_delivered_once_as_a_plain_success(route
         settle_refused("duplicate_settlement", transaction="tx-first"),
     ]
     assert await route.settlement.settle(paid, ANSWER) == Pending()
-    retry = await route.gate.authorize(await _candidate(route, payment))
+    retry = await route.gate.authorize(await _candidate(route, payment), CLIENT_IP)
     assert isinstance(retry, Reconcile)
 
     delivered = await route.settlement.reconcile(retry)
@@ -410,7 +414,7 @@ async def test_a_refusal_while_the_intent_is_open_stays_pending(route: PaidRoute
         settle_refused("duplicate_settlement"),
     ]
     assert await route.settlement.settle(paid, ANSWER) == Pending()
-    retry = await route.gate.authorize(await _candidate(route, payment))
+    retry = await route.gate.authorize(await _candidate(route, payment), CLIENT_IP)
     assert isinstance(retry, Reconcile)
 
     assert await route.settlement.reconcile(retry) == Pending()
@@ -440,3 +444,161 @@ async def test_without_a_store_the_intent_cannot_be_written_and_nothing_is_settl
     finally:
         await down.close()
     assert route.facilitator.settled == []
+
+
+# --- fair shares: what a refused payment may spend -------------------------------------------------
+
+SCOPE = RateLimitSpec(scope="rpc:scope", limit=2, period_ms=60_000)
+PAYER = RateLimitSpec(scope="rpc:wallet", limit=2, period_ms=60_000, per="wallet")
+OTHER_IP = "198.51.100.20"
+
+
+@pytest_asyncio.fixture(params=["memory", "redis"])
+async def limited(request: pytest.FixtureRequest) -> AsyncIterator[PaidRoute]:
+    """A route whose shared scope allows 2 paid calls a minute, each payer 2, and whose IPs and
+    payers may have 3 payments refused by the facilitator a minute."""
+    store: Store = (
+        MemoryStore() if request.param == "memory" else RedisStore(request.getfixturevalue("clean_redis_url"))
+    )
+    try:
+        yield paid_route(store, balance_route(rate_limits=(SCOPE, PAYER)), refused_per_minute=3)
+    finally:
+        await store.close()
+
+
+def _refuse_verifies(route: PaidRoute, n: int) -> None:
+    refusal = VerifyResponse(isValid=False, invalidReason="insufficient_funds")
+    route.facilitator.verify_answers += [refusal] * n
+
+
+async def _offer(
+    route: PaidRoute, payment: PaymentPayload, ip: str = CLIENT_IP, body: bytes | None = None
+) -> Authorization:
+    return await route.gate.authorize(await _candidate(route, payment, body), ip)
+
+
+async def _limited_scope(route: PaidRoute, payment: PaymentPayload, ip: str) -> str:
+    with pytest.raises(GatewayError) as error:
+        await route.gate.authorize(await _candidate(route, payment), ip)
+    assert (error.value.status, error.value.code) == (429, "rate_limited")
+    assert error.value.details is not None
+    return str(error.value.details["scope"])
+
+
+async def test_payments_the_facilitator_refuses_spend_nothing_of_the_shared_scope(limited: PaidRoute) -> None:
+    _refuse_verifies(limited, 3)
+    for _ in range(3):  # a fresh throwaway wallet each time: its own bucket never stops it
+        refused = await _offer(limited, limited.sign(payer=Keypair()))
+        assert isinstance(refused, Refused) and refused.reason == "insufficient_funds"
+
+    honest = [await _offer(limited, limited.sign(), OTHER_IP) for _ in range(2)]
+
+    assert all(isinstance(result, Paid) for result in honest)  # the whole scope was still there
+    assert await _limited_scope(limited, limited.sign(payer=Keypair()), OTHER_IP) == "rpc:scope"
+
+
+async def test_an_ip_whose_payments_were_refused_is_stopped_before_it_costs_another_verify(
+    limited: PaidRoute,
+) -> None:
+    _refuse_verifies(limited, 3)
+    for _ in range(3):
+        await limited.gate.authorize(await _candidate(limited, limited.sign(payer=Keypair())), CLIENT_IP)
+
+    scope = await _limited_scope(limited, limited.sign(payer=Keypair()), CLIENT_IP)
+
+    assert scope == "payments-refused:ip"
+    assert len(limited.facilitator.verified) == 3
+    assert isinstance(await limited.gate.authorize(await _candidate(limited, limited.sign()), OTHER_IP), Paid)
+
+
+async def test_a_payer_whose_payment_was_refused_from_many_ips_is_stopped_before_another_verify(
+    limited: PaidRoute,
+) -> None:
+    """The same signed payment from an empty wallet, re-sent from ever new IPs (no per-payer rate
+    limit on this route, so only the refusal guard can stop it)."""
+    route = paid_route(limited.store, balance_route(rate_limits=(SCOPE,)), refused_per_minute=3)
+    _refuse_verifies(route, 3)
+    empty = route.sign()
+    for n in range(3):
+        refused = await _offer(route, empty, f"192.0.2.{n}")
+        assert isinstance(refused, Refused) and refused.reason == "insufficient_funds"
+
+    assert await _limited_scope(route, empty, "192.0.2.99") == "payments-refused:payer"
+    assert len(route.facilitator.verified) == 3
+
+
+async def test_a_silent_facilitator_hands_the_scope_back_and_counts_no_refusal(limited: PaidRoute) -> None:
+    limited.facilitator.verify_answers += [FacilitatorUnavailable("down")] * 4
+    for _ in range(4):
+        with pytest.raises(GatewayError):
+            await _offer(limited, limited.sign(payer=Keypair()))
+
+    paid = [await _offer(limited, limited.sign()) for _ in range(2)]
+
+    assert all(isinstance(result, Paid) for result in paid)
+
+
+async def test_a_payer_over_its_own_limit_spends_nothing_shared(limited: PaidRoute) -> None:
+    scope = RateLimitSpec(scope="rpc:scope-of-three", limit=3, period_ms=60_000)
+    route = paid_route(limited.store, balance_route(rate_limits=(scope, PAYER)))
+    for _ in range(2):
+        assert isinstance(await route.gate.authorize(await _candidate(route, route.sign()), CLIENT_IP), Paid)
+    for _ in range(5):  # its own bucket refuses first, before the scope is charged
+        assert await _limited_scope(route, route.sign(), CLIENT_IP) == "rpc:wallet"
+
+    other = await route.gate.authorize(await _candidate(route, route.sign(payer=Keypair())), OTHER_IP)
+
+    assert isinstance(other, Paid)  # the scope's third slot was still free
+    assert await _limited_scope(route, route.sign(payer=Keypair()), OTHER_IP) == "rpc:scope-of-three"
+
+
+# --- the identical request again: the answer that was paid for ------------------------------------
+
+
+async def _settle(route: PaidRoute, payment: PaymentPayload, body: bytes) -> None:
+    paid = await _paid(route, payment, body)
+    response = StoredResponse(status=200, body=body, content_type="application/json")
+    assert isinstance(await route.settlement.settle(paid, response), Delivered)
+
+
+async def test_the_identical_request_again_replays_its_answer_and_another_is_refused(
+    route: PaidRoute,
+) -> None:
+    payment = route.sign()
+    await _settle(route, payment, balance_body())
+
+    again = await _offer(route, payment, OTHER_IP, balance_body())
+    other = await _offer(route, payment, CLIENT_IP, balance_body(request_id=2))
+
+    assert isinstance(again, Replay) and again.response.body == balance_body()
+    assert again.response.payment_response  # the settlement's header goes with it
+    assert isinstance(other, Refused) and other.reason == "payment_already_used"
+    assert len(route.facilitator.verified) == len(route.facilitator.settled) == 1
+
+
+async def test_a_copy_of_the_message_under_another_client_signature_gets_no_replay(route: PaidRoute) -> None:
+    payment = route.sign()
+    await _settle(route, payment, balance_body())
+    copy = another_client_signature(payment, route.wallets.payer)
+
+    refused = await route.gate.authorize(await _candidate(route, copy, balance_body()), CLIENT_IP)
+
+    assert isinstance(refused, Refused) and refused.reason == "payment_already_used"
+
+
+@pytest.mark.parametrize("payment_id", [None, PAYMENT_ID], ids=["no-identifier", "identifier"])
+async def test_answers_over_the_cap_are_kept_only_for_a_payment_identifier(
+    route: PaidRoute, payment_id: str | None
+) -> None:
+    big = balance_body(account="9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin") + b" " * ANSWER_CAP_BYTES
+    payment = route.sign(payment_id=payment_id)
+    paid = await _paid(route, payment)
+    response = StoredResponse(status=200, body=big, content_type="application/json")
+    assert isinstance(await route.settlement.settle(paid, response), Delivered)
+
+    again = await route.gate.authorize(await _candidate(route, payment), CLIENT_IP)
+
+    if payment_id is None:
+        assert isinstance(again, Refused) and again.reason == "payment_already_used"
+    else:
+        assert isinstance(again, Replay) and again.response.body == big

@@ -82,19 +82,30 @@ async def test_same_payment_identifier_with_another_payment_is_409(paid: PaidGat
     assert paid.upstream_calls == paid.settle_calls() == paid.verify_calls() == 1
 
 
-async def test_payment_reused_without_its_identifier_is_payment_already_used(paid: PaidGateway) -> None:
+async def test_payment_retried_without_its_identifier_gets_the_same_answer_once_paid(
+    paid: PaidGateway,
+) -> None:
+    """The payment (its message), route and body are what was paid for; the identifier is only
+    the client's name for the request."""
     with_id = await paid.payment(payment_id=PAYMENT_ID)
-    assert (await paid.pay(GET_BALANCE, balance_body(), with_id)).status == 200
+    first = await paid.pay(GET_BALANCE, balance_body(), with_id)
+    assert first.status == 200
     without_id = type(with_id)(x402Version=2, payload=with_id.payload, accepted=with_id.accepted)
 
-    reply = await paid.pay(GET_BALANCE, balance_body(), without_id)
+    again = await paid.pay(GET_BALANCE, balance_body(), without_id)
+    other = await paid.pay(GET_BALANCE, balance_body(request_id=2), without_id)
 
-    assert reply.status == 402
-    assert reply.json()["error"] == "payment_already_used"
+    assert (again.status, again.body) == (200, first.body)
+    assert other.status == 402
+    assert other.json()["error"] == "payment_already_used"
     assert paid.upstream_calls == paid.settle_calls() == 1
 
 
-@pytest.mark.parametrize("payment_id", ["short", "has spaces in it, sixteen+", "x" * 129])
+@pytest.mark.parametrize(
+    "payment_id",
+    ["short", "has spaces in it, sixteen+", "x" * 129, "sixteen-chars-ok\n", "newline\ninside-0123"],
+    ids=["short", "spaces", "too-long", "trailing-newline", "inner-newline"],
+)
 async def test_malformed_payment_identifier_is_402(paid: PaidGateway, payment_id: str) -> None:
     payment = await paid.payment(payment_id=payment_id)
 

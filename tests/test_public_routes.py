@@ -36,7 +36,8 @@ EXPOSE_HEADERS = {
 }
 PACKAGED = load_routes(
     PACKAGED_ROUTES_FILE,
-    {"rpc": (1, 1), "das": (1, 1), "tokens": (1, 1), "challenge": (1, 1), "wallet": (1, 1)},
+    {"rpc": (1, 1), "das": (1, 1), "tokens": (1, 1), "challenge": (1, 1),
+     "rpc_wallet": (1, 1), "das_wallet": (1, 1), "tokens_share": (1, 1)},
 )
 GET_PATHS = [
     r.path.replace("{assetId}", "solana")

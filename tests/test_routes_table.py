@@ -120,7 +120,35 @@ def test_rpc_and_das_routes_carry_their_named_scope_and_wallet_limits(packaged: 
     scope, wallet = route.rate_limits
     assert (scope.scope, scope.limit, scope.per) == ("provider_b:devnet:das", 10, "scope")
     assert scope.period_ms == wallet.period_ms == 1000
-    assert (wallet.scope, wallet.limit, wallet.per) == ("provider_b:devnet:das:wallet", 5, "wallet")
+    # A payer may use all of an idle scope: its own limit defaults to the scope's.
+    assert (wallet.scope, wallet.limit, wallet.per) == ("provider_b:devnet:das:wallet", 10, "wallet")
+
+
+def test_a_payers_own_limit_defaults_to_its_scopes_limit_and_can_be_set_apart() -> None:
+    defaults = LIMITS
+    assert defaults["rpc_wallet"] == defaults["rpc"] == (50, 1000)
+    assert defaults["das_wallet"] == defaults["das"] == (10, 1000)
+    capped = named_limits(Settings(base_url="https://gw.example.com", rate_limit_wallet_rps=7))
+    assert capped["rpc_wallet"] == capped["das_wallet"] == (7, 1000)
+
+
+def test_one_wallets_or_one_ips_share_of_the_asset_data_key_is_a_quarter_by_default() -> None:
+    assert LIMITS["tokens"] == (30, 60_000)
+    assert LIMITS["tokens_share"] == (8, 60_000)  # ceil(30 * 25%)
+    half = named_limits(Settings(base_url="https://gw.example.com", rate_limit_tokens_share_percent=50))
+    assert half["tokens_share"] == (15, 60_000)
+
+
+def test_asset_data_routes_charge_the_wallet_and_the_ip_share_and_the_shared_key(
+    packaged: list[RouteSpec],
+) -> None:
+    route = next(r for r in packaged if r.group == "tokens")
+
+    assert [(s.scope, s.per, s.limit) for s in route.rate_limits] == [
+        ("tokens:upstream-key", "scope", 30),
+        ("tokens:wallet", "wallet", 8),
+        ("tokens:ip", "ip", 8),
+    ]
 
 
 def test_asset_data_routes_are_19_free_siwx_routes(packaged: list[RouteSpec]) -> None:
@@ -136,6 +164,7 @@ def test_internal_and_metrics_routes_are_unlisted(packaged: list[RouteSpec]) -> 
 
     assert unlisted == {
         "/metrics",
+        "/readyz",
         "/openapi.json",
         "/api/internal/facilitator/supported",
         "/api/internal/facilitator/verify",

@@ -6,16 +6,22 @@ facilitator before the request is known to be well formed and signed by its paye
     no header -> Challenge (body never read, never waits for the facilitator)
     -> decode header -> validate body (InvalidInput: 400) -> payment matches this route,
     payer != payTo, the client's signature verifies over the message        (:meth:`inspect`)
-    -> payment-identifier lookup (Replay, or 409 for another request)
-    -> already claimed? (the pending settlement of this very request: Reconcile; else Refused)
-    -> scope and per-wallet rate limits
+    -> payment-identifier lookup (409 for another request)
+    -> already claimed? (its answer delivered to this very request: Replay; the pending
+       settlement of this very request: Reconcile; else Refused)
+    -> the payer's own bucket, the refusal guards (its IP's and its payer's refused payments),
+       then the route's shared scope
     -> atomic claim of the payment (its message) and of its identifier
-       (these four, and the pending record, in one store round trip)
-    -> facilitator verify (refused or unreachable: the claim is released) -> Paid
+       (all of these in one store round trip)
+    -> facilitator verify (refused or unreachable: the claim is released and the shared scope
+       handed back; a refusal is charged to the IP's and the payer's guards) -> Paid
                                                                             (:meth:`authorize`)
 
 The claim comes before the verify so that the look-up and the claim are one round trip; of
 concurrent requests offering one payment, only the one holding the claim asks the facilitator.
+A payment the facilitator refuses spent nothing other clients share, and each refusal counts
+against its IP and its payer, so refused payments cannot cost the operator more than a few
+verifies a minute per IP however fast they come.
 A payment is known by its key, the hash of its transaction message, never by a client
 signature (see :mod:`gateway.payments.ledger`).
 """
@@ -29,13 +35,7 @@ from typing import Protocol
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
 from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, FacilitatorUnavailable
-from gateway.payments.ledger import (
-    ClaimAttempt,
-    PaymentIdRecord,
-    PaymentLedger,
-    PendingSettlement,
-    fingerprint,
-)
+from gateway.payments.ledger import ClaimAttempt, PaymentLedger, PendingSettlement, fingerprint
 from gateway.payments.matching import as_v2, match_payment, payment_identifier
 from gateway.payments.results import (
     Authorization,
@@ -48,8 +48,9 @@ from gateway.payments.results import (
     Refused,
     Replay,
 )
+from gateway.rate_limiter import BucketPlan
 from gateway.routes import RateLimitSpec
-from gateway.store import Bucket, RateDecision, StoreUnavailable
+from gateway.store import Bucket, StoreUnavailable
 from gateway.validation import RequestValidator
 from gateway.x402.challenge import ExactChallenge
 from gateway.x402.headers import HeaderError, decode_header
@@ -60,12 +61,18 @@ BodyReader = Callable[[], Awaitable[bytes]]
 
 
 class RateLimits(Protocol):
-    """The shared rate limiter: names the buckets and raises the 429 of a refused one (the
-    claim's round trip charges them)."""
+    """The shared rate limiter: plans a request's buckets (the claim's round trip charges them)."""
 
-    def buckets(self, specs: Sequence[RateLimitSpec], wallet: str | None = None) -> list[Bucket]: ...
+    refusal_guards: tuple[RateLimitSpec, ...]
 
-    def enforce(self, specs: Sequence[RateLimitSpec], decisions: Sequence[RateDecision]) -> None: ...
+    def plan(
+        self,
+        specs: Sequence[RateLimitSpec],
+        *,
+        wallet: str | None = None,
+        ip: str | None = None,
+        guards: Sequence[RateLimitSpec] = (),
+    ) -> BucketPlan: ...
 
 
 class PaymentGate:
@@ -119,21 +126,32 @@ class PaymentGate:
             payment_id=payment_id,
         )
 
-    async def authorize(self, candidate: Candidate) -> Authorization:
+    async def authorize(self, candidate: Candidate, client_ip: str) -> Authorization:
         """The shared checks, ending in the verified claim. Raises the one-shape errors: 409 for a
         payment identifier of another request, 429, 503 (store, facilitator)."""
-        buckets = self.limiter.buckets(self.limits, candidate.payer)
-        attempt = await self.ledger.claim(
-            candidate.key, self.route_name, candidate.payment_id, candidate.fingerprint, buckets
+        plan = self.limiter.plan(
+            self.limits, wallet=candidate.payer, ip=client_ip, guards=self.limiter.refusal_guards
         )
-        if attempt.payment_id is not None:
-            replay = self._replay(attempt.payment_id, candidate.fingerprint)
-            if replay is not None:
-                return replay
+        attempt = await self.ledger.claim(
+            candidate.key, self.route_name, candidate.payment_id, candidate.fingerprint, plan.buckets
+        )
+        if attempt.payment_id is not None and attempt.payment_id.fingerprint != candidate.fingerprint:
+            raise GatewayError(
+                ErrorCode.IDEMPOTENCY_CONFLICT, "payment identifier was used with another payment or request"
+            )
         # A used payment is refused from the store, before any shared bucket or the facilitator
         # is charged for it: once broadcast, a real facilitator's verify fails (the funds moved),
         # which would lose a pending settlement's withheld response and blame the wrong reason.
         if attempt.claimed:
+            delivered = attempt.delivered
+            identified = attempt.payment_id is not None  # and its fingerprint matched, else 409
+            answer = (
+                delivered.answers(candidate.fingerprint, candidate.claimant, identified=identified)
+                if delivered
+                else None
+            )
+            if answer is not None:
+                return Replay(answer)
             return await self._reuse(candidate, attempt.pending)
         if attempt.payment_id is not None:
             # The identifier names this very request while its payment is unclaimed: the two are
@@ -141,7 +159,9 @@ class PaymentGate:
             raise GatewayError(
                 ErrorCode.IDEMPOTENCY_CONFLICT, "payment identifier already used by another request"
             )
-        self.limiter.enforce(self.limits, attempt.decisions)
+        limited = plan.refusal(attempt.decisions)
+        if limited is not None:
+            raise limited
         if not attempt.won:
             raise StoreUnavailable("state store neither refused nor recorded the payment's claim")
         try:
@@ -149,18 +169,21 @@ class PaymentGate:
             payload = as_v2(candidate.payload, requirements, self.challenge.resource)
             refused = await self._verify(payload, requirements, candidate.payer)
         except GatewayError:
-            await self._release(attempt, candidate.payer)
+            await self._release(attempt, candidate.payer, plan.shared)
             raise
         if refused is not None:
-            await self._release(attempt, candidate.payer)
+            await self._release(attempt, candidate.payer, plan.shared, plan.refusal_debts)
             return refused
         return Paid(_paid(candidate, payload, requirements), candidate.body)
 
-    async def _release(self, attempt: ClaimAttempt, payer: str) -> None:
-        """The payment was never used: free it for the client to offer again (once funded, say).
-        Left claimed when the store fails: the client then signs a new payment; nothing moved."""
+    async def _release(
+        self, attempt: ClaimAttempt, payer: str, refunds: Sequence[Bucket], debts: Sequence[Bucket] = ()
+    ) -> None:
+        """The payment was never used: free it for the client to offer again (once funded, say),
+        hand back the shared scope it spent and charge its refusal, if it was refused. Left
+        claimed when the store fails: the client then signs a new payment; nothing moved."""
         try:
-            await self.ledger.release(attempt)
+            await self.ledger.release(attempt, refunds, debts)
         except StoreUnavailable:
             log_event(
                 "unverified payment left claimed: store unavailable",
@@ -184,16 +207,6 @@ class PaymentGate:
         if result.payer and result.payer != payer:
             return Refused("invalid_payload", "the facilitator found another payer", payer)
         return None
-
-    def _replay(self, record: PaymentIdRecord, fp: str) -> Replay | None:
-        """The stored answer of an identical earlier request; 409 for a different one."""
-        if record.fingerprint != fp:
-            raise GatewayError(
-                ErrorCode.IDEMPOTENCY_CONFLICT, "payment identifier was used with another payment or request"
-            )
-        # Not settled (yet): in flight, discarded or pending. The payment's claim decides:
-        # a pending settlement reconciles, anything else is payment_already_used.
-        return None if record.response is None else Replay(record.response)
 
     async def _reuse(self, candidate: Candidate, pending: PendingSettlement | None) -> Reconcile | Refused:
         """The payment is claimed already. The request that claimed it (the same signed

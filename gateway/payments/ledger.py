@@ -17,9 +17,13 @@ Keys (all under ``x402gw:``):
   silent facilitator, the process killed), a retry of the identical request reconciles
   against it instead of paying twice.
 * ``delivered:{key}`` - taken by the one request that delivers the settled answer, so
-  concurrent reconciliations of one payment answer once.
-* ``pid:{id}`` - the payment-identifier record: the request fingerprint and, once settled,
-  the response to replay for 10 minutes.
+  concurrent reconciliations of one payment answer once. It keeps the request's fingerprint
+  and signed transaction and, up to a size cap, the answer, so that the identical request (same
+  signed payment, route and body) retried within 10 minutes, by a client whose connection
+  dropped after it was charged, gets what it paid for again; any other request offering the
+  payment is refused.
+* ``pid:{id}`` - the payment-identifier record: the fingerprint of the one request the
+  identifier belongs to, for 10 minutes (another request under it is a conflict).
 
 A paid request takes three store round trips, whatever its rate limits and whether it carries
 a payment identifier: :meth:`PaymentLedger.claim` (is it used or pending, is its identifier
@@ -43,6 +47,12 @@ CLAIM_TTL_MS = 15 * 60 * 1000
 """Longer than any blockhash lives (about 60-90 s), so a claim outlives its payment."""
 PENDING_TTL_MS = 15 * 60 * 1000
 PAYMENT_ID_TTL_MS = 10 * 60 * 1000
+ANSWER_TTL_MS = PAYMENT_ID_TTL_MS
+"""How long an identical retry of a paid request gets its answer again."""
+ANSWER_CAP_BYTES = 16 * 1024
+"""The largest answer kept for an identical retry that carries no payment identifier: every
+paid answer is kept, so the cap bounds what the store holds per sale. With an identifier, the
+route's ``replay_cap_bytes`` applies (the client asked for idempotency)."""
 
 
 def pay_key(key: str) -> str:
@@ -85,7 +95,25 @@ class PendingSettlement(msgspec.Struct):
 
 class PaymentIdRecord(msgspec.Struct):
     fingerprint: str
+
+
+class DeliveredRecord(msgspec.Struct):
+    """The one delivery of a settled payment: which request it answered (its fingerprint, and
+    its exact signed transaction as ``claimant``: ed25519 signing is deterministic, so an honest
+    client's retry carries the same one, while a copy of the message re-signed with another
+    nonce does not), and the answer when it is small enough to keep for that request's retries."""
+
+    fingerprint: str
+    claimant: str
     response: StoredResponse | None = None
+
+    def answers(self, fingerprint: str, claimant: str, *, identified: bool) -> StoredResponse | None:
+        """The kept answer, for the very request that was delivered; None for any other. A retry
+        under the request's payment identifier is that request whatever its client signature:
+        the client named it so."""
+        if fingerprint == self.fingerprint and (identified or claimant == self.claimant):
+            return self.response
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +124,8 @@ class ClaimAttempt:
     """The payment was claimed before this attempt (by an earlier or concurrent request)."""
     pending: PendingSettlement | None
     """Its open write-ahead record, when a settlement of it was left pending."""
+    delivered: DeliveredRecord | None
+    """The payment's delivery, once its settled answer went out."""
     payment_id: PaymentIdRecord | None
     """The record of the request's payment identifier, if it sent one and it is known."""
     decisions: list[RateDecision]
@@ -131,38 +161,44 @@ class PaymentLedger:
         self.store = store
         self._pending = msgspec.json.Decoder(PendingSettlement)
         self._pid = msgspec.json.Decoder(PaymentIdRecord)
+        self._delivered = msgspec.json.Decoder(DeliveredRecord)
 
     async def claim(
         self, key: str, route: str, payment_id: str | None, fp: str, buckets: Sequence[Bucket]
     ) -> ClaimAttempt:
-        """Is the payment claimed (its settlement perhaps pending), is its identifier known;
-        only when none of these, one decision per rate-limit bucket; only when every bucket
-        allows it, claim the payment and tie its identifier (if any) to this request. One round
-        trip, atomic: of many concurrent attempts on one payment, exactly one wins."""
+        """Is the payment claimed (its settlement perhaps pending, its answer perhaps delivered),
+        is its identifier known; only when none of these, one decision per rate-limit bucket;
+        only when every bucket allows it, claim the payment and tie its identifier (if any) to
+        this request. One round trip, atomic: of many concurrent attempts on one payment,
+        exactly one wins."""
         entries = [Entry(pay_key(key), f"{route} {secrets.token_hex(8)}", CLAIM_TTL_MS)]
-        keys = [pay_key(key), pending_key(key)]
+        keys = [pay_key(key), pending_key(key), delivered_key(key)]
         if payment_id is not None:
             record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp)).decode()
             entries.append(Entry(payment_id_key(payment_id), record, PAYMENT_ID_TTL_MS))
             keys.append(payment_id_key(payment_id))
         found = await self.store.check_then_limit(keys, buckets, entries)
-        claim, pending = found.values[0], found.values[1]
-        raw_pid = found.values[2] if payment_id is not None else None
+        claim, pending, delivered = found.values[:3]
+        raw_pid = found.values[3] if payment_id is not None else None
         return ClaimAttempt(
             # An open pending record outlives its claim by the moments between the two writes.
             claimed=claim is not None or pending is not None,
             pending=self._pending.decode(pending) if pending else None,
+            delivered=self._delivered.decode(delivered) if delivered else None,
             payment_id=self._pid.decode(raw_pid) if raw_pid else None,
             decisions=found.decisions,
             entries=tuple(entries) if found.written else (),
         )
 
-    async def release(self, attempt: ClaimAttempt) -> None:
+    async def release(
+        self, attempt: ClaimAttempt, refunds: Sequence[Bucket] = (), debts: Sequence[Bucket] = ()
+    ) -> None:
         """Undo a won claim whose payment was never used (the facilitator refused it or could not
         be asked): the client may offer the same payment again, its identifier included. Each key
-        is deleted only while it holds what this attempt wrote."""
-        for entry in attempt.entries:
-            await self.store.release(entry.key, entry.value)
+        is deleted only while it holds what this attempt wrote; in the same round trip the
+        shared budgets it spent are handed back (``refunds``) and the refusal is charged
+        (``debts``)."""
+        await self.store.undo_claim(attempt.entries, refunds, debts)
 
     async def record_pending(self, key: str, record: PendingSettlement) -> None:
         await self.store.put(pending_key(key), msgspec.json.encode(record).decode(), PENDING_TTL_MS)
@@ -171,13 +207,9 @@ class PaymentLedger:
         """Mark the pending record done (an empty record expires at once)."""
         await self.store.put(pending_key(key), "", 1)
 
-    async def deliver(self, key: str, replay: tuple[str, str, StoredResponse] | None) -> bool:
+    async def deliver(self, key: str, record: DeliveredRecord) -> bool:
         """True for exactly one caller per payment, the one that hands out the settled answer;
-        that one also closes the intent and keeps ``replay`` (payment identifier, fingerprint,
-        response) for identifier retries. One round trip."""
-        puts = [Entry(pending_key(key), "", 1)]
-        if replay is not None:
-            pid, fp, response = replay
-            record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp, response=response)).decode()
-            puts.append(Entry(payment_id_key(pid), record, PAYMENT_ID_TTL_MS))
-        return await self.store.claim_then_put([Entry(delivered_key(key), "1", CLAIM_TTL_MS)], puts) == 1
+        that one also closes the intent. ``record`` (the request, and the answer to give its
+        identical retries) is what a later claim attempt on the payment reads. One round trip."""
+        delivery = Entry(delivered_key(key), msgspec.json.encode(record).decode(), ANSWER_TTL_MS)
+        return await self.store.claim_then_put([delivery], [Entry(pending_key(key), "", 1)]) == 1

@@ -16,7 +16,7 @@ from gateway.x402 import svm
 from gateway.x402.challenge import PAYMENT_IDENTIFIER
 from gateway.x402.types import V1_NETWORKS, PaymentPayload, PaymentRequirements, ResourceInfo
 
-PAYMENT_ID = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
+PAYMENT_ID = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,7 @@ def payment_identifier(payload: PaymentPayload) -> str | Refused | None:
     pid = info.get("id") if isinstance(info, dict) else None
     if pid is None:
         return None
-    if not isinstance(pid, str) or not PAYMENT_ID.match(pid):
+    if not isinstance(pid, str) or not PAYMENT_ID.fullmatch(pid):
         return Refused("invalid_payment_identifier", "payment identifier must be 16-128 of [A-Za-z0-9_-]")
     return pid
 

@@ -16,7 +16,13 @@ import msgspec
 
 from gateway.logs import log_event
 from gateway.payments.facilitators import Facilitator, FacilitatorUnavailable
-from gateway.payments.ledger import PaymentLedger, PendingSettlement, StoredResponse
+from gateway.payments.ledger import (
+    ANSWER_CAP_BYTES,
+    DeliveredRecord,
+    PaymentLedger,
+    PendingSettlement,
+    StoredResponse,
+)
 from gateway.payments.results import (
     Delivered,
     Failed,
@@ -110,15 +116,18 @@ class Settlement:
         self, paid: PaidRequest, result: SettleResponse, intent: PendingSettlement, response: StoredResponse
     ) -> Delivered | Pending | Refused:
         """Exactly one request per payment hands out the answer, however many reconcile it at
-        once; the same round trip closes the intent and keeps the answer for payment-identifier
-        retries. A store outage here lets a fresh success through (only this settle call was told
-        it settled) but leaves a reconciled one pending, to be delivered by a later retry."""
+        once; the same round trip closes the intent and keeps the answer (within its size cap)
+        for the identical request's retries. A store outage here lets a fresh success through
+        (only this settle call was told it settled) but leaves a reconciled one pending, to be
+        delivered by a later retry."""
         delivered = _delivered(result, response)
-        replay = None
-        if paid.payment_id is not None and len(delivered.body) <= self.replay_cap_bytes:
-            replay = (paid.payment_id, paid.fingerprint, delivered)
+        cap = self.replay_cap_bytes
+        if paid.payment_id is None:
+            cap = min(cap, ANSWER_CAP_BYTES)
+        kept = delivered if len(delivered.body) <= cap else None
+        record = DeliveredRecord(paid.fingerprint, paid.claimant, kept)
         try:
-            first = await self.ledger.deliver(paid.key, replay)
+            first = await self.ledger.deliver(paid.key, record)
         except StoreUnavailable:
             if not result.success:
                 await self._left_pending(paid, intent, result)

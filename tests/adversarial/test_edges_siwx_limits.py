@@ -3,8 +3,10 @@
 One used ``SIGN-IN-WITH-X`` header, replayed 35 times from one IP, is refused every time. The
 refusals count against that IP's challenge limit and nothing else: the upstream-key bucket that
 every wallet shares and the attacker's own wallet bucket stay untouched, so a different wallet on
-a different IP still gets its answer. The real gateway runs under hypercorn behind a trusted
-proxy (TRUSTED_PROXIES + X-Forwarded-For), the asset-data upstream records every call.
+a different IP still gets its answer. Fair shares are off here (100%), so that only the key's
+budget could be drained; ``test_fair_shares.py`` mounts the throwaway-wallet flood. The real
+gateway runs under hypercorn behind a trusted proxy (TRUSTED_PROXIES + X-Forwarded-For), the
+asset-data upstream records every call.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ async def gateway(asset_api: Upstream) -> AsyncIterator[RunningGateway]:
         "SIWX_SECRET": "edges-siwx-secret-0123456789abcdef-0123",
         "RATE_LIMIT_TOKENS_PER_MINUTE": str(UPSTREAM_KEY_LIMIT),
         "RATE_LIMIT_CHALLENGE_PER_MINUTE": str(CHALLENGE_LIMIT),
+        "RATE_LIMIT_TOKENS_SHARE_PERCENT": "100",
         "TRUSTED_PROXIES": "127.0.0.1/32",
         "ROUTE_GROUPS": "tokens",
     }
@@ -89,15 +92,15 @@ async def test_replayed_sign_ins_leave_another_wallet_on_another_ip_untouched(
             await _get(session, gateway, ATTACKER_IP, {"sign-in-with-x": used}) for _ in range(REPLAYS)
         ]
         victim_status, victim_body, _ = await _sign_in(session, gateway, VICTIM_IP, victim)
-        attacker_limited, limited_body = await _get(session, gateway, ATTACKER_IP)
+        attacker_challenged, challenge_body = await _get(session, gateway, ATTACKER_IP)
 
-    # The attacker's first challenge took one slot of its IP's challenge allowance; each replay
-    # takes another until the IP is refused with 429 (challenge scope), never anything shared.
-    refused = CHALLENGE_LIMIT - 1
+    # A sign-in challenge costs nothing; each replay takes a slot of the IP's challenge allowance
+    # until the IP is refused with 429 (challenge scope), never anything shared.
+    refused = CHALLENGE_LIMIT
     assert [s for s, _ in replies] == [402] * refused + [429] * (REPLAYS - refused)
     assert all(body["error"] == "siwx_replayed" for _, body in replies[:refused])
     assert all(body["error"]["details"]["scope"] == "challenge:ip" for _, body in replies[refused:])
-    assert attacker_limited == 429 and limited_body["error"]["code"] == "rate_limited"
+    assert attacker_challenged == 402 and "error" not in challenge_body  # a challenge has no side effect
 
     assert victim_status == 200, victim_body
     assert len(asset_api.calls) == 2  # the attacker's one honest call and the victim's

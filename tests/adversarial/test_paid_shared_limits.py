@@ -50,11 +50,12 @@ def routes_with_limits(tmp_path: Path, scope_budget: int, wallet_budget: int) ->
     """The packaged route table with hourly literal limits for the scope and per-wallet buckets."""
     text = PACKAGED_ROUTES_FILE.read_text()
     scope_line = '- {scope: "{provider}:{cluster}:rpc", limit: rpc}'
-    wallet_line = '- {scope: "{provider}:{cluster}:rpc:wallet", per: wallet, limit: wallet}'
+    wallet_line = '- {scope: "{provider}:{cluster}:rpc:wallet", per: wallet, limit: rpc_wallet}'
     assert scope_line in text and wallet_line in text
     hour = "period_seconds: 3600}"
     text = text.replace(scope_line, scope_line.replace("limit: rpc}", f"limit: {scope_budget}, {hour}"))
-    text = text.replace(wallet_line, wallet_line.replace("limit: wallet}", f"limit: {wallet_budget}, {hour}"))
+    wallet_limit = f"limit: {wallet_budget}, {hour}"
+    text = text.replace(wallet_line, wallet_line.replace("limit: rpc_wallet}", wallet_limit))
     path = tmp_path / "routes.yaml"
     path.write_text(text)
     return path
@@ -73,10 +74,10 @@ async def _gateway(start_paid_gateway: StartPaidGateway, routes: Path) -> PaidGa
     return paid
 
 
-async def pay_from(paid: PaidGateway, ip: str, payment: PaymentPayload) -> Reply:
+async def pay_from(paid: PaidGateway, ip: str, payment: PaymentPayload, request_id: int = 1) -> Reply:
     """A paid getBalance from client ``ip`` (through the trusted proxy)."""
     headers = {"payment-signature": encode_header(payment), **via(ip)}
-    return await paid.post(GET_BALANCE, balance_body(), headers)
+    return await paid.post(GET_BALANCE, balance_body(request_id=request_id), headers)
 
 
 def assert_answered(reply: Reply) -> None:
@@ -106,8 +107,11 @@ async def test_junk_and_replayed_payments_from_one_ip_leave_another_wallet_untou
 
     flood: list[Reply] = []
     for n in range(3 * SCOPE_BUDGET + CHALLENGES_PER_IP):
-        junk = garbage_client_signature(paid.sign(requirements, resource)) if n % 2 else used
-        flood.append(await pay_from(paid, FLOODER, junk))
+        if n % 2:
+            junk = garbage_client_signature(paid.sign(requirements, resource))
+            flood.append(await pay_from(paid, FLOODER, junk))
+        else:  # the used payment offered for another request
+            flood.append(await pay_from(paid, FLOODER, used, request_id=2 + n))
 
     refused = [r for r in flood if r.status == 402]
     assert len(refused) == CHALLENGES_PER_IP
@@ -165,6 +169,7 @@ def test_every_paid_route_carries_a_wallet_limit_from_the_environment(configured
     assert exact
     for route in exact:
         (wallet,) = [spec for spec in route.rate_limits if spec.per == "wallet"]
-        assert wallet.limit == (int(configured) if configured else 5)
+        scope_limit = 50 if "/rpc/" in route.path else 10  # by default, the scope's own limit
+        assert wallet.limit == (int(configured) if configured else scope_limit)
         assert wallet.period_ms == 1000
         assert wallet.scope.endswith(":wallet")

@@ -181,12 +181,19 @@ class PaidRoute:
             handler, settlement=self.settlement, answers=self.answers, route_name="rpc"
         )
         exact = X402Exact(
-            settle, gate=self.gate, settlement=self.settlement, answers=self.answers, max_body=4096
+            settle,
+            gate=self.gate,
+            settlement=self.settlement,
+            answers=self.answers,
+            max_body=4096,
+            client_ip=self.limiter.client_ip,
         )
         return MethodDispatcher({"POST": (self.route, exact)}, "POST, OPTIONS")
 
 
-def paid_route(store: Store, route: RouteSpec | None = None, *, challenge_limit: int = 1000) -> PaidRoute:
+def paid_route(
+    store: Store, route: RouteSpec | None = None, *, challenge_limit: int = 1000, refused_per_minute: int = 10
+) -> PaidRoute:
     route = route or balance_route()
     wallets = Wallets()
     facilitator = RecordingFacilitator(str(wallets.fee_payer.pubkey()))
@@ -199,7 +206,11 @@ def paid_route(store: Store, route: RouteSpec | None = None, *, challenge_limit:
         facilitator_url=facilitator.url,
     )
     ledger = PaymentLedger(store)
-    limiter = RateLimiter(store, SyncedWindowLimit(store, CHALLENGE_SCOPE, challenge_limit, 60_000))
+    limiter = RateLimiter(
+        store,
+        SyncedWindowLimit(store, CHALLENGE_SCOPE, challenge_limit, 60_000),
+        refused_per_minute=refused_per_minute,
+    )
     fee_payer = ChallengeFeePayer(facilitator, store)
     gate = PaymentGate(
         route_name=route.name,

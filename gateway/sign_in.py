@@ -1,0 +1,67 @@
+"""SignInGate: from a verified sign-in to an admitted one, with no web framework in sight.
+
+The sign-in's signature, times and resource are checked by :class:`gateway.x402.siwx.SiwxIssuer`;
+this core decides, in one store round trip, whether a verified sign-in may reach the upstream:
+its nonce unused, then the wallet's and the client IP's own buckets, then the budget every
+wallet shares (the asset-data key), and only then the nonce recorded as used. A sign-in refused
+by a limit spends nothing shared and keeps its nonce, to be sent again once the limit allows.
+Every expected result is a value; only an outage (``StoreUnavailable``) raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.errors import GatewayError
+from gateway.rate_limiter import RateLimiter
+from gateway.routes import RateLimitSpec
+from gateway.store import Entry, Store, StoreUnavailable
+from gateway.x402.siwx import VerifiedSignIn
+
+NONCE_KEY_PREFIX = "x402gw:siwx:"
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """The nonce is now used and every bucket charged: call the upstream."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """The nonce was used already: a replayed sign-in."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limited:
+    """A bucket refused the sign-in: ``error`` is its 429; nothing shared was spent."""
+
+    error: GatewayError
+
+
+Admission = Admitted | Replayed | Limited
+
+
+class SignInGate:
+    """Admits verified sign-ins on one route."""
+
+    def __init__(self, store: Store, limiter: RateLimiter, limits: Sequence[RateLimitSpec]) -> None:
+        self.store = store
+        self.limiter = limiter
+        self.limits = tuple(limits)
+
+    async def admit(self, signed: VerifiedSignIn, client_ip: str) -> Admission:
+        """Use the nonce once across every replica, for as long as it could still verify."""
+        key = NONCE_KEY_PREFIX + signed.nonce
+        plan = self.limiter.plan(self.limits, wallet=signed.address, ip=client_ip)
+        found = await self.store.check_then_limit(
+            [key], plan.buckets, [Entry(key, signed.address, signed.replay_ttl_ms)]
+        )
+        if found.values[0] is not None:
+            return Replayed()
+        refused = plan.refusal(found.decisions)
+        if refused is not None:
+            return Limited(refused)
+        if not found.written:
+            raise StoreUnavailable("state store neither refused nor recorded the sign-in")
+        return Admitted()

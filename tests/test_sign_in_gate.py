@@ -1,0 +1,104 @@
+"""The sign-in core in-process: single use, own buckets before the shared key, nothing spent
+by a refused sign-in. Over the in-process store and Redis; real ed25519 addresses."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from solders.keypair import Keypair
+
+from gateway.rate_limiter import RateLimiter
+from gateway.routes import RateLimitSpec
+from gateway.sign_in import NONCE_KEY_PREFIX, Admitted, Limited, Replayed, SignInGate
+from gateway.store import Store
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
+from gateway.x402.siwx import VerifiedSignIn
+
+KEY = RateLimitSpec(scope="tokens:upstream-key", limit=4, period_ms=60_000)
+WALLET_SHARE = RateLimitSpec(scope="tokens:wallet", limit=2, period_ms=60_000, per="wallet")
+IP_SHARE = RateLimitSpec(scope="tokens:ip", limit=2, period_ms=60_000, per="ip")
+FLOODER, OTHERS = "203.0.113.66", ["198.51.100.1", "198.51.100.2", "198.51.100.3"]
+
+
+@pytest_asyncio.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    backend: Store = (
+        MemoryStore() if request.param == "memory" else RedisStore(request.getfixturevalue("clean_redis_url"))
+    )
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+def _gate(store: Store) -> SignInGate:
+    return SignInGate(store, RateLimiter(store), (KEY, WALLET_SHARE, IP_SHARE))
+
+
+def _signed(wallet: Keypair | None = None) -> VerifiedSignIn:
+    now = time.time()
+    return VerifiedSignIn(
+        address=str((wallet or Keypair()).pubkey()),
+        chain_id="solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp",
+        nonce=secrets.token_hex(16),
+        issued_at=now,
+        expires_at=now + 300,
+        replay_ttl_ms=330_000,
+    )
+
+
+def _scope(admission: object) -> str:
+    assert isinstance(admission, Limited), admission
+    assert admission.error.details is not None
+    return str(admission.error.details["scope"])
+
+
+async def test_a_sign_in_is_admitted_once_and_its_replay_is_refused(store: Store) -> None:
+    gate = _gate(store)
+    signed = _signed()
+
+    assert isinstance(await gate.admit(signed, FLOODER), Admitted)
+    assert isinstance(await gate.admit(signed, OTHERS[0]), Replayed)
+    assert await store.get(NONCE_KEY_PREFIX + signed.nonce) == signed.address
+
+
+async def test_throwaway_wallets_from_one_ip_take_only_that_ips_share_of_the_key(store: Store) -> None:
+    gate = _gate(store)
+    flood = [await gate.admit(_signed(), FLOODER) for _ in range(30)]
+
+    assert sum(isinstance(a, Admitted) for a in flood) == IP_SHARE.limit
+    assert {_scope(a) for a in flood if not isinstance(a, Admitted)} == {"tokens:ip"}
+    # What is left of the key's budget is there for everybody else.
+    others = [await gate.admit(_signed(), ip) for ip in OTHERS]
+    assert [isinstance(a, Admitted) for a in others] == [True, True, False]
+    assert _scope(others[2]) == "tokens:upstream-key"
+
+
+async def test_one_wallet_from_many_ips_takes_only_its_share(store: Store) -> None:
+    gate = _gate(store)
+    wallet = Keypair()
+    admissions = [await gate.admit(_signed(wallet), ip) for ip in [*OTHERS, FLOODER]]
+
+    assert [isinstance(a, Admitted) for a in admissions] == [True, True, False, False]
+    assert {_scope(a) for a in admissions[2:]} == {"tokens:wallet"}
+    assert isinstance(await gate.admit(_signed(), FLOODER), Admitted)  # the key still had room
+
+
+async def test_a_sign_in_refused_by_a_limit_keeps_its_nonce_and_spends_nothing_shared(store: Store) -> None:
+    gate = _gate(store)
+    wallet = Keypair()
+    for ip in OTHERS[:2]:
+        assert isinstance(await gate.admit(_signed(wallet), ip), Admitted)
+    refused = _signed(wallet)
+
+    for _ in range(5):
+        assert _scope(await gate.admit(refused, OTHERS[2])) == "tokens:wallet"
+
+    assert await store.get(NONCE_KEY_PREFIX + refused.nonce) is None
+    others = [await gate.admit(_signed(), ip) for ip in (FLOODER, OTHERS[2])]
+    assert all(isinstance(a, Admitted) for a in others)  # the key's last two slots were untouched
