@@ -24,6 +24,7 @@ from gateway.handlers.health import HealthHandler
 from gateway.handlers.jsonrpc import JsonRpcProxy
 from gateway.handlers.metrics import MetricsHandler
 from gateway.handlers.openapi import OpenApiHandler
+from gateway.handlers.readiness import ReadyHandler
 from gateway.handlers.tokens import TokensHandler
 from gateway.logs import configure_logging, log_event
 from gateway.payments import PaymentGate, PaymentLedger, Settlement, exact_challenge
@@ -48,6 +49,10 @@ AccessLayer = Callable[[ASGIApp, RouteSpec, Services], ASGIApp]
 
 def _health(route: RouteSpec, services: Services) -> ASGIApp:
     return HealthHandler()
+
+
+def _ready(route: RouteSpec, services: Services) -> ASGIApp:
+    return ReadyHandler(services.readiness)
 
 
 def _catalog(route: RouteSpec, services: Services) -> ASGIApp:
@@ -81,6 +86,7 @@ def _jsonrpc(route: RouteSpec, services: Services) -> ASGIApp:
         url=services.settings.upstream_url(upstream) or "",
         method=route.operation,
         session=lambda: services.session(upstream),
+        upstream=upstream,
     )
 
 
@@ -92,6 +98,7 @@ def _internal(route: RouteSpec, services: Services) -> ASGIApp:
 
 HANDLER_FACTORIES: dict[str, HandlerFactory] = {
     "health": _health,
+    "ready": _ready,
     "catalog": _catalog,
     "metrics": _metrics,
     "openapi": _openapi,

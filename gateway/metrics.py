@@ -8,6 +8,10 @@ Every payment and sign-in is counted in one place: the telemetry layer hands the
 request's context to :meth:`Usage.observe`. Only the (route, outcome) pairs that can happen on a
 route exist as series, and all of them exist from start-up (at 0), so ``increase()`` sees the
 first payment after a restart.
+
+No ``_created`` series: one per series would double the exposition, and Prometheus finds counter
+resets without them. Switched off here, at import, in every process that counts (the workers of
+``serve --workers N`` included; their multiprocess exposition has none either).
 """
 
 from __future__ import annotations
@@ -17,7 +21,14 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -25,6 +36,8 @@ from gateway.context import RequestContext
 from gateway.logs import log_event
 from gateway.routes import RouteSpec
 from gateway.store import Store, StoreUnavailable
+
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 PAYMENT_OUTCOMES: Mapping[str, tuple[str, ...]] = {
     "exact": (

@@ -19,6 +19,7 @@ from gateway.metrics import Usage
 from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, HttpFacilitator
 from gateway.payments.local_facilitator import load_local_facilitator
 from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
+from gateway.readiness import build_readiness
 from gateway.routes import RouteSpec, named_limits
 from gateway.store import Store, open_store
 from gateway.synced_limit import SyncedWindowLimit
@@ -70,6 +71,12 @@ class Services:
             if self.facilitator is not None
             else None
         )
+        self.readiness = build_readiness(
+            self.store,
+            self.facilitator,
+            sells_paid_routes=any(r.access == "exact" for r in routes),
+            node_url=settings.solana_mainnet_rpc_url.reveal(),
+        )
         self.upstream_names = sorted({r.upstream for r in routes if r.upstream})
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         secret = settings.siwx_secret.reveal().encode() or random_secret()
@@ -108,6 +115,7 @@ class Services:
         self._sessions.clear()
         for facilitator in {id(f): f for f in (self.facilitator, self.local_facilitator) if f}.values():
             await facilitator.close()
+        await self.readiness.close()
         await self.store.close()
 
     @asynccontextmanager

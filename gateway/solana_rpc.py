@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import itertools
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
@@ -21,6 +22,7 @@ import aiohttp
 import msgspec
 
 from gateway.bounded_body import AnswerTooLarge, read_bounded
+from gateway.upstream_metrics import ErrorKind, UpstreamMeter, status_kind, upstream_meter
 
 T = TypeVar("T")
 
@@ -136,8 +138,12 @@ class SolanaRpc:
         session: aiohttp.ClientSession | None = None,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        upstream: str | None = None,
     ) -> None:
+        """``upstream`` names the node in the gateway's upstream metrics (a fixed name, never
+        the URL); a client outside the gateway leaves it unset and records nothing."""
         self._url = url
+        self._meter: UpstreamMeter | None = upstream_meter(upstream) if upstream else None
         self._session = session
         self._owns_session = session is None
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -174,14 +180,15 @@ class SolanaRpc:
         body = _encoder.encode(RpcRequest(method=method, params=params, id=next(_ids)))
         session = self._get_session()
         try:
-            async with session.post(
-                self._url,
-                data=body,
-                headers={"content-type": "application/json", "accept": "application/json"},
-                timeout=self._timeout,
-            ) as response:
-                status = response.status
-                raw = await read_bounded(response, MAX_RESPONSE_BYTES)
+            with self._timed():
+                async with session.post(
+                    self._url,
+                    data=body,
+                    headers={"content-type": "application/json", "accept": "application/json"},
+                    timeout=self._timeout,
+                ) as response:
+                    status = response.status
+                    raw = await read_bounded(response, MAX_RESPONSE_BYTES)
         except AnswerTooLarge:
             raise RpcUnavailable(method, "answer too large") from None
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -189,14 +196,24 @@ class SolanaRpc:
         try:
             envelope: RpcEnvelope[Any] = self._decoder(result_type).decode(raw)
         except (msgspec.DecodeError, RecursionError) as exc:
+            self._failed(status_kind(status) if status != 200 else ErrorKind.INVALID_ANSWER)
             detail = f"HTTP {status}" if status != 200 else f"unexpected answer ({exc})"
             raise RpcUnavailable(method, detail) from None
         if envelope.error is not None:
+            self._failed(ErrorKind.RPC_ERROR)
             error = envelope.error
             raise RpcResponseError(method, error.code, error.message, error.data)
         if status != 200 or envelope.result is msgspec.UNSET:
+            self._failed(status_kind(status) if status != 200 else ErrorKind.INVALID_ANSWER)
             raise RpcUnavailable(method, f"HTTP {status} without a result")
         return envelope.result
+
+    def _timed(self) -> contextlib.AbstractContextManager[None]:
+        return self._meter.timed() if self._meter is not None else contextlib.nullcontext()
+
+    def _failed(self, kind: ErrorKind) -> None:
+        if self._meter is not None:
+            self._meter.failed(kind)
 
     # --- typed calls ------------------------------------------------------------------------
 

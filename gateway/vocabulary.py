@@ -58,6 +58,7 @@ class Handler(msgspec.Struct, frozen=True, kw_only=True):
 
 HANDLERS: dict[str, Handler] = {
     "health": Handler(),
+    "ready": Handler(),
     "catalog": Handler(),
     "metrics": Handler(),
     "openapi": Handler(),
@@ -71,7 +72,7 @@ HANDLERS: dict[str, Handler] = {
 SERVICE_GROUP = "service"
 INTERNAL_GROUP = "internal"
 ALWAYS_ON_GROUPS = (SERVICE_GROUP, INTERNAL_GROUP)
-"""Served whatever ROUTE_GROUPS says: health, catalog, metrics, OpenAPI, and the internal
+"""Served whatever ROUTE_GROUPS says: health, readiness, catalog, metrics, OpenAPI, and the internal
 facilitator (which answers 401 until its secret and wallet are set). Every other group of
 routes.yaml is a provider group the operator can switch off."""
 

@@ -159,7 +159,7 @@ def test_check_with_good_config_prints_the_report_and_route_table() -> None:
     )
     table = result.stdout.split("\n\n", 1)[1].splitlines()
     assert table[0].split() == ["METHOD", "ACCESS", "PRICE(uUSDC)", "LIMITS", "PATH"]
-    assert len(table) == 1 + 59
+    assert len(table) == 1 + 60
     assert any(
         row.split()[:3] == ["POST", "exact", "2416"] and row.endswith("/das/searchAssets") for row in table
     )
@@ -230,7 +230,7 @@ def test_routes_prints_the_whole_expanded_table_without_any_environment() -> Non
     result = run_cli({}, "routes")
 
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.splitlines()) == 1 + 59
+    assert len(result.stdout.splitlines()) == 1 + 60
 
 
 def test_routes_names_a_broken_routes_file() -> None:

@@ -4,14 +4,17 @@ exists, and the routes ConfigMap is the repository's routes.yaml."""
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.resources
 import importlib.util
 import json
+import os
 import re
 import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -27,7 +30,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from solders.keypair import Keypair
 
-from gateway import metrics
+from gateway import metrics, readiness, upstream_metrics
 from gateway.config import (
     GATEWAY_VARIABLES,
     PACKAGED_ROUTES_FILE,
@@ -242,10 +245,17 @@ def test_deployment_runs_two_replicas_with_probes_resources_and_a_locked_down_co
     assert deployment["spec"]["replicas"] >= 2
     assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     port_names = {p["name"]: p["containerPort"] for p in container["ports"]}
-    for probe in ("readinessProbe", "livenessProbe"):
+    # Liveness asks only the process; readiness also the store and the facilitator.
+    for probe, path in (
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ):
         get = container[probe]["httpGet"]
-        assert get["path"] == "/healthz"
+        assert get["path"] == path, probe
         assert get["port"] in port_names or get["port"] in port_names.values()
+    # The readiness checks give up before the probe does.
+    assert container["readinessProbe"]["timeoutSeconds"] > readiness.CHECK_TIMEOUT_S
     for kind in ("requests", "limits"):
         assert {"cpu", "memory"} <= set(container["resources"][kind])
     pod_security = pod["spec"]["securityContext"]
@@ -267,7 +277,8 @@ def test_deployment_runs_two_replicas_with_probes_resources_and_a_locked_down_co
 
 def test_probes_and_scrape_path_are_routes_of_the_route_table() -> None:
     paths = {route.handler: route.path for route in parse_routes(_routes_doc(), LIMITS)}
-    assert paths["health"] == "/healthz"
+    assert paths["health"] == _container()["livenessProbe"]["httpGet"]["path"]
+    assert paths["ready"] == _container()["readinessProbe"]["httpGet"]["path"]
     assert (
         paths["metrics"]
         == _k8s("Deployment")["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"]
@@ -518,10 +529,17 @@ def _ingress_routes(path: str) -> bool:
     return False
 
 
+OPERATOR_ONLY = ("metrics", "ready")
+"""Public routes (no payment) that only the operator's own systems ask: Prometheus, the kubelet."""
+
+
 def _route_paths() -> list[tuple[str, bool]]:
     """Every route path (parameters filled in) and whether the public may reach it."""
     return [
-        (re.sub(r"\{[^}]+\}", "x", route.path), route.access != "internal" and route.handler != "metrics")
+        (
+            re.sub(r"\{[^}]+\}", "x", route.path),
+            route.access != "internal" and route.handler not in OPERATOR_ONLY,
+        )
         for route in parse_routes(_routes_doc(), LIMITS)
     ]
 
@@ -634,6 +652,7 @@ def test_the_shipped_nginx_config_keeps_the_internal_facilitator_off_the_public_
             assert _raw_get(gateway.port, "/api/internal/facilitator/supported")[0] == 401
             # ... through the public listener, never, however the path is spelled.
             for method, target in [
+                ("GET", "/readyz"),
                 ("GET", "/api/internal/facilitator/supported"),
                 ("HEAD", "/api/internal/facilitator/supported"),
                 ("OPTIONS", "/api/internal/facilitator/supported"),
@@ -678,10 +697,159 @@ def test_dockerfile_builds_on_slim_python_and_installs_without_the_test_extra() 
         assert re.fullmatch(
             r"python:3\.(1[1-9]|[2-9][0-9])(\.[0-9]+)?-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?", base
         )
-    runs = " ".join(arg for op, arg in instructions if op == "RUN")
-    assert re.search(r"pip install \.(\s|$)", runs)
-    assert "[test]" not in runs
+    installs = _pip_installs(_build_stage())
+    assert installs, "the build stage installs nothing with pip"
+    for args in installs:
+        assert "." in args, args  # the package itself, without the test extra
+        assert not [a for a in args if "[" in a], args
+        # The tests' pins: every runtime dependency at the version the suite ran with.
+        assert _constraint_files(args) == ["constraints.txt"], args
     assert ("EXPOSE", "8080") in instructions
+
+
+def _build_stage() -> list[tuple[str, str]]:
+    """The instructions of the first stage (the one that installs), without its FROM."""
+    instructions = _dockerfile()
+    starts = [i for i, (op, _) in enumerate(instructions) if op == "FROM"]
+    end = starts[1] if len(starts) > 1 else len(instructions)
+    return instructions[starts[0] + 1 : end]
+
+
+def _pip_installs(stage: list[tuple[str, str]]) -> list[list[str]]:
+    """The arguments after ``pip install`` of every such command in the stage's RUN lines."""
+    found = []
+    for op, arg in stage:
+        if op != "RUN":
+            continue
+        for command in re.split(r"&&|;", arg):
+            words = shlex.split(command)
+            for i in range(len(words) - 1):
+                if words[i].endswith("pip") and words[i + 1] == "install":
+                    found.append(words[i + 2 :])
+    return found
+
+
+def _constraint_files(args: list[str]) -> list[str]:
+    files = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-c", "--constraint")]
+    return files + [a.split("=", 1)[1] for a in args if a.startswith("--constraint=")]
+
+
+def _dockerignored(relative: str) -> bool:
+    """Whether the root .dockerignore leaves ``relative`` out of the build context."""
+    lines = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    patterns = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    assert not [p for p in patterns if p.startswith("!")], "exceptions in .dockerignore: update this test"
+    parts = relative.split("/")
+    for pattern in patterns:
+        if pattern.startswith("**/"):
+            if any(fnmatch.fnmatch("/".join(parts[i:]), pattern[3:]) for i in range(len(parts))):
+                return True
+        elif any(fnmatch.fnmatch("/".join(parts[: i + 1]), pattern) for i in range(len(parts))):
+            return True
+    return False
+
+
+def _copy_build_context(stage: list[tuple[str, str]], workdir: Path) -> None:
+    """Do the stage's COPY instructions from the repository root into ``workdir``, as the builder
+    would: .dockerignore applies, a directory's contents land in the destination."""
+    for op, arg in stage:
+        if op != "COPY":
+            continue
+        *sources, dest = shlex.split(arg)
+        assert not [s for s in sources if s.startswith("--")], f"COPY {arg}: flags, update this test"
+        target = (workdir / dest).resolve()
+        for source in sources:
+            assert not _dockerignored(source), f"COPY {source}: .dockerignore leaves it out of the context"
+            path = ROOT / source
+            assert path.exists(), f"COPY {source}: no such file"
+            if path.is_dir():
+
+                def ignore(folder: str, names: list[str], base: Path = path, name: str = source) -> list[str]:
+                    here = Path(folder).relative_to(base)
+                    return [n for n in names if _dockerignored(str(Path(name) / here / n))]
+
+                shutil.copytree(path, target, symlinks=True, ignore=ignore, dirs_exist_ok=True)
+            else:
+                into = target / path.name if dest.endswith("/") or len(sources) > 1 else target
+                into.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, into)
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[_canonical(name)] = version
+    return pins
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@pytest.mark.timeout(900)
+def test_the_images_install_steps_in_a_fresh_venv_land_exactly_the_pins(tmp_path: Path) -> None:
+    """No container engine here: the build stage's COPY and pip steps, run as written (its venv
+    path swapped for a fresh one, pip's local cache allowed) must install every runtime
+    dependency at its constraints.txt pin, consistently, with a working console script."""
+    stage = _build_stage()
+    workdirs = [arg for op, arg in stage if op == "WORKDIR"]
+    runs = [arg for op, arg in stage if op == "RUN"]
+    venv_dirs = {m for run in runs for m in re.findall(r"-m venv (\S+)", run)}
+    assert len(venv_dirs) == 1, runs
+    (image_venv,) = venv_dirs
+    src, venv = tmp_path / "src", tmp_path / "venv"
+    src.mkdir()
+    _copy_build_context(stage, src)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in ("PIP_NO_CACHE_DIR", "VIRTUAL_ENV", "PYTHONPATH")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    installs = [run for run in runs if f"{image_venv}/bin/" in run]
+    assert installs and any("pip install" in run for run in installs), runs
+    for run in installs:
+        done = subprocess.run(
+            ["sh", "-c", run.replace(image_venv, str(venv))],
+            cwd=src,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=840,
+            check=False,
+        )
+        assert done.returncode == 0, f"RUN {run}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert workdirs, "the build stage has no WORKDIR: COPY targets would be the root"
+
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    checked = subprocess.run([*pip, "check"], capture_output=True, text=True, timeout=120, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    listed = subprocess.run(
+        [*pip, "list", "--format=json"], capture_output=True, text=True, timeout=120, check=True
+    )
+    installed = {_canonical(d["name"]): d["version"] for d in json.loads(listed.stdout)}
+    tooling = {"pip", "setuptools", "wheel", "x402-gateway"}
+    pins = _pins()
+    unpinned = sorted(set(installed) - tooling - set(pins))
+    assert not unpinned, f"installed but not pinned in constraints.txt: {unpinned}"
+    off = {name: (v, pins[name]) for name, v in installed.items() if name in pins and v != pins[name]}
+    assert not off, f"installed (version, pin): {off}"
+    for args in (["--help"], ["check", "--help"]):
+        ran = subprocess.run(
+            [str(venv / "bin" / "x402-gateway"), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert ran.returncode == 0 and "usage" in ran.stdout.lower(), ran.stderr
+
+
+def test_deploy_readme_names_the_builders_that_keep_the_healthcheck_and_compose_v2() -> None:
+    text = (DEPLOY / "README.md").read_text(encoding="utf-8")
+    assert "--format docker" in text and "buildah" in text and "podman" in text
+    assert "Compose v2" in text and "docker compose -f deploy/compose.yaml" in text
+    assert "`docker-compose` 1.x" in text
 
 
 def test_dockerfile_runs_as_a_non_root_user_before_cmd() -> None:
@@ -745,6 +913,9 @@ def test_deploy_file_holds_no_key_material(path: Path) -> None:
 
 def _exported_series(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    upstream_metrics.upstream_meter("asset_api").failed(
+        upstream_metrics.ErrorKind.TIMEOUT
+    )  # as the app would
     text = metrics.render({("route", "paid"): 1}).decode()
     suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created")}
     names = set()
@@ -780,6 +951,7 @@ def _panel_exprs() -> list[str]:
 def test_every_metric_named_is_one_the_gateway_exports(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     exported = _exported_series(monkeypatch)
     assert {"x402_requests_total", "x402_request_duration_seconds_bucket", "x402_usage_total"} <= exported
+    assert {"x402_upstream_duration_seconds_bucket", "x402_upstream_errors_total"} <= exported
     named = set(re.findall(r"\bx402_[a-z0-9_]+", path.read_text(encoding="utf-8")))
     assert named <= exported, f"unknown metrics: {sorted(named - exported)}"
 
@@ -794,6 +966,11 @@ def test_dashboard_shows_routes_statuses_latency_quantiles_and_payments() -> Non
     for quantile in ("0.5", "0.99"):
         assert f"histogram_quantile({quantile}, sum by (le" in joined
     assert "x402_payments_total" in joined and "x402_usage_total" in joined
+    # The upstreams, by their route-table names: latency quantiles and errors by kind.
+    assert (
+        "histogram_quantile(0.99, sum by (le, upstream) (rate(x402_upstream_duration_seconds_bucket" in joined
+    )
+    assert "sum by (upstream, kind) (rate(x402_upstream_errors_total" in joined
     assert "sum by (route) (increase(x402_revenue_micro_usdc_total" in joined  # revenue per route
     assert any("x402_revenue_micro_usdc_total" in e and e.endswith("[1h])) / 1e6") for e in exprs)  # per hour
     # x402_usage_total is the shared store's total, reported alike by every replica: max over the

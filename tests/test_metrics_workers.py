@@ -34,6 +34,12 @@ def _health_count(text: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def _sample(text: str, series: str) -> float:
+    found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    assert found, f"{series} is not exposed"
+    return float(found.group(1))
+
+
 def _health_pids(gateway: GatewayProcess) -> set[int]:
     lines = [json.loads(line) for line in gateway.stdout().splitlines() if line.startswith("{")]
     return {line["pid"] for line in lines if line.get("route") == "health"}
@@ -65,6 +71,7 @@ async def test_metrics_with_two_workers_count_the_requests_of_both(clean_redis_u
                     # Whichever worker answers, it reports all workers' requests.
                     assert _health_count(text) == sent
     assert "x402_usage" in text
+    assert "_created" not in text
 
 
 # --- earnings under two workers --------------------------------------------------------------------
@@ -169,6 +176,12 @@ async def test_earnings_with_two_workers_add_up_and_list_only_meaningful_series(
             assert series[("x402_payments_total", TOKENS_ROUTE, "signed_in")] == 1
             assert series[("x402_usage_total", TOKENS_ROUTE, "signed_in")] == 1
             assert series[("x402_usage_total", TOKENS_ROUTE, "unpaid")] == 1
+        # Every worker's upstream calls too: one provider call and one settle per payment.
+        text = (await gateway.get("/metrics")).body.decode()
+        assert _sample(text, 'x402_upstream_duration_seconds_count{upstream="provider_a_mainnet"}') == settled
+        assert _sample(text, 'x402_upstream_duration_seconds_count{upstream="facilitator_settle"}') == settled
+        assert _sample(text, 'x402_upstream_duration_seconds_count{upstream="asset_api"}') == 1
+        assert "_created" not in text
 
     routes = {r.name: r for r in load_routes(PACKAGED_ROUTES_FILE, ROUTE_LIMITS)}
     served = {entry["name"] for entry in catalog.json()["routes"]} | {key[1] for key in series}

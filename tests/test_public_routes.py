@@ -115,7 +115,7 @@ async def test_healthz_answers_with_nothing_configured(
 async def test_catalog_lists_every_listed_route(gateway: RunningGateway, http: aiohttp.ClientSession) -> None:
     routes = await _catalog(http, gateway)
 
-    assert len(routes) == 54  # 59 in routes.yaml minus /metrics, /openapi.json and the 3 internal routes
+    assert len(routes) == 54  # 60 routes minus /metrics, /readyz, /openapi.json and the 3 internal ones
     assert len({(r["method"], r["path"]) for r in routes}) == 54
 
 
@@ -450,3 +450,13 @@ async def test_metrics_method_label_cannot_be_chosen_freely(
 
 async def test_metrics_never_show_a_secret(gateway: RunningGateway, http: aiohttp.ClientSession) -> None:
     assert "LEAK" not in await _metrics(http, gateway)
+
+
+async def test_metrics_carry_no_created_series(gateway: RunningGateway, http: aiohttp.ClientSession) -> None:
+    """One ``_created`` line per series would double the exposition for nothing Prometheus needs."""
+    await _json(http, f"{gateway.url}/healthz")
+
+    text = await _metrics(http, gateway)
+
+    assert 'x402_requests_total{method="GET",route="health",status="200"}' in text
+    assert "_created" not in text

@@ -65,8 +65,8 @@ def _solana(routes: list[RouteSpec], surface: str) -> set[tuple[str, str, str]]:
 # --- the packaged table --------------------------------------------------------------------------
 
 
-def test_packaged_table_has_59_routes(packaged: list[RouteSpec]) -> None:
-    assert len(packaged) == 59
+def test_packaged_table_has_60_routes(packaged: list[RouteSpec]) -> None:
+    assert len(packaged) == 60
 
 
 def test_rpc_has_six_methods_on_both_clusters_for_both_providers(packaged: list[RouteSpec]) -> None:

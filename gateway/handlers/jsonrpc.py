@@ -18,6 +18,7 @@ from gateway.bounded_body import AnswerTooLarge, read_bounded
 from gateway.context import request_context, validated_input
 from gateway.errors import ErrorCode, GatewayError
 from gateway.redact import scrub, url_secrets
+from gateway.upstream_metrics import ErrorKind, status_kind, upstream_meter
 
 MAX_UPSTREAM_BYTES = 8 * 1024 * 1024
 
@@ -51,8 +52,10 @@ SessionGetter = Callable[[], aiohttp.ClientSession]
 
 
 class JsonRpcProxy:
-    def __init__(self, *, url: str, method: str, session: SessionGetter) -> None:
+    def __init__(self, *, url: str, method: str, session: SessionGetter, upstream: str) -> None:
+        """``upstream`` is the route table's name of the provider: the metrics' label, never the URL."""
         self.url = url
+        self.meter = upstream_meter(upstream)
         self.secrets = url_secrets(url)
         self.method = method
         self.session = session
@@ -68,14 +71,17 @@ class JsonRpcProxy:
         try:
             reply = _reply.decode(raw)
         except (msgspec.DecodeError, RecursionError) as exc:  # nesting too deep is garbage too
+            self.meter.failed(ErrorKind.INVALID_ANSWER)
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider answered with invalid JSON-RPC") from exc
         if reply.error is not None:
+            self.meter.failed(ErrorKind.RPC_ERROR)
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR,
                 "provider returned a JSON-RPC error; nothing was charged",
                 {"rpcError": {"code": reply.error.code, "message": self._public(reply.error.message)}},
             )
         if not reply.result:
+            self.meter.failed(ErrorKind.INVALID_ANSWER)
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider answer has no result; nothing was charged")
         request_context(scope).upstream_ok = True
         await send_bytes(send, 200, raw, (JSON_CONTENT_TYPE,))
@@ -87,11 +93,12 @@ class JsonRpcProxy:
     async def _post(self, payload: bytes) -> bytes:
         session = self.session()
         try:
-            async with session.post(
-                self.url, data=payload, headers={"content-type": "application/json"}
-            ) as resp:
-                status = resp.status
-                raw = await read_bounded(resp, MAX_UPSTREAM_BYTES)
+            with self.meter.timed():
+                async with session.post(
+                    self.url, data=payload, headers={"content-type": "application/json"}
+                ) as resp:
+                    status = resp.status
+                    raw = await read_bounded(resp, MAX_UPSTREAM_BYTES)
         except TimeoutError as exc:
             raise GatewayError(ErrorCode.UPSTREAM_TIMEOUT, "provider timed out; nothing was charged") from exc
         except AnswerTooLarge as exc:
@@ -101,6 +108,7 @@ class JsonRpcProxy:
         except aiohttp.ClientError as exc:
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider unreachable; nothing was charged") from exc
         if not 200 <= status < 300:
+            self.meter.failed(status_kind(status))
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR,
                 f"provider answered HTTP {status}; nothing was charged",

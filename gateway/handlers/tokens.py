@@ -41,6 +41,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.handlers.jsonrpc import SessionGetter
 from gateway.logs import log_event
 from gateway.routes import RouteSpec
+from gateway.upstream_metrics import ErrorKind, status_kind, upstream_meter
 from gateway.validation import ValidatedInput
 
 PROVIDER: Final = "tokens"
@@ -79,6 +80,7 @@ class TokensHandler:
             raise ValueError(f"route {route.name}: upstream_path names unknown parameters {sorted(missing)}")
         self.base = base.rstrip("/")
         self.route_name = route.name
+        self.meter = upstream_meter(route.upstream)
         self.method = route.method
         self.operation = route.operation or route.name
         self.session = session
@@ -119,9 +121,10 @@ class TokensHandler:
         """Status, bounded body and Retry-After of the upstream answer; transport failures raised."""
         session = self.session()
         try:
-            async with session.request(self.method, url, headers=headers, data=body) as response:
-                raw = await read_bounded(response, MAX_UPSTREAM_BYTES)
-                return response.status, raw, response.headers.get("retry-after", "")
+            with self.meter.timed():
+                async with session.request(self.method, url, headers=headers, data=body) as response:
+                    raw = await read_bounded(response, MAX_UPSTREAM_BYTES)
+                    return response.status, raw, response.headers.get("retry-after", "")
         except AnswerTooLarge:
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR,
@@ -140,10 +143,12 @@ class TokensHandler:
     def _result(self, status: int, raw: bytes, retry_after: str) -> msgspec.Raw:
         """The upstream JSON, scrubbed of our key, or the error its status maps to."""
         if not 200 <= status < 300:
+            self.meter.failed(status_kind(status))
             raise self._status_error(status, retry_after)
         try:
             value = msgspec.json.decode(raw)
         except (msgspec.DecodeError, RecursionError):
+            self.meter.failed(ErrorKind.INVALID_ANSWER)
             self._log("invalid JSON", upstream_status=status)
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR, "the asset-data upstream answered with invalid JSON"
@@ -184,6 +189,7 @@ class TokensHandler:
         except RecursionError:
             out = key.encode()  # too deep to inspect: refuse it below
         if key.encode() in out:
+            self.meter.failed(ErrorKind.INVALID_ANSWER)
             self._log("unredactable answer")
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "the asset-data upstream answered unusably")
         return out

@@ -24,6 +24,7 @@ from gateway.logs import log_event
 from gateway.payments.cdp_auth import CdpKey
 from gateway.redact import Secret, redact_url
 from gateway.store import Store, StoreUnavailable
+from gateway.upstream_metrics import ErrorKind, status_kind, upstream_meter
 from gateway.x402.types import (
     SOLANA_MAINNET,
     FacilitatorRequest,
@@ -185,6 +186,11 @@ class HttpFacilitator:
             self._supported_expires = self._clock() + self._supported_ttl_s
             return fresh
 
+    async def ask_supported(self) -> SupportedResponse:
+        """``/supported`` asked now, past the cache: whether the facilitator answers at all
+        (the readiness probe), which a stale cached answer would hide."""
+        return await self._call("GET", "supported", None, _supported_decoder)
+
     def cached_supported(self) -> SupportedResponse | None:
         """The last ``/supported`` answer held in memory (maybe stale), without asking."""
         return self._supported
@@ -210,12 +216,14 @@ class HttpFacilitator:
         if self._key is not None:
             headers["Authorization"] = self._key.bearer(method, url)
         where = f"facilitator {name} at {self._redacted}"
+        meter = upstream_meter(f"facilitator_{name}")  # created at first use: only if it is used
         try:
-            async with self._get_session().request(
-                method, url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
-            ) as response:
-                status = response.status
-                raw = await read_bounded(response, MAX_RESPONSE_BYTES)
+            with meter.timed():
+                async with self._get_session().request(
+                    method, url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
+                ) as response:
+                    status = response.status
+                    raw = await read_bounded(response, MAX_RESPONSE_BYTES)
         except TimeoutError:
             raise FacilitatorUnavailable(f"{where}: timed out after {self._timeout_s:g}s") from None
         except AnswerTooLarge:
@@ -227,7 +235,9 @@ class HttpFacilitator:
                 return decoder.decode(raw)
             except (msgspec.DecodeError, RecursionError):
                 if 200 <= status < 300:
+                    meter.failed(ErrorKind.INVALID_ANSWER)
                     raise FacilitatorUnavailable(f"{where}: answer is not a valid {name} response") from None
+        meter.failed(status_kind(status))
         hint = " (API key refused)" if status in (401, 403) else ""
         raise FacilitatorUnavailable(f"{where}: HTTP {status}{hint}")
 

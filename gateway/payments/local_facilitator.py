@@ -72,6 +72,8 @@ KEY_PREFIX = "x402:svm:settle:"
 DONE_SUFFIX = ":done"
 PAYER_LOCK_PREFIX = "x402:svm:payer-lock:"
 PAYER_LOCK_POLL_S = 0.05
+RPC_UPSTREAM_NAMES = {SOLANA_MAINNET: "solana_mainnet_rpc", SOLANA_DEVNET: "solana_devnet_rpc"}
+"""The nodes' names in the upstream metrics (their URLs carry keys: never a label)."""
 
 
 class SettlementRecord(msgspec.Struct, frozen=True):
@@ -159,7 +161,12 @@ class LocalFacilitator:
                     timeout=aiohttp.ClientTimeout(total=self._rpc_timeout_s)
                 )
                 self._rpcs.clear()
-            rpc = SolanaRpc(self._rpc_urls[network], self._session, timeout_s=self._rpc_timeout_s)
+            rpc = SolanaRpc(
+                self._rpc_urls[network],
+                self._session,
+                timeout_s=self._rpc_timeout_s,
+                upstream=RPC_UPSTREAM_NAMES[network],
+            )
             self._rpcs[network] = rpc
         return rpc
 
