@@ -83,7 +83,7 @@ def route_table(routes: Sequence[RouteSpec]) -> str:
 
 def _limit_text(spec: RateLimitSpec) -> str:
     period = f"{spec.period_ms // 1000}s" if spec.period_ms % 1000 == 0 else f"{spec.period_ms}ms"
-    return f"{spec.scope}{'/wallet' if spec.per == 'wallet' else ''}={spec.limit}/{period}"
+    return f"{spec.scope}{'' if spec.per == 'scope' else '/' + spec.per}={spec.limit}/{period}"
 
 
 def cmd_check(args: argparse.Namespace) -> int:

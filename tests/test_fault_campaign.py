@@ -10,8 +10,6 @@ before a request and refusing the claim after verify.
 from __future__ import annotations
 
 import asyncio
-import time
-from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -36,6 +34,8 @@ from tests.support.paid_fixtures import (
     StartPaidGateway,
     balance_body,
     encode_body,
+    send_and_hang_up,
+    settled_once,
 )
 from tests.support.paid_processes import eventually, paid_processes
 from tests.support.redis_server import RedisServer
@@ -238,45 +238,16 @@ async def test_paid_rpc_replay_during_a_slow_verify_is_refused_as_already_used_w
 # --- the client hangs up after sending -----------------------------------------------------------
 
 
-async def _send_and_hang_up(url: str, path: str, body: bytes, headers: dict[str, str]) -> None:
-    """Send one whole request, then close the connection without reading a byte of the answer."""
-    parts = urlsplit(url)
-    _, writer = await asyncio.open_connection(parts.hostname, parts.port)
-    head = [
-        f"POST {path} HTTP/1.1",
-        f"Host: {parts.netloc}",
-        "Content-Type: application/json",
-        f"Content-Length: {len(body)}",
-        *(f"{name}: {value}" for name, value in headers.items()),
-    ]
-    writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
-    await writer.drain()
-    writer.close()
-    await writer.wait_closed()
-
-
-async def _settled(paid: PaidGateway, timeout_s: float = 5.0) -> None:
-    """Wait until the gateway has settled and delivered (the delivery keeps the answer; it is
-    counted once the response went out, or the client was found gone)."""
-    services = paid.running.services
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if (await services.usage.snapshot([ROUTE]))[(ROUTE, "paid")] == 1:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the abandoned request was not settled")
-
-
 async def test_paid_rpc_client_gone_before_the_answer_is_settled_once_and_replayed_by_payment_identifier(
     paid: PaidGateway,
 ) -> None:
     paid.upstream.responder = static(200, PROVIDER_ANSWER, delay=0.2)
     payment_id = "hang-up-retry-0123456789"
     payment = await paid.payment(payment_id=payment_id)
-    await _send_and_hang_up(
+    await send_and_hang_up(
         paid.url, GET_BALANCE, encode_body(balance_body()), {"payment-signature": encode_header(payment)}
     )
-    await _settled(paid)
+    await settled_once(paid, ROUTE)
 
     reply = await paid.pay(GET_BALANCE, balance_body(), payment)
 
@@ -292,10 +263,10 @@ async def test_paid_rpc_client_gone_before_the_answer_without_identifier_is_sett
     gets the answer it paid for; the payment buys nothing else."""
     paid.upstream.responder = static(200, PROVIDER_ANSWER, delay=0.2)
     payment = await paid.payment()
-    await _send_and_hang_up(
+    await send_and_hang_up(
         paid.url, GET_BALANCE, encode_body(balance_body()), {"payment-signature": encode_header(payment)}
     )
-    await _settled(paid)
+    await settled_once(paid, ROUTE)
 
     reply = await paid.pay(GET_BALANCE, balance_body(), payment)
     other = await paid.pay(GET_BALANCE, balance_body(request_id=2), payment)

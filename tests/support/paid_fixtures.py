@@ -15,18 +15,22 @@ client-side builder (``gateway.x402.svm_payer``) from the challenge the gateway 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import base58
 import msgspec
 import pytest_asyncio
 from multidict import CIMultiDictProxy
+from solders.hash import Hash
 from solders.keypair import Keypair
 
 from gateway.store import Store
@@ -138,10 +142,13 @@ class PaidGateway:
         *,
         payer: Keypair | None = None,
         extensions: dict[str, Any] | None = None,
+        blockhash: Hash | None = None,
     ) -> PaymentPayload:
-        """A real partially signed exact payment of ``requirements`` (random memo: unique)."""
+        """A real partially signed exact payment of ``requirements`` (random memo: unique). Pass
+        a ``blockhash`` read beforehand to sign while the chain is busy in another thread."""
         mint = MintInfo(address=str(self.chain.mint), decimals=self.chain.decimals)
-        tx = build_exact_transaction(requirements, payer or self.chain.payer, mint, self.chain.blockhash)
+        recent = blockhash or self.chain.blockhash
+        tx = build_exact_transaction(requirements, payer or self.chain.payer, mint, recent)
         return build_payment_payload(requirements, tx, resource=resource, extensions=extensions)
 
     async def payment(
@@ -179,6 +186,35 @@ class PaidGateway:
     @property
     def upstream_calls(self) -> int:
         return len(self.upstream.calls)
+
+
+async def send_and_hang_up(url: str, path: str, body: bytes, headers: Mapping[str, str]) -> None:
+    """Send one whole request, then close the connection without reading a byte of the answer."""
+    parts = urlsplit(url)
+    _, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    head = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {parts.netloc}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        *(f"{name}: {value}" for name, value in headers.items()),
+    ]
+    writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+
+
+async def settled_once(paid: PaidGateway, route: str, timeout_s: float = 5.0) -> None:
+    """Wait until the gateway has settled and delivered one payment on ``route`` (the delivery
+    keeps the answer; it is counted once the response went out, or the client was found gone)."""
+    services = paid.running.services
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (await services.usage.snapshot([route]))[(route, "paid")] == 1:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the abandoned request was not settled")
 
 
 async def reference_client_header(
