@@ -14,7 +14,7 @@ from gateway.sandbox.environment import HOST_STATE_DIR_VARIABLE
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE_PORT = "8080"  # deploy/Dockerfile: PORT=8080, the sandbox gateway's default
-RECIPES = [ROOT / "deploy" / "README.md"]
+RECIPES = [ROOT / "deploy" / "README.md", ROOT / "README.md"]
 
 
 def _sandbox_run(path: Path) -> list[str]:
