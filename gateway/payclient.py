@@ -13,10 +13,16 @@ Built on the same builders the tests use (:mod:`gateway.x402.svm_payer`,
    ``X-PAYMENT`` (v1 challenges), carrying a payment-identifier when the server offers one so
    a retry after a dropped connection gets the answer already paid for.
 
-A challenge is a stranger's request to sign a transfer: nothing above ``--max-amount``, in
-another asset than the configured USDC mint, or naming this wallet as the fee payer (which
-would make the signature a fully signed transaction the stranger can broadcast at will) is
-ever signed.
+A challenge is a stranger's request to sign a transfer: nothing malformed (an amount that is
+not a positive u64, an address that is not one, see :class:`OfferedExact`), above
+``--max-amount``, in another asset than the configured USDC mint, or naming this wallet as the
+fee payer (which would make the signature a fully signed transaction the stranger can broadcast
+at will) is ever signed.
+
+Redirects are never followed, whatever the stage: the URL given is the resource the user agreed
+to pay for, and an HTTP client following a redirect keeps the ``PAYMENT-SIGNATURE`` and
+``SIGN-IN-WITH-X`` headers, handing a payment to whichever origin the redirect names. A redirect
+is the final answer (exit 1, its target named), so the user can call that URL directly.
 
 The body of the last answer goes to stdout, what happened (signed in as, paid, the decoded
 ``PAYMENT-RESPONSE``) to stderr; ``--quiet`` keeps stderr for errors, ``--json`` prints one
@@ -29,17 +35,20 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import secrets
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Annotated, Any, TextIO
+from urllib.parse import urljoin
 
 import aiohttp
 import base58
 import msgspec
+from msgspec import Meta
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
@@ -48,9 +57,17 @@ from gateway.pricing import usd_display
 from gateway.solana_rpc import SolanaRpc, SolanaRpcError
 from gateway.x402.challenge import PAYMENT_IDENTIFIER
 from gateway.x402.headers import HeaderError, decode_header, encode_header
+from gateway.x402.siwx import normalize_origin
 from gateway.x402.siwx_signer import sign_in
 from gateway.x402.svm import associated_token_address
-from gateway.x402.svm_payer import MintInfo, create_exact_payment, fetch_mint_info, fetch_token_balance
+from gateway.x402.svm_payer import (
+    MAX_MEMO_BYTES,
+    U64_MAX,
+    MintInfo,
+    create_exact_payment,
+    fetch_mint_info,
+    fetch_token_balance,
+)
 from gateway.x402.types import (
     USDC_DECIMALS,
     USDC_MAINNET_MINT,
@@ -69,6 +86,11 @@ DEFAULT_MAX_AMOUNT = 100_000
 PAID_RETRIES = 2
 """Extra attempts of the identical paid request after a dropped connection (payment-identifier)."""
 RETRY_DELAY_S = 0.5
+MAX_TIMEOUT_SECONDS = 3600
+"""The longest ``maxTimeoutSeconds`` a challenge may ask (the gateway's own ceiling)."""
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+UNTRUSTED_CHARS = 200
+"""How much of a text the server chose (an error, a Location) a message quotes."""
 
 
 class PayError(Exception):
@@ -80,6 +102,16 @@ class PayError(Exception):
     def __init__(self, message: str, code: str = "pay_failed") -> None:
         super().__init__(message)
         self.code = code
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    """``text`` (cut to ``limit``) with every control or format character shown as ``?``.
+
+    Messages quote what a hostile server chose; a newline or a terminal escape must not turn one
+    line of stderr into several, or into something other than what it says.
+    """
+    text = text if limit is None else text[:limit]
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
 def usdc_text(micro: int) -> str:
@@ -162,7 +194,7 @@ def parse_challenge(headers: Mapping[str, str], body: bytes) -> Challenge:
             pass
     try:
         return msgspec.json.decode(body, type=Challenge)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         raise PayError("402 without a readable x402 challenge") from None
 
 
@@ -170,9 +202,81 @@ def _is_solana(network: str) -> bool:
     return network.startswith("solana:") or network in V1_NETWORKS
 
 
-def exact_solana_requirements(challenge: Challenge) -> list[PaymentRequirements]:
-    """The ``accepts`` entries this client can pay: scheme exact on a Solana network."""
-    found: list[PaymentRequirements] = []
+Base58Address = Annotated[str, Meta(pattern=r"^[1-9A-HJ-NP-Za-km-z]{32,44}$")]
+"""A Solana address as base58 text (that it decodes to 32 bytes is checked after)."""
+BaseUnits = Annotated[str, Meta(pattern=r"^[1-9][0-9]{0,19}$")]
+"""A positive whole number of base units in plain decimal: no sign, point, exponent, leading 0."""
+
+RULES = {
+    "amount": f"amount must be a whole number of base units from 1 to {U64_MAX}, as a decimal string",
+    "asset": "asset must be a Solana address (base58, 32 bytes)",
+    "payTo": "payTo must be a Solana address (base58, 32 bytes)",
+    "maxTimeoutSeconds": f"maxTimeoutSeconds must be a whole number from 1 to {MAX_TIMEOUT_SECONDS}",
+    "extra": "extra must be an object naming the feePayer",
+    "extra.feePayer": "extra.feePayer must be a Solana address (base58, 32 bytes)",
+    "extra.memo": f"extra.memo must be text of at most {MAX_MEMO_BYTES} bytes",
+}
+"""What each field of an exact Solana requirement must be, as a refusal says it."""
+
+
+def _is_address(text: str) -> bool:
+    try:
+        Pubkey.from_string(text)
+    except ValueError:
+        return False
+    return True
+
+
+class OfferedExtra(msgspec.Struct):
+    feePayer: Base58Address
+    memo: str | None = None
+
+
+class OfferedExact(msgspec.Struct):
+    """An exact Solana ``accepts`` entry as this client reads it before signing anything.
+
+    The wire type (:class:`PaymentRequirements`) takes any text; decoding into this first keeps
+    an amount a u64 cannot hold, or an address that is not one, away from the transaction
+    builder. Unknown fields are ignored; the entry is paid as the server sent it.
+    """
+
+    amount: BaseUnits
+    asset: Base58Address
+    payTo: Base58Address
+    maxTimeoutSeconds: Annotated[int, Meta(ge=1, le=MAX_TIMEOUT_SECONDS)]
+    extra: OfferedExtra
+
+    def __post_init__(self) -> None:
+        if int(self.amount) > U64_MAX:
+            raise ValueError(RULES["amount"])
+        addresses = {"asset": self.asset, "payTo": self.payTo, "extra.feePayer": self.extra.feePayer}
+        for name, value in addresses.items():
+            if not _is_address(value):
+                raise ValueError(RULES[name])
+        if self.extra.memo is not None and len(self.extra.memo.encode("utf-8")) > MAX_MEMO_BYTES:
+            raise ValueError(RULES["extra.memo"])
+
+
+def malformed(exc: msgspec.ValidationError) -> PayError:
+    """The refusal of a requirement that does not decode into :class:`OfferedExact`.
+
+    msgspec names the field (never its value, which the server chose); the rule is ours.
+    """
+    text = str(exc)
+    missing = re.fullmatch(r"Object missing required field `(\w+)`(?: - at `\$\.([\w.]+)`)?", text)
+    at = re.search(r" - at `\$\.([\w.]+)`$", text)
+    if missing:
+        why = ".".join(part for part in (missing[2], missing[1]) if part) + " is missing"
+    elif at:
+        why = RULES.get(at[1], text)
+    else:
+        why = text  # __post_init__'s own words: already a rule
+    return PayError(f"refusing to pay: the challenge is malformed: {why}", "invalid_payment_requirements")
+
+
+def offered_requirements(challenge: Challenge) -> list[PaymentRequirements | PayError]:
+    """Each exact Solana ``accepts`` entry, in order: the requirement, or why it is malformed."""
+    found: list[PaymentRequirements | PayError] = []
     for accept in challenge.accepts:
         if accept.get("scheme") != SCHEME_EXACT or not _is_solana(str(accept.get("network", ""))):
             continue
@@ -180,10 +284,16 @@ def exact_solana_requirements(challenge: Challenge) -> list[PaymentRequirements]
         if "amount" not in data and "maxAmountRequired" in data:  # v1 names the amount differently
             data["amount"] = data["maxAmountRequired"]
         try:
+            msgspec.convert(data, OfferedExact)
             found.append(msgspec.convert(data, PaymentRequirements))
-        except msgspec.ValidationError:
-            continue
+        except msgspec.ValidationError as exc:
+            found.append(malformed(exc))
     return found
+
+
+def exact_solana_requirements(challenge: Challenge) -> list[PaymentRequirements]:
+    """The ``accepts`` entries this client can pay: well-formed, scheme exact on a Solana network."""
+    return [found for found in offered_requirements(challenge) if isinstance(found, PaymentRequirements)]
 
 
 def siwx_extension(challenge: Challenge) -> dict[str, Any] | None:
@@ -234,12 +344,7 @@ def refusal(requirement: PaymentRequirements, policy: SpendPolicy, payer: str) -
             "hand over a complete transaction",
             "fee_payer_is_payer",
         )
-    try:
-        amount = int(requirement.amount)
-    except ValueError:
-        return PayError(
-            "refusing to pay: the challenge's amount is not an integer", "invalid_payment_requirements"
-        )
+    amount = int(requirement.amount)  # an OfferedExact already: a u64 in plain decimal
     if amount > policy.max_amount:
         return PayError(
             f"refusing to pay: the challenge asks {usdc_text(amount)}, more than --max-amount "
@@ -250,16 +355,17 @@ def refusal(requirement: PaymentRequirements, policy: SpendPolicy, payer: str) -
 
 
 def choose_requirement(challenge: Challenge, policy: SpendPolicy, payer: str) -> PaymentRequirements:
-    """The first exact Solana requirement ``policy`` allows; else PayError with the first refusal."""
+    """The first exact Solana requirement ``policy`` allows; else PayError with the first refusal
+    (a malformed entry is one)."""
     first: PayError | None = None
-    for requirement in exact_solana_requirements(challenge):
-        refused = refusal(requirement, policy, payer)
-        if refused is None:
-            return requirement
+    for offered in offered_requirements(challenge):
+        refused = offered if isinstance(offered, PayError) else refusal(offered, policy, payer)
+        if refused is None and isinstance(offered, PaymentRequirements):
+            return offered
         first = first or refused
     if first is not None:
         raise first
-    reason = f" ({challenge.error})" if challenge.error else ""
+    reason = f" ({one_line(challenge.error, UNTRUSTED_CHARS)})" if challenge.error else ""
     raise PayError(
         f"402{reason}: no exact Solana payment or sign-in this client can answer", "unsupported_scheme"
     )
@@ -283,6 +389,7 @@ class PayResult:
     status: int
     body: bytes
     headers: dict[str, str]
+    url: str = ""
     settlement: SettleResponse | None = None
     paid: PaymentRequirements | None = None
     signed_in_as: str | None = None
@@ -297,11 +404,12 @@ class PayResult:
 async def _send(
     session: aiohttp.ClientSession, method: str, url: str, data: bytes | None, extra: Mapping[str, str]
 ) -> tuple[int, bytes, dict[str, str]]:
+    """One request; a redirect is returned as the answer, never followed (see the module's doc)."""
     headers = {"accept": "application/json", **extra}
     if data is not None:
         headers["content-type"] = "application/json"
     try:
-        async with session.request(method, url, data=data, headers=headers) as resp:
+        async with session.request(method, url, data=data, headers=headers, allow_redirects=False) as resp:
             return resp.status, await resp.read(), {k.lower(): v for k, v in resp.headers.items()}
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise PayError(f"request failed: {exc.__class__.__name__}: {exc}", "request_failed") from None
@@ -363,7 +471,7 @@ async def pay(
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         status, body, headers = await _send(session, method, url, data, {})
-        result = PayResult(status, body, headers)
+        result = PayResult(status, body, headers, url)
         if status != 402:
             return result
         challenge = parse_challenge(headers, body)
@@ -374,7 +482,7 @@ async def pay(
             except ValueError as exc:
                 raise PayError(f"cannot sign in: {exc}", "siwx_refused") from None
             status, body, headers = await _send(session, method, url, data, {"SIGN-IN-WITH-X": value})
-            result = PayResult(status, body, headers, signed_in_as=wallet)
+            result = PayResult(status, body, headers, url, signed_in_as=wallet)
             if status != 402:
                 return result
             challenge = parse_challenge(headers, body)
@@ -397,6 +505,7 @@ async def pay(
             status,
             body,
             headers,
+            url,
             paid=requirement,
             signed_in_as=result.signed_in_as,
             payment_id=extensions[PAYMENT_IDENTIFIER]["info"]["id"] if extensions else None,
@@ -417,16 +526,44 @@ def _parsed_body(body: bytes) -> Any:
         return None
 
 
+def _origin(url: str) -> str:
+    scheme, netloc = normalize_origin(url)
+    return f"{scheme}://{netloc}"
+
+
+def redirect_refusal(result: PayResult) -> str | None:
+    """Why a redirect answer was not followed, naming its target; None when it is no redirect."""
+    location = result.headers.get("location")
+    if result.status not in REDIRECT_STATUSES or not location:
+        return None
+    try:
+        target = urljoin(result.url, location)
+        kind = "same origin" if _origin(target) == _origin(result.url) else "another origin"
+        origin = _origin(result.url)
+    except ValueError:  # a Location urllib cannot even split
+        target, kind, origin = location, "unreadable", result.url
+    where = f"redirect to {one_line(target, UNTRUSTED_CHARS)} ({kind}) not followed"
+    if result.paid is not None:
+        return f"{where}: the payment went to {origin} only, never to where it points"
+    if result.signed_in_as is not None:
+        return f"{where}: the sign-in went to {origin} only, never to where it points"
+    return f"{where}: pay answers challenges only from the URL it was given; call that URL if you trust it"
+
+
 def _failure_reason(result: PayResult) -> str:
     """One line on why the final answer is not a success."""
     reason = f"HTTP {result.status}"
+    redirect = redirect_refusal(result)
+    if redirect is not None:
+        return f"{reason}: {redirect}"
     parsed = _parsed_body(result.body)
     if isinstance(parsed, dict):
         error = parsed.get("error")
         if isinstance(error, dict):
-            return f"{reason}: {error.get('code')}: {error.get('message')}"
+            said = f"{error.get('code')}: {error.get('message')}"
+            return f"{reason}: {one_line(said, UNTRUSTED_CHARS)}"
         if isinstance(error, str):
-            return f"{reason}: {error}"
+            return f"{reason}: {one_line(error, UNTRUSTED_CHARS)}"
     return reason
 
 
@@ -500,6 +637,8 @@ async def run_pay(
             max_amount=DEFAULT_MAX_AMOUNT if max_amount is None else parse_usdc(max_amount),
             asset=usdc_mint or USDC_MAINNET_MINT,
         )
+        if not _is_address(policy.asset):
+            raise PayError(f"--usdc-mint {policy.asset[:64]!r} is not a Solana address", "usage")
         keypair = load_keypair(keypair_file)
         body: bytes | None = None
         if data is not None:
@@ -514,7 +653,7 @@ async def run_pay(
         if output == "json":
             print(json.dumps({"ok": False, "error": {"code": exc.code, "message": str(exc)}}), file=out)
         else:
-            print(f"x402-gateway pay: {exc}", file=err)
+            print(f"x402-gateway pay: {one_line(str(exc))}", file=err)
         return 1
     if output == "json":
         print(json.dumps(_summary(result)), file=out)

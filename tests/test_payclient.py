@@ -11,6 +11,8 @@ from solders.keypair import Keypair
 from gateway.payclient import (
     Challenge,
     PayError,
+    SpendPolicy,
+    choose_requirement,
     exact_solana_requirements,
     parse_challenge,
     parse_keypair,
@@ -94,3 +96,15 @@ def test_v2_challenges_use_the_payment_signature_header() -> None:
     payload = PaymentPayload(x402Version=2, payload={"transaction": "AA=="}, accepted=chosen)
     name, value = payment_header(Challenge(accepts=[EXACT]), payload)
     assert name == "PAYMENT-SIGNATURE" and decode_header(value, PaymentPayload) == payload
+
+
+def test_a_malformed_entry_does_not_hide_a_well_formed_one_after_it() -> None:
+    malformed = {**EXACT, "amount": "-5"}
+    challenge = Challenge(accepts=[malformed, EXACT])
+    assert exact_solana_requirements(challenge) == [PaymentRequirements(**EXACT)]  # type: ignore[arg-type]
+    payer = str(Keypair().pubkey())
+    assert choose_requirement(challenge, SpendPolicy(), payer) == PaymentRequirements(**EXACT)  # type: ignore[arg-type]
+    with pytest.raises(PayError) as refused:
+        choose_requirement(Challenge(accepts=[malformed]), SpendPolicy(), payer)
+    assert refused.value.code == "invalid_payment_requirements"
+    assert "the challenge is malformed: amount must be a whole number" in str(refused.value)

@@ -43,6 +43,8 @@ DEFAULT_COMPUTE_UNIT_LIMIT = 20_000
 """The reference client's limit; the hosted CDP facilitator is reported to refuse about 100k."""
 DEFAULT_COMPUTE_UNIT_PRICE = 1
 MAX_MEMO_BYTES = 256
+U64_MAX = 2**64 - 1
+"""The largest amount a TransferChecked instruction carries."""
 MINT_SIZE = 82
 TOKEN_ACCOUNT_SIZE = 165
 _DECIMALS_OFFSET = 44
@@ -144,13 +146,16 @@ def exact_instructions(
         raise ValueError("the mint is not owned by the Token or Token-2022 program")
     if mint.address != requirements.asset:
         raise ValueError("mint info is for another asset than requirements.asset")
+    amount = int(requirements.amount)
+    if not 0 <= amount <= U64_MAX:
+        raise ValueError("requirements.amount does not fit a u64")
     pay_to = Pubkey.from_string(requirements.payTo)
     transfer = transfer_checked_instruction(
         source=associated_token_address(payer, mint_key, program),
         mint=mint_key,
         destination=associated_token_address(pay_to, mint_key, program),
         authority=payer,
-        amount=int(requirements.amount),
+        amount=amount,
         decimals=mint.decimals,
         token_program=program,
     )

@@ -1,8 +1,11 @@
 """Attack: a hostile server answers ``x402-gateway pay`` with a crafted 402.
 
 The client must sign nothing above ``--max-amount``, in another asset than the configured USDC
-mint, or with its own key as the fee payer; each refusal is one clear line and exit 1, the hostile
-server never receives a payment header and the wallet's USDC does not move. Against the real
+mint, or with its own key as the fee payer, nor anything malformed (amounts, addresses, timeouts);
+each refusal is one clear line and exit 1, never a traceback, the hostile server never receives a
+payment header and the wallet's USDC does not move. A redirect, before or after paying or signing
+in, is never followed: the origin it names (a second loopback server) never sees the payment or
+the sign-in. Against the real
 gateway (internal facilitator, LiteSVM): an unfunded wallet is told what it holds and what is
 needed before anything is signed, and a payment whose answer is lost to a dropped connection is
 resent with the same payment-identifier and answered once, paid once.
@@ -29,6 +32,7 @@ from solders.pubkey import Pubkey
 from gateway.payclient import run_pay
 from gateway.x402.headers import encode_header
 from gateway.x402.types import SOLANA_MAINNET
+from tests.support.gateway_process import clean_env, command
 from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PRICE, StartPaidGateway, balance_body
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_mint, set_token_account
 from tests.support.upstream import Upstream
@@ -320,3 +324,264 @@ async def test_a_dropped_answer_is_recovered_with_the_same_payment_identifier(
     assert len(solana_rpc_server.sent) == 1
     assert usdc_chain.balance(usdc_chain.payer_ata) == before[0] - GET_BALANCE_PRICE
     assert usdc_chain.balance(usdc_chain.pay_to_ata) == before[1] + GET_BALANCE_PRICE
+
+
+# --- malformed challenges ---------------------------------------------------------------------
+
+MISSING = object()
+NO_LIMIT = "100000000000000"
+"""--max-amount above any u64 amount: only the challenge's own shape can refuse it."""
+KEY = str(ATTACKER.pubkey())
+
+
+def _assert_refused_in_one_line(done: Outcome, hostile: Upstream, rpc: LiteSvmRpcServer) -> None:
+    assert done.code != 0
+    assert "Traceback" not in done.err and "Traceback" not in done.out
+    assert len(done.err.splitlines()) == 1 and done.err.startswith("x402-gateway pay: "), done.err
+    assert len(hostile.calls) == 1 and _payment_headers(hostile) == []
+    assert rpc.sent == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "rule"),
+    [
+        pytest.param({"amount": "-5"}, "amount must be a whole number", id="amount-negative"),
+        pytest.param({"amount": "five"}, "amount must be a whole number", id="amount-word"),
+        pytest.param({"amount": "1.5"}, "amount must be a whole number", id="amount-fraction"),
+        pytest.param({"amount": "1e3"}, "amount must be a whole number", id="amount-exponent"),
+        pytest.param({"amount": " 1000"}, "amount must be a whole number", id="amount-padded"),
+        pytest.param({"amount": "0"}, "amount must be a whole number", id="amount-zero"),
+        pytest.param({"amount": str(2**64)}, "amount must be a whole number", id="amount-above-u64"),
+        pytest.param({"amount": "9" * 40}, "amount must be a whole number", id="amount-huge"),
+        pytest.param({"amount": 1000}, "amount must be a whole number", id="amount-a-number"),
+        pytest.param({"amount": MISSING}, "amount is missing", id="amount-missing"),
+        pytest.param({"payTo": "0OIl" * 11}, "payTo must be a Solana address", id="payTo-not-base58"),
+        pytest.param({"payTo": "1" * 31}, "payTo must be a Solana address", id="payTo-31-bytes"),
+        pytest.param({"payTo": MISSING}, "payTo is missing", id="payTo-missing"),
+        pytest.param({"asset": "USDC"}, "asset must be a Solana address", id="asset-not-base58"),
+        pytest.param({"asset": MISSING}, "asset is missing", id="asset-missing"),
+        pytest.param(
+            {"extra": {"feePayer": "not-a-key!"}}, "extra.feePayer must be a Solana", id="feePayer-not-base58"
+        ),
+        pytest.param({"extra": {"feePayer": 7}}, "extra.feePayer must be a Solana", id="feePayer-a-number"),
+        pytest.param({"extra": {}}, "extra.feePayer is missing", id="feePayer-missing"),
+        pytest.param({"extra": MISSING}, "extra is missing", id="extra-missing"),
+        pytest.param({"extra": "x"}, "extra must be an object", id="extra-a-string"),
+        pytest.param(
+            {"extra": {"feePayer": KEY, "memo": "m" * 300}}, "extra.memo must be", id="memo-too-long"
+        ),
+        pytest.param({"maxTimeoutSeconds": -1}, "maxTimeoutSeconds must be", id="timeout-negative"),
+        pytest.param({"maxTimeoutSeconds": 0}, "maxTimeoutSeconds must be", id="timeout-zero"),
+        pytest.param({"maxTimeoutSeconds": 10**30}, "maxTimeoutSeconds must be", id="timeout-absurd"),
+        pytest.param({"maxTimeoutSeconds": "60"}, "maxTimeoutSeconds must be", id="timeout-text"),
+        pytest.param({"maxTimeoutSeconds": 1.5}, "maxTimeoutSeconds must be", id="timeout-fraction"),
+        pytest.param({"maxTimeoutSeconds": MISSING}, "maxTimeoutSeconds is missing", id="timeout-missing"),
+    ],
+)
+async def test_malformed_challenges_are_refused_in_one_line_and_nothing_is_signed(
+    hostile: Upstream,
+    usdc_chain: UsdcChain,
+    solana_rpc_server: LiteSvmRpcServer,
+    key_file: Path,
+    changes: dict[str, Any],
+    rule: str,
+) -> None:
+    accept = hostile_accept(usdc_chain, **changes)
+    hostile.challenge = {  # type: ignore[attr-defined]
+        "x402Version": 2,
+        "accepts": [{k: v for k, v in accept.items() if v is not MISSING}],
+    }
+    before = usdc_chain.balance(usdc_chain.payer_ata)
+
+    done = await pay_cli(hostile.url + "/paid", key_file, solana_rpc_server, max_amount=NO_LIMIT)
+
+    _assert_refused_in_one_line(done, hostile, solana_rpc_server)
+    assert "refusing to pay: the challenge is malformed: " + rule in done.err, done.err
+    assert usdc_chain.balance(usdc_chain.payer_ata) == before
+
+
+def _raw_402(body: bytes) -> Any:
+    """A responder answering 402 with ``body`` as is, and no PAYMENT-REQUIRED header."""
+
+    async def answer(request: web.Request, _: bytes) -> web.StreamResponse:
+        return web.Response(status=402, body=body, content_type="application/json")
+
+    return answer
+
+
+DEEP = 200_000
+"""Nesting deeper than any JSON decoder recurses."""
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        pytest.param(
+            json.dumps({"x402Version": 2, "accepts": [], "error": "one\ntwo\x1b[2J\u202e"}).encode(),
+            "402 (one?two?[2J?): no exact Solana payment",
+            id="error-with-control-characters",
+        ),
+        pytest.param(b'{"x402Version": 2, "accepts": {}}', "without a readable", id="accepts-not-a-list"),
+        pytest.param(b'{"x402Version": 1e400, "accepts": []}', "without a readable", id="version-absurd"),
+        pytest.param(
+            b'{"x402Version":2,"accepts":[],"extensions":{"x":' + b"[" * DEEP + b"]" * DEEP + b"}}",
+            "without a readable",
+            id="nested-too-deep",
+        ),
+        pytest.param(b"<html>pay me</html>", "without a readable", id="not-json"),
+    ],
+)
+async def test_unreadable_challenges_give_one_line(
+    hostile: Upstream, solana_rpc_server: LiteSvmRpcServer, key_file: Path, body: bytes, said: str
+) -> None:
+    hostile.responder = _raw_402(body)
+
+    done = await pay_cli(hostile.url + "/paid", key_file, solana_rpc_server)
+
+    _assert_refused_in_one_line(done, hostile, solana_rpc_server)
+    assert said in done.err, done.err
+
+
+async def test_the_console_script_refuses_a_negative_amount_without_a_traceback(
+    hostile: Upstream, usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer, key_file: Path
+) -> None:
+    """The reported crash, as a user meets it: the installed ``x402-gateway pay`` on a 402 of -5."""
+    hostile.challenge = {"x402Version": 2, "accepts": [hostile_accept(usdc_chain, amount="-5")]}  # type: ignore[attr-defined]
+    args = ["pay", "POST", hostile.url + "/paid", "--keypair", str(key_file), "--rpc", solana_rpc_server.url]
+    process = await asyncio.create_subprocess_exec(
+        *command(),
+        *args,
+        "--data",
+        json.dumps(balance_body()),
+        env=clean_env({}),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    done = Outcome(process.returncode or 0, out.decode(), err.decode())
+
+    _assert_refused_in_one_line(done, hostile, solana_rpc_server)
+    assert "amount must be a whole number of base units" in done.err, done.err
+
+
+# --- redirects --------------------------------------------------------------------------------
+
+SECRET_HEADERS = ("payment-signature", "x-payment", "sign-in-with-x")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def elsewhere() -> AsyncIterator[Upstream]:
+    """Another loopback origin (its own port) that a redirect points to; it records every call."""
+    server = Upstream()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+def _secret_headers(server: Upstream) -> list[str]:
+    return [name for call in server.calls for name in call.headers if name.lower() in SECRET_HEADERS]
+
+
+def _siwx_challenge(url: str) -> dict[str, Any]:
+    """A sign-in-with-x extension bound to ``url``'s origin, so the client agrees to sign it."""
+    netloc = url.split("://", 1)[1].split("/", 1)[0]
+    return {
+        "info": {
+            "domain": netloc,
+            "uri": url,
+            "version": "1",
+            "nonce": "n0nce0123456789",
+            "issuedAt": "2025-01-01T00:00:00.000Z",
+        },
+        "supportedChains": [{"chainId": SOLANA_MAINNET, "type": "ed25519"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "credential", "version", "said"),
+    [
+        pytest.param(307, "payment-signature", 2, "the payment went to", id="307-after-paying"),
+        pytest.param(308, "payment-signature", 2, "the payment went to", id="308-after-paying"),
+        pytest.param(302, "x-payment", 1, "the payment went to", id="302-after-paying-v1"),
+        pytest.param(303, "payment-signature", 2, "the payment went to", id="303-after-paying"),
+        pytest.param(307, "sign-in-with-x", 2, "the sign-in went to", id="307-after-signing-in"),
+    ],
+)
+async def test_a_redirect_of_the_paid_request_never_carries_it_to_another_origin(
+    hostile: Upstream,
+    elsewhere: Upstream,
+    usdc_chain: UsdcChain,
+    solana_rpc_server: LiteSvmRpcServer,
+    key_file: Path,
+    status: int,
+    credential: str,
+    version: int,
+    said: str,
+) -> None:
+    url = hostile.url + "/paid"
+    target = elsewhere.url + "/collect"
+    if credential == "sign-in-with-x":
+        challenge: dict[str, Any] = {"x402Version": 2, "accepts": [], "extensions": {}}
+        challenge["extensions"]["sign-in-with-x"] = _siwx_challenge(url)
+    else:
+        challenge = {"x402Version": version, "accepts": [hostile_accept(usdc_chain)]}
+
+    async def answer(request: web.Request, _: bytes) -> web.StreamResponse:
+        if credential in {name.lower() for name in request.headers}:
+            return web.Response(status=status, headers={"Location": target})
+        required = {"PAYMENT-REQUIRED": encode_header(challenge)}
+        return web.json_response(challenge, status=402, headers=required)
+
+    hostile.responder = answer
+    before = usdc_chain.balance(usdc_chain.payer_ata)
+
+    done = await pay_cli(url, key_file, solana_rpc_server)
+
+    assert elsewhere.calls == [] and _secret_headers(elsewhere) == []
+    assert [credential in {n.lower() for n in call.headers} for call in hostile.calls] == [False, True]
+    assert done.code != 0 and "Traceback" not in done.err
+    *narrated, line = done.err.splitlines()
+    assert line == (
+        f"x402-gateway pay: HTTP {status}: redirect to {target} (another origin) not followed: "
+        f"{said} {hostile.url} only, never to where it points"
+    )
+    signed_in = credential == "sign-in-with-x"
+    assert narrated == ([f"signed in as {usdc_chain.payer.pubkey()}"] if signed_in else [])
+    assert usdc_chain.balance(usdc_chain.payer_ata) == before and solana_rpc_server.sent == []
+
+
+@pytest.mark.parametrize("same_origin", [False, True], ids=["another-origin", "same-origin"])
+async def test_a_redirect_before_any_challenge_is_not_followed(
+    hostile: Upstream,
+    elsewhere: Upstream,
+    usdc_chain: UsdcChain,
+    solana_rpc_server: LiteSvmRpcServer,
+    key_file: Path,
+    same_origin: bool,
+) -> None:
+    """The challenge would come from where the redirect points: the client answers none of it."""
+    challenge = {"x402Version": 2, "accepts": [hostile_accept(usdc_chain)]}
+    location = "/moved" if same_origin else elsewhere.url + "/moved"
+
+    async def answer(request: web.Request, _: bytes) -> web.StreamResponse:
+        if request.path == "/moved":
+            return web.json_response(challenge, status=402)
+        return web.Response(status=307, headers={"Location": location})
+
+    hostile.responder = elsewhere.responder = answer
+
+    done = await pay_cli(hostile.url + "/paid", key_file, solana_rpc_server, output="json")
+    text = await pay_cli(hostile.url + "/paid", key_file, solana_rpc_server)
+
+    assert elsewhere.calls == [] and [call.path for call in hostile.calls] == ["/paid", "/paid"]
+    assert _secret_headers(hostile) == []
+    assert done.code != 0 and text.code != 0 and "Traceback" not in text.err
+    target = (hostile.url if same_origin else elsewhere.url) + "/moved"
+    kind = "same origin" if same_origin else "another origin"
+    reason = (
+        f"HTTP 307: redirect to {target} ({kind}) not followed: pay answers challenges only from the URL "
+        "it was given; call that URL if you trust it"
+    )
+    assert json.loads(done.out)["error"] == reason
+    assert text.err.splitlines() == [f"x402-gateway pay: {reason}"]
+    assert solana_rpc_server.sent == []
