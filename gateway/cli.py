@@ -180,6 +180,9 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     state_dir = Path(args.state_dir).expanduser().absolute() if args.state_dir else None
     if args.print_env:
         return _print_sandbox_env(args, state_dir)
+    if not 0 <= args.confirm_delay_ms <= 60_000:
+        print("sandbox: --confirm-delay-ms must be between 0 and 60000", file=sys.stderr)
+        return 1
     try:
         default_port = int(os.environ.get("PORT") or 8080)
     except ValueError:
@@ -194,6 +197,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                 chain_port=args.chain_port,
                 assets_port=args.assets_port,
                 default_port=default_port,
+                confirm_delay_s=args.confirm_delay_ms / 1000,
             )
         )
     except KeyboardInterrupt:
@@ -342,6 +346,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=None,
         help="the sample asset-data API's port (default: the one kept in --state-dir, else any free one)",
+    )
+    sandbox.add_argument(
+        "--confirm-delay-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="the local chain reports a landed transaction confirmed MS milliseconds after it landed, "
+        "as a real cluster does some hundreds of milliseconds after (default: at once)",
     )
     sandbox.add_argument(
         "--state-dir",

@@ -2,12 +2,13 @@
 
 ``verify`` = the pure rules of :mod:`gateway.x402.svm` + ``simulateTransaction``; nothing is sent.
 ``settle`` = verify again, take the payer's lock, simulate against the latest (``processed``)
-state, claim the payment in the shared store, sign slot 0, broadcast with preflight, and poll
-until confirmed. The fee payer pays for every transaction that lands, failed ones included, so
-nothing likely to fail is broadcast: one settlement per payer token account is in flight at a
-time (a short lock in the shared store, so replicas agree; a second payment from that account
-waits up to ``payer_wait_s``, then is answered ``settlement_pending`` with nothing broadcast, so
-the gateway's client retries), and the simulation runs with that lock held.
+state, claim the payment in the shared store, sign slot 0, broadcast with preflight, and wait
+for the confirmation (polled at the chain's pace, see :mod:`gateway.payments.confirmations`).
+The fee payer pays for every transaction that lands, failed ones included, so nothing likely to
+fail is broadcast: one settlement per payer token account is in flight at a time (a short lock in
+the shared store, so replicas agree; a second payment from that account waits up to
+``payer_wait_s``, then is answered ``settlement_pending`` with nothing broadcast, so the gateway's
+client retries), and the simulation runs with that lock held.
 
 State lives in the :class:`~gateway.store.Store` (never in process memory)
 under the payment's message hash, so several gateway processes share one duplicate guard:
@@ -40,8 +41,9 @@ import aiohttp
 import msgspec
 from solders.keypair import Keypair
 
+from gateway.payments.confirmations import ConfirmationWatcher, PollSchedule
 from gateway.payments.facilitators import FacilitatorUnavailable
-from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SignatureStatus, SolanaRpc
+from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SolanaRpc
 from gateway.store.base import Store
 from gateway.x402.svm import (
     SCHEME_EXACT,
@@ -105,7 +107,7 @@ class LocalFacilitator:
         session: aiohttp.ClientSession | None = None,
         policy: ExactPolicy | None = None,
         rpc_timeout_s: float = 10.0,
-        confirm_interval_s: float = 1.0,
+        poll_schedule: PollSchedule | None = None,
         confirm_timeout_s: float = 30.0,
         record_ttl_s: float = 900.0,
         payer_wait_s: float = 5.0,
@@ -128,7 +130,8 @@ class LocalFacilitator:
         if devnet_rpc_url:
             self._rpc_urls[SOLANA_DEVNET] = devnet_rpc_url
         self._rpcs: dict[str, SolanaRpc] = {}
-        self._confirm_interval_s = confirm_interval_s
+        self._watchers: dict[str, ConfirmationWatcher] = {}
+        self._poll_schedule = poll_schedule or PollSchedule()
         self._confirm_timeout_s = confirm_timeout_s
         self._record_ttl_ms = int(record_ttl_s * 1000)
         self._payer_wait_s = payer_wait_s
@@ -148,6 +151,9 @@ class LocalFacilitator:
         return list(self._rpc_urls)
 
     async def close(self) -> None:
+        for watcher in self._watchers.values():
+            await watcher.close()
+        self._watchers.clear()
         if self._owns_session and self._session is not None and not self._session.closed:
             await self._session.close()
 
@@ -161,6 +167,7 @@ class LocalFacilitator:
                     timeout=aiohttp.ClientTimeout(total=self._rpc_timeout_s)
                 )
                 self._rpcs.clear()
+                self._watchers.clear()
             rpc = SolanaRpc(
                 self._rpc_urls[network],
                 self._session,
@@ -169,6 +176,15 @@ class LocalFacilitator:
             )
             self._rpcs[network] = rpc
         return rpc
+
+    def _watcher(self, network: str | None) -> ConfirmationWatcher:
+        """The one confirmation watcher of ``network``'s node in this process."""
+        network = network if network in self._rpc_urls else SOLANA_MAINNET
+        rpc = self._rpc_for(network)
+        watcher = self._watchers.get(network)
+        if watcher is None or watcher.rpc is not rpc:
+            watcher = self._watchers[network] = ConfirmationWatcher(rpc, self._poll_schedule)
+        return watcher
 
     async def supported(self) -> SupportedResponse:
         kinds = [
@@ -358,45 +374,39 @@ class LocalFacilitator:
         return await self._confirm(key, record)
 
     async def _confirm(self, key: str, record: SettlementRecord) -> SettleResponse:
-        """Poll the recorded signature until confirmed, failed, or the timeout (never resend).
+        """Wait for the recorded signature to be confirmed or to fail, up to the timeout (never
+        resend); the node is polled at the chain's pace (:mod:`gateway.payments.confirmations`).
 
         Several settles may watch one signature (retries, other processes); the atomic claim
         of ``key + DONE_SUFFIX`` lets exactly one of them answer ``success``.
         """
-        rpc = self._rpc_for(normalize_network(record.network))
-        deadline = time.monotonic() + self._confirm_timeout_s
-        while True:
-            status: SignatureStatus | None = None
-            with contextlib.suppress(RpcUnavailable, RpcResponseError):
-                statuses = await rpc.get_signature_statuses([record.signature])
-                status = statuses[0] if statuses else None
-            if status is not None and status.err is not None:
-                message = f"transaction failed: {_encoder.encode(status.err).decode()}"
-                await self._put(key, msgspec.structs.replace(record, state="failed", error=message))
-                return self._failure(record.network, Reason.TRANSACTION_FAILED, message, record.payer)
-            if status is not None and status.confirmed:
-                won = await self._store.claim(key + DONE_SUFFIX, record.signature, self._record_ttl_ms)
-                settled = msgspec.structs.replace(record, state="settled")
-                await self._put(key, settled)
-                if not won:
-                    return self._duplicate(settled)
-                return SettleResponse(
-                    success=True,
-                    transaction=record.signature,
-                    network=record.network,
-                    payer=record.payer,
-                    amount=record.amount,
-                )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return self._failure(
-                    record.network,
-                    Reason.SETTLEMENT_PENDING,
-                    "broadcast, not yet confirmed; settle again to reconcile",
-                    record.payer,
-                    record.signature,
-                )
-            await asyncio.sleep(min(self._confirm_interval_s, remaining))
+        status = await self._watcher(normalize_network(record.network)).status(
+            record.signature, self._confirm_timeout_s
+        )
+        if status is None:
+            return self._failure(
+                record.network,
+                Reason.SETTLEMENT_PENDING,
+                "broadcast, not yet confirmed; settle again to reconcile",
+                record.payer,
+                record.signature,
+            )
+        if status.err is not None:
+            message = f"transaction failed: {_encoder.encode(status.err).decode()}"
+            await self._put(key, msgspec.structs.replace(record, state="failed", error=message))
+            return self._failure(record.network, Reason.TRANSACTION_FAILED, message, record.payer)
+        won = await self._store.claim(key + DONE_SUFFIX, record.signature, self._record_ttl_ms)
+        settled = msgspec.structs.replace(record, state="settled")
+        await self._put(key, settled)
+        if not won:
+            return self._duplicate(settled)
+        return SettleResponse(
+            success=True,
+            transaction=record.signature,
+            network=record.network,
+            payer=record.payer,
+            amount=record.amount,
+        )
 
     # --- store helpers ----------------------------------------------------------------------
 

@@ -14,8 +14,12 @@ a landed transaction touched; LiteSVM cannot list its accounts): getTokenAccount
 jsonParsed), getProgramAccounts, getSignaturesForAddress and getTransaction (base64 encoding).
 ``extra_methods`` adds more (the sandbox's DAS sample); their params may be any JSON.
 
-Test knobs: ``hold_confirmations`` (transactions execute at once but their status stays
-``processed`` until released, like a slow cluster), ``calls`` (a counter per method) and
+Knobs: ``confirm_delay_s`` (a landed transaction reports ``processed`` for that long, then
+``confirmed``, as a real cluster confirms some hundreds of milliseconds after landing; the
+sandbox's ``--confirm-delay-ms``), ``land_delay_s`` (a broadcast transaction passes preflight
+against the state of the moment and executes that much later, as on a real cluster, where
+another transaction may land in between), ``hold_confirmations`` (transactions execute at once
+but their status stays ``processed`` until released), ``calls`` (a counter per method) and
 ``sent`` (every signature accepted by sendTransaction, in order).
 """
 
@@ -26,6 +30,7 @@ import binascii
 import collections
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -121,6 +126,8 @@ class RpcError(Exception):
 class _Landed:
     slot: int
     err: TransactionErrorType | None
+    at: float = 0.0
+    """When it landed (``time.monotonic()``): it reports ``confirmed`` ``confirm_delay_s`` later."""
     transaction: VersionedTransaction | None = None
     logs: list[str] = field(default_factory=list)
     units: int | None = None
@@ -136,6 +143,8 @@ class LiteSvmRpcServer:
     host: str = "127.0.0.1"
     port: int = 0
     hold_confirmations: bool = False
+    confirm_delay_s: float = 0.0
+    land_delay_s: float = 0.0
     calls: collections.Counter[str] = field(default_factory=collections.Counter)
     sent: list[str] = field(default_factory=list)
     extra_methods: dict[str, ExtraMethod] = field(default_factory=dict)
@@ -201,6 +210,7 @@ class LiteSvmRpcServer:
             self._known.clear()
             self._history.clear()
             self.hold_confirmations = False
+            self.confirm_delay_s = self.land_delay_s = 0.0
             self.calls.clear()
             self.sent.clear()
 
@@ -376,7 +386,22 @@ class LiteSvmRpcServer:
                     json.loads(preflight.to_json()),
                 )
         signature = tx.signatures[0]
-        key = str(signature)
+        self.sent.append(str(signature))
+        if self.land_delay_s > 0:
+            timer = threading.Timer(self.land_delay_s, self._land_later, (tx,))
+            timer.daemon = True
+            timer.start()
+        else:
+            self._land(tx)
+        return self._json(SendTransactionResp(signature))
+
+    def _land_later(self, tx: VersionedTransaction) -> None:
+        with self._lock:
+            self._land(tx)
+
+    def _land(self, tx: VersionedTransaction) -> None:
+        """Execute ``tx`` now and record it (a failed one too: its fee is charged all the same)."""
+        key = str(tx.signatures[0])
         keys = list(tx.message.account_keys)
         pre = [self.svm.get_balance(k) or 0 for k in keys]
         outcome = self.svm.send_transaction(tx)
@@ -387,6 +412,7 @@ class LiteSvmRpcServer:
             self._landed[key] = _Landed(
                 slot=self.svm.get_clock().slot,
                 err=err,
+                at=time.monotonic(),
                 transaction=tx,
                 logs=list(meta.logs()),
                 units=meta.compute_units_consumed(),
@@ -398,8 +424,6 @@ class LiteSvmRpcServer:
                 self._history.setdefault(address, []).append(key)
             if self.hold_confirmations:
                 self._held.add(key)
-        self.sent.append(key)
-        return self._json(SendTransactionResp(signature))
 
     def _rpc_getSignatureStatuses(self, params: list[Any]) -> dict[str, Any]:
         if not params or not isinstance(params[0], list):
@@ -414,13 +438,15 @@ class LiteSvmRpcServer:
             if landed is None:
                 statuses.append(None)
                 continue
-            level = (
-                TransactionConfirmationStatus.Processed
-                if key in self._held
-                else TransactionConfirmationStatus.Confirmed
-            )
+            level = self._level(key, landed)
             statuses.append(TransactionStatus(landed.slot, 0, None, landed.err, level))
         return self._json(GetSignatureStatusesResp(statuses, self._context()))
+
+    def _level(self, key: str, landed: _Landed) -> TransactionConfirmationStatus:
+        """``processed`` while held or younger than ``confirm_delay_s``, then ``confirmed``."""
+        if key in self._held or time.monotonic() < landed.at + self.confirm_delay_s:
+            return TransactionConfirmationStatus.Processed
+        return TransactionConfirmationStatus.Confirmed
 
     def _parsed(self, account: Account) -> AccountJSON | None:
         """``jsonParsed`` of an SPL token account or mint, as a node answers; None for others
@@ -572,11 +598,7 @@ class LiteSvmRpcServer:
         value = []
         for key in newest_first[:limit]:
             landed = self._landed[key]
-            level = (
-                TransactionConfirmationStatus.Processed
-                if key in self._held
-                else TransactionConfirmationStatus.Confirmed
-            )
+            level = self._level(key, landed)
             value.append(
                 RpcConfirmedTransactionStatusWithSignature(
                     Signature.from_string(key), landed.slot, landed.err, confirmation_status=level

@@ -208,8 +208,11 @@ async def _wait_listening(host: str, port: int, server: asyncio.Task[None]) -> N
     raise TimeoutError(f"the gateway did not listen on {host}:{port} within {STARTUP_TIMEOUT_S} s")
 
 
-def _start_chain(state_dir: Path, host: str, port: int) -> tuple[UsdcChain, LiteSvmRpcServer, ChainSnapshot]:
-    """The chain saved in ``state_dir``, else a new one (and its key file), served on ``port``."""
+def _start_chain(
+    state_dir: Path, host: str, port: int, confirm_delay_s: float = 0.0
+) -> tuple[UsdcChain, LiteSvmRpcServer, ChainSnapshot]:
+    """The chain saved in ``state_dir``, else a new one (and its key file), served on ``port``;
+    a landed transaction reports ``confirmed`` ``confirm_delay_s`` after it landed."""
     loaded = load_chain(state_dir)
     if loaded is None:
         chain = setup_usdc_chain(
@@ -219,7 +222,9 @@ def _start_chain(state_dir: Path, host: str, port: int) -> tuple[UsdcChain, Lite
         restored: list[Pubkey] = []
     else:
         chain, restored = loaded
-    rpc = LiteSvmRpcServer(svm=chain.svm, host=host, port=port, extra_methods=das_methods())
+    rpc = LiteSvmRpcServer(
+        svm=chain.svm, host=host, port=port, extra_methods=das_methods(), confirm_delay_s=confirm_delay_s
+    )
     rpc.watch(*chain.addresses, *restored)
     rpc.start()
     return chain, rpc, save_chain(state_dir, chain, rpc)
@@ -267,13 +272,15 @@ async def run_sandbox(
     chain_port: int | None = None,
     assets_port: int | None = None,
     default_port: int = 8080,
+    confirm_delay_s: float = 0.0,
 ) -> int:
     """Run the sandbox until SIGINT/SIGTERM; returns the exit code.
 
     ``state_dir`` keeps the wallet, chain, ports and sample secrets between runs (default: a
     temporary directory). A port left None is the one ``state_dir`` kept, else ``default_port``
     for the gateway and any free port for the local chain and the asset-data sample (0: any free
-    port). Every part listens on ``host``.
+    port). Every part listens on ``host``. ``confirm_delay_s`` makes the chain confirm as late
+    after landing as a real cluster does (it confirms at once by default).
     """
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
@@ -296,7 +303,7 @@ async def run_sandbox(
     parts: SandboxParts | None = None
     try:
         shown_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        chain, rpc, snapshot = _start_chain(state_dir, host, choices[1].port)
+        chain, rpc, snapshot = _start_chain(state_dir, host, choices[1].port, confirm_delay_s)
         asset_key = kept.asset_api_key if kept else secrets.token_urlsafe(24)
         assets = AssetDataSample(asset_key, choices[2].port, host, shown_host)
         await assets.start()

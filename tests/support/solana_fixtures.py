@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from gateway.payments.confirmations import PollSchedule
 from gateway.payments.local_facilitator import LocalFacilitator
 from gateway.store.memory import MemoryStore
 from gateway.x402.types import SOLANA_MAINNET, PaymentRequirements
@@ -82,7 +83,7 @@ async def make_local_facilitator(solana_rpc_server: LiteSvmRpcServer) -> AsyncIt
     def make(chain: UsdcChain, store: MemoryStore | None = None, **kwargs: Any) -> LocalFacilitator:
         options: dict[str, Any] = {
             "mainnet_rpc_url": solana_rpc_server.url,
-            "confirm_interval_s": 0.01,
+            "poll_schedule": PollSchedule(first_s=0.005, max_s=0.01, min_gap_s=0.002),
             "confirm_timeout_s": 2.0,
             "rpc_timeout_s": 5.0,
             "url": "http://127.0.0.1/api/internal/facilitator",
