@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.store import Bucket, Entry, RateDecision, Store, StoreUnavailable, open_store
+from gateway.store import Bucket, Entry, Hold, RateDecision, Store, StoreUnavailable, open_store
 from gateway.store.lua import CHECK_THEN_LIMIT_SCRIPT, check_then_limit_call
 from gateway.store.memory import MemoryStore, gcra
 from gateway.store.redis import RedisStore
@@ -22,6 +22,13 @@ from gateway.store.upstash import UpstashStore
 from tests.support.ports import refusing_port
 
 StoreFactory = Callable[[], Store]
+
+
+@pytest.fixture(autouse=True)
+def _upstash_server_started(upstash_url_and_token: tuple[str, str]) -> None:
+    """Start the session's Upstash REST server as an ordinary fixture dependency: pulled lazily
+    (getfixturevalue) by the first upstash-parametrized test a worker runs, its async set-up could
+    land inside the running event loop, depending on how tests are handed out."""
 
 
 @pytest.fixture(params=["memory", "redis", "upstash"])
@@ -249,6 +256,52 @@ async def test_undo_claim_deletes_only_what_still_holds_its_value(store: Store) 
 
     assert await store.get(mine.key) is None
     assert await store.get(taken.key) == "someone else"
+
+
+# --- holds: what is in flight against a cap -----------------------------------------------------
+
+
+async def test_holds_fit_their_cap_and_a_refused_hold_changes_nothing(store: Store) -> None:
+    balance = Hold("held:account", 40, 100)
+    assert await store.hold([balance], "first", 60_000)
+    assert await store.hold([balance], "second", 60_000)
+    assert not await store.hold([balance], "third", 60_000)  # 40 + 40 + 40 > 100
+    assert await store.hold([Hold("held:account", 20, 100)], "small", 60_000)
+
+    await store.unhold(["held:account"], "first")
+
+    assert await store.hold([balance], "third", 60_000)
+
+
+async def test_a_hold_on_several_keys_is_all_or_nothing(store: Store) -> None:
+    assert await store.hold([Hold("held:owner", 1, 1)], "busy", 60_000)
+    both = [Hold("held:ip", 1, 5), Hold("held:owner", 1, 1)]
+
+    assert not await store.hold(both, "next", 60_000)
+
+    assert await store.hold([Hold("held:ip", 5, 5)], "probe", 60_000)  # nothing was held at held:ip
+
+
+async def test_holding_again_under_the_same_token_replaces_the_hold(store: Store) -> None:
+    assert await store.hold([Hold("held:again", 3, 3)], "me", 60_000)
+    assert await store.hold([Hold("held:again", 3, 3)], "me", 60_000)
+    assert not await store.hold([Hold("held:again", 1, 3)], "other", 60_000)
+
+
+async def test_a_hold_lapses_by_itself(store: Store) -> None:
+    assert await store.hold([Hold("held:lapse", 1, 1)], "dead-process", 150)
+    assert not await store.hold([Hold("held:lapse", 1, 1)], "next", 60_000)
+
+    await asyncio.sleep(0.25)
+
+    assert await store.hold([Hold("held:lapse", 1, 1)], "next", 60_000)
+
+
+async def test_exactly_the_cap_of_many_concurrent_holds_win(store: Store) -> None:
+    results = await asyncio.gather(
+        *(store.hold([Hold("held:race", 1, 7)], f"t{n}", 60_000) for n in range(30))
+    )
+    assert sum(results) == 7
 
 
 async def test_ping_answers_true(store: Store) -> None:
@@ -524,6 +577,8 @@ OPERATIONS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "claim_then_put": lambda s: s.claim_then_put([Entry("k", "v", 1_000)]),
     "release": lambda s: s.release("k", "token"),
     "undo_claim": lambda s: s.undo_claim([Entry("k", "v", 1_000)], [Bucket("b", 1, 1_000)]),
+    "hold": lambda s: s.hold([Hold("h", 1, 1)], "token", 1_000),
+    "unhold": lambda s: s.unhold(["h"], "token"),
 }
 
 

@@ -51,6 +51,15 @@ class Bucket(msgspec.Struct, frozen=True):
     budget that something else spends (refused payments are charged to it after the fact)."""
 
 
+class Hold(msgspec.Struct, frozen=True):
+    """``amount`` held at ``key`` (a set of holds), as long as all the holds there stay within
+    ``cap``: in-flight settlements against a balance, settlements in flight per payer."""
+
+    key: str
+    amount: int
+    cap: int
+
+
 class Lookup(msgspec.Struct, frozen=True):
     """What :meth:`Store.check_then_limit` found: the values at the checked keys, a decision
     per bucket taken (none when a checked key was present; the last one refused, if any did),
@@ -104,6 +113,15 @@ class Store(Protocol):
         value; hand one request back to each ``refunds`` bucket (a spend that turned out not to be
         owed); charge each ``debts`` bucket one request even past its limit, so a burst that slipped
         past a guard is paid for by a longer wait, never forgiven."""
+
+    async def hold(self, holds: Sequence[Hold], token: str, ttl_ms: int) -> bool:
+        """Atomically, in one round trip: forget the lapsed holds at each key; only when every
+        key's live holds plus the new amount fit its cap, add a hold of that amount under
+        ``token`` at every key, lapsing ``ttl_ms`` from now (so a holder that dies frees it by
+        itself), and answer True; else change nothing and answer False."""
+
+    async def unhold(self, keys: Sequence[str], token: str) -> None:
+        """Drop ``token``'s hold at each key (one round trip; absent holds are ignored)."""
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         """Add each delta to its counter (no TTL) and return every counter's new value: one

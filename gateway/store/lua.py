@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from gateway.store.base import Bucket, Entry, Lookup, RateDecision, StoreUnavailable
+from gateway.store.base import Bucket, Entry, Hold, Lookup, RateDecision, StoreUnavailable
 
 # Time is in microseconds (exact in Lua's doubles) so limits above 1000/s keep their value. A
 # bucket's key expires when its TAT passes, at which point GCRA would treat it as "now" anyway.
@@ -125,6 +125,35 @@ return 1
 """
 )
 
+# KEYS: the hold sets. ARGV: token, ttl_ms, then amount and cap per key. A hold is the field
+# ``token`` of the key's hash, valued "amount expires_us". Reply: 1 when held everywhere, else 0.
+HOLD_SCRIPT = (
+    _PRELUDE
+    + """
+local now = now_us()
+local ttl = tonumber(ARGV[2])
+for i = 1, #KEYS do
+  local total = 0
+  local fields = redis.call('HGETALL', KEYS[i])
+  for f = 1, #fields, 2 do
+    local amount, expires = string.match(fields[f + 1], '^(%d+) (%d+)$')
+    if not amount or tonumber(expires) <= now then
+      redis.call('HDEL', KEYS[i], fields[f])
+    elseif fields[f] ~= ARGV[1] then
+      total = total + tonumber(amount)
+    end
+  end
+  if total + tonumber(ARGV[1 + 2 * i]) > tonumber(ARGV[2 + 2 * i]) then return 0 end
+end
+local expires = string.format('%d', now + ttl * 1000)
+for i = 1, #KEYS do
+  redis.call('HSET', KEYS[i], ARGV[1], ARGV[1 + 2 * i] .. ' ' .. expires)
+  if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
+end
+return 1
+"""
+)
+
 # KEYS[1]: the lock; ARGV[1]: the holder's token. Reply: 1 when deleted, else 0.
 RELEASE_SCRIPT = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -135,6 +164,9 @@ CHECK_THEN_LIMIT_SHA1 = hashlib.sha1(CHECK_THEN_LIMIT_SCRIPT.encode()).hexdigest
 CLAIM_THEN_PUT_SHA1 = hashlib.sha1(CLAIM_THEN_PUT_SCRIPT.encode()).hexdigest()
 RELEASE_SHA1 = hashlib.sha1(RELEASE_SCRIPT.encode()).hexdigest()
 UNDO_CLAIM_SHA1 = hashlib.sha1(UNDO_CLAIM_SCRIPT.encode()).hexdigest()
+HOLD_SHA1 = hashlib.sha1(HOLD_SCRIPT.encode()).hexdigest()
+MAX_HOLD_AMOUNT = 2**53
+"""Amounts and caps above this lose precision in Lua's doubles: caps are clamped to it."""
 
 
 def check_then_limit_call(
@@ -168,6 +200,21 @@ def undo_claim_call(
         args += [str(bucket.limit), str(bucket.period_ms)]
     keys = [entry.key for entry in entries] + [bucket.key for bucket in (*refunds, *debts)]
     return keys, args
+
+
+def hold_call(holds: Sequence[Hold], token: str, ttl_ms: int) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the hold script."""
+    args = [token, str(ttl_ms)]
+    for hold in holds:
+        args += [str(min(hold.amount, MAX_HOLD_AMOUNT)), str(min(hold.cap, MAX_HOLD_AMOUNT))]
+    return [hold.key for hold in holds], args
+
+
+def held_from_reply(reply: object) -> bool:
+    """The hold script's 1 (held) or 0; anything else is garbage."""
+    if reply in (0, 1) and not isinstance(reply, bool):
+        return reply == 1
+    raise StoreUnavailable("state store answered the hold script with garbage")
 
 
 def undone_from_reply(reply: object) -> None:

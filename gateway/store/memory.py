@@ -10,7 +10,7 @@ import heapq
 import time
 from collections.abc import Mapping, Sequence
 
-from gateway.store.base import Bucket, Entry, Lookup, RateDecision
+from gateway.store.base import Bucket, Entry, Hold, Lookup, RateDecision
 
 
 def _now_us() -> int:
@@ -49,6 +49,8 @@ class MemoryStore:
         self._values: dict[str, tuple[str, int]] = {}
         self._counters: dict[str, int] = {}
         self._tats: dict[str, int] = {}
+        self._holds: dict[str, dict[str, tuple[int, int]]] = {}
+        """key -> token -> (amount, expires_us)."""
         self._expiries: list[tuple[int, int, str]] = []
         """(expires_us, kind, key): kind 0 is a value, 1 a rate-limit bucket."""
 
@@ -157,6 +159,26 @@ class MemoryStore:
         for bucket in debts:
             tat = max(self._tats.get(bucket.key, now), now)
             self._set_tat(bucket.key, tat + _interval_us(bucket.limit, bucket.period_ms))
+
+    async def hold(self, holds: Sequence[Hold], token: str, ttl_ms: int) -> bool:
+        now = _now_us()
+        for hold in holds:
+            live = {t: h for t, h in self._holds.pop(hold.key, {}).items() if h[1] > now}
+            if live:
+                self._holds[hold.key] = live
+            if sum(h[0] for t, h in live.items() if t != token) + hold.amount > hold.cap:
+                return False
+        for hold in holds:
+            self._holds.setdefault(hold.key, {})[token] = (hold.amount, now + ttl_ms * 1_000)
+        return True
+
+    async def unhold(self, keys: Sequence[str], token: str) -> None:
+        for key in keys:
+            held = self._holds.get(key)
+            if held is not None:
+                held.pop(token, None)
+                if not held:
+                    del self._holds[key]
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         for key, delta in deltas.items():

@@ -16,16 +16,19 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from gateway.store.base import Bucket, Entry, Lookup, StoreUnavailable
+from gateway.store.base import Bucket, Entry, Hold, Lookup, StoreUnavailable
 from gateway.store.lua import (
     CHECK_THEN_LIMIT_SCRIPT,
     CLAIM_THEN_PUT_SCRIPT,
+    HOLD_SCRIPT,
     RELEASE_SCRIPT,
     UNDO_CLAIM_SCRIPT,
     check_then_limit_call,
     claim_then_put_call,
     claimed_from_reply,
     counters_from_reply,
+    held_from_reply,
+    hold_call,
     lookup_from_reply,
     released_from_reply,
     text_from_reply,
@@ -73,6 +76,7 @@ class RedisStore:
         self._claim_then_put = self._redis.register_script(CLAIM_THEN_PUT_SCRIPT)
         self._release = self._redis.register_script(RELEASE_SCRIPT)
         self._undo_claim = self._redis.register_script(UNDO_CLAIM_SCRIPT)
+        self._hold = self._redis.register_script(HOLD_SCRIPT)
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
         """Await one command, turning every client failure into StoreUnavailable."""
@@ -114,6 +118,19 @@ class RedisStore:
     ) -> None:
         script_keys, args = undo_claim_call(entries, refunds, debts)
         undone_from_reply(await self._call(self._undo_claim(keys=script_keys, args=args)))
+
+    async def hold(self, holds: Sequence[Hold], token: str, ttl_ms: int) -> bool:
+        if not holds:
+            return True
+        script_keys, args = hold_call(holds, token, ttl_ms)
+        return held_from_reply(await self._call(self._hold(keys=script_keys, args=args)))
+
+    async def unhold(self, keys: Sequence[str], token: str) -> None:
+        if keys:
+            pipe = self._redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.hdel(key, token)
+            await self._call(pipe.execute())
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         if not deltas:

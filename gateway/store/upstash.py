@@ -14,12 +14,14 @@ from typing import Any, TypeVar
 from upstash_redis.asyncio import Redis
 from upstash_redis.errors import UpstashError
 
-from gateway.store.base import Bucket, Entry, Lookup, StoreUnavailable
+from gateway.store.base import Bucket, Entry, Hold, Lookup, StoreUnavailable
 from gateway.store.lua import (
     CHECK_THEN_LIMIT_SCRIPT,
     CHECK_THEN_LIMIT_SHA1,
     CLAIM_THEN_PUT_SCRIPT,
     CLAIM_THEN_PUT_SHA1,
+    HOLD_SCRIPT,
+    HOLD_SHA1,
     RELEASE_SCRIPT,
     RELEASE_SHA1,
     UNDO_CLAIM_SCRIPT,
@@ -28,6 +30,8 @@ from gateway.store.lua import (
     claim_then_put_call,
     claimed_from_reply,
     counters_from_reply,
+    held_from_reply,
+    hold_call,
     lookup_from_reply,
     released_from_reply,
     text_from_reply,
@@ -105,6 +109,19 @@ class UpstashStore:
         script_keys, args = undo_claim_call(entries, refunds, debts)
         reply = await self._call(self._script(UNDO_CLAIM_SCRIPT, UNDO_CLAIM_SHA1, script_keys, args))
         undone_from_reply(reply)
+
+    async def hold(self, holds: Sequence[Hold], token: str, ttl_ms: int) -> bool:
+        if not holds:
+            return True
+        script_keys, args = hold_call(holds, token, ttl_ms)
+        return held_from_reply(await self._call(self._script(HOLD_SCRIPT, HOLD_SHA1, script_keys, args)))
+
+    async def unhold(self, keys: Sequence[str], token: str) -> None:
+        if keys:
+            pipe = self._redis.pipeline()
+            for key in keys:
+                pipe.hdel(key, token)
+            await self._call(pipe.exec())
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         if not deltas:
