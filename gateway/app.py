@@ -222,7 +222,8 @@ class GatewayApp(Starlette):
 
     def build_middleware_stack(self) -> StarletteASGIApp:
         inner = BodyReadDeadline(self.router, self.body_timeout_s)
-        return TelemetryMiddleware(inner, self.state.services.usage)
+        services = self.state.services
+        return TelemetryMiddleware(inner, services.usage, services.request_log)
 
 
 def create_app(

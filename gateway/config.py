@@ -39,7 +39,7 @@ _NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
 GATEWAY_VARIABLES: tuple[str, ...] = (
     "GATEWAY_BASE_URL", "PORT", "FACILITATOR_URL", "FACILITATOR_API_KEY_ID", "FACILITATOR_API_KEY_SECRET",
     "X402_PAY_TO_WALLET", "X402_USDC_MINT", "X402_MAX_TIMEOUT_SECONDS", "SOLANA_MAINNET_RPC_URL",
-    "SOLANA_DEVNET_RPC_URL", "ASSET_API_KEY", "STATE_STORE_REST_URL",
+    "SOLANA_DEVNET_RPC_URL", "ASSET_API_KEY", "STATE_STORE_REST_URL", "LOG_CHALLENGES",
     "STATE_STORE_REST_TOKEN", "RATE_LIMIT_RPC_RPS", "RATE_LIMIT_DAS_RPS", "RATE_LIMIT_TOKENS_PER_MINUTE",
     "RATE_LIMIT_CHALLENGE_PER_MINUTE", "RATE_LIMIT_WALLET_RPS", "RATE_LIMIT_SYNC_SECONDS",
     "RATE_LIMIT_REFUSED_PAYMENTS_PER_MINUTE", "RATE_LIMIT_TOKENS_SHARE_PERCENT",
@@ -108,6 +108,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     client_body_timeout_s: float = 10.0
     trusted_proxies: tuple[IpNetwork, ...] = ()
     log_level: str = "INFO"
+    log_challenges: str = "summary"
+    """``LOG_CHALLENGES``: how plain 402 challenges are logged (``summary``, ``all``, ``off``)."""
     payment_timeout_s: int = 60
     route_groups: tuple[str, ...] | None = None
     """The route groups to serve (``ROUTE_GROUPS``); None: every group routes.yaml declares."""
@@ -301,6 +303,20 @@ def _log_level(reader: _Reader) -> str:
     return level
 
 
+CHALLENGE_LOG_MODES = ("summary", "all", "off")
+"""``LOG_CHALLENGES``: plain 402 challenges counted per route in a periodic line, logged one line
+each, or not logged (gateway.request_log)."""
+
+
+def _log_challenges(reader: _Reader) -> str:
+    mode = reader.text("LOG_CHALLENGES", CHALLENGE_LOG_MODES[0]).lower()
+    if mode not in CHALLENGE_LOG_MODES:
+        allowed = ", ".join(CHALLENGE_LOG_MODES)
+        reader.problems.append(f"LOG_CHALLENGES must be one of {allowed}, got {mode[:20]!r}")
+        return CHALLENGE_LOG_MODES[0]
+    return mode
+
+
 def _check_keys(settings: Settings, problems: list[str]) -> None:
     """Key material is parsed at start-up so a bad key is a config problem, not a crash later."""
     from gateway.payments.cdp_auth import CdpKey
@@ -358,6 +374,7 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         rate_limit_refused_per_minute=r.integer("RATE_LIMIT_REFUSED_PAYMENTS_PER_MINUTE", 10, 1, 1_000_000),
         rate_limit_tokens_share_percent=r.integer("RATE_LIMIT_TOKENS_SHARE_PERCENT", 25, 1, 100),
         rate_limit_sync_s=r.number("RATE_LIMIT_SYNC_SECONDS", 0.1, 0.01, 10.0),
+        log_challenges=_log_challenges(r),
         max_compute_unit_limit=r.integer(
             "X402_MAX_COMPUTE_UNIT_LIMIT", DEFAULT_MAX_COMPUTE_UNIT_LIMIT, 1, MAX_CU_PER_TRANSACTION
         ),

@@ -20,6 +20,7 @@ from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, HttpFa
 from gateway.payments.local_facilitator import load_local_facilitator
 from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
 from gateway.readiness import build_readiness
+from gateway.request_log import RequestLog
 from gateway.routes import RouteSpec, named_limits
 from gateway.store import Store, open_store
 from gateway.synced_limit import SyncedWindowLimit
@@ -54,6 +55,7 @@ class Services:
             self.store, challenge_limit, settings.trusted_proxies, settings.rate_limit_refused_per_minute
         )
         self.usage = Usage(self.store, routes)
+        self.request_log = RequestLog(settings.log_challenges)
         self._usage_flusher: asyncio.Task[None] | None = None
         self.local_facilitator = load_local_facilitator(
             settings.facilitator_wallet.reveal(),
@@ -95,6 +97,7 @@ class Services:
     async def start(self) -> None:
         self._usage_flusher = asyncio.create_task(self.usage.run(), name="usage-flusher")
         self.limiter.start()
+        self.request_log.start()
         timeout = aiohttp.ClientTimeout(total=self.settings.upstream_timeout_s)
         for name in self.upstream_names:
             connector = aiohttp.TCPConnector(limit=UPSTREAM_CONNECTIONS, ttl_dns_cache=300)
@@ -109,6 +112,7 @@ class Services:
                 await self._usage_flusher
             self._usage_flusher = None
         await self.usage.flush()
+        await self.request_log.stop()
         await self.limiter.stop()
         for session in self._sessions.values():
             await session.close()

@@ -1,5 +1,6 @@
-"""Outermost middleware: one JSON log line and the Prometheus observations per request.
+"""Outermost middleware: the request log and the Prometheus observations per request.
 
+The log line (or, for a plain 402 challenge, its count) is :class:`gateway.request_log.RequestLog`'s.
 Payments and sign-ins are counted here too, once the response is done, from what the request's
 context says it came to (so a refusal, a replay and a reconciled settlement are told apart).
 
@@ -9,15 +10,14 @@ logged by type only (exception messages may hold upstream text).
 
 from __future__ import annotations
 
-import logging
-
 from prometheus_client import Counter, Histogram
 
 from gateway.asgi import ASGIApp, Message, Receive, Scope, Send, send_error
 from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
-from gateway.logs import get_logger, log_event, monotonic_ms
+from gateway.logs import get_logger, monotonic_ms
 from gateway.metrics import LATENCY, REQUESTS, Usage
+from gateway.request_log import RequestLog
 
 # The method is the client's word: any other token becomes one label value, so a client cannot
 # grow the metric's label set without bound.
@@ -25,13 +25,14 @@ KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPT
 
 
 class TelemetryMiddleware:
-    def __init__(self, app: ASGIApp, usage: Usage) -> None:
+    def __init__(self, app: ASGIApp, usage: Usage, request_log: RequestLog | None = None) -> None:
         self.app = app
         self.usage = usage
+        # Without an app's lifespan to write challenge summaries, a line per request.
+        self.request_log = request_log or RequestLog(challenges="all")
         # Label children cached per key: prometheus-client's labels() takes a lock each call.
         self._request_children: dict[tuple[str, str, int], Counter] = {}
         self._latency_children: dict[str, Histogram] = {}
-        self._logger = get_logger()
 
     def _requests(self, route: str, method: str, status: int) -> Counter:
         key = (route, method, status)
@@ -72,21 +73,4 @@ class TelemetryMiddleware:
         self._requests(ctx.route, method, status).inc()
         self._latency(ctx.route).observe(latency_ms / 1000.0)
         self.usage.observe(ctx)
-        if not self._logger.isEnabledFor(logging.INFO):
-            return
-        log_event(
-            "request",
-            logging.INFO,
-            method=scope["method"],
-            path=scope["path"],
-            route=ctx.route,
-            status=status,
-            latency_ms=round(latency_ms, 3),
-            access=ctx.access,
-            outcome=ctx.outcome,
-            wallet=ctx.wallet,
-            payer=ctx.payer,
-            amount=ctx.amount,
-            settlement=ctx.settlement,
-            error=ctx.error,
-        )
+        self.request_log.request(scope, ctx, latency_ms)
