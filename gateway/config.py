@@ -43,6 +43,7 @@ GATEWAY_VARIABLES: tuple[str, ...] = (
     "STATE_STORE_REST_TOKEN", "RATE_LIMIT_RPC_RPS", "RATE_LIMIT_DAS_RPS", "RATE_LIMIT_TOKENS_PER_MINUTE",
     "RATE_LIMIT_CHALLENGE_PER_MINUTE", "RATE_LIMIT_WALLET_RPS", "RATE_LIMIT_SYNC_SECONDS",
     "RATE_LIMIT_REFUSED_PAYMENTS_PER_MINUTE", "RATE_LIMIT_TOKENS_SHARE_PERCENT",
+    "X402_SETTLEMENT_COOLDOWN_SECONDS", "X402_MAX_SETTLEMENTS_IN_FLIGHT",
     "FACILITATOR_FEE_PAYER", "SIWX_SECRET", "INTERNAL_SETTLEMENT_SECRET", "FACILITATOR_WALLET_BASE58",
     "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS",
     "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
@@ -97,6 +98,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     upstreams: dict[str, Secret] = msgspec.field(default_factory=dict)
     asset_api_key: Secret = Secret("")
     store_url: Secret = Secret("")
+    settlement_cooldown_s: int = 600
+    """How long a payer, its token account and its client IP cannot pay after a settlement of
+    theirs failed on chain (the internal facilitator's fee payer paid for it)."""
+    max_settlements_in_flight: int = 16
+    """The most settlements a payer, or a client IP, may have in flight at once, however long
+    its record of settled payments (the internal facilitator)."""
     store_token: Secret = Secret("")
     internal_secret: Secret = Secret("")
     facilitator_wallet: Secret = Secret("")
@@ -383,6 +390,8 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         ),
         facilitator_fee_payer=r.pubkey("FACILITATOR_FEE_PAYER"),
         upstreams=upstreams,
+        settlement_cooldown_s=r.integer("X402_SETTLEMENT_COOLDOWN_SECONDS", 600, 0, 86_400),
+        max_settlements_in_flight=r.integer("X402_MAX_SETTLEMENTS_IN_FLIGHT", 16, 1, 256),
         asset_api_key=Secret(r.text("ASSET_API_KEY")),
         store_url=Secret(_store_url(r)),
         store_token=Secret(r.text("STATE_STORE_REST_TOKEN")),

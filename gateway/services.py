@@ -17,6 +17,7 @@ from gateway.config import Settings
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
 from gateway.metrics import Usage
 from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, HttpFacilitator
+from gateway.payments.fee_guard import FeeGuard
 from gateway.payments.local_facilitator import load_local_facilitator
 from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
 from gateway.readiness import build_readiness
@@ -57,9 +58,15 @@ class Services:
         self.usage = Usage(self.store, routes)
         self.request_log = RequestLog(settings.log_challenges)
         self._usage_flusher: asyncio.Task[None] | None = None
+        self.fee_guard = FeeGuard(
+            self.store,
+            max_in_flight=settings.max_settlements_in_flight,
+            cooldown_s=settings.settlement_cooldown_s,
+        )
         self.local_facilitator = load_local_facilitator(
             settings.facilitator_wallet.reveal(),
             self.store,
+            guard=self.fee_guard,
             mainnet_rpc_url=settings.solana_mainnet_rpc_url.reveal(),
             devnet_rpc_url=settings.solana_devnet_rpc_url.reveal() or None,
             url=settings.base_url,  # the gateway settles itself; internal routes stay undiscovered
@@ -68,6 +75,9 @@ class Services:
         self.facilitator: Facilitator | None = (
             self.local_facilitator if settings.uses_internal_facilitator else _external_facilitator(settings)
         )
+        self.settlement_guard = self.fee_guard if settings.uses_internal_facilitator else None
+        """Guards our own fee payer (client IPs in flight, cool-downs); an external facilitator
+        pays its own fees."""
         self.fee_payer = (
             ChallengeFeePayer(self.facilitator, self.store, settings.facilitator_fee_payer)
             if self.facilitator is not None

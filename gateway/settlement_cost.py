@@ -12,18 +12,10 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
-from gateway.x402.svm import ExactPolicy
+from gateway.x402.svm import LAMPORTS_PER_SIGNATURE, ExactPolicy, priority_fee_lamports
 
-LAMPORTS_PER_SIGNATURE = 5_000
-"""Solana's base fee per signature."""
 SETTLEMENT_SIGNATURES = 2
 """An exact payment carries exactly two signatures: the fee payer's and the client's."""
-MICRO_LAMPORTS_PER_LAMPORT = 1_000_000
-
-
-def priority_fee_lamports(compute_unit_limit: int, compute_unit_price_micro_lamports: int) -> int:
-    """The priority fee Solana charges for a transaction with this compute budget."""
-    return math.ceil(compute_unit_limit * compute_unit_price_micro_lamports / MICRO_LAMPORTS_PER_LAMPORT)
 
 
 def worst_case_lamports(policy: ExactPolicy) -> int:

@@ -135,11 +135,9 @@ async def test_payment_that_would_fail_on_chain_is_refused_by_simulation(
     assert (verdict.isValid, verdict.invalidReason) == (False, Reason.SIMULATION_FAILED.value)
     assert verdict.invalidMessage
     settled = await facilitator.settle(payload, req)
-    assert (settled.success, settled.errorReason, settled.transaction) == (
-        False,
-        "transaction_simulation_failed",
-        "",
-    )
+    # An account whose balance cannot cover the amount is refused before it is even simulated.
+    reason = "insufficient_funds" if scenario is _unfunded else "transaction_simulation_failed"
+    assert (settled.success, settled.errorReason, settled.transaction) == (False, reason, "")
     assert solana_rpc_server.calls["sendTransaction"] == 0
     assert chain.balance(chain.payer_ata) == (AMOUNT - 1 if scenario is _unfunded else 1_000_000_000)
 

@@ -35,6 +35,7 @@ from typing import Protocol
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
 from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, FacilitatorUnavailable
+from gateway.payments.fee_guard import FeeGuard, Party
 from gateway.payments.ledger import ClaimAttempt, PaymentLedger, PendingSettlement, fingerprint
 from gateway.payments.matching import as_v2, match_payment, payment_identifier
 from gateway.payments.results import (
@@ -89,6 +90,7 @@ class PaymentGate:
         limits: Sequence[RateLimitSpec],
         facilitator: Facilitator,
         fee_payer: ChallengeFeePayer,
+        guard: FeeGuard | None = None,
     ) -> None:
         self.route_name = route_name
         self.challenge = challenge
@@ -98,6 +100,9 @@ class PaymentGate:
         self.limits = tuple(limits)
         self.facilitator = facilitator
         self.fee_payer = fee_payer
+        self.guard = guard
+        """Our own fee payer's guard (internal facilitator): a client IP cooling down after a
+        settlement of its failed on chain is refused before it costs anything."""
 
     async def inspect(self, header: str | None, read_body: BodyReader) -> Inspection:
         """The local checks: no store, no shared bucket, no facilitator. A body that breaks the
@@ -132,8 +137,14 @@ class PaymentGate:
         plan = self.limiter.plan(
             self.limits, wallet=candidate.payer, ip=client_ip, guards=self.limiter.refusal_guards
         )
+        blockers = [Party("ip", client_ip).cooldown_key] if self.guard is not None else []
         attempt = await self.ledger.claim(
-            candidate.key, self.route_name, candidate.payment_id, candidate.fingerprint, plan.buckets
+            candidate.key,
+            self.route_name,
+            candidate.payment_id,
+            candidate.fingerprint,
+            plan.buckets,
+            blockers,
         )
         if attempt.payment_id is not None and attempt.payment_id.fingerprint != candidate.fingerprint:
             raise GatewayError(
@@ -152,7 +163,13 @@ class PaymentGate:
             )
             if answer is not None:
                 return Replay(answer)
-            return await self._reuse(candidate, attempt.pending)
+            return await self._reuse(candidate, attempt.pending, client_ip)
+        if attempt.blocked:
+            return Refused(
+                "invalid_transaction_state",
+                "a settlement from this client failed on chain recently: pay again later",
+                candidate.payer,
+            )
         if attempt.payment_id is not None:
             # The identifier names this very request while its payment is unclaimed: the two are
             # written together and the identifier expires first, so another request holds it.
@@ -174,7 +191,7 @@ class PaymentGate:
         if refused is not None:
             await self._release(attempt, candidate.payer, plan.shared, plan.refusal_debts)
             return refused
-        return Paid(_paid(candidate, payload, requirements), candidate.body)
+        return Paid(_paid(candidate, payload, requirements, client_ip), candidate.body)
 
     async def _release(
         self, attempt: ClaimAttempt, payer: str, refunds: Sequence[Bucket], debts: Sequence[Bucket] = ()
@@ -208,7 +225,9 @@ class PaymentGate:
             return Refused("invalid_payload", "the facilitator found another payer", payer)
         return None
 
-    async def _reuse(self, candidate: Candidate, pending: PendingSettlement | None) -> Reconcile | Refused:
+    async def _reuse(
+        self, candidate: Candidate, pending: PendingSettlement | None, client_ip: str
+    ) -> Reconcile | Refused:
         """The payment is claimed already. The request that claimed it (the same signed
         transaction, route and body), whose settlement was left ``pending``, settles again (the
         facilitator reconciles instead of re-broadcasting) and may get the withheld response;
@@ -222,11 +241,13 @@ class PaymentGate:
         ):
             requirements = await self._requirements()
             payload = as_v2(candidate.payload, requirements, self.challenge.resource)
-            return Reconcile(_paid(candidate, payload, requirements), pending)
+            return Reconcile(_paid(candidate, payload, requirements, client_ip), pending)
         return Refused("payment_already_used", "this payment was already used", candidate.payer)
 
 
-def _paid(candidate: Candidate, payload: PaymentPayload, requirements: PaymentRequirements) -> PaidRequest:
+def _paid(
+    candidate: Candidate, payload: PaymentPayload, requirements: PaymentRequirements, client_ip: str
+) -> PaidRequest:
     return PaidRequest(
         payload=payload,
         requirements=requirements,
@@ -235,4 +256,5 @@ def _paid(candidate: Candidate, payload: PaymentPayload, requirements: PaymentRe
         claimant=candidate.claimant,
         fingerprint=candidate.fingerprint,
         payment_id=candidate.payment_id,
+        client_ip=client_ip,
     )

@@ -131,6 +131,8 @@ class ClaimAttempt:
     decisions: list[RateDecision]
     """One per bucket charged, in order, up to the first refusal; none when the payment was
     claimed or its identifier known (nothing is charged for a request answered from the store)."""
+    blocked: bool = False
+    """One of the attempt's blockers (a cool-down of its client) was present: nothing was charged."""
     entries: tuple[Entry, ...] = ()
     """What a won attempt wrote: what :meth:`PaymentLedger.release` deletes, value for value."""
 
@@ -164,22 +166,30 @@ class PaymentLedger:
         self._delivered = msgspec.json.Decoder(DeliveredRecord)
 
     async def claim(
-        self, key: str, route: str, payment_id: str | None, fp: str, buckets: Sequence[Bucket]
+        self,
+        key: str,
+        route: str,
+        payment_id: str | None,
+        fp: str,
+        buckets: Sequence[Bucket],
+        blockers: Sequence[str] = (),
     ) -> ClaimAttempt:
         """Is the payment claimed (its settlement perhaps pending, its answer perhaps delivered),
         is its identifier known; only when none of these, one decision per rate-limit bucket;
         only when every bucket allows it, claim the payment and tie its identifier (if any) to
         this request. One round trip, atomic: of many concurrent attempts on one payment,
-        exactly one wins."""
+        exactly one wins. Any of ``blockers`` present (a cool-down) refuses it, charging nothing."""
         entries = [Entry(pay_key(key), f"{route} {secrets.token_hex(8)}", CLAIM_TTL_MS)]
         keys = [pay_key(key), pending_key(key), delivered_key(key)]
         if payment_id is not None:
             record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp)).decode()
             entries.append(Entry(payment_id_key(payment_id), record, PAYMENT_ID_TTL_MS))
             keys.append(payment_id_key(payment_id))
+        keys += blockers
         found = await self.store.check_then_limit(keys, buckets, entries)
         claim, pending, delivered = found.values[:3]
         raw_pid = found.values[3] if payment_id is not None else None
+        blocked = any(v is not None for v in found.values[len(keys) - len(blockers) :])
         return ClaimAttempt(
             # An open pending record outlives its claim by the moments between the two writes.
             claimed=claim is not None or pending is not None,
@@ -187,6 +197,7 @@ class PaymentLedger:
             delivered=self._delivered.decode(delivered) if delivered else None,
             payment_id=self._pid.decode(raw_pid) if raw_pid else None,
             decisions=found.decisions,
+            blocked=blocked,
             entries=tuple(entries) if found.written else (),
         )
 

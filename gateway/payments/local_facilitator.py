@@ -35,16 +35,25 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Literal
 
 import aiohttp
 import msgspec
 from solders.keypair import Keypair
+from solders.token.state import TokenAccount
 
+from gateway.fee_payer_metrics import (
+    BALANCE_REFRESH_S,
+    FEE_PAYER_BALANCE,
+    SETTLEMENT_FEES,
+    SETTLEMENTS_HELD_BACK,
+)
 from gateway.payments.confirmations import ConfirmationWatcher, PollSchedule
 from gateway.payments.facilitators import FacilitatorUnavailable
+from gateway.payments.fee_guard import FeeGuard, Party, Standing, account_funds
 from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SolanaRpc
-from gateway.store.base import Store
+from gateway.store.base import Hold, Store
 from gateway.x402.svm import (
     SCHEME_EXACT,
     ExactCheck,
@@ -72,8 +81,15 @@ from gateway.x402.types import (
 
 KEY_PREFIX = "x402:svm:settle:"
 DONE_SUFFIX = ":done"
-PAYER_LOCK_PREFIX = "x402:svm:payer-lock:"
-PAYER_LOCK_POLL_S = 0.05
+ADMIT_POLL_S = 0.1
+"""How often a settlement waiting for a place in flight looks again."""
+TOKEN_ACCOUNT_SIZE = 165
+_COOLING = (
+    "a settlement of this payer, its token account or its client failed on chain recently; "
+    "nothing was broadcast, pay again later"
+)
+_UNFUNDED = "the token account's confirmed balance does not cover the amount; nothing was broadcast"
+_BUSY = "this payer's settlements in flight fill its allowance; nothing was broadcast, settle again"
 RPC_UPSTREAM_NAMES = {SOLANA_MAINNET: "solana_mainnet_rpc", SOLANA_DEVNET: "solana_devnet_rpc"}
 """The nodes' names in the upstream metrics (their URLs carry keys: never a label)."""
 
@@ -111,6 +127,7 @@ class LocalFacilitator:
         confirm_timeout_s: float = 30.0,
         record_ttl_s: float = 900.0,
         payer_wait_s: float = 5.0,
+        guard: FeeGuard | None = None,
     ) -> None:
         """``url`` is the public URL advertised in challenges (no credentials).
 
@@ -135,9 +152,10 @@ class LocalFacilitator:
         self._confirm_timeout_s = confirm_timeout_s
         self._record_ttl_ms = int(record_ttl_s * 1000)
         self._payer_wait_s = payer_wait_s
-        # Held from the last simulation until the outcome is known; expires by itself if the
-        # holder dies, after longer than any confirmation wait.
-        self._payer_lock_ttl_ms = int((confirm_timeout_s + 30.0) * 1000)
+        # A place in flight is held from before the simulation until the outcome is known; it
+        # lapses by itself if its holder dies, after longer than any confirmation wait.
+        self._guard = guard or FeeGuard(store, hold_ttl_s=confirm_timeout_s + 30.0)
+        self._balance_read_at = float("-inf")
 
     def __repr__(self) -> str:
         return f"LocalFacilitator(fee_payer={self._address}, networks={self.networks})"
@@ -248,12 +266,21 @@ class LocalFacilitator:
         check = self._check(payload, requirements)
         if not check.ok or check.transaction is None:
             return check.verify_response()
-        record = await self._load(payment_key(check.transaction))
+        key = KEY_PREFIX + payment_key(check.transaction)
+        standing = await self._guard.standing(_parties(check), also=[key])
+        record = _decode_record(standing.found[0])
         if record is not None:
             return VerifyResponse(
                 isValid=False,
                 invalidReason=Reason.DUPLICATE_SETTLEMENT.value,
                 invalidMessage=f"this payment was already submitted ({record.state})",
+                payer=check.payer,
+            )
+        if standing.cooling is not None:
+            return VerifyResponse(
+                isValid=False,
+                invalidReason=Reason.INVALID_TRANSACTION_STATE.value,
+                invalidMessage=_COOLING,
                 payer=check.payer,
             )
         return await self._simulate(check, requirements)
@@ -273,35 +300,80 @@ class LocalFacilitator:
         payer = check.payer or ""
         key = KEY_PREFIX + payment_key(check.transaction)
 
-        record = await self._load_key(key)
+        parties = _parties(check)
+        standing = await self._guard.standing(parties, also=[key])
+        record = _decode_record(standing.found[0])
         if record is not None:
             return await self._resume(key, record)
-
-        lock = PAYER_LOCK_PREFIX + (transfer_source(check.transaction) or payer)
-        token = secrets.token_hex(16)  # this settlement's, so only this settlement releases it
-        if not await self._hold_payer_lock(lock, token):
-            return self._failure(
-                network,
-                Reason.SETTLEMENT_PENDING,
-                "another settlement from this payer is in flight; nothing was broadcast, settle again",
-                payer,
-            )
+        if standing.cooling is not None:
+            SETTLEMENTS_HELD_BACK.labels("cooling_down").inc()
+            return self._failure(network, Reason.INVALID_TRANSACTION_STATE, _COOLING, payer)
+        token = secrets.token_hex(16)  # this settlement's, so only this settlement leaves
+        admitted = await self._admit(token, standing, parties, check, requirements)
+        if isinstance(admitted, SettleResponse):
+            return admitted
         outcome: SettleResponse | None = None
         try:
-            outcome = await self._settle_as_only_one(key, check, requirements, payer)
+            outcome = await self._settle_admitted(key, check, requirements, payer, parties)
             return outcome
         finally:
-            # A broadcast whose outcome is unknown keeps the lock until it expires: the next
-            # payment from this account must not be simulated before this one lands or dies.
+            # A broadcast whose outcome is unknown keeps its place until its hold lapses: its
+            # funds may still move, and its payer must not look idle before it lands or dies.
             if outcome is None or outcome.errorReason != Reason.SETTLEMENT_PENDING.value:
-                await self._release(lock, token)
+                with contextlib.suppress(Exception):
+                    await self._guard.leave(token, parties, admitted)
 
-    async def _settle_as_only_one(
-        self, key: str, check: ExactCheck, requirements: PaymentRequirements, payer: str
+    async def _admit(
+        self,
+        token: str,
+        standing: Standing,
+        parties: list[Party],
+        check: ExactCheck,
+        requirements: PaymentRequirements,
+    ) -> Hold | SettleResponse:
+        """A place in flight for the payer and its account, within their allowances and the
+        account's balance observed right before the broadcast; waits up to ``payer_wait_s`` for
+        settlements in flight to finish, then answers ``settlement_pending`` (nothing broadcast).
+        A balance that cannot pay even with nothing in flight is ``insufficient_funds`` at once."""
+        amount = int(requirements.amount)
+        deadline = time.monotonic() + self._payer_wait_s
+        while True:
+            balance = await self._confirmed_balance(parties[1].id, requirements)
+            if balance < amount:
+                SETTLEMENTS_HELD_BACK.labels("insufficient_funds").inc()
+                return self._failure(
+                    requirements.network, Reason.INSUFFICIENT_FUNDS, _UNFUNDED, check.payer
+                )
+            funds = account_funds(parties[1].id, amount, balance)
+            if await self._guard.enter(token, standing, parties, funds):
+                return funds
+            if time.monotonic() >= deadline:
+                SETTLEMENTS_HELD_BACK.labels("in_flight").inc()
+                return self._failure(requirements.network, Reason.SETTLEMENT_PENDING, _BUSY, check.payer)
+            await asyncio.sleep(ADMIT_POLL_S)
+            standing = await self._guard.standing(parties)  # records grow as others land
+            if standing.cooling is not None:  # one of those failed on chain meanwhile
+                SETTLEMENTS_HELD_BACK.labels("cooling_down").inc()
+                return self._failure(
+                    requirements.network, Reason.INVALID_TRANSACTION_STATE, _COOLING, check.payer
+                )
+
+    async def _confirmed_balance(self, account: str, requirements: PaymentRequirements) -> int:
+        """The token account's confirmed balance (0 when it is not a token account)."""
+        try:
+            info = await self._rpc(requirements).get_account_info(account, commitment="confirmed")
+        except (RpcUnavailable, RpcResponseError) as exc:
+            raise FacilitatorUnavailable(f"Solana RPC unavailable: {exc}") from None
+        if info is None or len(info.data) < TOKEN_ACCOUNT_SIZE:
+            return 0
+        return int(TokenAccount.from_bytes(bytes(info.data[:TOKEN_ACCOUNT_SIZE])).amount)
+
+    async def _settle_admitted(
+        self, key: str, check: ExactCheck, requirements: PaymentRequirements, payer: str, parties: list[Party]
     ) -> SettleResponse:
         """Simulate against the latest state, claim, broadcast with preflight, confirm; run with
-        the payer's lock held, so no other settlement from that token account moves its balance
-        between our simulation and our confirmation."""
+        the payer's place in flight held, so the settlements in flight from its token account
+        never move more than its balance."""
         assert check.transaction is not None
         network = requirements.network
         record = await self._load_key(key)
@@ -342,38 +414,27 @@ class LocalFacilitator:
                 encode_transaction(signed), skip_preflight=False, preflight_commitment="processed"
             )
         except RpcResponseError as exc:
-            # The node refused it outright: it cannot land. Terminal for this transaction.
+            # The node refused it outright (its preflight failed): it cannot land, and nothing
+            # was charged. Terminal for this transaction.
             message = f"broadcast refused: {exc.rpc_message}"
             await self._put(key, msgspec.structs.replace(record, state="failed", error=message))
-            return self._failure(network, Reason.TRANSACTION_FAILED, message, payer)
+            return self._failure(network, Reason.SIMULATION_FAILED, message, payer)
         except RpcUnavailable:
             pass  # Ambiguous: it may have been forwarded. Watch the signature; never resend.
-        return await self._confirm(key, record)
-
-    async def _hold_payer_lock(self, lock: str, token: str) -> bool:
-        """Take the payer's settlement lock, waiting up to ``payer_wait_s`` for its holder."""
-        deadline = time.monotonic() + self._payer_wait_s
-        while not await self._store.claim(lock, token, self._payer_lock_ttl_ms):
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(PAYER_LOCK_POLL_S)
-        return True
-
-    async def _release(self, lock: str, token: str) -> None:
-        """Let the payer's next settlement go, if the lock is still ours: one that expired while
-        we held it may belong to another settlement now (best effort: it expires by itself)."""
-        with contextlib.suppress(Exception):
-            await self._store.release(lock, token)
+        return await self._confirm(key, record, check.fee_lamports, parties)
 
     async def _resume(self, key: str, record: SettlementRecord) -> SettleResponse:
-        """A settle of a payment the store already knows: refuse, or reconcile its signature."""
+        """A settle of a payment the store already knows: refuse, or reconcile its signature
+        (whose fee and parties were counted by the settlement that broadcast it)."""
         if record.state == "settled":
             return self._duplicate(record)
         if record.state == "failed":
             return self._failure(record.network, Reason.TRANSACTION_FAILED, record.error, record.payer)
         return await self._confirm(key, record)
 
-    async def _confirm(self, key: str, record: SettlementRecord) -> SettleResponse:
+    async def _confirm(
+        self, key: str, record: SettlementRecord, fee_lamports: int = 0, parties: Sequence[Party] = ()
+    ) -> SettleResponse:
         """Wait for the recorded signature to be confirmed or to fail, up to the timeout (never
         resend); the node is polled at the chain's pace (:mod:`gateway.payments.confirmations`).
 
@@ -394,7 +455,9 @@ class LocalFacilitator:
         if status.err is not None:
             message = f"transaction failed: {_encoder.encode(status.err).decode()}"
             await self._put(key, msgspec.structs.replace(record, state="failed", error=message))
+            await self._counted(fee_lamports, parties, landed=False, network=record.network)
             return self._failure(record.network, Reason.TRANSACTION_FAILED, message, record.payer)
+        await self._counted(fee_lamports, parties, landed=True, network=record.network)
         won = await self._store.claim(key + DONE_SUFFIX, record.signature, self._record_ttl_ms)
         settled = msgspec.structs.replace(record, state="settled")
         await self._put(key, settled)
@@ -408,22 +471,30 @@ class LocalFacilitator:
             amount=record.amount,
         )
 
+    async def _counted(
+        self, fee_lamports: int, parties: Sequence[Party], *, landed: bool, network: str
+    ) -> None:
+        """Count a broadcast's fee by outcome, grow its parties' record or cool them down, and
+        read the fee payer's balance again (at most every ``BALANCE_REFRESH_S``). A reconciling
+        settle (no fee, no parties) counts nothing: the one that broadcast it did."""
+        if not parties:
+            return
+        SETTLEMENT_FEES.labels("landed" if landed else "failed").inc(fee_lamports)
+        with contextlib.suppress(Exception):  # best effort: the outcome is on chain already
+            await (self._guard.landed(parties) if landed else self._guard.failed(parties))
+        if time.monotonic() >= self._balance_read_at + BALANCE_REFRESH_S:
+            self._balance_read_at = time.monotonic()
+            with contextlib.suppress(RpcUnavailable, RpcResponseError):
+                rpc = self._rpc_for(normalize_network(network))
+                FEE_PAYER_BALANCE.set(await rpc.get_balance(self._address))
+
     # --- store helpers ----------------------------------------------------------------------
 
     async def _load(self, message_hash: str) -> SettlementRecord | None:
         return await self._load_key(KEY_PREFIX + message_hash)
 
     async def _load_key(self, key: str) -> SettlementRecord | None:
-        raw = await self._store.get(key)
-        if raw is None:
-            return None
-        try:
-            return _record_decoder.decode(raw)
-        except (msgspec.DecodeError, RecursionError):
-            # Not ours to overwrite; treat as a payment in an unknown state (never resend).
-            return SettlementRecord(
-                state="failed", signature="", network="", payer="", amount="", error="unreadable record"
-            )
+        return _decode_record(await self._store.get(key))
 
     async def _put(self, key: str, record: SettlementRecord) -> None:
         """Record a final state. Best effort: the outcome is on chain already, and if this
@@ -457,6 +528,25 @@ class LocalFacilitator:
         )
 
 
+def _decode_record(raw: str | None) -> SettlementRecord | None:
+    if raw is None:
+        return None
+    try:
+        return _record_decoder.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        # Not ours to overwrite; treat as a payment in an unknown state (never resend).
+        return SettlementRecord(
+            state="failed", signature="", network="", payer="", amount="", error="unreadable record"
+        )
+
+
+def _parties(check: ExactCheck) -> list[Party]:
+    """Whose settlement this is to the fee guard: the payer (owner), then its token account."""
+    assert check.transaction is not None
+    payer = check.payer or ""
+    return [Party("owner", payer), Party("account", transfer_source(check.transaction) or payer)]
+
+
 def load_local_facilitator(
     wallet_base58: str | None,
     store: Store,
@@ -466,6 +556,7 @@ def load_local_facilitator(
     url: str = "",
     session: aiohttp.ClientSession | None = None,
     policy: ExactPolicy | None = None,
+    guard: FeeGuard | None = None,
 ) -> LocalFacilitator | None:
     """The facilitator for ``FACILITATOR_WALLET_BASE58``, or None when it is unset.
 
@@ -481,4 +572,5 @@ def load_local_facilitator(
         url=url,
         session=session,
         policy=policy,
+        guard=guard,
     )

@@ -29,6 +29,9 @@ class PaidRequest:
     fingerprint: str
     """Route, payment and body: a retry must match it to reconcile or replay."""
     payment_id: str | None
+    client_ip: str = ""
+    """Who sent it: the fee guard counts a client IP's settlements in flight and cools it down
+    after one of them failed on chain."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,12 +10,16 @@ knows, nothing is broadcast twice, and exactly one request delivers the answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import secrets
+import time
 
 import msgspec
 
 from gateway.logs import log_event
 from gateway.payments.facilitators import Facilitator, FacilitatorUnavailable
+from gateway.payments.fee_guard import FeeGuard, Party
 from gateway.payments.ledger import (
     ANSWER_CAP_BYTES,
     DeliveredRecord,
@@ -38,18 +42,32 @@ from gateway.x402.headers import encode_header
 from gateway.x402.types import SettleResponse
 
 DUPLICATE_SETTLEMENT = "duplicate_settlement"
+TRANSACTION_FAILED = "transaction_failed"
+"""It landed and failed on chain: the fee payer paid for it."""
+GUARD_POLL_S = 0.1
 
 
 class Settlement:
     """Settles one route's payments; every outcome is a value, none is an exception."""
 
     def __init__(
-        self, *, route_name: str, ledger: PaymentLedger, facilitator: Facilitator, replay_cap_bytes: int
+        self,
+        *,
+        route_name: str,
+        ledger: PaymentLedger,
+        facilitator: Facilitator,
+        replay_cap_bytes: int,
+        guard: FeeGuard | None = None,
+        guard_wait_s: float = 5.0,
     ) -> None:
         self.route_name = route_name
         self.ledger = ledger
         self.facilitator = facilitator
         self.replay_cap_bytes = replay_cap_bytes
+        self.guard = guard
+        """Our own fee payer's guard (internal facilitator): a client IP's settlements in flight
+        stay within its allowance, and one that fails on chain cools the IP down."""
+        self.guard_wait_s = guard_wait_s
 
     async def settle(self, paid: PaidRequest, response: StoredResponse) -> Settled:
         """Record the intent, then settle. ``StoreUnavailable`` from the intent's write means the
@@ -82,7 +100,7 @@ class Settlement:
         self, paid: PaidRequest, intent: PendingSettlement, reconciling: bool
     ) -> Settled:
         try:
-            result: SettleResponse | None = await self.facilitator.settle(paid.payload, paid.requirements)
+            result: SettleResponse | None = await self._settle_as_client(paid)
         except (FacilitatorUnavailable, StoreUnavailable):
             result = None
         except asyncio.CancelledError:
@@ -111,6 +129,39 @@ class Settlement:
         log_event("payment settlement failed", route=self.route_name, payer=paid.payer, reason=reason)
         await self._close_intent(paid)
         return Failed(reason)
+
+    async def _settle_as_client(self, paid: PaidRequest) -> SettleResponse:
+        """The facilitator's settle; with the fee guard, inside the client IP's place in flight
+        (waiting up to ``guard_wait_s`` for one, else ``settlement_pending`` with nothing asked),
+        its outcome counted for the IP."""
+        guard = self.guard
+        if guard is None or not paid.client_ip:
+            return await self.facilitator.settle(paid.payload, paid.requirements)
+        client = [Party("ip", paid.client_ip)]
+        token = secrets.token_hex(16)
+        deadline = time.monotonic() + self.guard_wait_s
+        while True:
+            standing = await guard.standing(client)
+            if standing.cooling is not None:  # a settlement of this client failed meanwhile
+                return _not_asked(paid, "invalid_transaction_state", "this client cools down after a failure")
+            if await guard.enter(token, standing, client):
+                break
+            if time.monotonic() >= deadline:
+                return _not_asked(paid, "settlement_pending", "this client's settlements fill its allowance")
+            await asyncio.sleep(GUARD_POLL_S)
+        result: SettleResponse | None = None
+        try:
+            result = await self.facilitator.settle(paid.payload, paid.requirements)
+        finally:
+            if result is None or result.errorReason != "settlement_pending":
+                with contextlib.suppress(Exception):
+                    await guard.leave(token, client)
+        with contextlib.suppress(StoreUnavailable):
+            if result.success:
+                await guard.landed(client)
+            elif result.errorReason == TRANSACTION_FAILED:
+                await guard.failed(client)
+        return result
 
     async def _deliver_once(
         self, paid: PaidRequest, result: SettleResponse, intent: PendingSettlement, response: StoredResponse
@@ -179,6 +230,18 @@ class Settlement:
                 logging.WARNING,
                 route=self.route_name,
             )
+
+
+def _not_asked(paid: PaidRequest, reason: str, why: str) -> SettleResponse:
+    """A settlement the fee guard did not hand to the facilitator: nothing was broadcast."""
+    return SettleResponse(
+        success=False,
+        errorReason=reason,
+        errorMessage=f"{why}; nothing was asked of the facilitator",
+        transaction="",
+        network=paid.requirements.network,
+        payer=paid.payer,
+    )
 
 
 def _delivered(result: SettleResponse, response: StoredResponse) -> StoredResponse:

@@ -691,10 +691,17 @@ def set_mint(
 
 
 def set_token_account(
-    svm: LiteSVM, owner: Pubkey, mint: Pubkey, amount: int, *, token_program: Pubkey = TOKEN_PROGRAM
+    svm: LiteSVM,
+    owner: Pubkey,
+    mint: Pubkey,
+    amount: int,
+    *,
+    token_program: Pubkey = TOKEN_PROGRAM,
+    address: Pubkey | None = None,
 ) -> Pubkey:
-    """Write ``owner``'s associated token account for ``mint`` holding ``amount``; returns its address."""
-    address = get_associated_token_address(owner, mint, token_program)
+    """Write a token account of ``owner`` for ``mint`` holding ``amount`` at ``address`` (default:
+    its associated token account); returns its address."""
+    address = address or get_associated_token_address(owner, mint, token_program)
     data = bytes(
         TokenAccount(
             mint=mint,

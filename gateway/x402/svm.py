@@ -39,6 +39,9 @@ from gateway.x402.types import (
 )
 
 COMPUTE_BUDGET_PROGRAM = Pubkey.from_string("ComputeBudget111111111111111111111111111111")
+LAMPORTS_PER_SIGNATURE = 5_000
+"""Solana's base fee per signature."""
+MICRO_LAMPORTS_PER_LAMPORT = 1_000_000
 TOKEN_PROGRAM = Pubkey.from_string("TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA")
 TOKEN_2022_PROGRAM = Pubkey.from_string("TokenzQdBNbLqP5VEhdkAS6EPFLC1PHnBqCXEpPxuEb")
 ASSOCIATED_TOKEN_PROGRAM = Pubkey.from_string("ATokenGPvbdGVxr1b2hvZbsiqW5xWH25efTNsLJA8knL")
@@ -95,6 +98,11 @@ class Reason(enum.StrEnum):
     DUPLICATE_SETTLEMENT = "duplicate_settlement"
     SETTLEMENT_PENDING = "settlement_pending"
     TRANSACTION_FAILED = "transaction_failed"
+    """It landed and failed on chain: the fee payer paid its fee."""
+    INSUFFICIENT_FUNDS = "insufficient_funds"
+    INVALID_TRANSACTION_STATE = "invalid_transaction_state"
+    """The payment cannot be settled now: its payer, token account or client is cooling down
+    after a settlement of theirs failed on chain."""
     UNEXPECTED_SETTLE_ERROR = "unexpected_settle_error"
 
 
@@ -130,6 +138,9 @@ class ExactCheck(msgspec.Struct, frozen=True):
     """The TransferChecked authority (the client), once the transfer could be read."""
     transaction: VersionedTransaction | None = None
     """The decoded transaction, once it could be decoded (even when a later rule failed)."""
+    fee_lamports: int = 0
+    """What landing it costs the fee payer (every rule held): each signature's base fee plus the
+    priority fee its compute budget asks for."""
 
     @property
     def ok(self) -> bool:
@@ -460,7 +471,14 @@ def check_exact_payment(
         if memos[0] != expected_memo.encode("utf-8"):
             return fail(Reason.MEMO_MISMATCH, "the memo differs from extra.memo", payer, tx)
 
-    return ExactCheck(payer=payer, transaction=tx)
+    signatures = tx.message.header.num_required_signatures
+    fee = LAMPORTS_PER_SIGNATURE * signatures + priority_fee_lamports(units, price)
+    return ExactCheck(payer=payer, transaction=tx, fee_lamports=fee)
+
+
+def priority_fee_lamports(compute_unit_limit: int, compute_unit_price_micro_lamports: int) -> int:
+    """The priority fee Solana charges for a transaction with this compute budget."""
+    return -(-compute_unit_limit * compute_unit_price_micro_lamports // MICRO_LAMPORTS_PER_LAMPORT)
 
 
 def payment_client(tx: VersionedTransaction) -> tuple[str, str] | None:

@@ -138,8 +138,10 @@ def exact_instructions(
     memo: bytes | None = None,
     compute_unit_limit: int = DEFAULT_COMPUTE_UNIT_LIMIT,
     compute_unit_price: int = DEFAULT_COMPUTE_UNIT_PRICE,
+    source: Pubkey | None = None,
 ) -> list[Instruction]:
-    """The four instructions of an exact payment of ``requirements`` by ``payer``."""
+    """The four instructions of an exact payment of ``requirements`` by ``payer``, from
+    ``source`` (a token account of the payer's; default: its associated one)."""
     mint_key = Pubkey.from_string(mint.address)
     program = Pubkey.from_string(mint.token_program)
     if program not in (TOKEN_PROGRAM, TOKEN_2022_PROGRAM):
@@ -151,7 +153,7 @@ def exact_instructions(
         raise ValueError("requirements.amount does not fit a u64")
     pay_to = Pubkey.from_string(requirements.payTo)
     transfer = transfer_checked_instruction(
-        source=associated_token_address(payer, mint_key, program),
+        source=source or associated_token_address(payer, mint_key, program),
         mint=mint_key,
         destination=associated_token_address(pay_to, mint_key, program),
         authority=payer,
@@ -189,6 +191,7 @@ def build_exact_transaction(
     memo: bytes | None = None,
     compute_unit_limit: int = DEFAULT_COMPUTE_UNIT_LIMIT,
     compute_unit_price: int = DEFAULT_COMPUTE_UNIT_PRICE,
+    source: Pubkey | None = None,
 ) -> VersionedTransaction:
     """The partially signed payment transaction for ``requirements`` (fee payer slot empty)."""
     instructions = exact_instructions(
@@ -198,6 +201,7 @@ def build_exact_transaction(
         memo=memo,
         compute_unit_limit=compute_unit_limit,
         compute_unit_price=compute_unit_price,
+        source=source,
     )
     return partially_signed_transaction(
         instructions, fee_payer=fee_payer_of(requirements), signers=[payer], blockhash=blockhash

@@ -1,0 +1,136 @@
+"""What settlements that fail on chain may cost our fee payer, bounded per payer, per token account
+and per client IP.
+
+The internal facilitator's fee payer pays for every transaction that lands, failed ones too. A
+payer can make its settlements fail after every check passed: a transaction of its own that
+empties its token accounts lands between our preflight and ours (on a real cluster a broadcast
+lands a slot or more after the node's preflight). Such a failure looks like an honest burst until
+it lands, so the guard allows concurrency only as far as a party has earned it:
+
+* **in flight**: a party (a payer owner, a client IP) may have ``1 + 2 x settled`` settlements in
+  flight at once, ``settled`` being its settlements that landed in the last ``record_window_s``
+  (10 minutes), at most ``max_in_flight`` (16). A stranger settles one at a time; a client with
+  5 settled payments may have 11 in flight;
+* **funds**: the settlements in flight from one token account never move more USDC than its
+  balance observed right before the broadcast;
+* **cool-down**: a settlement that fails on chain puts its owner, its token account and its
+  client IP in a cool-down (``cooldown_s``, 10 minutes) in which they cannot pay (verify and the
+  gateway refuse them before the provider is called), and wipes their record.
+
+So one payer owner and one IP can make the fee payer lose at most one failed settlement per
+cool-down while they have no record, and ``max_in_flight`` once they have earned one (by paying
+for it: every settled payment was a sale). The state lives in the shared store, so replicas
+agree; a settlement in flight whose process dies frees its place when its hold lapses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.store import Entry, Hold, Store
+
+PREFIX = "x402gw:fee-guard:"
+
+PartyKind = Literal["owner", "account", "ip"]
+
+
+@dataclass(frozen=True, slots=True)
+class Party:
+    """Someone whose settlements the guard counts: a payer owner, a token account, a client IP."""
+
+    kind: PartyKind
+    id: str
+
+    @property
+    def record_key(self) -> str:
+        return f"{PREFIX}settled:{self.kind}:{self.id}"
+
+    @property
+    def cooldown_key(self) -> str:
+        return f"{PREFIX}cooling:{self.kind}:{self.id}"
+
+    @property
+    def in_flight_key(self) -> str:
+        return f"{PREFIX}in-flight:{self.kind}:{self.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """What the store knows of some parties: the first one cooling down, and each one's record
+    (and the values of the other keys read in the same round trip)."""
+
+    cooling: Party | None
+    records: Mapping[Party, int]
+    found: Sequence[str | None] = ()
+
+
+class FeeGuard:
+    """The allowances, records and cool-downs of the parties to settlements (see the module)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_in_flight: int = 16,
+        cooldown_s: float = 600.0,
+        record_window_s: float = 600.0,
+        hold_ttl_s: float = 60.0,
+    ) -> None:
+        self.store = store
+        self.max_in_flight = max_in_flight
+        self.cooldown_ms = int(cooldown_s * 1000)
+        self.record_window_ms = int(record_window_s * 1000)
+        self.hold_ttl_ms = int(hold_ttl_s * 1000)
+
+    def allowance(self, settled: int) -> int:
+        """How many settlements a party with ``settled`` recent ones may have in flight."""
+        return min(self.max_in_flight, 1 + 2 * settled)
+
+    async def standing(self, parties: Sequence[Party], also: Sequence[str] = ()) -> Standing:
+        """Who is cooling down and each party's record, and the values at ``also``, in one
+        store round trip."""
+        n = len(parties)
+        keys = [*also, *(p.cooldown_key for p in parties), *(p.record_key for p in parties)]
+        values = (await self.store.check_then_limit(keys, [])).values
+        first = len(also)
+        found, cooldowns, records = values[:first], values[first : first + n], values[first + n :]
+        cooling = next((p for p, v in zip(parties, cooldowns, strict=True) if v is not None), None)
+        return Standing(cooling, {p: _count(v) for p, v in zip(parties, records, strict=True)}, found)
+
+    async def enter(
+        self, token: str, standing: Standing, parties: Sequence[Party], funds: Hold | None = None
+    ) -> bool:
+        """Take a place in flight for each party (within its allowance) and, with ``funds``, the
+        amount against the balance; all or nothing, one round trip."""
+        holds = [Hold(p.in_flight_key, 1, self.allowance(standing.records.get(p, 0))) for p in parties]
+        if funds is not None:
+            holds.append(funds)
+        return await self.store.hold(holds, token, self.hold_ttl_ms)
+
+    async def leave(self, token: str, parties: Sequence[Party], funds: Hold | None = None) -> None:
+        keys = [p.in_flight_key for p in parties] + ([funds.key] if funds is not None else [])
+        await self.store.unhold(keys, token)
+
+    async def landed(self, parties: Sequence[Party]) -> None:
+        """A settlement of theirs landed: their record grows (it counts for ``record_window_s``)."""
+        await self.store.add_counts({p.record_key: 1 for p in parties}, self.record_window_ms)
+
+    async def failed(self, parties: Sequence[Party]) -> None:
+        """A settlement of theirs failed on chain: they cool down, and their record is gone."""
+        puts = [Entry(p.cooldown_key, "1", self.cooldown_ms) for p in parties]
+        puts += [Entry(p.record_key, "0", self.record_window_ms) for p in parties]
+        await self.store.claim_then_put([], puts)
+
+
+def account_funds(account: str, amount: int, balance: int) -> Hold:
+    """``amount`` of a settlement held against ``account``'s observed ``balance``."""
+    return Hold(f"{PREFIX}funds:{account}", amount, balance)
+
+
+def _count(value: str | None) -> int:
+    try:
+        return max(0, int(value)) if value is not None else 0
+    except ValueError:
+        return 0

@@ -1,0 +1,124 @@
+"""Attack: make the operator's fee payer pay for settlements that fail on chain.
+
+A client holding 10 small token accounts under one owner sends 10 paid requests at once and, at
+the same moment, one transaction of its own that empties those accounts. On a real cluster a
+broadcast lands a slot or more after the node's preflight, so every check (verify's simulation,
+settle's simulation, the preflight) passes before the drain lands, and every settlement that
+is broadcast fails on chain at the fee payer's expense. Mounted against the gateway settling
+with its own wallet (``FACILITATOR_URL=internal``) on LiteSVM, whose transactions land 300 ms
+after their preflight, for two rounds: the fee guard lets a stranger have one settlement in
+flight and cools the owner, its accounts and its IP down after it fails, so the fee payer loses
+one settlement's fee in all (the stated bound: two).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+from solders.keypair import Keypair
+from solders.message import MessageV0
+from solders.pubkey import Pubkey
+from solders.transaction import VersionedTransaction
+
+from gateway.solana_rpc import SolanaRpc
+from gateway.x402.headers import encode_header
+from gateway.x402.svm_payer import (
+    MintInfo,
+    build_exact_transaction,
+    build_payment_payload,
+    transfer_checked_instruction,
+)
+from gateway.x402.types import PaymentPayload
+from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, via
+from tests.support.paid_fixtures import GET_BALANCE, PaidGateway, Reply, StartPaidGateway, balance_body
+from tests.support.solana_rpc_server import UsdcChain, set_token_account
+
+ATTACKER_IP = "203.0.113.99"
+ACCOUNTS = 10
+ROUNDS = 2
+FAILED_FEES = 'x402_fee_payer_fees_lamports_total{outcome="failed"}'
+
+
+def _drain(chain: UsdcChain, owner: Keypair, accounts: list[Pubkey], amount: int) -> str:
+    """The owner's own transaction moving everything out of ``accounts`` (it pays its own fee)."""
+    thief = set_token_account(chain.svm, Keypair().pubkey(), chain.mint, 0)
+    instructions = [
+        transfer_checked_instruction(
+            source=account,
+            mint=chain.mint,
+            destination=thief,
+            authority=owner.pubkey(),
+            amount=amount,
+            decimals=chain.decimals,
+            token_program=chain.token_program,
+        )
+        for account in accounts
+    ]
+    message = MessageV0.try_compile(owner.pubkey(), instructions, [], chain.blockhash)
+    return base64.b64encode(bytes(VersionedTransaction(message, [owner]))).decode()
+
+
+async def _round(paid: PaidGateway, rpc: SolanaRpc, owner: Keypair) -> list[Reply]:
+    requirements, resource = await paid.requirements()
+    price = int(requirements.amount)
+    mint = MintInfo(address=str(paid.chain.mint), decimals=paid.chain.decimals)
+    accounts = [
+        set_token_account(paid.chain.svm, owner.pubkey(), paid.chain.mint, price, address=Keypair().pubkey())
+        for _ in range(ACCOUNTS)
+    ]
+    blockhash = paid.chain.blockhash
+    payments = [
+        build_payment_payload(
+            requirements,
+            build_exact_transaction(requirements, owner, mint, blockhash, source=account),
+            resource=resource,
+        )
+        for account in accounts
+    ]
+    await rpc.send_transaction(_drain(paid.chain, owner, accounts, price), skip_preflight=True)
+
+    async def pay(n: int, payment: PaymentPayload) -> Reply:
+        headers = {"payment-signature": encode_header(payment), **via(ATTACKER_IP)}
+        return await paid.post(GET_BALANCE, balance_body(request_id=n), headers)
+
+    return list(await asyncio.gather(*(pay(n, p) for n, p in enumerate(payments))))
+
+
+async def test_the_drain_race_costs_the_fee_payer_at_most_two_failed_settlements(
+    start_paid_gateway: StartPaidGateway,
+) -> None:
+    paid = await start_paid_gateway(internal=True, env={"TRUSTED_PROXIES": "127.0.0.1"})
+    owner = Keypair()
+    paid.chain.svm.airdrop(owner.pubkey(), 1_000_000_000)  # pays its own drains' fees
+    paid.rpc.land_delay_s = 0.3
+    fee_payer = paid.chain.fee_payer.pubkey()
+    before = paid.chain.lamports(fee_payer)
+    failed_fees_before = _metric(await paid.get("/metrics"), FAILED_FEES)
+    rpc = SolanaRpc(paid.rpc.url)
+    try:
+        replies = [reply for _ in range(ROUNDS) for reply in await _round(paid, rpc, owner)]
+    finally:
+        await rpc.close()
+
+    assert len(replies) == ROUNDS * ACCOUNTS
+    assert all(reply.status == 402 for reply in replies), [r.status for r in replies]
+    reasons = {reply.json()["error"] for reply in replies}
+    assert reasons <= {"settlement_failed", "invalid_transaction_state", "transaction_simulation_failed"}
+    lost = before - paid.chain.lamports(fee_payer)
+    assert lost <= 2 * ONE_SETTLEMENT_FEE
+    assert lost == ONE_SETTLEMENT_FEE  # one failed settlement: the owner and its IP cooled down after it
+    # The operator sees it: the fees lost to failed settlements, and the fee payer's balance.
+    metrics = await paid.get("/metrics")
+    # (computed from the transaction: the priority fee rounded up, 1 lamport here, which LiteSVM
+    # does not charge)
+    assert _metric(metrics, FAILED_FEES) - failed_fees_before in (lost, lost + 1)
+    assert _metric(metrics, "x402_fee_payer_balance_lamports") == paid.chain.lamports(fee_payer)
+
+
+def _metric(reply: Reply, series: str) -> float:
+    """A series' value in a /metrics answer (0 when it is not there yet)."""
+    for line in reply.body.decode().splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

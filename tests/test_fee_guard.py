@@ -1,0 +1,160 @@
+"""The internal facilitator's fee guard against LiteSVM: a payer settles as many payments at once
+as it can pay and has earned, and a payer whose settlement failed on chain costs the fee payer
+no second fee (the drain race: its own transaction empties its token accounts between our
+preflight and our landing)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Callable
+
+from solders.keypair import Keypair
+from solders.message import MessageV0
+from solders.pubkey import Pubkey
+from solders.transaction import VersionedTransaction
+
+from gateway.payments.local_facilitator import LocalFacilitator
+from gateway.solana_rpc import SolanaRpc
+from gateway.store.memory import MemoryStore
+from gateway.x402.svm_payer import (
+    MintInfo,
+    build_exact_transaction,
+    build_payment_payload,
+    transfer_checked_instruction,
+)
+from gateway.x402.types import PaymentPayload, PaymentRequirements, SettleResponse
+from tests.support.paid_processes import eventually
+from tests.support.solana_fixtures import MakeFacilitator, exact_requirements
+from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_token_account
+
+AMOUNT = 10_000
+FEE = 2 * 5_000  # two signatures; the builder's priority fee rounds to 0 lamports
+
+
+def _payment(
+    chain: UsdcChain, req: PaymentRequirements, owner: Keypair | None = None, source: Pubkey | None = None
+) -> PaymentPayload:
+    mint = MintInfo(address=str(chain.mint), decimals=chain.decimals)
+    tx = build_exact_transaction(req, owner or chain.payer, mint, chain.blockhash, source=source)
+    return build_payment_payload(req, tx)
+
+
+async def _settle_all(
+    facilitator: LocalFacilitator, req: PaymentRequirements, payments: list[PaymentPayload]
+) -> list[SettleResponse]:
+    return list(await asyncio.gather(*(facilitator.settle(p, req) for p in payments)))
+
+
+def _successes(outcomes: list[SettleResponse]) -> int:
+    return sum(o.success for o in outcomes)
+
+
+async def test_twelve_at_once_from_a_wallet_that_affords_one_land_one_transaction(
+    make_usdc_chain: Callable[..., UsdcChain],
+    solana_rpc_server: LiteSvmRpcServer,
+    make_local_facilitator: MakeFacilitator,
+) -> None:
+    chain = make_usdc_chain(payer_amount=AMOUNT)
+    req = exact_requirements(chain, amount=str(AMOUNT))
+    facilitator = make_local_facilitator(chain, payer_wait_s=3.0)
+    before = chain.lamports(chain.fee_payer.pubkey())
+
+    outcomes = await _settle_all(facilitator, req, [_payment(chain, req) for _ in range(12)])
+
+    assert _successes(outcomes) == 1
+    assert {o.errorReason for o in outcomes if not o.success} == {"insufficient_funds"}
+    assert len(solana_rpc_server.sent) == 1
+    assert chain.balance(chain.pay_to_ata) == AMOUNT and chain.balance(chain.payer_ata) == 0
+    assert before - chain.lamports(chain.fee_payer.pubkey()) == FEE
+
+
+async def test_a_payer_with_a_record_of_settled_payments_settles_ten_at_once(
+    make_usdc_chain: Callable[..., UsdcChain],
+    solana_rpc_server: LiteSvmRpcServer,
+    make_local_facilitator: MakeFacilitator,
+) -> None:
+    chain = make_usdc_chain()
+    req = exact_requirements(chain, amount=str(AMOUNT))
+    facilitator = make_local_facilitator(chain, store=MemoryStore())
+    for _ in range(5):  # its record: 5 settled payments, so 11 may be in flight
+        assert (await facilitator.settle(_payment(chain, req), req)).success
+    solana_rpc_server.hold_confirmations = True
+
+    settling = asyncio.gather(*(facilitator.settle(_payment(chain, req), req) for _ in range(10)))
+    await eventually(lambda: len(solana_rpc_server.sent) == 15, what="all ten broadcast before any confirmed")
+    solana_rpc_server.release_confirmations()
+
+    assert _successes(list(await settling)) == 10
+    assert chain.balance(chain.pay_to_ata) == 15 * AMOUNT
+
+
+async def test_a_stranger_settles_one_at_a_time_until_it_has_a_record(
+    make_usdc_chain: Callable[..., UsdcChain],
+    solana_rpc_server: LiteSvmRpcServer,
+    make_local_facilitator: MakeFacilitator,
+) -> None:
+    chain = make_usdc_chain()
+    req = exact_requirements(chain, amount=str(AMOUNT))
+    facilitator = make_local_facilitator(chain, store=MemoryStore())
+    solana_rpc_server.hold_confirmations = True
+
+    settling = asyncio.gather(*(facilitator.settle(_payment(chain, req), req) for _ in range(3)))
+    await eventually(lambda: len(solana_rpc_server.sent) == 1, what="the first broadcast")
+    await asyncio.sleep(0.3)
+    assert len(solana_rpc_server.sent) == 1  # the others wait for the first to land
+    solana_rpc_server.release_confirmations()
+
+    assert _successes(list(await settling)) == 3
+
+
+def _drain(chain: UsdcChain, owner: Keypair, accounts: list[Pubkey], amount: int) -> str:
+    """The owner's own transaction moving everything out of ``accounts`` (it pays its own fee)."""
+    thief = set_token_account(chain.svm, Keypair().pubkey(), chain.mint, 0)
+    ixs = [
+        transfer_checked_instruction(
+            source=account,
+            mint=chain.mint,
+            destination=thief,
+            authority=owner.pubkey(),
+            amount=amount,
+            decimals=chain.decimals,
+            token_program=chain.token_program,
+        )
+        for account in accounts
+    ]
+    message = MessageV0.try_compile(owner.pubkey(), ixs, [], chain.blockhash)
+    return base64.b64encode(bytes(VersionedTransaction(message, [owner]))).decode()
+
+
+async def test_the_drain_race_costs_the_fee_payer_one_failed_settlement_in_two_rounds(
+    make_usdc_chain: Callable[..., UsdcChain],
+    solana_rpc_server: LiteSvmRpcServer,
+    make_local_facilitator: MakeFacilitator,
+) -> None:
+    chain = make_usdc_chain()
+    req = exact_requirements(chain, amount=str(AMOUNT))
+    facilitator = make_local_facilitator(chain, store=MemoryStore())
+    owner = Keypair()
+    chain.svm.airdrop(owner.pubkey(), 1_000_000_000)  # pays its own drain's fee
+    solana_rpc_server.land_delay_s = 0.3  # broadcast now, landed a moment later, as on a cluster
+    rpc = SolanaRpc(solana_rpc_server.url)
+    before = chain.lamports(chain.fee_payer.pubkey())
+    failed_on_chain = 0
+    try:
+        for _ in range(2):
+            accounts = [
+                set_token_account(chain.svm, owner.pubkey(), chain.mint, AMOUNT, address=Keypair().pubkey())
+                for _ in range(10)
+            ]
+            payments = [_payment(chain, req, owner, source) for source in accounts]
+            # The drain goes out first and lands while our checks still see the funds.
+            await rpc.send_transaction(_drain(chain, owner, accounts, AMOUNT), skip_preflight=True)
+            outcomes = await _settle_all(facilitator, req, payments)
+            failed_on_chain += sum(o.errorReason == "transaction_failed" for o in outcomes)
+            assert _successes(outcomes) == 0
+    finally:
+        await rpc.close()
+
+    assert failed_on_chain == 1
+    assert before - chain.lamports(chain.fee_payer.pubkey()) == FEE  # at most 2 fees lost: here 1
