@@ -48,6 +48,7 @@ GATEWAY_VARIABLES: tuple[str, ...] = (
     "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS",
     "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
     "CLIENT_BODY_TIMEOUT_SECONDS", "X402_MAX_COMPUTE_UNIT_LIMIT", "X402_MAX_COMPUTE_UNIT_PRICE",
+    "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC",
 )  # fmt: skip
 UPSTREAM_VARIABLE = re.compile(r"[A-Z][A-Z0-9_]{0,99}")
 """What an upstream's URL variable may be called (the route loader refuses any other name)."""
@@ -65,6 +66,8 @@ class ConfigError(Exception):
 
 MAX_CU_PER_TRANSACTION = 1_400_000
 """Solana's own ceiling on a transaction's compute-unit limit."""
+MAX_SETTLEMENT_FEE_MICRO_USDC = 1_000_000
+"""The most an external facilitator's settlement fee may add to every price: one USDC."""
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,6 +78,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     facilitator_url: str = CDP_FACILITATOR_URL
     facilitator_api_key_id: str = ""
     facilitator_api_key_secret: Secret = Secret("")
+    facilitator_settlement_fee_micro_usdc: int = 0
+    """What an external facilitator's settlement costs the operator, added to every price (the
+    internal facilitator's fee is the route table's: it follows from the compute caps)."""
     pay_to: str = ""
     usdc_mint: str = USDC_MAINNET_MINT
     solana_mainnet_rpc_url: Secret = Secret(PUBLIC_MAINNET_RPC_URL)
@@ -367,6 +373,9 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         facilitator_url=_facilitator_url(r),
         facilitator_api_key_id=r.text("FACILITATOR_API_KEY_ID"),
         facilitator_api_key_secret=Secret(r.text("FACILITATOR_API_KEY_SECRET")),
+        facilitator_settlement_fee_micro_usdc=r.integer(
+            "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", 0, 0, MAX_SETTLEMENT_FEE_MICRO_USDC
+        ),
         pay_to=r.pubkey("X402_PAY_TO_WALLET"),
         usdc_mint=r.pubkey("X402_USDC_MINT", USDC_MAINNET_MINT),
         solana_mainnet_rpc_url=Secret(r.url("SOLANA_MAINNET_RPC_URL", PUBLIC_MAINNET_RPC_URL)),
@@ -409,6 +418,11 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         route_groups=_route_groups(r),
     )
     _check_keys(settings, r.problems)
+    if settings.uses_internal_facilitator and r.text("FACILITATOR_SETTLEMENT_FEE_MICRO_USDC"):
+        r.problems.append(
+            "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC is an external facilitator's fee: with "
+            "FACILITATOR_URL=internal the fee is routes.yaml's pricing.settlement_fee_micro_usdc; unset it"
+        )
     if settings.siwx_secret and len(settings.siwx_secret.reveal()) < 32:
         r.problems.append("SIWX_SECRET must be at least 32 characters (shared by all replicas)")
     shown = str(routes_file)[:200]

@@ -142,6 +142,7 @@ def test_base_url_loses_its_trailing_slash() -> None:
         ("MAX_BODY_BYTES", "4096", "max_body_bytes", 4096),
         ("LOG_LEVEL", "debug", "log_level", "DEBUG"),
         ("FACILITATOR_API_KEY_ID", "key-id", "facilitator_api_key_id", None),
+        ("FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "1500", "facilitator_settlement_fee_micro_usdc", 1500),
     ],
     # A random wallet must not name the test: parallel workers collect the same ids.
     ids=lambda value: "wallet" if value == PAY_TO else None,
@@ -253,12 +254,32 @@ def test_malformed_integer_is_a_config_error(value: str) -> None:
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("PORT", "0"), ("PORT", "65536"), ("RATE_LIMIT_RPC_RPS", "0"), ("MAX_BODY_BYTES", "10")],
+    [
+        ("PORT", "0"),
+        ("PORT", "65536"),
+        ("RATE_LIMIT_RPC_RPS", "0"),
+        ("MAX_BODY_BYTES", "10"),
+        ("FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "-1"),
+        ("FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "1000001"),
+    ],
 )
 def test_integer_out_of_range_is_a_config_error(variable: str, value: str) -> None:
     (problem,) = _problems({**BASE, variable: value})
 
     assert problem.startswith(f"{variable} must be between")
+
+
+def test_an_external_facilitators_settlement_fee_defaults_to_none() -> None:
+    assert load_settings(BASE).facilitator_settlement_fee_micro_usdc == 0
+
+
+def test_a_settlement_fee_for_the_internal_facilitator_is_refused_naming_where_its_fee_is_set() -> None:
+    env = {**BASE, "FACILITATOR_URL": "internal", "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC": "0"}
+
+    assert _problems(env) == [
+        "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC is an external facilitator's fee: with "
+        "FACILITATOR_URL=internal the fee is routes.yaml's pricing.settlement_fee_micro_usdc; unset it"
+    ]
 
 
 @pytest.mark.parametrize("value", ["fast", "1_5", "nan", "inf", "-1", "0", "301"])
