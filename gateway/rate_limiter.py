@@ -50,6 +50,13 @@ def _bucket_key(spec: RateLimitSpec, wallet: str | None, ip: str | None) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Limited:
+    """A bucket refused the request: ``error`` is its 429 (with ``Retry-After``), to render."""
+
+    error: GatewayError
+
+
+@dataclass(frozen=True, slots=True)
 class BucketPlan:
     """The buckets one request is charged, in the order they are charged: its own (its wallet,
     its IP), then the guards, then the shared ones (a scope, an upstream key). A request refused

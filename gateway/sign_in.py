@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.errors import GatewayError
-from gateway.rate_limiter import RateLimiter
+from gateway.rate_limiter import Limited, RateLimiter
 from gateway.routes import RateLimitSpec
 from gateway.store import Entry, Store, StoreUnavailable
 from gateway.x402.siwx import VerifiedSignIn
@@ -32,14 +31,8 @@ class Replayed:
     """The nonce was used already: a replayed sign-in."""
 
 
-@dataclass(frozen=True, slots=True)
-class Limited:
-    """A bucket refused the sign-in: ``error`` is its 429; nothing shared was spent."""
-
-    error: GatewayError
-
-
 Admission = Admitted | Replayed | Limited
+"""``Limited``: a bucket refused the sign-in; nothing shared was spent."""
 
 
 class SignInGate:

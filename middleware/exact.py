@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.asgi import ASGIApp, Receive, Scope, Send, header, read_body
+from gateway.asgi import ASGIApp, Receive, Scope, Send, header, read_body, send_error
 from gateway.context import request_context
-from gateway.payments import Challenge, Paid, PaymentGate, Reconcile, Refused, Replay, Settlement
+from gateway.errors import ErrorCode, GatewayError
+from gateway.payments import Challenge, Conflict, Paid, PaymentGate, Reconcile, Refused, Replay, Settlement
+from gateway.rate_limiter import Limited
 from gateway.validation import ValidatedInput
 from gateway.x402.headers import PAYMENT_SIGNATURE, X_PAYMENT
 from middleware.payment_answers import PaymentAnswers
@@ -60,6 +62,10 @@ class X402Exact:
                 await self.answers.refused(scope, send, refused)
             case Reconcile() as retry:
                 await self.answers.settled(scope, send, retry.paid, await self.settlement.reconcile(retry))
+            case Conflict(message=message):
+                await send_error(send, GatewayError(ErrorCode.IDEMPOTENCY_CONFLICT, message))
+            case Limited(error=error):
+                await send_error(send, error)
             case Paid(paid=paid, body=body):
                 ctx.amount = paid.requirements.amount
                 ctx.payment = paid

@@ -19,11 +19,22 @@ from urllib.parse import quote
 
 import msgspec
 
-from gateway.asgi import ASGIApp, RawHeaders, Receive, Scope, Send, header, read_body, replay_body, send_bytes
+from gateway.asgi import (
+    ASGIApp,
+    RawHeaders,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    replay_body,
+    send_bytes,
+    send_error,
+)
 from gateway.context import request_context
-from gateway.rate_limiter import RateLimiter
+from gateway.rate_limiter import Limited, RateLimiter
 from gateway.routes import RouteSpec
-from gateway.sign_in import Limited, Replayed, SignInGate
+from gateway.sign_in import Replayed, SignInGate
 from gateway.validation import RequestValidator, ValidatedInput
 from gateway.x402.headers import SIGN_IN_WITH_X, encode_header
 from gateway.x402.siwx import SiwxError, SiwxIssuer, SiwxReason
@@ -72,7 +83,7 @@ class SignInWithX:
                 await self._refuse(scope, send, resource, SiwxReason.REPLAYED.value)
             case Limited(error=error):
                 await self.limiter.challenge(scope)
-                raise error
+                await send_error(send, error)
             case _:
                 ctx.outcome = "signed_in"
                 ctx.sign_in, ctx.input = verified, validated

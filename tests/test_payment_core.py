@@ -21,6 +21,7 @@ from gateway.payments import (
     Authorization,
     Candidate,
     Challenge,
+    Conflict,
     Delivered,
     Failed,
     Interrupted,
@@ -37,6 +38,7 @@ from gateway.payments import (
 from gateway.payments.facilitators import FacilitatorUnavailable
 from gateway.payments.ledger import ANSWER_CAP_BYTES, pay_key, pending_key
 from gateway.payments.results import PaidRequest
+from gateway.rate_limiter import Limited
 from gateway.routes import RateLimitSpec
 from gateway.store import Store, StoreUnavailable
 from gateway.store.memory import MemoryStore
@@ -309,17 +311,16 @@ async def test_the_wallet_limit_is_spent_only_by_signed_payments() -> None:
     wallet = RateLimitSpec(scope="rpc:wallet", limit=1, period_ms=60_000, per="wallet")
     route = paid_route(MemoryStore(), balance_route(rate_limits=[wallet]))
     await _paid(route, route.sign())
-    with pytest.raises(GatewayError) as error:
-        await route.gate.authorize(await _candidate(route, route.sign()), CLIENT_IP)
-    assert error.value.status == 429 and error.value.headers["Retry-After"]
+    limited = await route.gate.authorize(await _candidate(route, route.sign()), CLIENT_IP)
+    assert isinstance(limited, Limited)
+    assert limited.error.status == 429 and limited.error.headers["Retry-After"]
     assert len(route.facilitator.verified) == 1  # the limit comes before the facilitator
 
 
 async def test_a_payment_identifier_of_another_request_is_a_409(route: PaidRoute) -> None:
     await _paid(route, route.sign(payment_id=PAYMENT_ID))
-    with pytest.raises(GatewayError) as error:
-        await route.gate.authorize(await _candidate(route, route.sign(payment_id=PAYMENT_ID)), CLIENT_IP)
-    assert (error.value.status, error.value.code) == (409, "idempotency_conflict")
+    conflict = await _offer(route, route.sign(payment_id=PAYMENT_ID))
+    assert conflict == Conflict("payment identifier was used with another payment or request")
 
 
 async def test_a_settled_request_with_a_payment_identifier_replays_its_answer(route: PaidRoute) -> None:
@@ -478,11 +479,11 @@ async def _offer(
 
 
 async def _limited_scope(route: PaidRoute, payment: PaymentPayload, ip: str) -> str:
-    with pytest.raises(GatewayError) as error:
-        await route.gate.authorize(await _candidate(route, payment), ip)
-    assert (error.value.status, error.value.code) == (429, "rate_limited")
-    assert error.value.details is not None
-    return str(error.value.details["scope"])
+    limited = await route.gate.authorize(await _candidate(route, payment), ip)
+    assert isinstance(limited, Limited)
+    assert (limited.error.status, limited.error.code) == (429, "rate_limited")
+    assert limited.error.details is not None
+    return str(limited.error.details["scope"])
 
 
 async def test_payments_the_facilitator_refuses_spend_nothing_of_the_shared_scope(limited: PaidRoute) -> None:

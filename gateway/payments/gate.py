@@ -42,6 +42,7 @@ from gateway.payments.results import (
     Authorization,
     Candidate,
     Challenge,
+    Conflict,
     Inspection,
     Paid,
     PaidRequest,
@@ -49,7 +50,7 @@ from gateway.payments.results import (
     Refused,
     Replay,
 )
-from gateway.rate_limiter import BucketPlan
+from gateway.rate_limiter import BucketPlan, Limited
 from gateway.routes import RateLimitSpec
 from gateway.store import Bucket, StoreUnavailable
 from gateway.validation import RequestValidator
@@ -132,8 +133,8 @@ class PaymentGate:
         )
 
     async def authorize(self, candidate: Candidate, client_ip: str) -> Authorization:
-        """The shared checks, ending in the verified claim. Raises the one-shape errors: 409 for a
-        payment identifier of another request, 429, 503 (store, facilitator)."""
+        """The shared checks, ending in the verified claim, or the value saying why not (a replay,
+        a refusal, a conflict, a limit). Raises only on outages: 503 (store, facilitator)."""
         plan = self.limiter.plan(
             self.limits, wallet=candidate.payer, ip=client_ip, guards=self.limiter.refusal_guards
         )
@@ -147,9 +148,7 @@ class PaymentGate:
             blockers,
         )
         if attempt.payment_id is not None and attempt.payment_id.fingerprint != candidate.fingerprint:
-            raise GatewayError(
-                ErrorCode.IDEMPOTENCY_CONFLICT, "payment identifier was used with another payment or request"
-            )
+            return Conflict("payment identifier was used with another payment or request")
         # A used payment is refused from the store, before any shared bucket or the facilitator
         # is charged for it: once broadcast, a real facilitator's verify fails (the funds moved),
         # which would lose a pending settlement's withheld response and blame the wrong reason.
@@ -173,12 +172,10 @@ class PaymentGate:
         if attempt.payment_id is not None:
             # The identifier names this very request while its payment is unclaimed: the two are
             # written together and the identifier expires first, so another request holds it.
-            raise GatewayError(
-                ErrorCode.IDEMPOTENCY_CONFLICT, "payment identifier already used by another request"
-            )
-        limited = plan.refusal(attempt.decisions)
-        if limited is not None:
-            raise limited
+            return Conflict("payment identifier already used by another request")
+        refused_by = plan.refusal(attempt.decisions)
+        if refused_by is not None:
+            return Limited(refused_by)
         if not attempt.won:
             raise StoreUnavailable("state store neither refused nor recorded the payment's claim")
         try:

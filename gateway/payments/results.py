@@ -1,8 +1,9 @@
 """The values the payment core hands its callers: one paid request, and what each step came to.
 
-Every outcome the client hears as a 402 or a paid answer is a tagged value here, so an adapter
-renders it with one ``match`` and the core never speaks HTTP. Failures that become the one
-error shape (400, 409, 429, 503) stay exceptions: they end the request wherever they happen.
+Every outcome of a request is a tagged value here (a 402, a paid answer, a 409, a 429), so an
+adapter renders it with one ``match`` and the core never speaks HTTP. Only invalid input (400)
+and outages (503: the store, the facilitator) stay exceptions: they end the request wherever
+they happen, converted once.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.payments.ledger import PendingSettlement, StoredResponse
+from gateway.rate_limiter import Limited
 from gateway.x402.types import PaymentPayload, PaymentRequirements
 
 
@@ -71,6 +73,13 @@ class Replay:
 
 
 @dataclass(frozen=True, slots=True)
+class Conflict:
+    """A payment identifier that belongs to another request or payment: 409."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class Reconcile:
     """The request whose settlement was left pending came again: settle it again, never re-pay."""
 
@@ -113,5 +122,5 @@ class Failed:
 
 
 Inspection = Challenge | Refused | Candidate
-Authorization = Replay | Refused | Reconcile | Paid
+Authorization = Replay | Refused | Reconcile | Paid | Conflict | Limited
 Settled = Delivered | Pending | Interrupted | Failed | Refused
