@@ -321,6 +321,8 @@ def gateway_env(port: int, stubs: dict[str, Server], routes_file: Path, log_leve
         # Required for the paid groups; the stub facilitator does not check the JWT it signs.
         FACILITATOR_API_KEY_ID="bench-key-id",
         FACILITATOR_API_KEY_SECRET=base64.b64encode(bytes(Keypair())).decode("ascii"),
+        # Priced like the peer (bench/apps.py PEER_PRICE): getBalance's 5 plus a 2200 settlement fee.
+        FACILITATOR_SETTLEMENT_FEE_MICRO_USDC="2200",
         ASSET_API_BASE_URL=stubs["asset"].url,
         ASSET_API_KEY="bench-asset-api-key-0123456789",
         SIWX_SECRET="bench-siwx-secret-0123456789abcdef0123456789",

@@ -57,7 +57,7 @@ def _ready(route: RouteSpec, services: Services) -> ASGIApp:
 
 def _catalog(route: RouteSpec, services: Services) -> ASGIApp:
     s = services.settings
-    return CatalogHandler(route, services.routes, s.base_url, s.usdc_mint, s.pay_to)
+    return CatalogHandler(route, services.routes, s.base_url, s.usdc_mint, s.pay_to, services.facilitator_fee)
 
 
 def _metrics(route: RouteSpec, services: Services) -> ASGIApp:
@@ -66,7 +66,7 @@ def _metrics(route: RouteSpec, services: Services) -> ASGIApp:
 
 def _openapi(route: RouteSpec, services: Services) -> ASGIApp:
     s = services.settings
-    return OpenApiHandler(services.routes, s.base_url, s.usdc_mint, s.pay_to)
+    return OpenApiHandler(services.routes, s.base_url, s.usdc_mint, s.pay_to, services.facilitator_fee)
 
 
 def _tokens(route: RouteSpec, services: Services) -> ASGIApp:
@@ -144,6 +144,7 @@ def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
         pay_to=s.pay_to,
         timeout_s=s.payment_timeout_s,
         facilitator_url=facilitator.url,
+        fee=services.facilitator_fee,
     )
     ledger = PaymentLedger(services.store)
     gate = PaymentGate(

@@ -12,7 +12,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.config import ConfigError, Settings, read_settings, startup_notes
+from gateway.config import INTERNAL, ConfigError, Settings, read_settings, startup_notes
+from gateway.pricing import FacilitatorFee, facilitator_fee, route_price
 from gateway.redact import redact_url
 from gateway.routes import (
     RateLimitSpec,
@@ -24,6 +25,9 @@ from gateway.routes import (
     route_plan,
 )
 from gateway.settlement_cost import worst_case_lamports
+
+PRICING_VARIABLES = ("ROUTES_FILE", "FACILITATOR_URL", "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC")
+"""What ``routes`` reads: the table and the facilitator whose settlement fee the prices carry."""
 
 
 def _load(env: dict[str, str]) -> tuple[Settings, list[RouteSpec], list[str]]:
@@ -67,17 +71,42 @@ def report(settings: Settings, notes: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def route_table(routes: Sequence[RouteSpec]) -> str:
-    """One line per route; LIMITS lists every rate limit in full (count per period)."""
-    rows = [("METHOD", "ACCESS", "PRICE(uUSDC)", "LIMITS", "PATH")]
+def route_table(routes: Sequence[RouteSpec], fee: FacilitatorFee) -> str:
+    """One line per route; PRICE is what the facilitator charging ``fee`` settles, the sum of
+    PROVIDER and FEE (its settlement fee); LIMITS lists every rate limit in full (count per
+    period)."""
+    rows = [["METHOD", "ACCESS", "PRICE(uUSDC)", "PROVIDER", "FEE", "LIMITS", "PATH"]]
     for r in routes:
         limits = ",".join(_limit_text(x) for x in r.rate_limits) or "-"
-        price = str(r.price_micro_usdc) if r.price_micro_usdc is not None else "-"
-        rows.append((r.method, r.access, price, limits, r.path))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        price = route_price(r, fee)
+        parts = [price.total, price.provider, price.settlement_fee] if price is not None else ["-"] * 3
+        rows.append([r.method, r.access, *map(str, parts), limits, r.path])
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    aligns = "<<>>><"  # the path, last, is not padded
     return "\n".join(
-        f"{m:<{widths[0]}}  {a:<{widths[1]}}  {p:>{widths[2]}}  {lim:<{widths[3]}}  {path}"
-        for m, a, p, lim, path in rows
+        "  ".join([*(f"{row[i]:{aligns[i]}{widths[i]}}" for i in range(6)), row[6]]) for row in rows
+    )
+
+
+def _internal_fees(routes: Sequence[RouteSpec]) -> str:
+    """The settlement fee the route table states for the internal facilitator, in micro-USDC."""
+    fees = sorted({r.internal_settlement.fee_micro_usdc for r in routes if r.access == "exact"})
+    return " or ".join(map(str, fees)) or "0"
+
+
+def pricing_line(routes: Sequence[RouteSpec], settings: Settings) -> str:
+    """Which facilitator's settlement fee the prices carry, and where it is set."""
+    fee = facilitator_fee(settings)
+    internal = f"{_internal_fees(routes)} micro-USDC"
+    if fee.internal:
+        return (
+            f"prices: provider part + {internal} settlement fee of the internal facilitator "
+            f"({fee.source}: our fee payer pays the Solana fees)"
+        )
+    return (
+        f"prices: provider part + {fee.external_micro_usdc} micro-USDC settlement fee of the external "
+        f"facilitator {redact_url(settings.facilitator_url)} ({fee.source}: it pays the Solana fees); "
+        f"with FACILITATOR_URL={INTERNAL} the fee is {internal} ({FacilitatorFee(internal=True).source})"
     )
 
 
@@ -94,45 +123,51 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 1
     print(report(settings, notes))
     print(settlement_line(mounted, settings))
+    print(pricing_line(mounted, settings))
     print()
-    print(route_table(mounted))
+    print(route_table(mounted, facilitator_fee(settings)))
     return 0
 
 
 def settlement_line(routes: list[RouteSpec], settings: Settings) -> str:
-    """What one settlement can cost the fee payer, against what the cheapest paid route earns."""
+    """Who pays the Solana fee of a settlement; for our own fee payer, the most one settlement
+    can cost against what the settlement fee of every price covers."""
+    if not settings.uses_internal_facilitator:
+        return "settlement: the external facilitator pays the Solana fees; our fee payer pays none"
     worst = worst_case_lamports(settings.exact_policy)
-    paid = [r for r in routes if r.access == "exact" and r.price_micro_usdc is not None]
+    paid = [r for r in routes if r.access == "exact"]
     if not paid:
         return f"settlement: worst case {worst} lamports per settlement; no paid route is served"
-    cheapest = min(paid, key=lambda r: r.price_micro_usdc or 0)
-    earned = cheapest.settlement_budget_lamports
+    terms = min((r.internal_settlement for r in paid), key=lambda t: t.fee_micro_usdc)
     covers = (
         "routes.yaml states no SOL price to compare"
-        if earned is None
-        else f"its settlement fee covers {earned} lamports"
+        if terms.fee_lamports is None
+        else f"covers {terms.fee_lamports} lamports at the SOL price routes.yaml states"
     )
     return (
         f"settlement: worst case {worst} lamports per settlement (2 signatures + compute caps "
         f"{settings.max_compute_unit_limit} CU x {settings.max_compute_unit_price} micro-lamports/CU); "
-        f"cheapest route {cheapest.name} sells at {cheapest.price_micro_usdc} micro-USDC, {covers}"
+        f"the settlement fee of every price, {terms.fee_micro_usdc} micro-USDC, {covers}"
     )
 
 
 def cmd_routes(args: argparse.Namespace) -> int:
     """The whole table as routes.yaml expands it; needs no environment (named limits at their
-    defaults unless set)."""
+    defaults unless set), priced through the facilitator the environment names: unset, the
+    default external one, whose settlement fee is none unless configured."""
     settings, problems = read_settings(dict(os.environ))
-    file_problems = [p for p in problems if p.startswith("ROUTES_FILE")]
-    if file_problems:
-        print(ConfigError(file_problems), file=sys.stderr)
+    read_problems = [p for p in problems if p.startswith(PRICING_VARIABLES)]
+    if read_problems:
+        print(ConfigError(read_problems), file=sys.stderr)
         return 1
     try:
         routes = load_routes(settings.routes_file, named_limits(settings))
     except RoutesError as exc:
         print(exc, file=sys.stderr)
         return 1
-    print(route_table(routes))
+    print(pricing_line(routes, settings))
+    print()
+    print(route_table(routes, facilitator_fee(settings)))
     return 0
 
 
@@ -311,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "routes",
         help="print the whole expanded routes.yaml table (no environment needed)",
         description="Print every route of ROUTES_FILE (default: the packaged routes.yaml) with its "
-        "access mode, price in micro-USDC and rate limits (count per period).",
+        "access mode, price in micro-USDC (the provider part plus the settlement fee of the facilitator "
+        "FACILITATOR_URL names, the default one when unset) and rate limits (count per period).",
     )
     routes.set_defaults(func=cmd_routes)
     sandbox = sub.add_parser(

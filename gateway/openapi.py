@@ -9,7 +9,8 @@ body and ``output`` the 200 schema. Our own schema keywords (``x-comma-list``,
 Errors use the one error shape (``#/components/schemas/Error``); a 402 carries the x402 challenge
 (``#/components/schemas/PaymentRequired``) and its base64 copy in ``PAYMENT-REQUIRED``. The
 credential headers are optional header parameters, so a client (or a fuzzer) sees exactly which
-header each route reads; prices and payment terms are in each operation's ``x-x402``.
+header each route reads; prices (and a paid price's parts) and payment terms are in each
+operation's ``x-x402``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from gateway import SERVICE_NAME, __version__
 from gateway.errors import ErrorCode
-from gateway.pricing import micro_usdc_string, usd_display
+from gateway.pricing import FacilitatorFee, micro_usdc_string, route_price, usd_display
 from gateway.routes import RouteSpec, published
 from gateway.vocabulary import ACCESS_MODES
 from gateway.x402.types import SOLANA_MAINNET
@@ -174,23 +175,28 @@ def _responses(route: RouteSpec) -> dict[str, Any]:
     return responses
 
 
-def _x402(route: RouteSpec, asset: str, pay_to: str) -> dict[str, Any] | None:
+def _price(micro: int) -> dict[str, str]:
+    return {"microUsdc": micro_usdc_string(micro), "usd": usd_display(micro)}
+
+
+def _x402(route: RouteSpec, asset: str, pay_to: str, fee: FacilitatorFee) -> dict[str, Any] | None:
     scheme = ACCESS_MODES[route.access].scheme
-    if route.access == "exact":
-        price = route.price_micro_usdc or 0
+    price = route_price(route, fee)
+    if route.access == "exact" and price is not None:
         return {
             "scheme": scheme,
             "network": SOLANA_MAINNET,
             "asset": asset,
             "payTo": pay_to,
-            "price": {"microUsdc": micro_usdc_string(price), "usd": usd_display(price)},
+            "price": _price(price.total),
+            "priceParts": {"provider": _price(price.provider), "settlementFee": _price(price.settlement_fee)},
         }
     if scheme is not None:  # sign-in: free
-        return {"scheme": scheme, "price": {"microUsdc": "0", "usd": usd_display(0)}}
+        return {"scheme": scheme, "price": _price(0)}
     return None
 
 
-def _operation(route: RouteSpec, asset: str, pay_to: str) -> dict[str, Any]:
+def _operation(route: RouteSpec, asset: str, pay_to: str, fee: FacilitatorFee) -> dict[str, Any]:
     operation: dict[str, Any] = {
         "operationId": route.name,
         "summary": route.description,
@@ -205,17 +211,20 @@ def _operation(route: RouteSpec, asset: str, pay_to: str) -> dict[str, Any]:
     if rules:
         operation["x-query-rules"] = rules
     operation["responses"] = _responses(route)
-    x402 = _x402(route, asset, pay_to)
+    x402 = _x402(route, asset, pay_to, fee)
     if x402 is not None:
         operation["x-x402"] = x402
     return operation
 
 
-def build_openapi(routes: Iterable[RouteSpec], base_url: str, asset: str, pay_to: str) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of ``routes`` (pass the mounted ones), served from ``base_url``."""
+def build_openapi(
+    routes: Iterable[RouteSpec], base_url: str, asset: str, pay_to: str, fee: FacilitatorFee
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``routes`` (pass the mounted ones), served from ``base_url``,
+    priced through the facilitator charging the settlement fee ``fee``."""
     paths: dict[str, dict[str, Any]] = {}
     for route in published(routes):
-        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, asset, pay_to)
+        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, asset, pay_to, fee)
     return {
         "openapi": OPENAPI_VERSION,
         "info": {

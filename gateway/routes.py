@@ -61,6 +61,22 @@ class RateLimitSpec(msgspec.Struct, frozen=True):
     per: Literal["scope", "wallet", "ip"] = "scope"
 
 
+class InternalSettlement(msgspec.Struct, frozen=True):
+    """What the route table states for the settlements our own fee payer broadcasts (the
+    internal facilitator): the settlement fee its prices carry, and the SOL price that fee was
+    derived at (None: not stated, so start-up has nothing to compare the compute caps with)."""
+
+    fee_micro_usdc: int = 0
+    sol_price_usd: Decimal | None = None
+
+    @property
+    def fee_lamports(self) -> int | None:
+        """The lamports of Solana fee the settlement fee pays for at the stated SOL price."""
+        if self.sol_price_usd is None:
+            return None
+        return lamports_covered(self.fee_micro_usdc, self.sol_price_usd)
+
+
 class RouteSpec(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     path: str
@@ -76,15 +92,16 @@ class RouteSpec(msgspec.Struct, frozen=True, kw_only=True):
     """The environment variable holding the upstream's URL (routes.yaml ``upstreams`` block)."""
     upstream_path: str | None = None
     operation: str | None = None
-    price_micro_usdc: int | None = None
+    provider_price_micro_usdc: int | None = None
+    """Exact routes: the provider part of the price (units x the schedule's rate, or a literal);
+    the facilitator that settles adds its settlement fee (:func:`gateway.pricing.route_price`)."""
     rate_limits: tuple[RateLimitSpec, ...] = ()
     input: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     output: dict[str, Any] | None = None
     listed: bool = True
     replay_cap_bytes: int = DEFAULT_REPLAY_CAP_BYTES
-    settlement_budget_lamports: int | None = None
-    """Exact routes: the lamports of settlement fee this route's price earns at the SOL price
-    routes.yaml states (None when it states none); start-up refuses caps that could cost more."""
+    internal_settlement: InternalSettlement = msgspec.field(default_factory=InternalSettlement)
+    """The table's terms for settling through the internal facilitator (one per table)."""
 
     @property
     def has_path_params(self) -> bool:
@@ -288,8 +305,9 @@ def _pricing(raw: Any, problems: _Problems) -> dict[str, Any]:
         else:
             pricing["sol_price_usd"] = _number(sol_price)
     fee = raw.get("settlement_fee_micro_usdc", 0)
-    if _number(fee) is None or (_number(fee) or 0) < 0:
-        problems.add("pricing.settlement_fee_micro_usdc", f"must be a number >= 0, got {_kind(fee)}")
+    if isinstance(fee, bool) or not isinstance(fee, int) or fee < 0:
+        where = "pricing.settlement_fee_micro_usdc"
+        problems.add(where, f"must be a whole number of micro-USDC >= 0, got {_kind(fee)}")
     else:
         pricing["settlement_fee_micro_usdc"] = fee
     for name, schedule in raw.items():
@@ -326,6 +344,13 @@ class _Table(msgspec.Struct, frozen=True):
     pricing: dict[str, Any]
     upstreams: dict[str, str]
     limits: Mapping[str, tuple[int, int]]
+
+    @property
+    def internal_settlement(self) -> InternalSettlement:
+        return InternalSettlement(
+            fee_micro_usdc=self.pricing.get("settlement_fee_micro_usdc", 0),
+            sol_price_usd=self.pricing.get("sol_price_usd"),
+        )
 
 
 def _upstreams(raw: Any, problems: _Problems) -> dict[str, str]:
@@ -524,8 +549,8 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
         upstream_variable=table.upstreams.get(upstream) if upstream is not None else None,
         upstream_path=raw.get("upstream_path"),
         operation=raw.get("operation"),
-        price_micro_usdc=price,
-        settlement_budget_lamports=_settlement_budget(raw.get("price"), price, pricing),
+        provider_price_micro_usdc=price,
+        internal_settlement=table.internal_settlement,
         rate_limits=rate_limits,
         input=input_schemas,
         output=raw.get("output"),
@@ -577,18 +602,9 @@ def _check_catalog_filter(located: list[tuple[str, RouteSpec]], problems: _Probl
             )
 
 
-def _settlement_budget(raw: Any, price: int | None, pricing: Mapping[str, Any]) -> int | None:
-    """Lamports of settlement fee a route earns: the schedule's settlement fee, or a literal
-    price whole, at the stated SOL price."""
-    sol_price = pricing.get("sol_price_usd")
-    if price is None or sol_price is None:
-        return None
-    earned = price if isinstance(raw, int) else int(pricing.get("settlement_fee_micro_usdc", 0))
-    return lamports_covered(earned, sol_price)
-
-
 def _price(raw: Any, where: str, pricing: Mapping[str, Any], problems: _Problems) -> int | None:
-    """Integer micro-USDC, or {pricing, unit}: ceil(units * per-unit price + settlement fee)."""
+    """The provider part of a price: integer micro-USDC, or {pricing, unit}: ceil(units *
+    per-unit price). The settlement fee is the settling facilitator's, added per facilitator."""
     if raw is None:
         return None
     if isinstance(raw, int) and not isinstance(raw, bool):
@@ -616,8 +632,7 @@ def _price(raw: Any, where: str, pricing: Mapping[str, Any], problems: _Problems
         problems.add(f"{where}.unit", f"schedule {raw['pricing']!r} has no units for {raw['unit']!r}")
         return None
     per_unit = Decimal(str(schedule["micro_usdc_per_unit"]))
-    fee = Decimal(str(pricing.get("settlement_fee_micro_usdc", 0)))
-    return math.ceil(Decimal(str(units)) * per_unit + fee)
+    return math.ceil(Decimal(str(units)) * per_unit)
 
 
 def _rate_limits(
@@ -770,24 +785,24 @@ def route_plan(routes: list[RouteSpec], settings: Settings) -> RoutePlan:
 
 
 def _uncovered_settlement(routes: list[RouteSpec], settings: Settings) -> list[str]:
-    """A problem when the compute caps let one settlement cost more than the cheapest route's
-    settlement fee earns: every such sale would lose the operator money."""
-    budgets = [r for r in routes if r.access == "exact" and r.settlement_budget_lamports is not None]
-    if not budgets:
+    """With the internal facilitator, a problem when the compute caps let one settlement cost
+    our fee payer more than the settlement fee its prices carry earns: every such sale would
+    lose the operator money. An external facilitator pays its own Solana fees."""
+    if not settings.uses_internal_facilitator:
         return []
-    cheapest = min(budgets, key=lambda r: r.settlement_budget_lamports or 0)
     worst = worst_case_lamports(settings.exact_policy)
-    if worst <= (cheapest.settlement_budget_lamports or 0):
-        return []
+    terms = {r.internal_settlement for r in routes if r.access == "exact"}
     caps = (
         f"X402_MAX_COMPUTE_UNIT_LIMIT={settings.max_compute_unit_limit} and "
         f"X402_MAX_COMPUTE_UNIT_PRICE={settings.max_compute_unit_price}"
     )
-    earned = cheapest.settlement_budget_lamports
     return [
-        f"one settlement can cost the fee payer {worst} lamports under {caps}, but route "
-        f"{cheapest.name} earns only {earned} lamports of settlement fee at the SOL price routes.yaml "
-        "states: lower the caps or raise pricing.settlement_fee_micro_usdc"
+        f"one settlement can cost the fee payer {worst} lamports under {caps}, but the internal "
+        f"facilitator's settlement fee of {term.fee_micro_usdc} micro-USDC earns only "
+        f"{term.fee_lamports} lamports at the SOL price routes.yaml states: lower the caps or "
+        "raise pricing.settlement_fee_micro_usdc"
+        for term in sorted(terms, key=lambda t: t.fee_micro_usdc)
+        if term.fee_lamports is not None and worst > term.fee_lamports
     ]
 
 

@@ -19,6 +19,7 @@ from gateway.metrics import Usage
 from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, HttpFacilitator
 from gateway.payments.fee_guard import FeeGuard
 from gateway.payments.local_facilitator import load_local_facilitator
+from gateway.pricing import facilitator_fee
 from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
 from gateway.readiness import build_readiness
 from gateway.request_log import RequestLog
@@ -78,6 +79,8 @@ class Services:
         self.settlement_guard = self.fee_guard if settings.uses_internal_facilitator else None
         """Guards our own fee payer (client IPs in flight, cool-downs); an external facilitator
         pays its own fees."""
+        self.facilitator_fee = facilitator_fee(settings)
+        """The settlement fee the facilitator adds to every price it settles."""
         self.fee_payer = (
             ChallengeFeePayer(self.facilitator, self.store, settings.facilitator_fee_payer)
             if self.facilitator is not None

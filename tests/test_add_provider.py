@@ -78,7 +78,9 @@ async def test_the_catalog_lists_and_filters_it(gateway: RunningGateway, http: a
     assert {r["provider"] for r in routes} == {"provider_c"}
     assert all(r["path"].startswith(RPC_PATH) and r["access"] == "exact" for r in routes)
     balance = next(r for r in routes if r["operation"] == "getBalance")
-    assert balance["price"]["microUsdc"] == "2207"  # 1 credit x 7 + the 2200 settlement fee
+    # 1 credit x 7; the external facilitator pays the Solana fees, no settlement fee configured.
+    assert balance["price"]["microUsdc"] == "7"
+    assert balance["priceParts"]["settlementFee"]["microUsdc"] == "0"
 
 
 async def test_the_openapi_document_describes_it(

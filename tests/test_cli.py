@@ -9,6 +9,7 @@ import urllib.request
 from typing import Any
 
 import base58
+import pytest
 from solders.keypair import Keypair
 
 from tests.support.gateway_process import run_cli, serve
@@ -122,29 +123,85 @@ def test_check_never_prints_a_malformed_secret() -> None:
     assert "LEAK" not in result.stderr + result.stdout
 
 
-def test_check_prints_the_worst_case_settlement_fee_against_the_cheapest_price() -> None:
-    result = run_cli({"GATEWAY_BASE_URL": "https://gw.example", **SECRET_ENV}, "check")
+INTERNAL_ENV = {
+    **SECRET_ENV,
+    "FACILITATOR_URL": "internal",
+    "FACILITATOR_WALLET_BASE58": base58.b58encode(bytes(Keypair())).decode(),
+}
+"""SECRET_ENV settling through the internal facilitator: our own fee payer pays the Solana fees."""
+
+
+def _lines(stdout: str, prefix: str) -> list[str]:
+    return [row for row in stdout.splitlines() if row.startswith(prefix)]
+
+
+def _table(stdout: str) -> list[list[str]]:
+    """The route table after the first blank line, each row split on whitespace."""
+    return [row.split() for row in stdout.split("\n\n", 1)[1].splitlines()]
+
+
+def test_check_prints_the_worst_case_settlement_fee_against_the_internal_facilitators_fee() -> None:
+    result = run_cli({"GATEWAY_BASE_URL": "https://gw.example", **INTERNAL_ENV}, "check")
 
     assert result.returncode == 0, result.stderr
-    (line,) = [row for row in result.stdout.splitlines() if row.startswith("settlement:")]
-    assert line == (
+    assert _lines(result.stdout, "settlement:") == [
         "settlement: worst case 11000 lamports per settlement (2 signatures + compute caps "
-        "50000 CU x 20000 micro-lamports/CU); cheapest route solana.mainnet.provider_a.rpc.getBalance "
-        "sells at 2205 micro-USDC, its settlement fee covers 11000 lamports"
-    )
+        "50000 CU x 20000 micro-lamports/CU); the settlement fee of every price, 2200 micro-USDC, "
+        "covers 11000 lamports at the SOL price routes.yaml states"
+    ]
+    assert _lines(result.stdout, "prices:") == [
+        "prices: provider part + 2200 micro-USDC settlement fee of the internal facilitator "
+        "(routes.yaml pricing.settlement_fee_micro_usdc: our fee payer pays the Solana fees)"
+    ]
+    table = _table(result.stdout)
+    assert table[0][:5] == ["METHOD", "ACCESS", "PRICE(uUSDC)", "PROVIDER", "FEE"]
+    assert ["POST", "exact", "2416", "216", "2200"] in [
+        row[:5] for row in table if row[-1].endswith("/searchAssets")
+    ]
+
+
+def test_check_with_an_external_facilitator_prices_its_configured_fee_only() -> None:
+    env = {
+        "GATEWAY_BASE_URL": "https://gw.example",
+        **SECRET_ENV,
+        "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC": "300",
+    }
+
+    result = run_cli(env, "check")
+
+    assert result.returncode == 0, result.stderr
+    assert _lines(result.stdout, "settlement:") == [
+        "settlement: the external facilitator pays the Solana fees; our fee payer pays none"
+    ]
+    assert _lines(result.stdout, "prices:") == [
+        "prices: provider part + 300 micro-USDC settlement fee of the external facilitator "
+        "http://127.0.0.1:9 (FACILITATOR_SETTLEMENT_FEE_MICRO_USDC: it pays the Solana fees); "
+        "with FACILITATOR_URL=internal the fee is 2200 micro-USDC "
+        "(routes.yaml pricing.settlement_fee_micro_usdc)"
+    ]
+    balance = [row for row in _table(result.stdout) if row[-1].endswith("/mainnet/provider_a/rpc/getBalance")]
+    assert [row[:5] for row in balance] == [["POST", "exact", "305", "5", "300"]]
 
 
 def test_serve_refuses_compute_caps_under_which_a_settlement_costs_more_than_it_earns() -> None:
-    env = {"GATEWAY_BASE_URL": "https://gw.example", **SECRET_ENV, "X402_MAX_COMPUTE_UNIT_PRICE": "5000000"}
+    env = {"GATEWAY_BASE_URL": "https://gw.example", **INTERNAL_ENV, "X402_MAX_COMPUTE_UNIT_PRICE": "5000000"}
 
     for command in ("check", "serve"):
         result = run_cli(env, command)
         assert result.returncode == 1, result.stdout
         assert (
             "one settlement can cost the fee payer 260000 lamports under X402_MAX_COMPUTE_UNIT_LIMIT=50000 "
-            "and X402_MAX_COMPUTE_UNIT_PRICE=5000000, but route solana.mainnet.provider_a.rpc.getBalance "
-            "earns only 11000 lamports of settlement fee" in result.stderr
+            "and X402_MAX_COMPUTE_UNIT_PRICE=5000000, but the internal facilitator's settlement fee of "
+            "2200 micro-USDC earns only 11000 lamports at the SOL price routes.yaml states" in result.stderr
         )
+
+
+def test_caps_an_external_facilitator_pays_for_are_not_the_operators_to_cover() -> None:
+    env = {"GATEWAY_BASE_URL": "https://gw.example", **SECRET_ENV, "X402_MAX_COMPUTE_UNIT_PRICE": "5000000"}
+
+    result = run_cli(env, "check")
+
+    assert result.returncode == 0, result.stderr
 
 
 def test_check_with_good_config_prints_the_report_and_route_table() -> None:
@@ -157,15 +214,16 @@ def test_check_with_good_config_prints_the_report_and_route_table() -> None:
         "upstreams:    asset_api=http://127.0.0.1:9/***, provider_a_devnet=http://127.0.0.1:9/***"
         in result.stdout
     )
-    table = result.stdout.split("\n\n", 1)[1].splitlines()
-    assert table[0].split() == ["METHOD", "ACCESS", "PRICE(uUSDC)", "LIMITS", "PATH"]
+    table = _table(result.stdout)
+    assert table[0] == ["METHOD", "ACCESS", "PRICE(uUSDC)", "PROVIDER", "FEE", "LIMITS", "PATH"]
     assert len(table) == 1 + 60
-    assert any(
-        row.split()[:3] == ["POST", "exact", "2416"] and row.endswith("/das/searchAssets") for row in table
+    assert any(  # the default facilitator configured without a fee: the provider part alone
+        row[:5] == ["POST", "exact", "216", "216", "0"] and row[-1].endswith("/das/searchAssets")
+        for row in table
     )
     assert any(  # every limit in full, however long the column gets
-        row.split()[3] == "tokens:upstream-key=30/60s,tokens:wallet/wallet=8/60s,tokens:ip/ip=8/60s"
-        and row.endswith("/v1/x402/tokens/assets/{assetId}/risk-details")
+        row[5] == "tokens:upstream-key=30/60s,tokens:wallet/wallet=8/60s,tokens:ip/ip=8/60s"
+        and row[-1].endswith("/v1/x402/tokens/assets/{assetId}/risk-details")
         for row in table
     )
 
@@ -230,7 +288,45 @@ def test_routes_prints_the_whole_expanded_table_without_any_environment() -> Non
     result = run_cli({}, "routes")
 
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.splitlines()) == 1 + 60
+    assert len(_table(result.stdout)) == 1 + 60
+    # Priced through the default facilitator (no fee configured), saying what internal would add.
+    assert _lines(result.stdout, "prices:") == [
+        "prices: provider part + 0 micro-USDC settlement fee of the external facilitator "
+        "https://api.cdp.coinbase.com/*** (FACILITATOR_SETTLEMENT_FEE_MICRO_USDC: it pays the Solana fees); "
+        "with FACILITATOR_URL=internal the fee is 2200 micro-USDC "
+        "(routes.yaml pricing.settlement_fee_micro_usdc)"
+    ]
+    balance = [row for row in _table(result.stdout) if row[-1].endswith("/devnet/provider_b/rpc/getBalance")]
+    assert [row[:5] for row in balance] == [["POST", "exact", "5", "5", "0"]]
+
+
+@pytest.mark.parametrize(
+    ("env", "price"),
+    [
+        ({"FACILITATOR_URL": "internal"}, ["2250", "50", "2200"]),
+        ({"FACILITATOR_SETTLEMENT_FEE_MICRO_USDC": "25"}, ["75", "50", "25"]),
+    ],
+    ids=["internal", "external-with-a-fee"],
+)
+def test_routes_prices_through_the_facilitator_the_environment_names(
+    env: dict[str, str], price: list[str]
+) -> None:
+    result = run_cli(env, "routes")
+
+    assert result.returncode == 0, result.stderr
+    search = [
+        row for row in _table(result.stdout) if row[-1].endswith("/mainnet/provider_b/das/searchAssets")
+    ]
+    assert [row[2:5] for row in search] == [price]
+
+
+def test_routes_refuses_a_malformed_settlement_fee_rather_than_price_without_it() -> None:
+    result = run_cli({"FACILITATOR_SETTLEMENT_FEE_MICRO_USDC": "lots"}, "routes")
+
+    assert result.returncode == 1
+    assert result.stderr == (
+        "invalid configuration:\n  - FACILITATOR_SETTLEMENT_FEE_MICRO_USDC must be an integer, got 'lots'\n"
+    )
 
 
 def test_routes_names_a_broken_routes_file() -> None:

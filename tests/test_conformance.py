@@ -289,6 +289,10 @@ async def test_a_paid_challenge_price_is_the_catalog_price(fresh: Gateway) -> No
     for entry in catalog:
         answer = await fresh.request("POST", entry["path"], body={"params": []})
         assert answer.json()["accepts"][0]["maxAmountRequired"] == entry["price"]["microUsdc"], entry["path"]
+        # The price is the provider's part plus the settling facilitator's fee, both published.
+        parts = entry["priceParts"]
+        total = int(parts["provider"]["microUsdc"]) + int(parts["settlementFee"]["microUsdc"])
+        assert str(total) == entry["price"]["microUsdc"], entry["path"]
 
 
 @pytest.mark.parametrize(

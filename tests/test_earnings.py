@@ -19,7 +19,8 @@ from tests.support.cdp_facilitator import Fault
 from tests.support.metrics_text import Series, earnings_series
 from tests.support.paid_fixtures import (
     GET_BALANCE,
-    GET_BALANCE_PRICE,
+    GET_BALANCE_PRICE_INTERNAL,
+    GET_BALANCE_PROVIDER_PRICE,
     PaidGateway,
     StartPaidGateway,
     balance_body,
@@ -85,9 +86,10 @@ async def test_a_settled_payment_adds_exactly_the_route_price_to_revenue(
     assert reply.status == 200, reply.body
     assert reply.json() == PROVIDER_ANSWER
     assert solana_rpc_server.sent == [reply.header_json("payment-response")["transaction"]]
-    assert balances(usdc_chain) == (payer_before - GET_BALANCE_PRICE, pay_to_before + GET_BALANCE_PRICE)
+    price = GET_BALANCE_PRICE_INTERNAL  # the provider part and routes.yaml's settlement fee
+    assert balances(usdc_chain) == (payer_before - price, pay_to_before + price)
     assert delta(before, await scrape(paid)) == {
-        "revenue": GET_BALANCE_PRICE,
+        "revenue": price,
         "payments:paid": 1,
         "usage:paid": 1,
     }
@@ -151,7 +153,7 @@ async def test_a_pending_settlement_counts_its_revenue_once_when_reconciled(paid
     assert "payment-response" in reconciled.headers
     assert paid.settle_calls() == 2 and paid.upstream_calls == 1
     assert delta(at_pending, await scrape(paid)) == {
-        "revenue": GET_BALANCE_PRICE,
+        "revenue": GET_BALANCE_PROVIDER_PRICE,  # the fake CDP: no settlement fee
         "payments:paid": 1,
         "usage:paid": 1,
     }

@@ -28,7 +28,7 @@ from tests.support.cdp_facilitator import (
 from tests.support.facilitator_fixtures import StartFacilitator
 from tests.support.paid_fixtures import (
     GET_BALANCE,
-    GET_BALANCE_PRICE,
+    GET_BALANCE_PROVIDER_PRICE,
     PaidGateway,
     Reply,
     StartPaidGateway,
@@ -53,7 +53,7 @@ def assert_challenge(reply: Reply, error: str) -> None:
     """A 402 with a fresh challenge whose error is ``error`` and no payment-response."""
     assert reply.status == 402, reply.body
     assert reply.json()["error"] == error
-    assert reply.header_json("payment-required")["accepts"][0]["amount"] == str(GET_BALANCE_PRICE)
+    assert reply.header_json("payment-required")["accepts"][0]["amount"] == str(GET_BALANCE_PROVIDER_PRICE)
     assert "payment-response" not in reply.headers and "x-payment-response" not in reply.headers
 
 
@@ -408,5 +408,5 @@ async def test_sigterm_past_the_graceful_timeout_mid_settle_leaves_the_payment_t
     assert reply.json() == PROVIDER_ANSWER
     assert reply.header_json("payment-response")["transaction"] == solana_rpc_server.sent[0]
     assert len(solana_rpc_server.sent) == 1
-    assert usdc_chain.balance(usdc_chain.payer_ata) == payer_before - GET_BALANCE_PRICE
+    assert usdc_chain.balance(usdc_chain.payer_ata) == payer_before - GET_BALANCE_PROVIDER_PRICE
     assert running.upstream_calls == 1

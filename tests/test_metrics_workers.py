@@ -18,7 +18,7 @@ from tests.support.cdp_facilitator import CdpCredentials, StaticBackend
 from tests.support.facilitator_fixtures import StartFacilitator
 from tests.support.gateway_process import GatewayProcess, serve
 from tests.support.metrics_text import Series, earnings_series
-from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PRICE, balance_body
+from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PROVIDER_PRICE, balance_body
 from tests.support.paid_processes import Replica, paid_processes
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream, static
@@ -169,7 +169,8 @@ async def test_earnings_with_two_workers_add_up_and_list_only_meaningful_series(
         assert catalog.status == 200
         for _ in range(6):  # whichever worker answers, it reports every worker's earnings
             series = await scrape()
-            assert series[("x402_revenue_micro_usdc_total", ROUTE, "")] == settled * GET_BALANCE_PRICE
+            revenue = settled * GET_BALANCE_PROVIDER_PRICE  # the fake CDP: no settlement fee
+            assert series[("x402_revenue_micro_usdc_total", ROUTE, "")] == revenue
             assert series[("x402_payments_total", ROUTE, "paid")] == settled
             assert series[("x402_payments_total", ROUTE, "challenged")] == settled
             assert series[("x402_usage_total", ROUTE, "paid")] == settled

@@ -14,6 +14,7 @@ from openapi_spec_validator import validate
 
 from gateway.config import PACKAGED_ROUTES_FILE
 from gateway.openapi import build_openapi
+from gateway.pricing import FacilitatorFee
 from gateway.routes import RouteSpec, load_routes
 from tests.support.gateway_server import FULL_ENV, PAY_TO, SERVICE_ONLY_ENV, RunningGateway, run_gateway
 
@@ -27,8 +28,11 @@ LISTED = [r for r in PACKAGED if r.listed and r.access != "internal"]
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 
-def _document(routes: list[RouteSpec] = PACKAGED) -> dict[str, Any]:
-    return build_openapi(routes, "https://gw.example", MINT, PAY_TO)
+INTERNAL = FacilitatorFee(internal=True)
+
+
+def _document(routes: list[RouteSpec] = PACKAGED, fee: FacilitatorFee = INTERNAL) -> dict[str, Any]:
+    return build_openapi(routes, "https://gw.example", MINT, PAY_TO, fee)
 
 
 def _operations(doc: dict[str, Any]) -> dict[str, tuple[str, str, dict[str, Any]]]:
@@ -146,9 +150,25 @@ def test_paid_operations_have_the_body_payment_headers_and_price() -> None:
         "network": "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp",
         "asset": MINT,
         "payTo": PAY_TO,
+        # The internal facilitator: the provider part plus routes.yaml's settlement fee.
         "price": {"microUsdc": "2205", "usd": "$0.002205"},
+        "priceParts": {
+            "provider": {"microUsdc": "5", "usd": "$0.000005"},
+            "settlementFee": {"microUsdc": "2200", "usd": "$0.0022"},
+        },
     }
     assert op["responses"]["200"]["content"]["application/json"]["schema"] == route.output
+
+
+def test_paid_operations_carry_the_settlement_fee_configured_for_an_external_facilitator() -> None:
+    configured = FacilitatorFee(internal=False, external_micro_usdc=300)
+    _, _, op = _operations(_document(fee=configured))["solana.devnet.provider_b.das.searchAssets"]
+
+    assert op["x-x402"]["price"] == {"microUsdc": "350", "usd": "$0.00035"}
+    assert op["x-x402"]["priceParts"] == {
+        "provider": {"microUsdc": "50", "usd": "$0.00005"},
+        "settlementFee": {"microUsdc": "300", "usd": "$0.0003"},
+    }
 
 
 def test_sign_in_operations_read_sign_in_with_x() -> None:

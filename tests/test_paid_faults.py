@@ -31,7 +31,7 @@ from tests.support.cdp_facilitator import (
 )
 from tests.support.paid_fixtures import (
     GET_BALANCE,
-    GET_BALANCE_PRICE,
+    GET_BALANCE_PROVIDER_PRICE,
     PROVIDER_KEY,
     PaidGateway,
     Reply,
@@ -55,7 +55,7 @@ def assert_challenge(reply: Reply, error: str) -> None:
     assert reply.headers["cache-control"] == "no-store"
     assert reply.json()["error"] == error
     assert reply.header_json("payment-required")["error"] == error
-    assert reply.json()["accepts"][0]["amount"] == str(GET_BALANCE_PRICE)
+    assert reply.json()["accepts"][0]["amount"] == str(GET_BALANCE_PROVIDER_PRICE)
     assert "payment-response" not in reply.headers
 
 
@@ -138,7 +138,7 @@ async def test_paid_rpc_facilitator_down_before_any_challenge_still_challenges(
 
     assert reply.status == 402, reply.body
     accepted = reply.header_json("payment-required")["accepts"][0]
-    assert accepted["amount"] == str(GET_BALANCE_PRICE)
+    assert accepted["amount"] == str(GET_BALANCE_PROVIDER_PRICE)
     assert "feePayer" not in (accepted.get("extra") or {})
     assert paid.upstream_calls == 0
 
@@ -386,7 +386,7 @@ async def test_paid_rpc_pending_settlement_that_landed_is_reconciled_by_the_refe
     solana_rpc_server.hold_confirmations = True
     first = await paid.pay(GET_BALANCE, balance_body(), payment)
     assert first.status == 503 and first.error_code == "settlement_pending"
-    assert usdc_chain.balance(usdc_chain.payer_ata) == before - GET_BALANCE_PRICE  # type: ignore[operator]
+    assert usdc_chain.balance(usdc_chain.payer_ata) == before - GET_BALANCE_PROVIDER_PRICE  # type: ignore[operator]
     solana_rpc_server.release_confirmations()
 
     reply = await paid.pay(GET_BALANCE, balance_body(), payment)
@@ -395,7 +395,7 @@ async def test_paid_rpc_pending_settlement_that_landed_is_reconciled_by_the_refe
     assert reply.json() == PROVIDER_ANSWER
     assert reply.header_json("payment-response")["transaction"] == solana_rpc_server.sent[0]
     assert len(solana_rpc_server.sent) == 1
-    assert usdc_chain.balance(usdc_chain.payer_ata) == before - GET_BALANCE_PRICE  # type: ignore[operator]
+    assert usdc_chain.balance(usdc_chain.payer_ata) == before - GET_BALANCE_PROVIDER_PRICE  # type: ignore[operator]
     assert paid.upstream_calls == 1
 
 
@@ -577,7 +577,8 @@ async def test_paid_rpc_store_outage_still_answers_a_challenge_and_keeps_the_ip_
     replies = [await paid.post(GET_BALANCE, balance_body()) for _ in range(3)]
 
     assert [reply.status for reply in replies] == [402, 402, 429]
-    assert replies[0].header_json("payment-required")["accepts"][0]["amount"] == str(GET_BALANCE_PRICE)
+    accepted = replies[0].header_json("payment-required")["accepts"][0]
+    assert accepted["amount"] == str(GET_BALANCE_PROVIDER_PRICE)
     assert replies[2].error_code == "rate_limited"
     assert paid.upstream_calls == paid.verify_calls() == 0
 
@@ -609,4 +610,4 @@ async def test_paid_rpc_logs_carry_the_settlement_but_no_secret(
     settled = [json.loads(line) for line in log_lines if '"payment settled"' in line]
     assert len(settled) == 1
     assert settled[0]["payer"] == str(paid.chain.payer.pubkey())
-    assert settled[0]["amount"] == str(GET_BALANCE_PRICE)
+    assert settled[0]["amount"] == str(GET_BALANCE_PROVIDER_PRICE)

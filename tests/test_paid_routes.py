@@ -24,7 +24,8 @@ from tests.support.cdp_facilitator import ReferenceBackend, settlement_signature
 from tests.support.paid_fixtures import (
     ACCOUNT,
     GET_BALANCE,
-    GET_BALANCE_PRICE,
+    GET_BALANCE_PRICE_INTERNAL,
+    GET_BALANCE_PROVIDER_PRICE,
     PROVIDER_KEY,
     PaidGateway,
     Reply,
@@ -92,7 +93,8 @@ async def test_paid_rpc_without_payment_answers_402_with_the_challenge(paid: Pai
     assert accept["scheme"] == "exact"
     assert accept["network"] == SOLANA_MAINNET
     assert accept["asset"] == USDC_MAINNET_MINT
-    assert accept["amount"] == accept["maxAmountRequired"] == str(GET_BALANCE_PRICE)
+    # The fake CDP facilitator pays the Solana fees and no fee is configured: the provider part.
+    assert accept["amount"] == accept["maxAmountRequired"] == str(GET_BALANCE_PROVIDER_PRICE)
     assert accept["payTo"] == str(paid.chain.pay_to)
     assert accept["maxTimeoutSeconds"] == 60
     assert accept["extra"]["feePayer"] == str(paid.chain.fee_payer.pubkey())
@@ -118,7 +120,7 @@ async def test_paid_rpc_challenge_header_decodes_with_the_reference_sdk(paid: Pa
     assert isinstance(required, ReferencePaymentRequired)
     accept = required.accepts[0]
     assert (accept.scheme, accept.network, accept.asset) == ("exact", SOLANA_MAINNET, USDC_MAINNET_MINT)
-    assert accept.amount == str(GET_BALANCE_PRICE)
+    assert accept.amount == str(GET_BALANCE_PROVIDER_PRICE)
     assert accept.pay_to == str(paid.chain.pay_to)
     assert accept.extra == {"feePayer": str(paid.chain.fee_payer.pubkey())}
     assert required.resource is not None and required.resource.url == paid.url + GET_BALANCE
@@ -129,7 +131,7 @@ async def test_paid_rpc_empty_body_probe_gets_the_challenge_not_a_400(paid: Paid
 
     assert reply.status == 402
     assert reply.headers["cache-control"] == "no-store"
-    assert reply.json()["accepts"][0]["amount"] == str(GET_BALANCE_PRICE)
+    assert reply.json()["accepts"][0]["amount"] == str(GET_BALANCE_PROVIDER_PRICE)
     assert "payment-required" in reply.headers
     assert paid.verify_calls() == paid.upstream_calls == 0
 
@@ -139,7 +141,7 @@ async def test_paid_das_challenge_carries_the_das_price(paid: PaidGateway) -> No
 
     accept = reply.json()["accepts"][0]
     assert reply.status == 402
-    assert accept["amount"] == accept["maxAmountRequired"] == "2416"  # provider_a, 480 CU
+    assert accept["amount"] == accept["maxAmountRequired"] == "216"  # provider_a, 480 CU; no fee
     assert accept["resource"] == paid.url + DAS_OWNER
 
 
@@ -266,7 +268,7 @@ async def test_paid_rpc_payment_for_other_requirements_is_402_with_the_reason(
 
     assert reply.status == 402
     assert reply.json()["error"] == reason
-    assert reply.json()["accepts"][0]["amount"] == str(GET_BALANCE_PRICE)  # a fresh challenge
+    assert reply.json()["accepts"][0]["amount"] == str(GET_BALANCE_PROVIDER_PRICE)  # a fresh challenge
     assert paid.verify_calls() == paid.settle_calls() == paid.upstream_calls == 0
 
 
@@ -369,7 +371,7 @@ async def test_paid_das_forwards_named_params_as_an_object(paid: PaidGateway) ->
     assert call.json == {"jsonrpc": "2.0", "id": 3, "method": "getAssetsByOwner", "params": params}
     assert paid.facilitator is not None
     settled = paid.facilitator.calls_to("settle")[0].body
-    assert settled is not None and settled.paymentRequirements.amount == "2416"
+    assert settled is not None and settled.paymentRequirements.amount == "216"
 
 
 @pytest.mark.parametrize(
@@ -379,10 +381,10 @@ async def test_paid_das_forwards_named_params_as_an_object(paid: PaidGateway) ->
             "/v1/x402/solana/devnet/provider_a/rpc/getAccountInfo",
             "/provider-a/devnet",
             "getAccountInfo",
-            "2205",
+            "5",
         ),
-        ("/v1/x402/solana/mainnet/provider_b/rpc/getBalance", "/provider-b/mainnet", "getBalance", "2205"),
-        ("/v1/x402/solana/devnet/provider_b/das/getAsset", "/provider-b/devnet", "getAsset", "2250"),
+        ("/v1/x402/solana/mainnet/provider_b/rpc/getBalance", "/provider-b/mainnet", "getBalance", "5"),
+        ("/v1/x402/solana/devnet/provider_b/das/getAsset", "/provider-b/devnet", "getAsset", "50"),
     ],
 )
 async def test_paid_route_reaches_its_provider_and_cluster(
@@ -412,7 +414,8 @@ async def test_paid_rpc_accepts_a_v1_x_payment_header(
     assert reply.status == 200, reply.body
     assert reply.headers["x-payment-response"] == reply.headers["payment-response"]
     assert reply.header_json("x-payment-response")["success"] is True
-    assert balances(usdc_chain) == (before[0] - GET_BALANCE_PRICE, before[1] + GET_BALANCE_PRICE)  # type: ignore[operator]
+    price = GET_BALANCE_PROVIDER_PRICE
+    assert balances(usdc_chain) == (before[0] - price, before[1] + price)  # type: ignore[operator]
 
 
 async def test_paid_rpc_accepts_a_v2_payload_in_the_x_payment_header(paid: PaidGateway) -> None:
@@ -447,8 +450,9 @@ async def test_paid_rpc_moves_exactly_the_price_through_the_reference_facilitato
     assert reply.header_json("payment-response")["payer"] == str(usdc_chain.payer.pubkey())
     payer_after, pay_to_after = balances(usdc_chain)
     assert payer_before is not None and pay_to_before is not None
-    assert payer_after == payer_before - GET_BALANCE_PRICE
-    assert pay_to_after == pay_to_before + GET_BALANCE_PRICE
+    # The reference facilitator pays the Solana fee: the client pays the provider part alone.
+    assert payer_after == payer_before - GET_BALANCE_PROVIDER_PRICE
+    assert pay_to_after == pay_to_before + GET_BALANCE_PROVIDER_PRICE
     assert paid.verify_calls() == paid.settle_calls() == paid.upstream_calls == 1
 
 
@@ -466,7 +470,8 @@ async def test_paid_rpc_accepts_a_payment_from_the_reference_x402_client(
 
     assert reply.status == 200, reply.body
     assert_settled_response(reply, solana_rpc_server.sent[-1])
-    assert balances(usdc_chain) == (before[0] - GET_BALANCE_PRICE, before[1] + GET_BALANCE_PRICE)  # type: ignore[operator]
+    price = GET_BALANCE_PROVIDER_PRICE
+    assert balances(usdc_chain) == (before[0] - price, before[1] + price)  # type: ignore[operator]
 
 
 async def test_paid_rpc_settles_through_the_internal_facilitator(
@@ -475,6 +480,7 @@ async def test_paid_rpc_settles_through_the_internal_facilitator(
     paid = await start_paid_gateway(internal=True)
     challenge = (await paid.challenge()).json()["accepts"][0]
     assert challenge["extra"]["feePayer"] == str(usdc_chain.fee_payer.pubkey())
+    assert challenge["amount"] == str(GET_BALANCE_PRICE_INTERNAL)  # 5 + routes.yaml's 2200 fee
     payment = await paid.payment()
     before = balances(usdc_chain)
 
@@ -483,8 +489,62 @@ async def test_paid_rpc_settles_through_the_internal_facilitator(
     assert reply.status == 200, reply.body
     assert solana_rpc_server.sent == [reply.header_json("payment-response")["transaction"]]
     assert_settled_response(reply, solana_rpc_server.sent[0])
-    assert balances(usdc_chain) == (before[0] - GET_BALANCE_PRICE, before[1] + GET_BALANCE_PRICE)  # type: ignore[operator]
+    price = GET_BALANCE_PRICE_INTERNAL
+    assert balances(usdc_chain) == (before[0] - price, before[1] + price)  # type: ignore[operator]
     assert paid.upstream_calls == 1
+
+
+async def test_paid_rpc_with_a_configured_settlement_fee_settles_exactly_the_provider_part_and_the_fee(
+    start_paid_gateway: StartPaidGateway, usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer
+) -> None:
+    paid = await start_paid_gateway(
+        backend=reference_backend(usdc_chain, solana_rpc_server),
+        env={"FACILITATOR_SETTLEMENT_FEE_MICRO_USDC": "1000"},
+    )
+    challenge = await paid.challenge()
+    accept = challenge.json()["accepts"][0]
+    assert accept["amount"] == accept["maxAmountRequired"] == "1005"  # 5 + the configured 1000
+    assert challenge.header_json("payment-required")["accepts"][0]["amount"] == "1005"
+    payment = await paid.payment()
+    before = balances(usdc_chain)
+
+    reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+
+    assert reply.status == 200, reply.body
+    assert_settled_response(reply, solana_rpc_server.sent[-1])
+    assert balances(usdc_chain) == (before[0] - 1005, before[1] + 1005)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("internal", "env", "price", "settlement_fee"),
+    [
+        (False, {}, ("5", "$0.000005"), ("0", "$0.00")),
+        (False, {"FACILITATOR_SETTLEMENT_FEE_MICRO_USDC": "1000"}, ("1005", "$0.001005"), ("1000", "$0.001")),
+        (True, {}, ("2205", "$0.002205"), ("2200", "$0.0022")),
+    ],
+    ids=["external", "external-with-a-fee", "internal"],
+)
+async def test_catalog_and_openapi_show_the_price_the_402_asks_and_its_parts(
+    start_paid_gateway: StartPaidGateway,
+    internal: bool,
+    env: dict[str, str],
+    price: tuple[str, str],
+    settlement_fee: tuple[str, str],
+) -> None:
+    paid = await start_paid_gateway(internal=internal, env=env)
+
+    amount = (await paid.challenge()).json()["accepts"][0]["amount"]
+    (entry,) = [e for e in (await paid.get("/v1/catalog")).json()["routes"] if e["path"] == GET_BALANCE]
+    operation = (await paid.get("/openapi.json")).json()["paths"][GET_BALANCE]["post"]
+
+    assert amount == price[0]
+    assert entry["price"] == {"microUsdc": price[0], "usd": price[1]}
+    assert entry["priceParts"] == {
+        "provider": {"microUsdc": "5", "usd": "$0.000005"},
+        "settlementFee": {"microUsdc": settlement_fee[0], "usd": settlement_fee[1]},
+    }
+    assert operation["x-x402"]["price"] == entry["price"]
+    assert operation["x-x402"]["priceParts"] == entry["priceParts"]
 
 
 # --- replay -------------------------------------------------------------------------------------

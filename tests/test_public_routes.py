@@ -140,7 +140,12 @@ async def test_catalog_paid_entry_carries_price_asset_network_and_schemas(
     assert entry["url"] == gateway.settings.base_url + path
     assert entry["url"].startswith("http://127.0.0.1:")
     assert (entry["method"], entry["access"]) == ("POST", "exact")
-    assert entry["price"] == {"microUsdc": "2416", "usd": "$0.002416"}
+    # The external facilitator pays the Solana fees and no fee is configured: the provider part.
+    assert entry["price"] == {"microUsdc": "216", "usd": "$0.000216"}
+    assert entry["priceParts"] == {
+        "provider": {"microUsdc": "216", "usd": "$0.000216"},
+        "settlementFee": {"microUsdc": "0", "usd": "$0.00"},
+    }
     assert (entry["asset"], entry["network"]) == (USDC_MAINNET_MINT, SOLANA_MAINNET)
     assert entry["payTo"] == PAY_TO
     assert entry["inputSchema"]["properties"]["body"]["properties"]["method"] == {"const": "getAssetsByOwner"}
@@ -158,8 +163,8 @@ async def test_catalog_price_is_a_micro_usdc_string_with_usd_display(
         r["path"].split("/", 5)[-1]: r["price"] for r in await _catalog(http, gateway, "?provider=provider_b")
     }
 
-    assert prices["provider_b/rpc/getBalance"] == {"microUsdc": "2205", "usd": "$0.002205"}
-    assert prices["provider_b/das/searchAssets"] == {"microUsdc": "2250", "usd": "$0.00225"}
+    assert prices["provider_b/rpc/getBalance"] == {"microUsdc": "5", "usd": "$0.000005"}
+    assert prices["provider_b/das/searchAssets"] == {"microUsdc": "50", "usd": "$0.00005"}
 
 
 async def test_catalog_free_entries_have_zero_price_and_no_asset(
@@ -170,7 +175,7 @@ async def test_catalog_free_entries_have_zero_price_and_no_asset(
     for path in ("/healthz", "/v1/x402/tokens/assets/{assetId}/ohlcv"):
         entry = _entry(routes, path)
         assert entry["price"] == {"microUsdc": "0", "usd": "$0.00"}
-        assert "asset" not in entry and "network" not in entry
+        assert "asset" not in entry and "network" not in entry and "priceParts" not in entry
 
 
 async def test_catalog_siwx_entry_publishes_its_query_schema(

@@ -23,7 +23,13 @@ from solders.keypair import Keypair
 
 from gateway.x402.siwx_signer import sign_in
 from tests.support.cdp_facilitator import CdpFacilitatorServer, ReferenceBackend, make_ed25519_credentials
-from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PRICE, Reply, balance_body, encode_body
+from tests.support.paid_fixtures import (
+    GET_BALANCE,
+    GET_BALANCE_PROVIDER_PRICE,
+    Reply,
+    balance_body,
+    encode_body,
+)
 from tests.support.paid_processes import PaidProcesses, Replica, paid_processes
 from tests.support.redis_server import start_redis_server
 from tests.support.solana_rpc_server import LiteSvmRpcServer, setup_usdc_chain
@@ -140,8 +146,8 @@ async def test_one_payment_sent_to_three_replicas_at_once_reaches_the_provider_a
     # the same transaction); the chain still sees exactly one broadcast.
     assert 1 <= cluster.settle_calls() <= len(cluster.replicas)
     assert len(cluster.rpc.sent) == 1
-    assert chain.balance(chain.payer_ata) == payer_before - GET_BALANCE_PRICE
-    assert chain.balance(chain.pay_to_ata) == pay_to_before + GET_BALANCE_PRICE
+    assert chain.balance(chain.payer_ata) == payer_before - GET_BALANCE_PROVIDER_PRICE
+    assert chain.balance(chain.pay_to_ata) == pay_to_before + GET_BALANCE_PROVIDER_PRICE
 
 
 async def test_a_payment_signed_for_one_replica_is_accepted_by_another(cluster: PaidProcesses) -> None:

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import copy
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
-from gateway.routes import RoutesError, RouteSpec, load_routes, named_limits, parse_routes
+from gateway.pricing import FacilitatorFee, RoutePrice, route_price
+from gateway.routes import (
+    InternalSettlement,
+    RoutesError,
+    RouteSpec,
+    load_routes,
+    named_limits,
+    parse_routes,
+    route_plan,
+)
 from gateway.x402.challenge import ExactChallenge
 from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT, PaymentRequirements
 
@@ -24,27 +34,29 @@ RPC_METHODS = {
 }
 DAS_METHODS = {"getAsset", "getAssetsByOwner", "searchAssets"}
 
-# The derivation table of routes.yaml: ceil(units * per-unit price + 1000 micro-USDC settlement fee).
-PRICES = {
-    ("provider_a", "getBalance"): 2205,
-    ("provider_a", "getAccountInfo"): 2205,
-    ("provider_a", "getTokenAccountsByOwner"): 2205,
-    ("provider_a", "getTransaction"): 2218,
-    ("provider_a", "getSignaturesForAddress"): 2218,
-    ("provider_a", "getProgramAccounts"): 2209,
-    ("provider_a", "getAsset"): 2236,
-    ("provider_a", "getAssetsByOwner"): 2416,
-    ("provider_a", "searchAssets"): 2416,
-    ("provider_b", "getBalance"): 2205,
-    ("provider_b", "getAccountInfo"): 2205,
-    ("provider_b", "getTokenAccountsByOwner"): 2205,
-    ("provider_b", "getTransaction"): 2205,
-    ("provider_b", "getSignaturesForAddress"): 2205,
-    ("provider_b", "getProgramAccounts"): 2250,
-    ("provider_b", "getAsset"): 2250,
-    ("provider_b", "getAssetsByOwner"): 2250,
-    ("provider_b", "searchAssets"): 2250,
+# The derivation table of routes.yaml: the provider part, ceil(units * per-unit price).
+PROVIDER_PRICES = {
+    ("provider_a", "getBalance"): 5,
+    ("provider_a", "getAccountInfo"): 5,
+    ("provider_a", "getTokenAccountsByOwner"): 5,
+    ("provider_a", "getTransaction"): 18,
+    ("provider_a", "getSignaturesForAddress"): 18,
+    ("provider_a", "getProgramAccounts"): 9,
+    ("provider_a", "getAsset"): 36,
+    ("provider_a", "getAssetsByOwner"): 216,
+    ("provider_a", "searchAssets"): 216,
+    ("provider_b", "getBalance"): 5,
+    ("provider_b", "getAccountInfo"): 5,
+    ("provider_b", "getTokenAccountsByOwner"): 5,
+    ("provider_b", "getTransaction"): 5,
+    ("provider_b", "getSignaturesForAddress"): 5,
+    ("provider_b", "getProgramAccounts"): 50,
+    ("provider_b", "getAsset"): 50,
+    ("provider_b", "getAssetsByOwner"): 50,
+    ("provider_b", "searchAssets"): 50,
 }
+INTERNAL_FEE = 2200
+"""routes.yaml's settlement fee for the internal facilitator: 11,000 lamports at $200 per SOL."""
 
 
 @pytest.fixture(scope="module")
@@ -102,16 +114,61 @@ def test_paid_routes_are_exact_post_with_their_provider_upstream(packaged: list[
         assert route.operation == method
 
 
-@pytest.mark.parametrize(("provider", "method"), sorted(PRICES))
-def test_price_matches_the_derivation_table(packaged: list[RouteSpec], provider: str, method: str) -> None:
-    prices = {
-        r.price_micro_usdc
+def _priced(packaged: list[RouteSpec], provider: str, method: str) -> list[RouteSpec]:
+    return [
+        r
         for r in packaged
         if r.path.startswith("/v1/x402/solana/")
         and r.path.endswith(f"/{provider}/{r.path.split('/')[6]}/{method}")
-    }
+    ]
 
-    assert prices == {PRICES[provider, method]}
+
+@pytest.mark.parametrize(("provider", "method"), sorted(PROVIDER_PRICES))
+def test_provider_part_matches_the_derivation_table(
+    packaged: list[RouteSpec], provider: str, method: str
+) -> None:
+    prices = {r.provider_price_micro_usdc for r in _priced(packaged, provider, method)}
+
+    assert prices == {PROVIDER_PRICES[provider, method]}
+
+
+@pytest.mark.parametrize(("provider", "method"), sorted(PROVIDER_PRICES))
+def test_each_facilitator_adds_its_own_settlement_fee(
+    packaged: list[RouteSpec], provider: str, method: str
+) -> None:
+    part = PROVIDER_PRICES[provider, method]
+    for route in _priced(packaged, provider, method):
+        internal = route_price(route, FacilitatorFee(internal=True))
+        external = route_price(route, FacilitatorFee(internal=False))
+        configured = route_price(route, FacilitatorFee(internal=False, external_micro_usdc=700))
+
+        assert internal == RoutePrice(provider=part, settlement_fee=INTERNAL_FEE)
+        assert external == RoutePrice(provider=part, settlement_fee=0)
+        assert configured is not None and configured.total == part + 700
+
+
+def test_the_internal_facilitators_fee_covers_the_default_caps_worst_case(packaged: list[RouteSpec]) -> None:
+    terms = {r.internal_settlement for r in packaged if r.access == "exact"}
+
+    assert terms == {InternalSettlement(fee_micro_usdc=INTERNAL_FEE, sol_price_usd=Decimal(200))}
+    assert InternalSettlement(INTERNAL_FEE, Decimal(200)).fee_lamports == 11_000
+
+
+def _uncovered(routes: list[RouteSpec], settings: Settings) -> list[str]:
+    return [p for p in route_plan(routes, settings).problems if p.startswith("one settlement can cost")]
+
+
+def test_only_the_internal_facilitators_fee_must_cover_the_compute_caps(packaged: list[RouteSpec]) -> None:
+    caps = {"base_url": "https://gw.example.com", "max_compute_unit_price": 5_000_000}
+
+    assert _uncovered(packaged, Settings(**caps, facilitator_url="internal")) == [
+        "one settlement can cost the fee payer 260000 lamports under X402_MAX_COMPUTE_UNIT_LIMIT=50000 and "
+        "X402_MAX_COMPUTE_UNIT_PRICE=5000000, but the internal facilitator's settlement fee of 2200 "
+        "micro-USDC earns only 11000 lamports at the SOL price routes.yaml states: lower the caps or raise "
+        "pricing.settlement_fee_micro_usdc"
+    ]
+    assert _uncovered(packaged, Settings(**caps)) == []  # the external facilitator pays those fees
+    assert _uncovered(packaged, Settings(base_url="https://gw.example.com", facilitator_url="internal")) == []
 
 
 def test_rpc_and_das_routes_carry_their_named_scope_and_wallet_limits(packaged: list[RouteSpec]) -> None:
@@ -156,7 +213,8 @@ def test_asset_data_routes_are_19_free_siwx_routes(packaged: list[RouteSpec]) ->
 
     assert len(tokens) == 19
     assert {r.access for r in tokens} == {"siwx"}
-    assert {r.price_micro_usdc for r in tokens} == {None}
+    assert {r.provider_price_micro_usdc for r in tokens} == {None}
+    assert {route_price(r, FacilitatorFee(internal=True)) for r in tokens} == {None}
 
 
 def test_internal_and_metrics_routes_are_unlisted(packaged: list[RouteSpec]) -> None:
@@ -414,17 +472,20 @@ def test_unknown_pricing_unit_names_its_location() -> None:
     )
 
 
-def test_price_from_a_schedule_rounds_up_and_adds_the_fee() -> None:
+def test_price_from_a_schedule_rounds_up_and_keeps_the_fee_apart() -> None:
     pricing = {
         "settlement_fee_micro_usdc": 1000,
-        "provider_a": {"micro_usdc_per_unit": "0.45", "units": {"getTransaction": 40, "getBalance": 10}},
+        "provider_a": {"micro_usdc_per_unit": "0.45", "units": {"getTransaction": 41, "getBalance": 10}},
     }
     route = _route(access="exact", method="POST", price={"pricing": "provider_a", "unit": "getTransaction"})
 
     (parsed,) = parse_routes(_doc(route, pricing=pricing), LIMITS)
 
-    assert parsed.price_micro_usdc == 1018  # ceil(40 * 0.45 + 1000)
-    assert parsed.settlement_budget_lamports is None  # no SOL price stated: nothing to compare
+    assert parsed.provider_price_micro_usdc == 19  # ceil(41 * 0.45 = 18.45)
+    assert parsed.internal_settlement == InternalSettlement(fee_micro_usdc=1000)
+    assert parsed.internal_settlement.fee_lamports is None  # no SOL price stated: nothing to compare
+    assert route_price(parsed, FacilitatorFee(internal=True)) == RoutePrice(provider=19, settlement_fee=1000)
+    assert route_price(parsed, FacilitatorFee(internal=False)) == RoutePrice(provider=19, settlement_fee=0)
 
 
 def test_the_settlement_fee_is_converted_to_lamports_at_the_stated_sol_price() -> None:
@@ -438,9 +499,21 @@ def test_the_settlement_fee_is_converted_to_lamports_at_the_stated_sol_price() -
 
     by_name = {r.name: r for r in parse_routes(_doc(scheduled, literal, pricing=pricing), LIMITS)}
 
-    assert by_name["ping"].price_micro_usdc == 2205
-    assert by_name["ping"].settlement_budget_lamports == 11_000  # 2,200 micro-USDC at $200 per SOL
-    assert by_name["flat"].settlement_budget_lamports == 15_000  # a literal price earns its whole
+    assert by_name["ping"].provider_price_micro_usdc == 5
+    assert by_name["ping"].internal_settlement.fee_lamports == 11_000  # 2,200 micro-USDC at $200 per SOL
+    # A literal price is a provider part too: the settling facilitator adds its fee to it.
+    assert by_name["flat"].provider_price_micro_usdc == 3000
+    flat = route_price(by_name["flat"], FacilitatorFee(internal=True))
+    assert flat is not None and flat.total == 5200
+
+
+@pytest.mark.parametrize("fee", [-1, 2.5, "2200", True, None])
+def test_a_settlement_fee_that_is_not_a_whole_number_of_micro_usdc_is_refused(fee: Any) -> None:
+    route = _route(access="exact", method="POST", price=1000)
+
+    (problem,) = _load_problems(_doc(route, pricing={"settlement_fee_micro_usdc": fee}))
+
+    assert "pricing.settlement_fee_micro_usdc: must be a whole number of micro-USDC >= 0" in problem
 
 
 @pytest.mark.parametrize("sol_price", ["0", "-3", "cheap", True])

@@ -10,7 +10,7 @@ import msgspec
 from gateway import SERVICE_NAME
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
-from gateway.pricing import micro_usdc_string, usd_display
+from gateway.pricing import FacilitatorFee, micro_usdc_string, route_price, usd_display
 from gateway.routes import RouteSpec, provider_groups, published
 from gateway.validation import InvalidInput, RequestValidator
 from gateway.vocabulary import ACCESS_MODES
@@ -22,7 +22,15 @@ class CatalogPrice(msgspec.Struct):
     usd: str
 
 
-class CatalogEntry(msgspec.Struct, omit_defaults=True):
+class CatalogPriceParts(msgspec.Struct):
+    """The two parts a paid route's price adds up to: the provider's, and the settlement fee of
+    the facilitator that settles (none when it pays the Solana fees itself)."""
+
+    provider: CatalogPrice
+    settlementFee: CatalogPrice
+
+
+class CatalogEntry(msgspec.Struct, omit_defaults=True, kw_only=True):
     name: str
     path: str
     url: str
@@ -31,6 +39,7 @@ class CatalogEntry(msgspec.Struct, omit_defaults=True):
     provider: str
     description: str
     price: CatalogPrice
+    priceParts: CatalogPriceParts | None = None
     inputSchema: dict[str, Any]
     outputSchema: dict[str, Any] | None = None
     asset: str | None = None
@@ -54,8 +63,15 @@ def input_schema(route: RouteSpec) -> dict[str, Any]:
     return {"type": "object", "properties": dict(route.input), "required": sorted(route.input)}
 
 
-def catalog_entry(route: RouteSpec, base_url: str, asset: str, pay_to: str) -> CatalogEntry:
-    price = route.price_micro_usdc or 0
+def _price(micro: int) -> CatalogPrice:
+    return CatalogPrice(microUsdc=micro_usdc_string(micro), usd=usd_display(micro))
+
+
+def catalog_entry(
+    route: RouteSpec, base_url: str, asset: str, pay_to: str, fee: FacilitatorFee
+) -> CatalogEntry:
+    """``route`` as the catalog lists it, priced through the facilitator charging ``fee``."""
+    price = route_price(route, fee)
     paid = route.access == "exact"
     return CatalogEntry(
         name=route.name,
@@ -65,7 +81,12 @@ def catalog_entry(route: RouteSpec, base_url: str, asset: str, pay_to: str) -> C
         access=route.access,
         provider=route.group,
         description=route.description,
-        price=CatalogPrice(microUsdc=micro_usdc_string(price), usd=usd_display(price)),
+        price=_price(price.total if price is not None else 0),
+        priceParts=(
+            CatalogPriceParts(provider=_price(price.provider), settlementFee=_price(price.settlement_fee))
+            if price is not None
+            else None
+        ),
         inputSchema=input_schema(route),
         outputSchema=route.output,
         asset=asset if paid else None,
@@ -84,10 +105,16 @@ class CatalogHandler:
     accepts but ROUTE_GROUPS switched off lists nothing."""
 
     def __init__(
-        self, route: RouteSpec, mounted: Sequence[RouteSpec], base_url: str, asset: str, pay_to: str
+        self,
+        route: RouteSpec,
+        mounted: Sequence[RouteSpec],
+        base_url: str,
+        asset: str,
+        pay_to: str,
+        fee: FacilitatorFee,
     ) -> None:
         self.validator = RequestValidator(route.input)
-        entries = [catalog_entry(r, base_url, asset, pay_to) for r in published(mounted)]
+        entries = [catalog_entry(r, base_url, asset, pay_to, fee) for r in published(mounted)]
 
         def body(listed: list[CatalogEntry]) -> bytes:
             catalog = Catalog(ok=True, service=SERVICE_NAME, baseUrl=base_url, x402Version=2, routes=listed)

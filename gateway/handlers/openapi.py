@@ -8,14 +8,17 @@ import msgspec
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 from gateway.openapi import build_openapi
+from gateway.pricing import FacilitatorFee
 from gateway.routes import RouteSpec
 
 
 class OpenApiHandler:
     """Serve the document of the mounted, listed routes (precomputed at start-up)."""
 
-    def __init__(self, mounted: Sequence[RouteSpec], base_url: str, asset: str, pay_to: str) -> None:
-        self.body = msgspec.json.encode(build_openapi(mounted, base_url, asset, pay_to))
+    def __init__(
+        self, mounted: Sequence[RouteSpec], base_url: str, asset: str, pay_to: str, fee: FacilitatorFee
+    ) -> None:
+        self.body = msgspec.json.encode(build_openapi(mounted, base_url, asset, pay_to, fee))
         self.headers = [JSON_CONTENT_TYPE, (b"cache-control", b"public, max-age=60")]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+from gateway.pricing import FacilitatorFee, route_price
 from gateway.routes import RouteSpec
 from gateway.x402.challenge import ExactChallenge
 from gateway.x402.types import SOLANA_MAINNET, PaymentRequirements
 
 
 def exact_challenge(
-    route: RouteSpec, *, base_url: str, asset: str, pay_to: str, timeout_s: int, facilitator_url: str
+    route: RouteSpec,
+    *,
+    base_url: str,
+    asset: str,
+    pay_to: str,
+    timeout_s: int,
+    facilitator_url: str,
+    fee: FacilitatorFee,
 ) -> ExactChallenge:
-    """Built once per route at start-up; only the fee payer varies per challenge."""
+    """Built once per route at start-up; only the fee payer varies per challenge. The amount is
+    the route's price through the facilitator at ``facilitator_url``, whose settlement fee is
+    ``fee``."""
+    price = route_price(route, fee)
+    assert price is not None, f"route {route.name} is exact but has no price"
     requirements = PaymentRequirements(
         scheme="exact",
         network=SOLANA_MAINNET,
-        amount=str(route.price_micro_usdc),
+        amount=str(price.total),
         asset=asset,
         payTo=pay_to,
         maxTimeoutSeconds=timeout_s,

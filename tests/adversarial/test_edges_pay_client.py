@@ -33,7 +33,12 @@ from gateway.payclient import run_pay
 from gateway.x402.headers import encode_header
 from gateway.x402.types import SOLANA_MAINNET
 from tests.support.gateway_process import clean_env, command
-from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PRICE, StartPaidGateway, balance_body
+from tests.support.paid_fixtures import (
+    GET_BALANCE,
+    GET_BALANCE_PRICE_INTERNAL,
+    StartPaidGateway,
+    balance_body,
+)
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_mint, set_token_account
 from tests.support.upstream import Upstream
 
@@ -188,13 +193,13 @@ async def test_a_challenge_under_a_raised_max_amount_is_paid_at_the_real_gateway
     assert done.code == 0, done.out
     result = json.loads(done.out)
     assert result["ok"] is True and result["status"] == 200
-    assert result["paid"]["amount"] == str(GET_BALANCE_PRICE)
+    assert result["paid"]["amount"] == str(GET_BALANCE_PRICE_INTERNAL)
     assert result["paid"]["transaction"] == solana_rpc_server.sent[-1]
     assert result["paymentId"].startswith("pay_")
     assert "result" in result["body"]
     assert paid.upstream_calls == 1
-    assert usdc_chain.balance(usdc_chain.payer_ata) == before[0] - GET_BALANCE_PRICE
-    assert usdc_chain.balance(usdc_chain.pay_to_ata) == before[1] + GET_BALANCE_PRICE
+    assert usdc_chain.balance(usdc_chain.payer_ata) == before[0] - GET_BALANCE_PRICE_INTERNAL
+    assert usdc_chain.balance(usdc_chain.pay_to_ata) == before[1] + GET_BALANCE_PRICE_INTERNAL
     assert usdc_chain.lamports(fee_payer) < sol_before  # the settlement's fee, and only one
     assert len(solana_rpc_server.sent) == 1
 
@@ -322,8 +327,8 @@ async def test_a_dropped_answer_is_recovered_with_the_same_payment_identifier(
     assert len(proxy.paid_headers) == 2 and proxy.paid_headers[0] == proxy.paid_headers[1]
     assert paid.upstream_calls == 1
     assert len(solana_rpc_server.sent) == 1
-    assert usdc_chain.balance(usdc_chain.payer_ata) == before[0] - GET_BALANCE_PRICE
-    assert usdc_chain.balance(usdc_chain.pay_to_ata) == before[1] + GET_BALANCE_PRICE
+    assert usdc_chain.balance(usdc_chain.payer_ata) == before[0] - GET_BALANCE_PRICE_INTERNAL
+    assert usdc_chain.balance(usdc_chain.pay_to_ata) == before[1] + GET_BALANCE_PRICE_INTERNAL
 
 
 # --- malformed challenges ---------------------------------------------------------------------

@@ -21,7 +21,7 @@ from tests.support.gateway_process import serve
 from tests.support.gateway_server import SERVICE_ONLY_ENV
 from tests.support.paid_fixtures import (
     GET_BALANCE,
-    GET_BALANCE_PRICE,
+    GET_BALANCE_PRICE_INTERNAL,
     StartPaidGateway,
     balance_body,
     wallet_base58,
@@ -106,8 +106,8 @@ async def test_a_dripped_body_is_cut_off_with_408_before_the_payment_is_verified
     reply = await paid.pay(GET_BALANCE, balance_body(), payment)
     assert reply.status == 200, reply.body
     assert paid.upstream_calls == 1
-    assert usdc_chain.balance(usdc_chain.payer_ata) == before[0] - GET_BALANCE_PRICE
-    assert usdc_chain.balance(usdc_chain.pay_to_ata) == before[1] + GET_BALANCE_PRICE
+    assert usdc_chain.balance(usdc_chain.payer_ata) == before[0] - GET_BALANCE_PRICE_INTERNAL
+    assert usdc_chain.balance(usdc_chain.pay_to_ata) == before[1] + GET_BALANCE_PRICE_INTERNAL
 
 
 def _drip(sock: socket.socket, data: bytes) -> bytes:

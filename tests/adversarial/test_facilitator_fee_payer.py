@@ -33,7 +33,7 @@ from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, Money
 from tests.support.paid_fixtures import (
     GET_BALANCE,
-    GET_BALANCE_PRICE,
+    GET_BALANCE_PRICE_INTERNAL,
     PaidGateway,
     StartPaidGateway,
     balance_body,
@@ -77,7 +77,7 @@ async def test_twelve_concurrent_payments_from_a_wallet_that_affords_one_settle_
 ) -> None:
     paid = await _internal(start_paid_gateway)
     poor = Keypair()
-    poor_ata = set_token_account(usdc_chain.svm, poor.pubkey(), usdc_chain.mint, GET_BALANCE_PRICE)
+    poor_ata = set_token_account(usdc_chain.svm, poor.pubkey(), usdc_chain.mint, GET_BALANCE_PRICE_INTERNAL)
     requirements, resource = await paid.requirements()
     payments = [paid.sign(requirements, resource, payer=poor) for _ in range(CONCURRENT_PAYMENTS)]
     assert len({p.payload["transaction"] for p in payments}) == CONCURRENT_PAYMENTS  # distinct memos
@@ -94,7 +94,7 @@ async def test_twelve_concurrent_payments_from_a_wallet_that_affords_one_settle_
         assert "payment-response" not in refused.headers
     assert len(paid.rpc.sent) == 1  # nothing else reached the chain, so nothing failed there
     assert Money.of(usdc_chain, poor_ata).minus(before) == Money(
-        -GET_BALANCE_PRICE, GET_BALANCE_PRICE, -ONE_SETTLEMENT_FEE
+        -GET_BALANCE_PRICE_INTERNAL, GET_BALANCE_PRICE_INTERNAL, -ONE_SETTLEMENT_FEE
     )
 
 

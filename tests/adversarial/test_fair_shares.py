@@ -37,7 +37,7 @@ from tests.support.cdp_facilitator import ReferenceBackend
 from tests.support.gateway_server import RunningGateway, run_gateway
 from tests.support.paid_fixtures import (
     GET_BALANCE,
-    GET_BALANCE_PRICE,
+    GET_BALANCE_PROVIDER_PRICE,
     PaidGateway,
     Reply,
     StartPaidGateway,
@@ -133,7 +133,8 @@ async def test_an_empty_wallets_payment_resent_at_full_speed_never_starves_a_pay
     assert paid.verify_calls() - len(honest) <= REFUSED_PER_MINUTE + 1
     spent = Money.of(paid.chain).minus(before)
     n = len(honest)
-    assert spent == Money(-n * GET_BALANCE_PRICE, n * GET_BALANCE_PRICE, -n * ONE_SETTLEMENT_FEE)
+    price = GET_BALANCE_PROVIDER_PRICE
+    assert spent == Money(-n * price, n * price, -n * ONE_SETTLEMENT_FEE)
 
 
 async def test_a_fresh_throwaway_wallet_per_request_never_starves_a_paying_client(
@@ -160,7 +161,7 @@ async def test_a_fresh_throwaway_wallet_per_request_never_starves_a_paying_clien
     assert statuses[429] >= len(flood) - flood_verifies - 1
     n = len(honest)
     assert Money.of(paid.chain).minus(before) == Money(
-        -n * GET_BALANCE_PRICE, n * GET_BALANCE_PRICE, -n * ONE_SETTLEMENT_FEE
+        -n * GET_BALANCE_PROVIDER_PRICE, n * GET_BALANCE_PROVIDER_PRICE, -n * ONE_SETTLEMENT_FEE
     )
 
 
@@ -182,7 +183,9 @@ async def test_calls_at_once_from_one_funded_wallet_are_all_served_under_default
         _assert_paid(reply)
     assert paid.settle_calls() == paid.upstream_calls == at_once
     assert Money.of(paid.chain).minus(before) == Money(
-        -at_once * GET_BALANCE_PRICE, at_once * GET_BALANCE_PRICE, -at_once * ONE_SETTLEMENT_FEE
+        -at_once * GET_BALANCE_PROVIDER_PRICE,
+        at_once * GET_BALANCE_PROVIDER_PRICE,
+        -at_once * ONE_SETTLEMENT_FEE,
     )
 
 
@@ -204,7 +207,7 @@ async def test_a_charged_client_that_hung_up_gets_its_answer_when_it_retries_ide
     assert other.status == 402 and other.json()["error"] == "payment_already_used"
     assert paid.settle_calls() == paid.upstream_calls == 1
     assert len(solana_rpc_server.sent) == 1
-    once = Money(-GET_BALANCE_PRICE, GET_BALANCE_PRICE, -ONE_SETTLEMENT_FEE)
+    once = Money(-GET_BALANCE_PROVIDER_PRICE, GET_BALANCE_PROVIDER_PRICE, -ONE_SETTLEMENT_FEE)
     assert Money.of(paid.chain).minus(before) == once
 
 

@@ -15,7 +15,6 @@ from tests.support.adversarial_paid import Money
 from tests.support.cdp_facilitator import closed_port_url
 from tests.support.paid_fixtures import (
     GET_BALANCE,
-    GET_BALANCE_PRICE,
     PaidGateway,
     Reply,
     StartPaidGateway,
@@ -27,12 +26,13 @@ from tests.support.redis_server import RedisServer
 FEE_PAYER_KEYS = "x402gw:fee-payer:*"
 
 
-def advertised_fee_payer(reply: Reply) -> str:
+def advertised_fee_payer(paid: PaidGateway, reply: Reply) -> str:
+    """The fee payer a challenge names; it asks the price of ``paid``'s own facilitator."""
     assert reply.status == 402, reply.body
     assert reply.headers["cache-control"] == "no-store"
     header = reply.header_json("payment-required")
     (accepted,) = header["accepts"]
-    assert accepted["amount"] == str(GET_BALANCE_PRICE)
+    assert accepted["amount"] == str(paid.balance_price)
     assert reply.json()["accepts"][0]["extra"] == accepted["extra"]
     fee_payer: str = accepted["extra"]["feePayer"]
     return fee_payer
@@ -59,7 +59,7 @@ async def test_a_facilitator_down_from_the_start_still_gets_the_configured_fee_p
         env={"FACILITATOR_URL": closed_port_url(), "FACILITATOR_FEE_PAYER": configured}
     )
 
-    assert advertised_fee_payer(await paid.post(GET_BALANCE, balance_body())) == configured
+    assert advertised_fee_payer(paid, await paid.post(GET_BALANCE, balance_body())) == configured
     await assert_paid_request_is_503(paid)
 
 
@@ -70,7 +70,7 @@ async def test_a_new_replica_challenges_with_the_fee_payer_another_replica_kept_
     first = await start_paid_gateway(env=store)
     assert first.facilitator is not None
     fee_payer = str(first.chain.fee_payer.pubkey())
-    assert advertised_fee_payer(await first.post(GET_BALANCE, balance_body())) == fee_payer
+    assert advertised_fee_payer(first, await first.post(GET_BALANCE, balance_body())) == fee_payer
     admin = redis.Redis.from_url(private_redis.url)
     try:
         await eventually(lambda: bool(admin.keys(FEE_PAYER_KEYS)), what="the fee payer kept in the store")
@@ -80,7 +80,7 @@ async def test_a_new_replica_challenges_with_the_fee_payer_another_replica_kept_
 
     second = await start_paid_gateway(env={**store, "FACILITATOR_URL": first.facilitator.base_url})
 
-    assert advertised_fee_payer(await second.post(GET_BALANCE, balance_body())) == fee_payer
+    assert advertised_fee_payer(second, await second.post(GET_BALANCE, balance_body())) == fee_payer
     await assert_paid_request_is_503(second)
     assert first.facilitator.count("verify") == first.facilitator.count("settle") == 0
 
@@ -92,5 +92,5 @@ async def test_the_internal_facilitator_challenges_with_its_own_key_with_its_cha
 
     reply = await paid.post(GET_BALANCE, balance_body())
 
-    assert advertised_fee_payer(reply) == str(paid.chain.fee_payer.pubkey())
+    assert advertised_fee_payer(paid, reply) == str(paid.chain.fee_payer.pubkey())
     assert paid.upstream_calls == 0

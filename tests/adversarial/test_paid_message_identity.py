@@ -23,7 +23,6 @@ from tests.support.adversarial_paid import (
 from tests.support.cdp_facilitator import ReferenceBackend
 from tests.support.paid_fixtures import (
     GET_BALANCE,
-    GET_BALANCE_PRICE,
     PaidGateway,
     Reply,
     StartPaidGateway,
@@ -37,8 +36,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "igno
 
 MARKER = 5150
 PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 1}, "value": MARKER}}
-ONE_SALE = Money(-GET_BALANCE_PRICE, GET_BALANCE_PRICE, -ONE_SETTLEMENT_FEE)
-"""What one sale moves: the client pays the price to payTo, the fee payer one transaction fee."""
 
 
 def assert_answered(reply: Reply) -> None:
@@ -48,30 +45,32 @@ def assert_answered(reply: Reply) -> None:
     assert reply.header_json("payment-response")["success"] is True
 
 
-def assert_already_used(reply: Reply) -> None:
+def assert_already_used(reply: Reply, price: int) -> None:
     assert reply.status == 402, reply.body
     assert reply.json()["error"] == "payment_already_used"
     assert str(MARKER) not in reply.body.decode()
     assert "payment-response" not in reply.headers
-    assert reply.header_json("payment-required")["accepts"][0]["amount"] == str(GET_BALANCE_PRICE)
+    assert reply.header_json("payment-required")["accepts"][0]["amount"] == str(price)
 
 
-def assert_one_answered(replies: list[Reply]) -> Reply:
+def assert_one_answered(replies: list[Reply], price: int) -> Reply:
     """Exactly one reply carries the paid answer; every other one is refused as a reuse."""
     answered = [r for r in replies if r.status == 200]
     assert len(answered) == 1, [(r.status, r.body) for r in replies]
     assert_answered(answered[0])
     for reply in replies:
         if reply is not answered[0]:
-            assert_already_used(reply)
+            assert_already_used(reply, price)
     return answered[0]
 
 
 def assert_one_sale(paid: PaidGateway, rpc: LiteSvmRpcServer, before: Money) -> None:
-    """The provider was called once and the money moved once, by one landed transaction."""
+    """The provider was called once and the money moved once, by one landed transaction: the
+    client paid the price of ``paid``'s facilitator to payTo, the fee payer one transaction fee."""
     assert paid.upstream_calls == 1
     assert len(set(rpc.sent)) == 1
-    assert Money.of(paid.chain).minus(before) == ONE_SALE
+    one_sale = Money(-paid.balance_price, paid.balance_price, -ONE_SETTLEMENT_FEE)
+    assert Money.of(paid.chain).minus(before) == one_sale
 
 
 async def _internal(start_paid_gateway: StartPaidGateway) -> PaidGateway:
@@ -94,7 +93,7 @@ async def test_copies_of_one_message_with_other_client_signatures_are_refused_af
 
     assert_answered(answered)
     for reply in refused:
-        assert_already_used(reply)
+        assert_already_used(reply, paid.balance_price)
     assert_one_sale(paid, solana_rpc_server, before)
 
 
@@ -108,7 +107,7 @@ async def test_copies_of_one_message_sent_at_once_reach_the_provider_once(
 
     replies = await asyncio.gather(*(paid.pay(GET_BALANCE, balance_body(), p) for p in payments))
 
-    assert_one_answered(replies)
+    assert_one_answered(replies, paid.balance_price)
     assert_one_sale(paid, solana_rpc_server, before)
 
 
@@ -127,7 +126,7 @@ async def test_copies_of_one_message_sent_at_once_ask_the_facilitator_once(
 
     replies = await asyncio.gather(*(paid.pay(GET_BALANCE, balance_body(), p) for p in payments))
 
-    assert_one_answered(replies)
+    assert_one_answered(replies, paid.balance_price)
     assert paid.verify_calls() == paid.settle_calls() == 1
     assert_one_sale(paid, solana_rpc_server, before)
 
@@ -171,6 +170,6 @@ async def test_retries_of_a_pending_settlement_with_three_client_signatures_get_
     retries = [first, *(another_client_signature(first, paid.chain.payer) for _ in range(2))]
     replies = await asyncio.gather(*(paid.pay(GET_BALANCE, balance_body(), p) for p in retries))
 
-    answered = assert_one_answered(replies)
+    answered = assert_one_answered(replies, paid.balance_price)
     assert answered.header_json("payment-response")["transaction"] == solana_rpc_server.sent[0]
     assert_one_sale(paid, solana_rpc_server, before)

@@ -29,7 +29,7 @@ from tests.support.adversarial_paid import (
 )
 from tests.support.paid_fixtures import (
     GET_BALANCE,
-    GET_BALANCE_PRICE,
+    GET_BALANCE_PRICE_INTERNAL,
     PaidGateway,
     Reply,
     StartPaidGateway,
@@ -132,7 +132,8 @@ async def test_junk_and_replayed_payments_from_one_ip_leave_another_wallet_untou
     assert paid.chain.balance(paid.chain.payer_ata) == flooder_before
     spent = Money.of(paid.chain, other_ata).minus(before)
     n = SCOPE_BUDGET - 1
-    assert spent == Money(-n * GET_BALANCE_PRICE, n * GET_BALANCE_PRICE, -n * ONE_SETTLEMENT_FEE)
+    price = GET_BALANCE_PRICE_INTERNAL
+    assert spent == Money(-n * price, n * price, -n * ONE_SETTLEMENT_FEE)
     assert len(set(solana_rpc_server.sent)) == SCOPE_BUDGET
 
 
@@ -152,9 +153,9 @@ async def test_one_payer_is_held_to_its_wallet_budget_while_another_is_served(
     assert_rate_limited(greedy[2], "provider_a:mainnet:rpc:wallet")
     assert_answered(served)
     assert paid.upstream_calls == 3
-    assert Money.of(paid.chain).minus(before).client_usdc == -2 * GET_BALANCE_PRICE
-    assert Money.of(paid.chain, other_ata).minus(other_before).client_usdc == -GET_BALANCE_PRICE
-    assert Money.of(paid.chain).minus(before).pay_to_usdc == 3 * GET_BALANCE_PRICE
+    assert Money.of(paid.chain).minus(before).client_usdc == -2 * GET_BALANCE_PRICE_INTERNAL
+    assert Money.of(paid.chain, other_ata).minus(other_before).client_usdc == -GET_BALANCE_PRICE_INTERNAL
+    assert Money.of(paid.chain).minus(before).pay_to_usdc == 3 * GET_BALANCE_PRICE_INTERNAL
 
 
 @pytest.mark.parametrize("configured", [None, "7"])

@@ -27,7 +27,13 @@ from tests.support.adversarial_paid import (
 )
 from tests.support.cdp_facilitator import CdpCredentials, FacilitatorBackend, ReferenceBackend
 from tests.support.facilitator_fixtures import StartFacilitator
-from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PRICE, Reply, StartPaidGateway, balance_body
+from tests.support.paid_fixtures import (
+    GET_BALANCE,
+    GET_BALANCE_PROVIDER_PRICE,
+    Reply,
+    StartPaidGateway,
+    balance_body,
+)
 from tests.support.paid_processes import eventually, paid_processes
 from tests.support.redis_server import RedisServer
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
@@ -37,7 +43,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "igno
 
 MARKER = 777001
 PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 1}, "value": MARKER}}
-ONE_SALE = Money(-GET_BALANCE_PRICE, GET_BALANCE_PRICE, -ONE_SETTLEMENT_FEE)
+ONE_SALE = Money(-GET_BALANCE_PROVIDER_PRICE, GET_BALANCE_PROVIDER_PRICE, -ONE_SETTLEMENT_FEE)
 
 
 def assert_answered(reply: Reply, transaction: str) -> None:

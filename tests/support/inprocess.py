@@ -21,6 +21,7 @@ from gateway.asgi import ASGIApp, Message, Receive, replay_body, send_bytes
 from gateway.context import request_context
 from gateway.payments import PaymentGate, PaymentLedger, Settlement, exact_challenge
 from gateway.payments.facilitators import ChallengeFeePayer
+from gateway.pricing import FacilitatorFee
 from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
 from gateway.router import MethodDispatcher
 from gateway.routes import RateLimitSpec, RouteSpec
@@ -46,6 +47,8 @@ from middleware.settle import SettleAfterSuccess
 USDC_MINT = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"
 BASE_URL = "https://gateway.test"
 CLIENT_IP = "203.0.113.7"
+RECORDING_FACILITATOR_FEE = FacilitatorFee(internal=False, external_micro_usdc=2200)
+"""The settlement fee configured for the recording facilitator: the balance route sells at 5 + 2200."""
 PROVIDER_ANSWER = b'{"jsonrpc":"2.0","id":1,"result":{"context":{"slot":1},"value":5}}'
 
 BALANCE_BODY_SCHEMA: dict[str, Any] = {
@@ -71,7 +74,7 @@ def balance_route(*, rate_limits: Sequence[RateLimitSpec] = (), replay_cap_bytes
         description="Balance of an account",
         upstream="provider",
         operation="getBalance",
-        price_micro_usdc=2205,
+        provider_price_micro_usdc=5,
         rate_limits=tuple(rate_limits),
         input={"body": BALANCE_BODY_SCHEMA},
         replay_cap_bytes=replay_cap_bytes,
@@ -204,6 +207,7 @@ def paid_route(
         pay_to=str(wallets.pay_to.pubkey()),
         timeout_s=60,
         facilitator_url=facilitator.url,
+        fee=RECORDING_FACILITATOR_FEE,
     )
     ledger = PaymentLedger(store)
     limiter = RateLimiter(

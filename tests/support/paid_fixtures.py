@@ -60,8 +60,12 @@ UPSTREAM_PATHS = {
 }
 
 GET_BALANCE = "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
-GET_BALANCE_PRICE = 2205
-"""routes.yaml: provider_a getBalance, 10 CU -> 2205 micro-USDC."""
+GET_BALANCE_PROVIDER_PRICE = 5
+"""routes.yaml: provider_a getBalance, 10 CU x 0.45 micro-USDC, rounded up: the provider part."""
+INTERNAL_SETTLEMENT_FEE = 2200
+"""routes.yaml: the settlement fee every price carries through the internal facilitator."""
+GET_BALANCE_PRICE_INTERNAL = GET_BALANCE_PROVIDER_PRICE + INTERNAL_SETTLEMENT_FEE
+"""provider_a getBalance through the internal facilitator: 2205 micro-USDC."""
 ACCOUNT = "9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin"
 
 
@@ -111,6 +115,19 @@ class PaidGateway:
     @property
     def url(self) -> str:
         return self.running.url
+
+    @property
+    def settlement_fee(self) -> int:
+        """The settlement fee this gateway's facilitator adds: routes.yaml's for the internal one,
+        the configured FACILITATOR_SETTLEMENT_FEE_MICRO_USDC (0 unless set) for the fake CDP."""
+        if self.facilitator is None:
+            return INTERNAL_SETTLEMENT_FEE
+        return self.running.settings.facilitator_settlement_fee_micro_usdc
+
+    @property
+    def balance_price(self) -> int:
+        """What provider_a getBalance (``GET_BALANCE``) charges through this gateway's facilitator."""
+        return GET_BALANCE_PROVIDER_PRICE + self.settlement_fee
 
     async def post(self, path: str, body: Any = None, headers: Mapping[str, str] | None = None) -> Reply:
         data = b"" if body is None else encode_body(body)
