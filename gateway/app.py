@@ -28,6 +28,7 @@ from gateway.handlers.readiness import ReadyHandler
 from gateway.handlers.tokens import TokensHandler
 from gateway.logs import configure_logging, log_event
 from gateway.payments import PaymentGate, PaymentLedger, Settlement, exact_challenge
+from gateway.payments.offer import Option, RouteOffers
 from gateway.router import MethodDispatcher, PathTable, not_found
 from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes, sells_anything
 from gateway.services import Services
@@ -133,36 +134,44 @@ def _siwx(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
 
 
 def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
-    facilitator = services.facilitator
-    fee_payer = services.fee_payer
-    assert facilitator is not None and fee_payer is not None, "exact routes need a facilitator"
+    assert services.settling, "exact routes need a facilitator"
     s = services.settings
-    challenge = exact_challenge(
-        route,
-        base_url=s.base_url,
-        asset=s.usdc_mint,
-        pay_to=s.pay_to,
-        timeout_s=s.payment_timeout_s,
-        facilitator_url=facilitator.url,
-        fee=services.facilitator_fee,
+    offers = RouteOffers(
+        [
+            Option(
+                settling,
+                exact_challenge(
+                    route,
+                    base_url=s.base_url,
+                    asset=s.usdc_mint,
+                    pay_to=s.pay_to,
+                    timeout_s=s.payment_timeout_s,
+                    facilitator_url=settling.facilitator.url,
+                    fee=settling.fee,
+                ),
+            )
+            for settling in services.settling
+        ],
+        services.facilitator_health,
     )
     ledger = PaymentLedger(services.store)
     gate = PaymentGate(
         route_name=route.name,
-        challenge=challenge,
+        offers=offers,
         validator=RequestValidator(route.input),
         ledger=ledger,
         limiter=services.limiter,
         limits=route.rate_limits,
-        facilitator=facilitator,
-        fee_payer=fee_payer,
+        guard=services.settlement_guard,
     )
     settlement = Settlement(
-        route_name=route.name, ledger=ledger, facilitator=facilitator, replay_cap_bytes=route.replay_cap_bytes
+        route_name=route.name,
+        ledger=ledger,
+        offers=offers,
+        replay_cap_bytes=route.replay_cap_bytes,
+        guard=services.settlement_guard,
     )
-    answers = PaymentAnswers(
-        route_name=route.name, challenge=challenge, fee_payer=fee_payer, limiter=services.limiter
-    )
+    answers = PaymentAnswers(route_name=route.name, offers=offers, limiter=services.limiter)
     settled = SettleAfterSuccess(app, settlement=settlement, answers=answers, route_name=route.name)
     paid = X402Exact(
         settled,

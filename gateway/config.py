@@ -76,6 +76,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     base_url: str
     port: int = 8080
     facilitator_url: str = CDP_FACILITATOR_URL
+    """The preferred facilitator: ``internal`` (our own fee payer) or a URL."""
+    fallback_facilitators: tuple[str, ...] = ()
+    """The facilitators to fail over to, in order (``FACILITATOR_URL``'s later entries)."""
     facilitator_api_key_id: str = ""
     facilitator_api_key_secret: Secret = Secret("")
     facilitator_settlement_fee_micro_usdc: int = 0
@@ -98,18 +101,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """The most of the asset-data key's budget one wallet, or one IP, may take."""
     rate_limit_sync_s: float = 0.1
     """How often each process shares its challenge-limit counts through the store."""
-    max_compute_unit_limit: int = DEFAULT_MAX_COMPUTE_UNIT_LIMIT
-    max_compute_unit_price: int = DEFAULT_MAX_COMPUTE_UNIT_PRICE
-    facilitator_fee_payer: str = ""
-    upstreams: dict[str, Secret] = msgspec.field(default_factory=dict)
-    asset_api_key: Secret = Secret("")
-    store_url: Secret = Secret("")
     settlement_cooldown_s: int = 600
     """How long a payer, its token account and its client IP cannot pay after a settlement of
     theirs failed on chain (the internal facilitator's fee payer paid for it)."""
     max_settlements_in_flight: int = 16
     """The most settlements a payer, or a client IP, may have in flight at once, however long
     its record of settled payments (the internal facilitator)."""
+    max_compute_unit_limit: int = DEFAULT_MAX_COMPUTE_UNIT_LIMIT
+    max_compute_unit_price: int = DEFAULT_MAX_COMPUTE_UNIT_PRICE
+    facilitator_fee_payer: str = ""
+    upstreams: dict[str, Secret] = msgspec.field(default_factory=dict)
+    asset_api_key: Secret = Secret("")
+    store_url: Secret = Secret("")
     store_token: Secret = Secret("")
     internal_secret: Secret = Secret("")
     facilitator_wallet: Secret = Secret("")
@@ -141,8 +144,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         )
 
     @property
+    def facilitator_urls(self) -> tuple[str, ...]:
+        """Every facilitator, in the operator's order of preference."""
+        return (self.facilitator_url, *self.fallback_facilitators)
+
+    @property
     def uses_internal_facilitator(self) -> bool:
-        return self.facilitator_url == INTERNAL
+        """Our own fee payer settles some payments (it may be a fallback)."""
+        return INTERNAL in self.facilitator_urls
+
+    @property
+    def uses_external_facilitator(self) -> bool:
+        return any(url != INTERNAL for url in self.facilitator_urls)
 
     def upstream_url(self, name: str) -> str | None:
         secret = self.upstreams.get(name)
@@ -287,11 +300,23 @@ def _store_url(reader: _Reader) -> str:
     return raw
 
 
-def _facilitator_url(reader: _Reader) -> str:
+def _facilitator_urls(reader: _Reader) -> tuple[str, ...]:
+    """``FACILITATOR_URL``: one facilitator, or several separated by commas in order of
+    preference (each ``internal`` or an http(s) URL), to fail over between."""
     raw = reader.text("FACILITATOR_URL", CDP_FACILITATOR_URL)
-    if raw == INTERNAL:
-        return raw
-    return reader.url("FACILITATOR_URL", CDP_FACILITATOR_URL, secret=False) or CDP_FACILITATOR_URL
+    urls: list[str] = []
+    for entry in (part.strip() for part in raw.split(",")):
+        if entry == INTERNAL:
+            urls.append(entry)
+            continue
+        if not _is_http_url(entry):
+            shown = repr(entry[:60])
+            reader.problems.append(f"FACILITATOR_URL entries must be internal or http(s) URLs, got {shown}")
+            continue
+        urls.append(entry.rstrip("/"))
+    if len(set(urls)) != len(urls):
+        reader.problems.append("FACILITATOR_URL names a facilitator twice")
+    return tuple(dict.fromkeys(urls)) or (CDP_FACILITATOR_URL,)
 
 
 def _route_groups(reader: _Reader) -> tuple[str, ...] | None:
@@ -343,7 +368,7 @@ def _check_keys(settings: Settings, problems: list[str]) -> None:
     key_id, secret = settings.facilitator_api_key_id, settings.facilitator_api_key_secret
     if bool(key_id) != bool(secret):
         problems.append("set both FACILITATOR_API_KEY_ID and FACILITATOR_API_KEY_SECRET, or neither")
-    elif key_id and not settings.uses_internal_facilitator:
+    elif key_id and settings.uses_external_facilitator:
         try:
             CdpKey.parse(key_id, secret)
         except ValueError as exc:
@@ -370,7 +395,8 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
     settings = Settings(
         base_url=base_url,
         port=r.integer("PORT", 8080, 1, 65535),
-        facilitator_url=_facilitator_url(r),
+        facilitator_url=(facilitators := _facilitator_urls(r))[0],
+        fallback_facilitators=facilitators[1:],
         facilitator_api_key_id=r.text("FACILITATOR_API_KEY_ID"),
         facilitator_api_key_secret=Secret(r.text("FACILITATOR_API_KEY_SECRET")),
         facilitator_settlement_fee_micro_usdc=r.integer(
@@ -390,6 +416,8 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         rate_limit_refused_per_minute=r.integer("RATE_LIMIT_REFUSED_PAYMENTS_PER_MINUTE", 10, 1, 1_000_000),
         rate_limit_tokens_share_percent=r.integer("RATE_LIMIT_TOKENS_SHARE_PERCENT", 25, 1, 100),
         rate_limit_sync_s=r.number("RATE_LIMIT_SYNC_SECONDS", 0.1, 0.01, 10.0),
+        settlement_cooldown_s=r.integer("X402_SETTLEMENT_COOLDOWN_SECONDS", 600, 0, 86_400),
+        max_settlements_in_flight=r.integer("X402_MAX_SETTLEMENTS_IN_FLIGHT", 16, 1, 256),
         log_challenges=_log_challenges(r),
         max_compute_unit_limit=r.integer(
             "X402_MAX_COMPUTE_UNIT_LIMIT", DEFAULT_MAX_COMPUTE_UNIT_LIMIT, 1, MAX_CU_PER_TRANSACTION
@@ -399,8 +427,6 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         ),
         facilitator_fee_payer=r.pubkey("FACILITATOR_FEE_PAYER"),
         upstreams=upstreams,
-        settlement_cooldown_s=r.integer("X402_SETTLEMENT_COOLDOWN_SECONDS", 600, 0, 86_400),
-        max_settlements_in_flight=r.integer("X402_MAX_SETTLEMENTS_IN_FLIGHT", 16, 1, 256),
         asset_api_key=Secret(r.text("ASSET_API_KEY")),
         store_url=Secret(_store_url(r)),
         store_token=Secret(r.text("STATE_STORE_REST_TOKEN")),
@@ -418,7 +444,7 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         route_groups=_route_groups(r),
     )
     _check_keys(settings, r.problems)
-    if settings.uses_internal_facilitator and r.text("FACILITATOR_SETTLEMENT_FEE_MICRO_USDC"):
+    if not settings.uses_external_facilitator and r.text("FACILITATOR_SETTLEMENT_FEE_MICRO_USDC"):
         r.problems.append(
             "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC is an external facilitator's fee: with "
             "FACILITATOR_URL=internal the fee is routes.yaml's pricing.settlement_fee_micro_usdc; unset it"

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from gateway.config import INTERNAL
+
 if TYPE_CHECKING:  # the pay client imports the display helpers and needs neither
     from gateway.config import Settings
     from gateway.routes import RouteSpec
@@ -48,9 +50,9 @@ class RoutePrice(msgspec.Struct, frozen=True):
         return self.provider + self.settlement_fee
 
 
-def facilitator_fee(settings: Settings) -> FacilitatorFee:
-    """The settlement fee of the facilitator ``FACILITATOR_URL`` names."""
-    if settings.uses_internal_facilitator:
+def facilitator_fee(settings: Settings, url: str | None = None) -> FacilitatorFee:
+    """The settlement fee of the facilitator at ``url`` (default: the preferred one)."""
+    if (url or settings.facilitator_url) == INTERNAL:
         return FacilitatorFee(internal=True)
     return FacilitatorFee(internal=False, external_micro_usdc=settings.facilitator_settlement_fee_micro_usdc)
 

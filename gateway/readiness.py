@@ -138,21 +138,34 @@ def node_question(rpc: SolanaRpc) -> Question:
 
 def build_readiness(
     store: Store,
-    facilitator: Facilitator | None,
+    facilitators: Sequence[Facilitator],
     *,
     sells_paid_routes: bool,
     node_url: str,
 ) -> Readiness:
-    """The store always; the facilitator only when paid routes are served (a gateway selling only
-    sign-in routes never asks it). ``node_url`` is the internal facilitator's mainnet node."""
+    """The store always; the facilitators only when paid routes are served (a gateway selling only
+    sign-in routes never asks them), ready while any of them answers (the others are failed over).
+    ``node_url`` is the internal facilitator's mainnet node."""
     checks = [CachedCheck("store", store_question(store), ttl_s=STORE_TTL_S)]
     closers: list[Callable[[], Awaitable[None]]] = []
-    if sells_paid_routes and facilitator is not None:
+    questions: list[Question] = []
+    for facilitator in facilitators if sells_paid_routes else ():
         if isinstance(facilitator, HttpFacilitator):
-            question = facilitator_question(facilitator)
+            questions.append(facilitator_question(facilitator))
         else:
             rpc = SolanaRpc(node_url, timeout_s=CHECK_TIMEOUT_S, upstream=RPC_UPSTREAM_NAMES[SOLANA_MAINNET])
-            question = node_question(rpc)
+            questions.append(node_question(rpc))
             closers.append(rpc.close)
-        checks.append(CachedCheck("facilitator", question, ttl_s=FACILITATOR_TTL_S))
+    if questions:
+        checks.append(CachedCheck("facilitator", any_answers(questions), ttl_s=FACILITATOR_TTL_S))
     return Readiness(checks, closers)
+
+
+def any_answers(questions: Sequence[Question]) -> Question:
+    """Fine while one of ``questions`` is; else the first one's problem."""
+
+    async def ask() -> Problem:
+        problems = await asyncio.gather(*(question() for question in questions))
+        return None if any(problem is None for problem in problems) else problems[0]
+
+    return ask

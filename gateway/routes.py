@@ -724,10 +724,9 @@ def required_variables(route: RouteSpec, settings: Settings) -> list[str]:
     if route.access == "exact":
         if not settings.pay_to:
             missing.append("X402_PAY_TO_WALLET")
-        if settings.uses_internal_facilitator:
-            if not settings.facilitator_wallet:
-                missing.append("FACILITATOR_WALLET_BASE58")
-        else:
+        if settings.uses_internal_facilitator and not settings.facilitator_wallet:
+            missing.append("FACILITATOR_WALLET_BASE58")
+        if settings.uses_external_facilitator:
             if not settings.facilitator_api_key_id:
                 missing.append("FACILITATOR_API_KEY_ID")
             if not settings.facilitator_api_key_secret:

@@ -13,12 +13,14 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 
-from gateway.config import Settings
+from gateway.config import INTERNAL, Settings
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
 from gateway.metrics import Usage
+from gateway.payments.facilitator_health import FacilitatorHealth
 from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, HttpFacilitator
 from gateway.payments.fee_guard import FeeGuard
 from gateway.payments.local_facilitator import load_local_facilitator
+from gateway.payments.offer import SettlingFacilitator
 from gateway.pricing import facilitator_fee
 from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
 from gateway.readiness import build_readiness
@@ -31,11 +33,13 @@ from gateway.x402.siwx import SiwxIssuer, random_secret
 UPSTREAM_CONNECTIONS = 100
 
 
-def _external_facilitator(settings: Settings) -> HttpFacilitator:
+def _external_facilitator(settings: Settings, url: str, *, authenticated: bool) -> HttpFacilitator:
+    """An external facilitator; only the first one in FACILITATOR_URL gets the API key (a token
+    minted for one host must never reach another, which could replay it there)."""
     return HttpFacilitator(
-        settings.facilitator_url,
-        api_key_id=settings.facilitator_api_key_id or None,
-        api_key_secret=settings.facilitator_api_key_secret or None,
+        url,
+        api_key_id=(settings.facilitator_api_key_id or None) if authenticated else None,
+        api_key_secret=(settings.facilitator_api_key_secret or None) if authenticated else None,
         timeout_s=min(settings.upstream_timeout_s, 10.0),
     )
 
@@ -73,22 +77,19 @@ class Services:
             url=settings.base_url,  # the gateway settles itself; internal routes stay undiscovered
             policy=settings.exact_policy,
         )
-        self.facilitator: Facilitator | None = (
-            self.local_facilitator if settings.uses_internal_facilitator else _external_facilitator(settings)
+        self.settling = self._settling_facilitators(settings)
+        """Every facilitator a payment may be settled through, in order of preference."""
+        self.facilitator_health = FacilitatorHealth(
+            self.store, {s.name: s.facilitator.supported for s in self.settling}
         )
         self.settlement_guard = self.fee_guard if settings.uses_internal_facilitator else None
-        """Guards our own fee payer (client IPs in flight, cool-downs); an external facilitator
-        pays its own fees."""
+        """Guards our own fee payer (client IPs in flight, cool-downs) for the payments it
+        settles; an external facilitator pays its own fees."""
         self.facilitator_fee = facilitator_fee(settings)
-        """The settlement fee the facilitator adds to every price it settles."""
-        self.fee_payer = (
-            ChallengeFeePayer(self.facilitator, self.store, settings.facilitator_fee_payer)
-            if self.facilitator is not None
-            else None
-        )
+        """The settlement fee the preferred facilitator adds to every price it settles."""
         self.readiness = build_readiness(
             self.store,
-            self.facilitator,
+            [s.facilitator for s in self.settling],
             sells_paid_routes=any(r.access == "exact" for r in routes),
             node_url=settings.solana_mainnet_rpc_url.reveal(),
         )
@@ -103,6 +104,34 @@ class Services:
             body_limit=settings.max_body_bytes,
         )
 
+    def _settling_facilitators(self, settings: Settings) -> list[SettlingFacilitator]:
+        found: list[SettlingFacilitator] = []
+        first_external = next((u for u in settings.facilitator_urls if u != INTERNAL), None)
+        for url in settings.facilitator_urls:
+            facilitator: Facilitator | None = (
+                self.local_facilitator
+                if url == INTERNAL
+                else _external_facilitator(settings, url, authenticated=url == first_external)
+            )
+            if facilitator is None:  # internal without its wallet: start-up names the variable
+                continue
+            # Only the preferred facilitator may take FACILITATOR_FEE_PAYER as its fee payer.
+            configured = settings.facilitator_fee_payer if url == settings.facilitator_url else ""
+            found.append(
+                SettlingFacilitator(
+                    name=url,
+                    facilitator=facilitator,
+                    fee_payer=ChallengeFeePayer(facilitator, self.store, configured),
+                    fee=facilitator_fee(settings, url),
+                )
+            )
+        return found
+
+    @property
+    def facilitator(self) -> Facilitator | None:
+        """The preferred facilitator."""
+        return self.settling[0].facilitator if self.settling else None
+
     def session(self, upstream: str) -> aiohttp.ClientSession:
         """The one session of ``upstream``; only valid while the app is running."""
         return self._sessions[upstream]
@@ -111,6 +140,7 @@ class Services:
         self._usage_flusher = asyncio.create_task(self.usage.run(), name="usage-flusher")
         self.limiter.start()
         self.request_log.start()
+        self.facilitator_health.start()
         timeout = aiohttp.ClientTimeout(total=self.settings.upstream_timeout_s)
         for name in self.upstream_names:
             connector = aiohttp.TCPConnector(limit=UPSTREAM_CONNECTIONS, ttl_dns_cache=300)
@@ -127,10 +157,12 @@ class Services:
         await self.usage.flush()
         await self.request_log.stop()
         await self.limiter.stop()
+        await self.facilitator_health.stop()
         for session in self._sessions.values():
             await session.close()
         self._sessions.clear()
-        for facilitator in {id(f): f for f in (self.facilitator, self.local_facilitator) if f}.values():
+        facilitators = [s.facilitator for s in self.settling] + [self.local_facilitator]
+        for facilitator in {id(f): f for f in facilitators if f}.values():
             await facilitator.close()
         await self.readiness.close()
         await self.store.close()

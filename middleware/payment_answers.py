@@ -23,9 +23,8 @@ from gateway.payments import (
     Settled,
     StoredResponse,
 )
-from gateway.payments.facilitators import ChallengeFeePayer
+from gateway.payments.offer import RouteOffers
 from gateway.rate_limiter import RateLimiter
-from gateway.x402.challenge import ExactChallenge
 
 
 def pending_error() -> GatewayError:
@@ -47,23 +46,17 @@ async def send_stored(send: Send, response: StoredResponse) -> None:
 
 
 class PaymentAnswers:
-    """One route's renderings; the challenge and fee payer are the route's own."""
+    """One route's renderings; the offers (challenges and fee payers) are the route's own."""
 
-    def __init__(
-        self,
-        *,
-        route_name: str,
-        challenge: ExactChallenge,
-        fee_payer: ChallengeFeePayer,
-        limiter: RateLimiter,
-    ) -> None:
+    def __init__(self, *, route_name: str, offers: RouteOffers, limiter: RateLimiter) -> None:
         self.route_name = route_name
-        self.challenge = challenge
-        self.fee_payer = fee_payer
+        self.offers = offers
         self.limiter = limiter
 
     async def send_challenge(self, send: Send, error: str | None = None) -> None:
-        body, headers = self.challenge.response(await self.fee_payer.current(), error)
+        """The 402: one ``accepts`` entry per facilitator, the healthy ones first."""
+        offered = await self.offers.offered()
+        body, headers = offered[0][0].offering(offered, error)
         await send({"type": "http.response.start", "status": 402, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

@@ -282,9 +282,8 @@ async def test_a_refused_payment_is_refused_by_its_reason_even_when_its_release_
     (the payment stays claimed, so it signs a new one; nothing moved)."""
     store = RedisStore(private_redis.url, timeout_s=0.5)
     try:
-        route = paid_route(store)
-        facilitator = StoreLostAtVerify(route.facilitator.fee_payer, private_redis)
-        route.gate.facilitator = facilitator
+        route = paid_route(store, facilitator=lambda fee_payer: StoreLostAtVerify(fee_payer, private_redis))
+        facilitator = route.facilitator
         candidate = await _candidate(route, route.sign())
 
         refused = await route.gate.authorize(candidate, CLIENT_IP)
@@ -436,7 +435,7 @@ async def test_without_a_store_the_intent_cannot_be_written_and_nothing_is_settl
     settlement = Settlement(
         route_name=route.route.name,
         ledger=PaymentLedger(down),
-        facilitator=route.facilitator,
+        offers=route.settlement.offers,
         replay_cap_bytes=0,
     )
     try:

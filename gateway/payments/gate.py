@@ -34,10 +34,11 @@ from typing import Protocol
 
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
-from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, FacilitatorUnavailable
+from gateway.payments.facilitators import FacilitatorUnavailable
 from gateway.payments.fee_guard import FeeGuard, Party
 from gateway.payments.ledger import ClaimAttempt, PaymentLedger, PendingSettlement, fingerprint
 from gateway.payments.matching import as_v2, match_payment, payment_identifier
+from gateway.payments.offer import Option, RouteOffers
 from gateway.payments.results import (
     Authorization,
     Candidate,
@@ -54,7 +55,6 @@ from gateway.rate_limiter import BucketPlan, Limited
 from gateway.routes import RateLimitSpec
 from gateway.store import Bucket, StoreUnavailable
 from gateway.validation import RequestValidator
-from gateway.x402.challenge import ExactChallenge
 from gateway.x402.headers import HeaderError, decode_header
 from gateway.x402.types import PaymentPayload, PaymentRequirements
 
@@ -84,26 +84,22 @@ class PaymentGate:
         self,
         *,
         route_name: str,
-        challenge: ExactChallenge,
+        offers: RouteOffers,
         validator: RequestValidator,
         ledger: PaymentLedger,
         limiter: RateLimits,
         limits: Sequence[RateLimitSpec],
-        facilitator: Facilitator,
-        fee_payer: ChallengeFeePayer,
         guard: FeeGuard | None = None,
     ) -> None:
         self.route_name = route_name
-        self.challenge = challenge
+        self.offers = offers
         self.validator = validator
         self.ledger = ledger
         self.limiter = limiter
         self.limits = tuple(limits)
-        self.facilitator = facilitator
-        self.fee_payer = fee_payer
         self.guard = guard
-        """Our own fee payer's guard (internal facilitator): a client IP cooling down after a
-        settlement of its failed on chain is refused before it costs anything."""
+        """Our own fee payer's guard: a client IP cooling down after a settlement of its failed
+        on chain is refused, when our fee payer would settle, before it costs anything."""
 
     async def inspect(self, header: str | None, read_body: BodyReader) -> Inspection:
         """The local checks: no store, no shared bucket, no facilitator. A body that breaks the
@@ -116,7 +112,8 @@ class PaymentGate:
             return Refused("invalid_payment_header", str(exc))
         raw = await read_body()
         body = self.validator.body(raw)
-        signed = match_payment(payload, self.challenge.requirements)
+        option = await self.offers.for_payment(payload)
+        signed = match_payment(payload, option.challenge.requirements)
         if isinstance(signed, Refused):
             return signed
         payment_id = payment_identifier(payload)
@@ -130,6 +127,7 @@ class PaymentGate:
             claimant=signed.claimant,
             fingerprint=fingerprint(self.route_name, signed.key, raw),
             payment_id=payment_id,
+            facilitator=option.settling.name,
         )
 
     async def authorize(self, candidate: Candidate, client_ip: str) -> Authorization:
@@ -138,7 +136,9 @@ class PaymentGate:
         plan = self.limiter.plan(
             self.limits, wallet=candidate.payer, ip=client_ip, guards=self.limiter.refusal_guards
         )
-        blockers = [Party("ip", client_ip).cooldown_key] if self.guard is not None else []
+        option = self.offers.named(candidate.facilitator)
+        guarded = self.guard is not None and option.settling.ours
+        blockers = [Party("ip", client_ip).cooldown_key] if guarded else []
         attempt = await self.ledger.claim(
             candidate.key,
             self.route_name,
@@ -179,9 +179,9 @@ class PaymentGate:
         if not attempt.won:
             raise StoreUnavailable("state store neither refused nor recorded the payment's claim")
         try:
-            requirements = await self._requirements()
-            payload = as_v2(candidate.payload, requirements, self.challenge.resource)
-            refused = await self._verify(payload, requirements, candidate.payer)
+            requirements = await _requirements(option)
+            payload = as_v2(candidate.payload, requirements, option.challenge.resource)
+            refused = await self._verify(option, payload, requirements, candidate.payer)
         except GatewayError:
             await self._release(attempt, candidate.payer, plan.shared)
             raise
@@ -206,15 +206,14 @@ class PaymentGate:
                 payer=payer,
             )
 
-    async def _requirements(self) -> PaymentRequirements:
-        return self.challenge.requirements_for(await self.fee_payer.required())
-
     async def _verify(
-        self, payload: PaymentPayload, requirements: PaymentRequirements, payer: str
+        self, option: Option, payload: PaymentPayload, requirements: PaymentRequirements, payer: str
     ) -> Refused | None:
         try:
-            result = await self.facilitator.verify(payload, requirements)
+            result = await option.settling.facilitator.verify(payload, requirements)
         except FacilitatorUnavailable as exc:
+            # Offered last from now on, by every replica: the client's next 402 names another.
+            await self.offers.health.mark_down(option.settling.name)
             raise GatewayError(ErrorCode.FACILITATOR_UNAVAILABLE, "payment facilitator unavailable") from exc
         if not result.isValid:
             return Refused(result.invalidReason or "invalid_payment", result.invalidMessage or "", payer)
@@ -236,10 +235,16 @@ class PaymentGate:
             and pending.claimant == candidate.claimant
             and pending.response is not None
         ):
-            requirements = await self._requirements()
-            payload = as_v2(candidate.payload, requirements, self.challenge.resource)
+            option = self.offers.named(candidate.facilitator)
+            requirements = await _requirements(option)
+            payload = as_v2(candidate.payload, requirements, option.challenge.resource)
             return Reconcile(_paid(candidate, payload, requirements, client_ip), pending)
         return Refused("payment_already_used", "this payment was already used", candidate.payer)
+
+
+async def _requirements(option: Option) -> PaymentRequirements:
+    """What the option's facilitator is asked to verify and settle (503 without a fee payer)."""
+    return option.challenge.requirements_for(await option.settling.fee_payer.required())
 
 
 def _paid(
@@ -254,4 +259,5 @@ def _paid(
         fingerprint=candidate.fingerprint,
         payment_id=candidate.payment_id,
         client_ip=client_ip,
+        facilitator=candidate.facilitator,
     )

@@ -34,6 +34,8 @@ class PaidRequest:
     client_ip: str = ""
     """Who sent it: the fee guard counts a client IP's settlements in flight and cools it down
     after one of them failed on chain."""
+    facilitator: str = ""
+    """The name of the facilitator that verified it and settles it (never another)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,8 @@ class Candidate:
     claimant: str
     fingerprint: str
     payment_id: str | None
+    facilitator: str
+    """The facilitator whose fee payer the payment names: the only one that may settle it."""
 
 
 @dataclass(frozen=True, slots=True)

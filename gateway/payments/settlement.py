@@ -18,7 +18,7 @@ import time
 import msgspec
 
 from gateway.logs import log_event
-from gateway.payments.facilitators import Facilitator, FacilitatorUnavailable
+from gateway.payments.facilitators import FacilitatorUnavailable
 from gateway.payments.fee_guard import FeeGuard, Party
 from gateway.payments.ledger import (
     ANSWER_CAP_BYTES,
@@ -27,6 +27,7 @@ from gateway.payments.ledger import (
     PendingSettlement,
     StoredResponse,
 )
+from gateway.payments.offer import RouteOffers
 from gateway.payments.results import (
     Delivered,
     Failed,
@@ -55,14 +56,15 @@ class Settlement:
         *,
         route_name: str,
         ledger: PaymentLedger,
-        facilitator: Facilitator,
+        offers: RouteOffers,
         replay_cap_bytes: int,
         guard: FeeGuard | None = None,
         guard_wait_s: float = 5.0,
     ) -> None:
         self.route_name = route_name
         self.ledger = ledger
-        self.facilitator = facilitator
+        self.offers = offers
+        """The route's facilitators: a payment is settled by the one that verified it."""
         self.replay_cap_bytes = replay_cap_bytes
         self.guard = guard
         """Our own fee payer's guard (internal facilitator): a client IP's settlements in flight
@@ -101,7 +103,10 @@ class Settlement:
     ) -> Settled:
         try:
             result: SettleResponse | None = await self._settle_as_client(paid)
-        except (FacilitatorUnavailable, StoreUnavailable):
+        except FacilitatorUnavailable:
+            await self.offers.health.mark_down(paid.facilitator)
+            result = None
+        except StoreUnavailable:
             result = None
         except asyncio.CancelledError:
             # Stopped mid-settle (a shutdown past its graceful timeout): the broadcast may have
@@ -134,9 +139,10 @@ class Settlement:
         """The facilitator's settle; with the fee guard, inside the client IP's place in flight
         (waiting up to ``guard_wait_s`` for one, else ``settlement_pending`` with nothing asked),
         its outcome counted for the IP."""
-        guard = self.guard
+        settling = self.offers.named(paid.facilitator).settling
+        guard = self.guard if settling.ours else None
         if guard is None or not paid.client_ip:
-            return await self.facilitator.settle(paid.payload, paid.requirements)
+            return await settling.facilitator.settle(paid.payload, paid.requirements)
         client = [Party("ip", paid.client_ip)]
         token = secrets.token_hex(16)
         deadline = time.monotonic() + self.guard_wait_s
@@ -151,7 +157,7 @@ class Settlement:
             await asyncio.sleep(GUARD_POLL_S)
         result: SettleResponse | None = None
         try:
-            result = await self.facilitator.settle(paid.payload, paid.requirements)
+            result = await settling.facilitator.settle(paid.payload, paid.requirements)
         finally:
             if result is None or result.errorReason != "settlement_pending":
                 with contextlib.suppress(Exception):

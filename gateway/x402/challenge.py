@@ -4,6 +4,7 @@ start-up."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -94,7 +95,9 @@ class ExactChallenge:
             BAZAAR: bazaar_extension(method, input_schema, output_schema),
             PAYMENT_IDENTIFIER: {"info": {"required": False}, "schema": PAYMENT_ID_SCHEMA},
         }
-        self._cache: dict[tuple[str | None, str | None], tuple[bytes, list[tuple[bytes, bytes]]]] = {}
+        self._offered: dict[
+            tuple[tuple[tuple[int, str | None], ...], str | None], tuple[bytes, list[tuple[bytes, bytes]]]
+        ] = {}
 
     def requirements_for(self, fee_payer: str | None) -> PaymentRequirements:
         """What the facilitator is asked to verify and settle: v2 fields only. Without a known
@@ -146,16 +149,30 @@ class ExactChallenge:
         """Body and complete ASGI headers of the 402, encoded once per (fee payer, error): the
         error-free one is every first request's and crawler's answer, and a refusal's reason comes
         from a short list. The cache is bounded, as a facilitator's reason text is not ours."""
-        cached = self._cache.get((fee_payer, error))
+        return self.offering([(self, fee_payer)], error)
+
+    def offering(
+        self, offers: Sequence[tuple[ExactChallenge, str | None]], error: str | None = None
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """The 402 offering each (challenge, fee payer) in ``offers`` in order, one ``accepts``
+        entry each (several facilitators: each its own fee payer and price); this challenge gives
+        the resource and extensions. Encoded once per (offers, error), like :meth:`response`."""
+        key = (tuple((id(challenge), fee_payer) for challenge, fee_payer in offers), error)
+        cached = self._offered.get(key)
         if cached is not None:
             return cached[0], list(cached[1])
-        body, encoded = self.render(fee_payer, error)
+        body_doc = self.build(offers[0][1], error)
+        header_doc = self.build_header(offers[0][1], error)
+        for challenge, fee_payer in offers[1:]:
+            body_doc.accepts.append(challenge.build(fee_payer, error).accepts[0])
+            header_doc.accepts.append(challenge.build_header(fee_payer, error).accepts[0])
+        body = msgspec.json.encode(body_doc)
         headers = [
             (b"content-type", b"application/json"),
             (b"cache-control", b"no-store"),
-            (b"payment-required", encoded.encode()),
+            (b"payment-required", encode_header(header_doc).encode()),
             (b"content-length", str(len(body)).encode()),
         ]
-        if len(self._cache) < MAX_CACHED_CHALLENGES:
-            self._cache[(fee_payer, error)] = (body, headers)
+        if len(self._offered) < MAX_CACHED_CHALLENGES:
+            self._offered[key] = (body, headers)
         return body, list(headers)

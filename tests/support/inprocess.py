@@ -10,7 +10,7 @@ every verify and settle it was asked; and the provider behind the handler, stood
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,9 @@ from solders.keypair import Keypair
 from gateway.asgi import ASGIApp, Message, Receive, replay_body, send_bytes
 from gateway.context import request_context
 from gateway.payments import PaymentGate, PaymentLedger, Settlement, exact_challenge
+from gateway.payments.facilitator_health import FacilitatorHealth
 from gateway.payments.facilitators import ChallengeFeePayer
+from gateway.payments.offer import Option, RouteOffers, SettlingFacilitator
 from gateway.pricing import FacilitatorFee
 from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
 from gateway.router import MethodDispatcher
@@ -195,18 +197,24 @@ class PaidRoute:
 
 
 def paid_route(
-    store: Store, route: RouteSpec | None = None, *, challenge_limit: int = 1000, refused_per_minute: int = 10
+    store: Store,
+    route: RouteSpec | None = None,
+    *,
+    challenge_limit: int = 1000,
+    refused_per_minute: int = 10,
+    facilitator: Callable[[str], RecordingFacilitator] = RecordingFacilitator,
 ) -> PaidRoute:
+    """``facilitator`` makes the route's facilitator from its fee payer's address."""
     route = route or balance_route()
     wallets = Wallets()
-    facilitator = RecordingFacilitator(str(wallets.fee_payer.pubkey()))
+    recording = facilitator(str(wallets.fee_payer.pubkey()))
     challenge = exact_challenge(
         route,
         base_url=BASE_URL,
         asset=USDC_MINT,
         pay_to=str(wallets.pay_to.pubkey()),
         timeout_s=60,
-        facilitator_url=facilitator.url,
+        facilitator_url=recording.url,
         fee=RECORDING_FACILITATOR_FEE,
     )
     ledger = PaymentLedger(store)
@@ -215,23 +223,25 @@ def paid_route(
         SyncedWindowLimit(store, CHALLENGE_SCOPE, challenge_limit, 60_000),
         refused_per_minute=refused_per_minute,
     )
-    fee_payer = ChallengeFeePayer(facilitator, store)
+    settling = SettlingFacilitator(
+        recording.url, recording, ChallengeFeePayer(recording, store), RECORDING_FACILITATOR_FEE
+    )
+    health = FacilitatorHealth(store, {settling.name: recording.supported})
+    offers = RouteOffers([Option(settling, challenge)], health)
     gate = PaymentGate(
         route_name=route.name,
-        challenge=challenge,
+        offers=offers,
         validator=RequestValidator(route.input),
         ledger=ledger,
         limiter=limiter,
         limits=route.rate_limits,
-        facilitator=facilitator,
-        fee_payer=fee_payer,
     )
     settlement = Settlement(
-        route_name=route.name, ledger=ledger, facilitator=facilitator, replay_cap_bytes=route.replay_cap_bytes
+        route_name=route.name, ledger=ledger, offers=offers, replay_cap_bytes=route.replay_cap_bytes
     )
-    answers = PaymentAnswers(route_name=route.name, challenge=challenge, fee_payer=fee_payer, limiter=limiter)
+    answers = PaymentAnswers(route_name=route.name, offers=offers, limiter=limiter)
     return PaidRoute(
-        route, store, wallets, facilitator, challenge, ledger, limiter, gate, settlement, answers
+        route, store, wallets, recording, challenge, ledger, limiter, gate, settlement, answers
     )
 
 
