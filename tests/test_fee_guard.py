@@ -6,13 +6,10 @@ preflight and our landing)."""
 from __future__ import annotations
 
 import asyncio
-import base64
 from collections.abc import Callable
 
 from solders.keypair import Keypair
-from solders.message import MessageV0
 from solders.pubkey import Pubkey
-from solders.transaction import VersionedTransaction
 
 from gateway.payments.local_facilitator import LocalFacilitator
 from gateway.solana_rpc import SolanaRpc
@@ -21,9 +18,9 @@ from gateway.x402.svm_payer import (
     MintInfo,
     build_exact_transaction,
     build_payment_payload,
-    transfer_checked_instruction,
 )
 from gateway.x402.types import PaymentPayload, PaymentRequirements, SettleResponse
+from tests.support.adversarial_paid import drain_transaction
 from tests.support.paid_processes import eventually
 from tests.support.solana_fixtures import MakeFacilitator, exact_requirements
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_token_account
@@ -108,25 +105,6 @@ async def test_a_stranger_settles_one_at_a_time_until_it_has_a_record(
     assert _successes(list(await settling)) == 3
 
 
-def _drain(chain: UsdcChain, owner: Keypair, accounts: list[Pubkey], amount: int) -> str:
-    """The owner's own transaction moving everything out of ``accounts`` (it pays its own fee)."""
-    thief = set_token_account(chain.svm, Keypair().pubkey(), chain.mint, 0)
-    ixs = [
-        transfer_checked_instruction(
-            source=account,
-            mint=chain.mint,
-            destination=thief,
-            authority=owner.pubkey(),
-            amount=amount,
-            decimals=chain.decimals,
-            token_program=chain.token_program,
-        )
-        for account in accounts
-    ]
-    message = MessageV0.try_compile(owner.pubkey(), ixs, [], chain.blockhash)
-    return base64.b64encode(bytes(VersionedTransaction(message, [owner]))).decode()
-
-
 async def test_the_drain_race_costs_the_fee_payer_one_failed_settlement_in_two_rounds(
     make_usdc_chain: Callable[..., UsdcChain],
     solana_rpc_server: LiteSvmRpcServer,
@@ -149,7 +127,7 @@ async def test_the_drain_race_costs_the_fee_payer_one_failed_settlement_in_two_r
             ]
             payments = [_payment(chain, req, owner, source) for source in accounts]
             # The drain goes out first and lands while our checks still see the funds.
-            await rpc.send_transaction(_drain(chain, owner, accounts, AMOUNT), skip_preflight=True)
+            await rpc.send_transaction(drain_transaction(chain, owner, accounts, AMOUNT), skip_preflight=True)
             outcomes = await _settle_all(facilitator, req, payments)
             failed_on_chain += sum(o.errorReason == "transaction_failed" for o in outcomes)
             assert _successes(outcomes) == 0

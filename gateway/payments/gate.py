@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
 
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
@@ -51,7 +50,7 @@ from gateway.payments.results import (
     Refused,
     Replay,
 )
-from gateway.rate_limiter import BucketPlan, Limited
+from gateway.rate_limiter import Limited, RateLimiter
 from gateway.routes import RateLimitSpec
 from gateway.store import Bucket, StoreUnavailable
 from gateway.validation import RequestValidator
@@ -60,21 +59,6 @@ from gateway.x402.types import PaymentPayload, PaymentRequirements
 
 BodyReader = Callable[[], Awaitable[bytes]]
 """Reads the request body; only called once the header decoded, so junk never waits on it."""
-
-
-class RateLimits(Protocol):
-    """The shared rate limiter: plans a request's buckets (the claim's round trip charges them)."""
-
-    refusal_guards: tuple[RateLimitSpec, ...]
-
-    def plan(
-        self,
-        specs: Sequence[RateLimitSpec],
-        *,
-        wallet: str | None = None,
-        ip: str | None = None,
-        guards: Sequence[RateLimitSpec] = (),
-    ) -> BucketPlan: ...
 
 
 class PaymentGate:
@@ -87,7 +71,7 @@ class PaymentGate:
         offers: RouteOffers,
         validator: RequestValidator,
         ledger: PaymentLedger,
-        limiter: RateLimits,
+        limiter: RateLimiter,
         limits: Sequence[RateLimitSpec],
         guard: FeeGuard | None = None,
     ) -> None:

@@ -14,12 +14,8 @@ one settlement's fee in all (the stated bound: two).
 from __future__ import annotations
 
 import asyncio
-import base64
 
 from solders.keypair import Keypair
-from solders.message import MessageV0
-from solders.pubkey import Pubkey
-from solders.transaction import VersionedTransaction
 
 from gateway.solana_rpc import SolanaRpc
 from gateway.x402.headers import encode_header
@@ -27,36 +23,16 @@ from gateway.x402.svm_payer import (
     MintInfo,
     build_exact_transaction,
     build_payment_payload,
-    transfer_checked_instruction,
 )
 from gateway.x402.types import PaymentPayload
-from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, via
+from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, drain_transaction, via
 from tests.support.paid_fixtures import GET_BALANCE, PaidGateway, Reply, StartPaidGateway, balance_body
-from tests.support.solana_rpc_server import UsdcChain, set_token_account
+from tests.support.solana_rpc_server import set_token_account
 
 ATTACKER_IP = "203.0.113.99"
 ACCOUNTS = 10
 ROUNDS = 2
 FAILED_FEES = 'x402_fee_payer_fees_lamports_total{outcome="failed"}'
-
-
-def _drain(chain: UsdcChain, owner: Keypair, accounts: list[Pubkey], amount: int) -> str:
-    """The owner's own transaction moving everything out of ``accounts`` (it pays its own fee)."""
-    thief = set_token_account(chain.svm, Keypair().pubkey(), chain.mint, 0)
-    instructions = [
-        transfer_checked_instruction(
-            source=account,
-            mint=chain.mint,
-            destination=thief,
-            authority=owner.pubkey(),
-            amount=amount,
-            decimals=chain.decimals,
-            token_program=chain.token_program,
-        )
-        for account in accounts
-    ]
-    message = MessageV0.try_compile(owner.pubkey(), instructions, [], chain.blockhash)
-    return base64.b64encode(bytes(VersionedTransaction(message, [owner]))).decode()
 
 
 async def _round(paid: PaidGateway, rpc: SolanaRpc, owner: Keypair) -> list[Reply]:
@@ -76,7 +52,7 @@ async def _round(paid: PaidGateway, rpc: SolanaRpc, owner: Keypair) -> list[Repl
         )
         for account in accounts
     ]
-    await rpc.send_transaction(_drain(paid.chain, owner, accounts, price), skip_preflight=True)
+    await rpc.send_transaction(drain_transaction(paid.chain, owner, accounts, price), skip_preflight=True)
 
     async def pay(n: int, payment: PaymentPayload) -> Reply:
         headers = {"payment-signature": encode_header(payment), **via(ATTACKER_IP)}

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import os
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import msgspec
 from nacl import bindings as sodium
 from solders.keypair import Keypair
-from solders.message import to_bytes_versioned
+from solders.message import MessageV0, to_bytes_versioned
 from solders.pubkey import Pubkey
 from solders.signature import Signature
 from solders.transaction import VersionedTransaction
@@ -35,6 +36,7 @@ from x402.mechanisms.svm.exact import ExactSvmFacilitatorScheme
 
 from gateway.logs import LOGGER_NAME, JsonFormatter
 from gateway.x402.svm import decode_transaction, encode_transaction
+from gateway.x402.svm_payer import transfer_checked_instruction
 from gateway.x402.types import SOLANA_MAINNET, PaymentPayload
 from tests.support.cdp_facilitator import ReferenceBackend
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_token_account
@@ -86,6 +88,27 @@ def garbage_client_signature(payment: PaymentPayload) -> PaymentPayload:
     signatures = list(tx.signatures)
     signatures[CLIENT_SLOT] = Signature.from_bytes(os.urandom(64))
     return with_transaction(payment, VersionedTransaction.populate(tx.message, signatures))
+
+
+def drain_transaction(chain: UsdcChain, owner: Keypair, accounts: list[Pubkey], amount: int) -> str:
+    """The owner's own transaction moving ``amount`` out of each of ``accounts`` to a fresh
+    account (base64, signed; it pays its own fee): the move that makes settlements fail on chain
+    after every check passed."""
+    thief = set_token_account(chain.svm, Keypair().pubkey(), chain.mint, 0)
+    instructions = [
+        transfer_checked_instruction(
+            source=account,
+            mint=chain.mint,
+            destination=thief,
+            authority=owner.pubkey(),
+            amount=amount,
+            decimals=chain.decimals,
+            token_program=chain.token_program,
+        )
+        for account in accounts
+    ]
+    message = MessageV0.try_compile(owner.pubkey(), instructions, [], chain.blockhash)
+    return base64.b64encode(bytes(VersionedTransaction(message, [owner]))).decode()
 
 
 def funded_wallet(chain: UsdcChain, micro_usdc: int = 1_000_000) -> tuple[Keypair, Pubkey]:
