@@ -87,7 +87,7 @@ class PaymentAnswers:
                 await send_stored(send, response)
             case Pending():
                 ctx.outcome = "settlement_pending"
-                raise pending_error()
+                await send_error(send, pending_error())
             case Interrupted():
                 # The core caught the cancellation to record it; the shutdown itself goes on.
                 ctx.outcome = "settlement_pending"
