@@ -10,6 +10,8 @@ from __future__ import annotations
 import aiohttp
 
 CHUNK_BYTES = 64 * 1024
+MAX_UPSTREAM_BYTES = 8 * 1024 * 1024
+"""The largest answer read from an upstream (provider or asset-data API)."""
 
 
 class AnswerTooLarge(Exception):

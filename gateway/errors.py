@@ -85,9 +85,6 @@ class GatewayError(Exception):
     def status(self) -> int:
         return STATUS_BY_CODE[self.code]
 
-    def body(self) -> bytes:
-        return error_body(self.code, self.message, self.details)
-
 
 def error_body(code: ErrorCode, message: str, details: dict[str, Any] | None = None) -> bytes:
     """Encode the one error shape."""

@@ -59,7 +59,7 @@ from gateway.x402.challenge import PAYMENT_IDENTIFIER
 from gateway.x402.headers import HeaderError, decode_header, encode_header
 from gateway.x402.siwx import normalize_origin
 from gateway.x402.siwx_signer import sign_in
-from gateway.x402.svm import associated_token_address
+from gateway.x402.svm import SCHEME_EXACT, associated_token_address
 from gateway.x402.svm_payer import (
     MAX_MEMO_BYTES,
     U64_MAX,
@@ -79,7 +79,6 @@ from gateway.x402.types import (
 )
 
 SIWX_EXTENSION = "sign-in-with-x"
-SCHEME_EXACT = "exact"
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_AMOUNT = 100_000
 """micro-USDC (0.10 USDC): the most one call may cost unless ``--max-amount`` says otherwise."""

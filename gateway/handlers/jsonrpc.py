@@ -14,13 +14,11 @@ import aiohttp
 import msgspec
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
-from gateway.bounded_body import AnswerTooLarge, read_bounded
+from gateway.bounded_body import MAX_UPSTREAM_BYTES, AnswerTooLarge, read_bounded
 from gateway.context import request_context, validated_input
 from gateway.errors import ErrorCode, GatewayError
 from gateway.redact import scrub, url_secrets
 from gateway.upstream_metrics import ErrorKind, status_kind, upstream_meter
-
-MAX_UPSTREAM_BYTES = 8 * 1024 * 1024
 
 
 class JsonRpcRequest(msgspec.Struct):

@@ -35,7 +35,7 @@ import msgspec
 from yarl import URL
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, header, send_bytes
-from gateway.bounded_body import AnswerTooLarge, read_bounded
+from gateway.bounded_body import MAX_UPSTREAM_BYTES, AnswerTooLarge, read_bounded
 from gateway.context import validated_input
 from gateway.errors import ErrorCode, GatewayError
 from gateway.handlers.jsonrpc import SessionGetter
@@ -45,7 +45,6 @@ from gateway.upstream_metrics import ErrorKind, status_kind, upstream_meter
 from gateway.validation import ValidatedInput
 
 PROVIDER: Final = "tokens"
-MAX_UPSTREAM_BYTES: Final = 8 * 1024 * 1024
 MAX_RETRY_AFTER_S: Final = 3600
 REDACTED: Final = "[redacted]"
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
