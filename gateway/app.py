@@ -20,6 +20,7 @@ from starlette.types import ASGIApp as StarletteASGIApp
 from gateway.asgi import ASGIApp, BodyReadDeadline
 from gateway.config import Settings, startup_notes
 from gateway.handlers.catalog import CatalogHandler
+from gateway.handlers.docs import DocsHandler
 from gateway.handlers.health import HealthHandler
 from gateway.handlers.jsonrpc import JsonRpcProxy
 from gateway.handlers.metrics import MetricsHandler
@@ -70,6 +71,10 @@ def _openapi(route: RouteSpec, services: Services) -> ASGIApp:
     return OpenApiHandler(services.routes, s.base_url, s.usdc_mint, s.pay_to, services.facilitator_fee)
 
 
+def _docs(route: RouteSpec, services: Services) -> ASGIApp:
+    return DocsHandler(route.path)
+
+
 def _tokens(route: RouteSpec, services: Services) -> ASGIApp:
     upstream = route.upstream or ""  # none at all: TokensHandler refuses the route by name
     return TokensHandler(
@@ -103,6 +108,7 @@ HANDLER_FACTORIES: dict[str, HandlerFactory] = {
     "catalog": _catalog,
     "metrics": _metrics,
     "openapi": _openapi,
+    "docs": _docs,
     "jsonrpc": _jsonrpc,
     "tokens": _tokens,
     "facilitator_supported": _internal,

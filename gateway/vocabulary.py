@@ -62,6 +62,7 @@ HANDLERS: dict[str, Handler] = {
     "catalog": Handler(),
     "metrics": Handler(),
     "openapi": Handler(),
+    "docs": Handler(),
     "jsonrpc": Handler(needs_upstream=True),
     "tokens": Handler(needs_upstream=True),
     "facilitator_supported": Handler(),

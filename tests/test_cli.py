@@ -216,7 +216,7 @@ def test_check_with_good_config_prints_the_report_and_route_table() -> None:
     )
     table = _table(result.stdout)
     assert table[0] == ["METHOD", "ACCESS", "PRICE(uUSDC)", "PROVIDER", "FEE", "LIMITS", "PATH"]
-    assert len(table) == 1 + 60
+    assert len(table) == 1 + 63
     assert any(  # the default facilitator configured without a fee: the provider part alone
         row[:5] == ["POST", "exact", "216", "216", "0"] and row[-1].endswith("/das/searchAssets")
         for row in table
@@ -288,7 +288,7 @@ def test_routes_prints_the_whole_expanded_table_without_any_environment() -> Non
     result = run_cli({}, "routes")
 
     assert result.returncode == 0, result.stderr
-    assert len(_table(result.stdout)) == 1 + 60
+    assert len(_table(result.stdout)) == 1 + 63
     # Priced through the default facilitator (no fee configured), saying what internal would add.
     assert _lines(result.stdout, "prices:") == [
         "prices: provider part + 0 micro-USDC settlement fee of the external facilitator "

@@ -77,8 +77,8 @@ def _solana(routes: list[RouteSpec], surface: str) -> set[tuple[str, str, str]]:
 # --- the packaged table --------------------------------------------------------------------------
 
 
-def test_packaged_table_has_60_routes(packaged: list[RouteSpec]) -> None:
-    assert len(packaged) == 60
+def test_packaged_table_has_63_routes(packaged: list[RouteSpec]) -> None:
+    assert len(packaged) == 63
 
 
 def test_rpc_has_six_methods_on_both_clusters_for_both_providers(packaged: list[RouteSpec]) -> None:
@@ -224,6 +224,9 @@ def test_internal_and_metrics_routes_are_unlisted(packaged: list[RouteSpec]) -> 
         "/metrics",
         "/readyz",
         "/openapi.json",
+        "/docs",
+        "/docs/docs.js",
+        "/docs/docs.css",
         "/api/internal/facilitator/supported",
         "/api/internal/facilitator/verify",
         "/api/internal/facilitator/settle",
