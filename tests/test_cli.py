@@ -466,6 +466,7 @@ def test_serve_logs_one_json_line_per_request_and_never_a_secret() -> None:
     wallet = base58.b58encode(bytes(Keypair())).decode()
     cdp_secret = base64.b64encode(bytes(Keypair())).decode()
     env = {**SECRET_ENV, "FACILITATOR_WALLET_BASE58": wallet, "FACILITATOR_API_KEY_SECRET": cdp_secret}
+    env["LOG_CHALLENGES"] = "all"  # the two 402 challenges too (by default they are counted instead)
 
     with serve(env) as gateway:
         statuses = [_request(f"{gateway.url}{path}", method)[0] for method, path, _ in REQUESTS]
