@@ -296,6 +296,8 @@ class World:
         self.stack = AsyncExitStack()
         self.gateway: RunningGateway | None = None
         self.fuzzed = 0
+        self.paid_fuzzed = 0
+        """Cases on paid routes: only a worker that fuzzed one can have reached a verify."""
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -388,7 +390,8 @@ def fuzzing_settled_nothing_and_reached_no_provider(world: World) -> None:
     got as far as the facilitator's verify (which refused them)."""
     assert world.providers.calls == [], "a fuzzed paid request reached a provider"
     assert world.settles() == 0, "a fuzzed paid request was settled"
-    assert world.facilitator.count("verify") > 0, "no fuzzed payment got as far as verify"
+    if world.paid_fuzzed:  # workers that fuzzed only unpaid operations never pay
+        assert world.facilitator.count("verify") > 0, "no fuzzed payment got as far as verify"
 
 
 @pytest.fixture(scope="module")
@@ -495,6 +498,7 @@ def test_fuzz_every_operation_never_fails_leaks_or_reaches_upstream(
 
     response = case.call(base_url=world.url, session=http, timeout=10)
     world.fuzzed += 1  # counted for the module's final check (the signed-in pass pays nothing)
+    world.paid_fuzzed += case.path.startswith("/v1/x402/solana/")
 
     check_answer(world, response)
     assert world.upstream_calls() == upstream_before, "an unauthenticated request reached an upstream"
