@@ -5,7 +5,7 @@ A signature is first asked about ``first_s`` (40 ms) after it is handed over, th
 growing ``growth`` (1.4) times up to ``max_s`` (300 ms); every signature that is due goes into
 one ``getSignatureStatuses`` call (up to 256), and two calls are at least ``min_gap_s`` (20 ms)
 apart. So a settlement hears of its confirmation at most 300 ms after the node reports it (about
-50 ms when the chain confirms 600 ms after landing), and the node hears from one process at most
+65 ms when the chain confirms 600 ms after landing), and the node hears from one process at most
 50 calls a second however many settlements wait; one settlement alone costs 6 calls in its first
 second and at most 4 a second after that, instead of a whole second per poll.
 """
