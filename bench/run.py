@@ -19,7 +19,8 @@ else (load generator, stubs, Redis) to CPU 1.
 Scenarios: (a) the 402 challenge path at c=64 and c=32, (b) the paid path with a unique valid
 exact payment per request and its latency added over calling the provider directly, (c) the
 SIWX path, (d) one worker against two on Redis (throughput and CPU per request), (e) each
-gateway worker's resident memory after warm-up and after M more requests. Every run is bounded
+gateway worker's resident memory after warm-up and after M more requests, (f) settlement at the
+chain's pace and (g) the paid path with realistic waits (bench/settlement_pace.py). Every run is bounded
 in count and time; the whole benchmark stops by itself, prints one ratio line per target and a
 markdown report, also written to bench/results.md. ``--profile DIR`` adds py-spy runs of the
 gateway (after, and separate from, the measured ones) and writes their collapsed stacks and
@@ -61,6 +62,7 @@ if str(REPO) not in sys.path:
 from bench.apps import PEER_PATH  # noqa: E402
 from bench.flame import render  # noqa: E402
 from bench.load import machine_busy_s  # noqa: E402
+from bench.settlement_pace import pace_report, pace_summary, run_pace_scenarios  # noqa: E402
 from bench.stubs import FACILITATOR_BASE_PATH  # noqa: E402
 
 PAY_TO = "9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin"
@@ -531,7 +533,7 @@ def verify_body(challenge: dict[str, Any]) -> str:
     return json.dumps(request)
 
 
-SCENARIOS = "abcde"
+SCENARIOS = "abcdefg"
 
 
 def run_scenarios(
@@ -554,6 +556,8 @@ def run_scenarios(
         run_workers(bench, servers)
     if "e" in only:
         run_rss(bench, servers, challenges)
+    if "f" in only or "g" in only:
+        run_pace_scenarios(bench, servers, stubs, only)
 
 
 def run_challenges(bench: Bench, servers: dict[str, Server], gateways: list[tuple[str, Server]]) -> None:
@@ -906,6 +910,7 @@ def summary(bench: Bench) -> list[str]:
                 f"| RSS growth over {n} paid requests, {name} | {grow_kib / 1024:+.1f} MiB "
                 f"({grow_kib * 1024 / n:.0f} B/request) | {target} |"
             )
+    lines += pace_summary(bench)
     noisy = [row for row in bench.rows if row.result["foreign_cpu_pct"] > FOREIGN_CPU_LIMIT * 100]
     if noisy:
         lines.append("")
@@ -1020,6 +1025,7 @@ def report(bench: Bench, routes: int) -> str:
         *[f"| {name} | {label} | {kib / 1024:.1f} |" for name, label, kib, _ in bench.rss],
         "",
         *table(bench, "soak", None),
+        *pace_report(bench),
     ]
     if bench.notes:
         out += ["", "## Notes", "", *[f"- {n}" for n in bench.notes]]
