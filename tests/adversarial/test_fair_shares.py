@@ -166,40 +166,21 @@ async def test_a_fresh_throwaway_wallet_per_request_never_starves_a_paying_clien
 
 
 @pytest.mark.parametrize("at_once", [5, 10])
+@pytest.mark.parametrize("settler", ["reference facilitator", "our own fee payer"])
 async def test_calls_at_once_from_one_funded_wallet_are_all_served_under_default_limits(
     start_paid_gateway: StartPaidGateway,
     usdc_chain: UsdcChain,
     solana_rpc_server: LiteSvmRpcServer,
     at_once: int,
+    settler: str,
 ) -> None:
-    paid = await _reference_gateway(start_paid_gateway, usdc_chain, solana_rpc_server)
-    requirements, resource = await paid.requirements()
-    payments = [paid.sign(requirements, resource) for _ in range(at_once)]
-    before = Money.of(paid.chain)
-
-    replies = await asyncio.gather(*(_pay_from(paid, HONEST, p, n) for n, p in enumerate(payments)))
-
-    for reply in replies:
-        _assert_paid(reply)
-    assert paid.settle_calls() == paid.upstream_calls == at_once
-    assert Money.of(paid.chain).minus(before) == Money(
-        -at_once * GET_BALANCE_PROVIDER_PRICE,
-        at_once * GET_BALANCE_PROVIDER_PRICE,
-        -at_once * ONE_SETTLEMENT_FEE,
-    )
-
-
-@pytest.mark.parametrize("at_once", [5, 10])
-async def test_calls_at_once_from_a_fresh_wallet_all_settle_through_our_own_fee_payer(
-    start_paid_gateway: StartPaidGateway,
-    usdc_chain: UsdcChain,
-    solana_rpc_server: LiteSvmRpcServer,
-    at_once: int,
-) -> None:
-    """The internal facilitator: a stranger (no record) settles one at a time at first and more
-    as its record grows, each waiting its turn; none is refused under the default limits."""
-    paid = await start_paid_gateway(internal=True, env={"TRUSTED_PROXIES": "127.0.0.1"})
-    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    """Through our own fee payer the wallet is a stranger (no record): it settles one at a time
+    at first and more as its record grows, each waiting its turn; none is refused."""
+    if settler == "our own fee payer":
+        paid = await start_paid_gateway(internal=True, env={"TRUSTED_PROXIES": "127.0.0.1"})
+        paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    else:
+        paid = await _reference_gateway(start_paid_gateway, usdc_chain, solana_rpc_server)
     requirements, resource = await paid.requirements()
     payments = [paid.sign(requirements, resource) for _ in range(at_once)]
     before = Money.of(paid.chain)
