@@ -8,6 +8,7 @@ telemetry turns the rest into the log line and metrics. It lives in ``scope["sta
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from gateway.asgi import Scope
@@ -19,13 +20,29 @@ from gateway.x402.siwx import VerifiedSignIn
 CONTEXT_KEY = "ctx"
 
 
+class Outcome(enum.StrEnum):
+    """What a request on a paid or sign-in route came to: the one vocabulary the middlewares set
+    and the metrics and logs read, so a misspelt outcome is a type error, never a dropped count."""
+
+    NONE = "-"
+    CHALLENGED = "challenged"
+    REJECTED = "rejected"
+    REPLAYED = "replayed"
+    PAID = "paid"
+    SETTLEMENT_PENDING = "settlement_pending"
+    SETTLE_FAILED = "settle_failed"
+    UPSTREAM_FAILED = "upstream_failed"
+    REFUSED = "refused"
+    SIGNED_IN = "signed_in"
+
+
 @dataclass(slots=True)
 class RequestContext:
     route: str = "unmatched"
     status: int = 0
     """Set when the response starts (by the outermost middleware): after that, no error page."""
     access: str = "-"
-    outcome: str = "-"
+    outcome: Outcome = Outcome.NONE
     wallet: str | None = None
     payer: str | None = None
     amount: str | None = None

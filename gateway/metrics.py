@@ -32,36 +32,36 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway.context import RequestContext
+from gateway.context import Outcome, RequestContext
 from gateway.logs import log_event
 from gateway.routes import RouteSpec
 from gateway.store import Store, StoreUnavailable
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-PAYMENT_OUTCOMES: Mapping[str, tuple[str, ...]] = {
+PAYMENT_OUTCOMES: Mapping[str, tuple[Outcome, ...]] = {
     "exact": (
-        "challenged",
-        "rejected",
-        "replayed",
-        "paid",
-        "settlement_pending",
-        "settle_failed",
-        "upstream_failed",
+        Outcome.CHALLENGED,
+        Outcome.REJECTED,
+        Outcome.REPLAYED,
+        Outcome.PAID,
+        Outcome.SETTLEMENT_PENDING,
+        Outcome.SETTLE_FAILED,
+        Outcome.UPSTREAM_FAILED,
     ),
-    "siwx": ("challenged", "refused", "signed_in", "upstream_failed"),
+    "siwx": (Outcome.CHALLENGED, Outcome.REFUSED, Outcome.SIGNED_IN, Outcome.UPSTREAM_FAILED),
 }
 """What a request on a route of each access mode can come to (the request context's outcome).
 Public and internal routes take no payment: they have no outcome series at all."""
 
-USAGE_OF: Mapping[str, str] = {
-    "challenged": "unpaid",
-    "paid": "paid",
-    "signed_in": "signed_in",
-    "rejected": "failed",
-    "refused": "failed",
-    "settle_failed": "failed",
-    "upstream_failed": "failed",
+USAGE_OF: Mapping[Outcome, str] = {
+    Outcome.CHALLENGED: "unpaid",
+    Outcome.PAID: "paid",
+    Outcome.SIGNED_IN: "signed_in",
+    Outcome.REJECTED: "failed",
+    Outcome.REFUSED: "failed",
+    Outcome.SETTLE_FAILED: "failed",
+    Outcome.UPSTREAM_FAILED: "failed",
 }
 """The shared store's coarser outcome of each payment outcome. A payment-identifier replay and a
 pending settlement add nothing: the one payment is counted once, when it settles or fails."""
@@ -105,11 +105,11 @@ class _Series(NamedTuple):
     revenue: Counter | None
 
 
-def payment_outcome(ctx: RequestContext) -> str:
+def payment_outcome(ctx: RequestContext) -> Outcome:
     """The request's outcome as counted: a signed-in call whose upstream failed is
     ``upstream_failed`` (as on a paid route), anything else is the context's own word."""
-    if ctx.outcome == "signed_in" and ctx.status >= 500:
-        return "upstream_failed"
+    if ctx.outcome == Outcome.SIGNED_IN and ctx.status >= 500:
+        return Outcome.UPSTREAM_FAILED
     return ctx.outcome
 
 
@@ -134,7 +134,7 @@ class Usage:
                 self._series[(route.name, outcome)] = _Series(
                     PAYMENTS.labels(route.name, outcome),
                     usage_key(route.name, usage) if usage else None,
-                    revenue if outcome == "paid" else None,
+                    revenue if outcome is Outcome.PAID else None,
                 )
             if outcomes:
                 self._usage_outcomes[route.name] = USAGE_OUTCOMES[route.access]

@@ -19,10 +19,10 @@ import msgspec
 
 from gateway.asgi import Scope
 from gateway.config import CHALLENGE_LOG_MODES
-from gateway.context import RequestContext
+from gateway.context import Outcome, RequestContext
 from gateway.logs import get_logger, log_struct
 
-CHALLENGED = "challenged"
+CHALLENGED = Outcome.CHALLENGED
 """The outcome of a plain challenge: a 402 to a request without a payment or sign-in."""
 SUMMARY_INTERVAL_S = 60.0
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.asgi import ASGIApp, Receive, Scope, Send, header, read_body, send_error
-from gateway.context import request_context
+from gateway.context import Outcome, request_context
 from gateway.errors import ErrorCode, GatewayError
 from gateway.payments import Challenge, Conflict, Paid, PaymentGate, Reconcile, Refused, Replay, Settlement
 from gateway.rate_limiter import Limited
@@ -48,7 +48,7 @@ class X402Exact:
         raw = header(scope, PAYMENT_SIGNATURE) or header(scope, X_PAYMENT)
         inspected = await self.gate.inspect(raw, lambda: read_body(receive, self.max_body))
         if isinstance(inspected, Challenge):
-            ctx.outcome = "challenged"
+            ctx.outcome = Outcome.CHALLENGED
             await self.answers.send_challenge(send)
             return
         if isinstance(inspected, Refused):

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 
 from gateway.asgi import Scope, Send, send_bytes, send_error
-from gateway.context import request_context
+from gateway.context import Outcome, request_context
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
 from gateway.payments import (
@@ -63,7 +63,7 @@ class PaymentAnswers:
     async def refused(self, scope: Scope, send: Send, refused: Refused) -> None:
         """A fresh challenge naming the reason; a refusal earns a challenge, so it is counted."""
         ctx = request_context(scope)
-        ctx.outcome, ctx.error = "rejected", refused.reason
+        ctx.outcome, ctx.error = Outcome.REJECTED, refused.reason
         ctx.payer = refused.payer or ctx.payer
         log_event("payment rejected", route=self.route_name, reason=refused.reason, payer=ctx.payer)
         await self.limiter.challenge(scope)
@@ -72,7 +72,7 @@ class PaymentAnswers:
     async def replayed(self, scope: Scope, send: Send, response: StoredResponse) -> None:
         """An answer paid for once, given again from the store: free for the client, so it counts
         against the client IP's challenge limit like any other unpaid answer."""
-        request_context(scope).outcome = "replayed"
+        request_context(scope).outcome = Outcome.REPLAYED
         await self.limiter.challenge(scope)
         await send_stored(send, response)
 
@@ -82,20 +82,20 @@ class PaymentAnswers:
         ctx = request_context(scope)
         match settled:
             case Delivered(response=response, settlement=settlement):
-                ctx.outcome, ctx.settlement = "paid", settlement
+                ctx.outcome, ctx.settlement = Outcome.PAID, settlement
                 ctx.amount = paid.requirements.amount  # also on a reconciling retry, which skipped the claim
                 await send_stored(send, response)
             case Pending():
-                ctx.outcome = "settlement_pending"
+                ctx.outcome = Outcome.SETTLEMENT_PENDING
                 await send_error(send, pending_error())
             case Interrupted():
                 # The core caught the cancellation to record it; the shutdown itself goes on.
-                ctx.outcome = "settlement_pending"
+                ctx.outcome = Outcome.SETTLEMENT_PENDING
                 with contextlib.suppress(Exception):  # the client may still hear it: retry, do not re-pay
                     await send_error(send, pending_error())
                 raise asyncio.CancelledError
             case Failed(reason=reason):
-                ctx.outcome, ctx.error = "settle_failed", reason
+                ctx.outcome, ctx.error = Outcome.SETTLE_FAILED, reason
                 await self.send_challenge(send, "settlement_failed")
             case Refused():
                 await self.refused(scope, send, settled)

@@ -11,7 +11,7 @@ renders the outcome.
 from __future__ import annotations
 
 from gateway.asgi import ASGIApp, Message, Receive, Scope, Send, send_bytes
-from gateway.context import request_context
+from gateway.context import Outcome, request_context
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
 from gateway.payments import PaidRequest, Settlement, StoredResponse
@@ -71,5 +71,5 @@ class SettleAfterSuccess:
 
     def _discard(self, scope: Scope, paid: PaidRequest) -> None:
         """Upstream failed: nothing is settled, the claim stays, the flow counts as failed."""
-        request_context(scope).outcome = "upstream_failed"
+        request_context(scope).outcome = Outcome.UPSTREAM_FAILED
         log_event("payment discarded: upstream failed", route=self.route_name, payer=paid.payer)

@@ -31,7 +31,7 @@ from gateway.asgi import (
     send_bytes,
     send_error,
 )
-from gateway.context import request_context
+from gateway.context import Outcome, request_context
 from gateway.rate_limiter import Limited, RateLimiter
 from gateway.routes import RouteSpec
 from gateway.sign_in import Replayed, SignInGate
@@ -68,7 +68,7 @@ class SignInWithX:
         resource = self.issuer.resource_url(_request_path(scope))
         signed = header(scope, SIGN_IN_WITH_X)
         if not signed:
-            ctx.outcome = "challenged"
+            ctx.outcome = Outcome.CHALLENGED
             await self._challenge(send, resource, None)
             return
         try:
@@ -85,14 +85,14 @@ class SignInWithX:
                 await self.limiter.challenge(scope)
                 await send_error(send, error)
             case _:
-                ctx.outcome = "signed_in"
+                ctx.outcome = Outcome.SIGNED_IN
                 ctx.sign_in, ctx.input = verified, validated
                 await self.app(scope, receive, send)
 
     async def _refuse(self, scope: Scope, send: Send, resource: str, reason: str) -> None:
         """A fresh challenge naming the reason; a refusal counts against the IP's challenge limit."""
         ctx = request_context(scope)
-        ctx.outcome, ctx.error = "refused", reason
+        ctx.outcome, ctx.error = Outcome.REFUSED, reason
         await self.limiter.challenge(scope)
         await self._challenge(send, resource, reason)
 

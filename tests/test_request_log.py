@@ -17,7 +17,7 @@ import pytest
 from solders.keypair import Keypair
 
 from gateway.config import ConfigError, load_settings
-from gateway.context import RequestContext
+from gateway.context import Outcome, RequestContext
 from gateway.logs import LOGGER_NAME
 from gateway.request_log import RequestLog
 from gateway.x402.siwx_signer import sign_in
@@ -114,12 +114,12 @@ async def test_the_summary_is_written_every_interval_and_counts_start_over() -> 
         with captured_log_lines() as raw:
             log.start()
             for _ in range(2):
-                log.request(scope, RequestContext(route="a", status=402, outcome="challenged"), 0.1)
+                log.request(scope, RequestContext(route="a", status=402, outcome=Outcome.CHALLENGED), 0.1)
             for _ in range(500):  # the first summary is due after 0.05 s; give it up to 5 s
                 if _lines(raw, "challenges"):
                     break
                 await asyncio.sleep(0.01)
-            log.request(scope, RequestContext(route="b", status=402, outcome="challenged"), 0.1)
+            log.request(scope, RequestContext(route="b", status=402, outcome=Outcome.CHALLENGED), 0.1)
             await log.stop()
     finally:
         logger.setLevel(level)

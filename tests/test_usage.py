@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
-from gateway.context import RequestContext
+from gateway.context import Outcome, RequestContext
 from gateway.metrics import PAYMENT_OUTCOMES, USAGE_OUTCOMES, Usage, usage_key
 from gateway.routes import RouteSpec, load_routes, named_limits
 from gateway.store.memory import MemoryStore
@@ -35,7 +35,7 @@ def routes() -> list[RouteSpec]:
 def _ctx(
     route: str, access: str, outcome: str, status: int = 200, amount: str | None = None
 ) -> RequestContext:
-    return RequestContext(route=route, access=access, outcome=outcome, status=status, amount=amount)
+    return RequestContext(route=route, access=access, outcome=Outcome(outcome), status=status, amount=amount)
 
 
 def _payments(route: str, outcome: str) -> float | None:
@@ -163,7 +163,8 @@ async def test_a_flush_adds_every_counter_in_one_round_trip(
 
 
 def _outcomes_set_in(*files: str) -> set[str]:
-    """Every string the middlewares in ``files`` assign to ``ctx.outcome`` (alone or in a tuple)."""
+    """Every outcome the middlewares in ``files`` assign to ``ctx.outcome`` (alone or in a tuple):
+    an ``Outcome`` member, by name."""
     found: set[str] = set()
     for name in files:
         tree = ast.parse((ROOT / "middleware" / name).read_text(encoding="utf-8"))
@@ -175,8 +176,9 @@ def _outcomes_set_in(*files: str) -> set[str]:
                 values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
                 for slot, value in zip(targets, values, strict=False):
                     if isinstance(slot, ast.Attribute) and slot.attr == "outcome":
-                        assert isinstance(value, ast.Constant), ast.unparse(node)
-                        found.add(value.value)
+                        assert isinstance(value, ast.Attribute), ast.unparse(node)
+                        assert ast.unparse(value.value) == "Outcome", ast.unparse(node)
+                        found.add(Outcome[value.attr].value)
     return found
 
 
