@@ -47,9 +47,6 @@ class FacilitatorHealth:
         self._task: asyncio.Task[None] | None = None
         self._probed_at: dict[str, float] = {}
 
-    def down(self, name: str) -> bool:
-        return name in self._down
-
     def order(self) -> list[str]:
         """Every facilitator, the ones up first, each group in the operator's order."""
         return [n for n in self.names if n not in self._down] + [n for n in self.names if n in self._down]

@@ -25,7 +25,9 @@ agree; a settlement in flight whose process dies frees its place when its hold l
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,6 +56,28 @@ class Party:
     @property
     def in_flight_key(self) -> str:
         return f"{PREFIX}in-flight:{self.kind}:{self.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """What waiting for a place in flight came to: ``admitted`` (holding ``funds``, if any),
+    else why not: ``cooling_down``, ``in_flight`` (no place within the wait) or
+    ``insufficient_funds`` (the balance cannot pay even with nothing in flight)."""
+
+    outcome: Literal["admitted", "cooling_down", "in_flight", "insufficient_funds"]
+    funds: Hold | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return self.outcome == "admitted"
+
+
+Funds = Callable[[], Awaitable[Hold | None]]
+"""The settlement's amount held against its account's balance read just now; None when the
+balance cannot cover the amount."""
+
+WAIT_POLL_S = 0.1
+"""How often a settlement waiting for a place in flight looks again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +132,32 @@ class FeeGuard:
         if funds is not None:
             holds.append(funds)
         return await self.store.hold(holds, token, self.hold_ttl_ms)
+
+    async def take_turn(
+        self,
+        token: str,
+        parties: Sequence[Party],
+        standing: Standing,
+        *,
+        wait_s: float,
+        funds: Funds | None = None,
+    ) -> Turn:
+        """Wait up to ``wait_s`` for a place in flight for every party (and the funds), looking
+        again every :data:`WAIT_POLL_S` with fresh standing: records grow as other settlements
+        land, and one of them failing on chain puts the parties in a cool-down meanwhile."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            if standing.cooling is not None:
+                return Turn("cooling_down")
+            hold = await funds() if funds is not None else None
+            if funds is not None and hold is None:
+                return Turn("insufficient_funds")
+            if await self.enter(token, standing, parties, hold):
+                return Turn("admitted", hold)
+            if time.monotonic() >= deadline:
+                return Turn("in_flight")
+            await asyncio.sleep(WAIT_POLL_S)
+            standing = await self.standing(parties)
 
     async def leave(self, token: str, parties: Sequence[Party], funds: Hold | None = None) -> None:
         keys = [p.in_flight_key for p in parties] + ([funds.key] if funds is not None else [])

@@ -31,7 +31,6 @@ an atomic claim of ``<key>:done`` lets exactly one of them answer ``success``; t
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import secrets
 import time
@@ -51,7 +50,7 @@ from gateway.fee_payer_metrics import (
 )
 from gateway.payments.confirmations import ConfirmationWatcher, PollSchedule
 from gateway.payments.facilitators import FacilitatorUnavailable
-from gateway.payments.fee_guard import FeeGuard, Party, Standing, account_funds
+from gateway.payments.fee_guard import FeeGuard, Funds, Party, account_funds
 from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SolanaRpc
 from gateway.store.base import Hold, Store
 from gateway.x402.svm import (
@@ -81,8 +80,6 @@ from gateway.x402.types import (
 
 KEY_PREFIX = "x402:svm:settle:"
 DONE_SUFFIX = ":done"
-ADMIT_POLL_S = 0.1
-"""How often a settlement waiting for a place in flight looks again."""
 TOKEN_ACCOUNT_SIZE = 165
 _COOLING = (
     "a settlement of this payer, its token account or its client failed on chain recently; "
@@ -90,6 +87,12 @@ _COOLING = (
 )
 _UNFUNDED = "the token account's confirmed balance does not cover the amount; nothing was broadcast"
 _BUSY = "this payer's settlements in flight fill its allowance; nothing was broadcast, settle again"
+_HELD_BACK: dict[str, tuple[Reason, str]] = {
+    "cooling_down": (Reason.INVALID_TRANSACTION_STATE, _COOLING),
+    "in_flight": (Reason.SETTLEMENT_PENDING, _BUSY),
+    "insufficient_funds": (Reason.INSUFFICIENT_FUNDS, _UNFUNDED),
+}
+"""How a settlement the fee guard held back is answered (nothing was broadcast)."""
 RPC_UPSTREAM_NAMES = {SOLANA_MAINNET: "solana_mainnet_rpc", SOLANA_DEVNET: "solana_devnet_rpc"}
 """The nodes' names in the upstream metrics (their URLs carry keys: never a label)."""
 
@@ -305,13 +308,13 @@ class LocalFacilitator:
         record = _decode_record(standing.found[0])
         if record is not None:
             return await self._resume(key, record)
-        if standing.cooling is not None:
-            SETTLEMENTS_HELD_BACK.labels("cooling_down").inc()
-            return self._failure(network, Reason.INVALID_TRANSACTION_STATE, _COOLING, payer)
         token = secrets.token_hex(16)  # this settlement's, so only this settlement leaves
-        admitted = await self._admit(token, standing, parties, check, requirements)
-        if isinstance(admitted, SettleResponse):
-            return admitted
+        funds = self._funds(parties[1].id, requirements)
+        turn = await self._guard.take_turn(token, parties, standing, wait_s=self._payer_wait_s, funds=funds)
+        if not turn.admitted:
+            SETTLEMENTS_HELD_BACK.labels(turn.outcome).inc()
+            reason, message = _HELD_BACK[turn.outcome]
+            return self._failure(network, reason, message, payer)
         outcome: SettleResponse | None = None
         try:
             outcome = await self._settle_admitted(key, check, requirements, payer, parties)
@@ -321,42 +324,18 @@ class LocalFacilitator:
             # funds may still move, and its payer must not look idle before it lands or dies.
             if outcome is None or outcome.errorReason != Reason.SETTLEMENT_PENDING.value:
                 with contextlib.suppress(Exception):
-                    await self._guard.leave(token, parties, admitted)
+                    await self._guard.leave(token, parties, turn.funds)
 
-    async def _admit(
-        self,
-        token: str,
-        standing: Standing,
-        parties: list[Party],
-        check: ExactCheck,
-        requirements: PaymentRequirements,
-    ) -> Hold | SettleResponse:
-        """A place in flight for the payer and its account, within their allowances and the
-        account's balance observed right before the broadcast; waits up to ``payer_wait_s`` for
-        settlements in flight to finish, then answers ``settlement_pending`` (nothing broadcast).
-        A balance that cannot pay even with nothing in flight is ``insufficient_funds`` at once."""
+    def _funds(self, account: str, requirements: PaymentRequirements) -> Funds:
+        """The settlement's amount held against the account's confirmed balance, read right
+        before the broadcast (None when even an idle account could not pay it)."""
         amount = int(requirements.amount)
-        deadline = time.monotonic() + self._payer_wait_s
-        while True:
-            balance = await self._confirmed_balance(parties[1].id, requirements)
-            if balance < amount:
-                SETTLEMENTS_HELD_BACK.labels("insufficient_funds").inc()
-                return self._failure(
-                    requirements.network, Reason.INSUFFICIENT_FUNDS, _UNFUNDED, check.payer
-                )
-            funds = account_funds(parties[1].id, amount, balance)
-            if await self._guard.enter(token, standing, parties, funds):
-                return funds
-            if time.monotonic() >= deadline:
-                SETTLEMENTS_HELD_BACK.labels("in_flight").inc()
-                return self._failure(requirements.network, Reason.SETTLEMENT_PENDING, _BUSY, check.payer)
-            await asyncio.sleep(ADMIT_POLL_S)
-            standing = await self._guard.standing(parties)  # records grow as others land
-            if standing.cooling is not None:  # one of those failed on chain meanwhile
-                SETTLEMENTS_HELD_BACK.labels("cooling_down").inc()
-                return self._failure(
-                    requirements.network, Reason.INVALID_TRANSACTION_STATE, _COOLING, check.payer
-                )
+
+        async def held() -> Hold | None:
+            balance = await self._confirmed_balance(account, requirements)
+            return account_funds(account, amount, balance) if balance >= amount else None
+
+        return held
 
     async def _confirmed_balance(self, account: str, requirements: PaymentRequirements) -> int:
         """The token account's confirmed balance (0 when it is not a token account)."""

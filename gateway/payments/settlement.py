@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import time
 
 import msgspec
 
@@ -45,7 +44,6 @@ from gateway.x402.types import SettleResponse
 DUPLICATE_SETTLEMENT = "duplicate_settlement"
 TRANSACTION_FAILED = "transaction_failed"
 """It landed and failed on chain: the fee payer paid for it."""
-GUARD_POLL_S = 0.1
 
 
 class Settlement:
@@ -145,16 +143,11 @@ class Settlement:
             return await settling.facilitator.settle(paid.payload, paid.requirements)
         client = [Party("ip", paid.client_ip)]
         token = secrets.token_hex(16)
-        deadline = time.monotonic() + self.guard_wait_s
-        while True:
-            standing = await guard.standing(client)
-            if standing.cooling is not None:  # a settlement of this client failed meanwhile
-                return _not_asked(paid, "invalid_transaction_state", "this client cools down after a failure")
-            if await guard.enter(token, standing, client):
-                break
-            if time.monotonic() >= deadline:
-                return _not_asked(paid, "settlement_pending", "this client's settlements fill its allowance")
-            await asyncio.sleep(GUARD_POLL_S)
+        turn = await guard.take_turn(token, client, await guard.standing(client), wait_s=self.guard_wait_s)
+        if turn.outcome == "cooling_down":  # a settlement of this client failed on chain
+            return _not_asked(paid, "invalid_transaction_state", "this client cools down after a failure")
+        if not turn.admitted:
+            return _not_asked(paid, "settlement_pending", "this client's settlements fill its allowance")
         result: SettleResponse | None = None
         try:
             result = await settling.facilitator.settle(paid.payload, paid.requirements)
