@@ -168,7 +168,6 @@ def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
         ledger=ledger,
         limiter=services.limiter,
         limits=route.rate_limits,
-        guard=services.settlement_guard,
     )
     settlement = Settlement(
         route_name=route.name,

@@ -76,11 +76,11 @@ class BucketPlan:
         """The guards, charged for real: what a refused payment costs its IP and its payer."""
         return tuple(msgspec.structs.replace(b, guard=False) for b in self.buckets if b.guard)
 
-    def refusal(self, decisions: Sequence[RateDecision]) -> GatewayError | None:
+    def refusal(self, decisions: Sequence[RateDecision]) -> Limited | None:
         """The 429 of the first refused decision (``decisions`` follow the buckets), if any."""
         for spec, decision in zip(self.specs, decisions, strict=False):
             if not decision.allowed:
-                return rate_limited(spec.scope, spec.limit, spec.period_ms, decision)
+                return Limited(rate_limited(spec.scope, spec.limit, spec.period_ms, decision))
         return None
 
 
@@ -146,9 +146,9 @@ class RateLimiter:
         429, or ``StoreUnavailable``."""
         if specs:
             plan = self.plan(specs)
-            refused = plan.refusal((await self.store.check_then_limit([], plan.buckets)).decisions)
-            if refused is not None:
-                raise refused
+            limited = plan.refusal((await self.store.check_then_limit([], plan.buckets)).decisions)
+            if limited is not None:
+                raise limited.error
 
     def start(self) -> None:
         """Start sharing the challenge counts with the other processes (inside the event loop)."""

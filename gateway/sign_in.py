@@ -52,9 +52,9 @@ class SignInGate:
         )
         if found.values[0] is not None:
             return Replayed()
-        refused = plan.refusal(found.decisions)
-        if refused is not None:
-            return Limited(refused)
+        limited = plan.refusal(found.decisions)
+        if limited is not None:
+            return limited
         if not found.written:
             raise StoreUnavailable("state store neither refused nor recorded the sign-in")
         return Admitted()

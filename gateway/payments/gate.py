@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
 from gateway.payments.facilitators import FacilitatorUnavailable
-from gateway.payments.fee_guard import FeeGuard, Party
+from gateway.payments.fee_guard import Party
 from gateway.payments.ledger import ClaimAttempt, PaymentLedger, PendingSettlement, fingerprint
 from gateway.payments.matching import as_v2, match_payment, payment_identifier
 from gateway.payments.offer import Option, RouteOffers
@@ -50,7 +50,7 @@ from gateway.payments.results import (
     Refused,
     Replay,
 )
-from gateway.rate_limiter import Limited, RateLimiter
+from gateway.rate_limiter import RateLimiter
 from gateway.routes import RateLimitSpec
 from gateway.store import Bucket, StoreUnavailable
 from gateway.validation import RequestValidator
@@ -73,7 +73,6 @@ class PaymentGate:
         ledger: PaymentLedger,
         limiter: RateLimiter,
         limits: Sequence[RateLimitSpec],
-        guard: FeeGuard | None = None,
     ) -> None:
         self.route_name = route_name
         self.offers = offers
@@ -81,9 +80,6 @@ class PaymentGate:
         self.ledger = ledger
         self.limiter = limiter
         self.limits = tuple(limits)
-        self.guard = guard
-        """Our own fee payer's guard: a client IP cooling down after a settlement of its failed
-        on chain is refused, when our fee payer would settle, before it costs anything."""
 
     async def inspect(self, header: str | None, read_body: BodyReader) -> Inspection:
         """The local checks: no store, no shared bucket, no facilitator. A body that breaks the
@@ -121,8 +117,9 @@ class PaymentGate:
             self.limits, wallet=candidate.payer, ip=client_ip, guards=self.limiter.refusal_guards
         )
         option = self.offers.named(candidate.facilitator)
-        guarded = self.guard is not None and option.settling.ours
-        blockers = [Party("ip", client_ip).cooldown_key] if guarded else []
+        # Our own fee payer would settle: a client IP cooling down after a settlement of its
+        # failed on chain is refused before it costs anything.
+        blockers = [Party("ip", client_ip).cooldown_key] if option.settling.ours else []
         attempt = await self.ledger.claim(
             candidate.key,
             self.route_name,
@@ -157,9 +154,9 @@ class PaymentGate:
             # The identifier names this very request while its payment is unclaimed: the two are
             # written together and the identifier expires first, so another request holds it.
             return Conflict("payment identifier already used by another request")
-        refused_by = plan.refusal(attempt.decisions)
-        if refused_by is not None:
-            return Limited(refused_by)
+        limited = plan.refusal(attempt.decisions)
+        if limited is not None:
+            return limited
         if not attempt.won:
             raise StoreUnavailable("state store neither refused nor recorded the payment's claim")
         try:
