@@ -2,10 +2,10 @@
 
 Each route's ``access`` decides the middlewares stacked around its handler:
 
-    public:   CORS -> handler
-    exact:    CORS -> ChallengeRateLimit -> X402Exact -> handler
-    siwx:     CORS -> SignInWithX -> handler
-    internal: handler (gated by its shared secret; no CORS)
+    public:           CORS -> handler
+    a payment method: CORS -> ChallengeRateLimit -> PaidAccess (the method bound to the route) -> handler
+    siwx:             CORS -> ChallengeRateLimit -> SignInWithX -> handler
+    internal:         handler (gated by its shared secret; no CORS)
 """
 
 from __future__ import annotations
@@ -28,20 +28,16 @@ from gateway.handlers.openapi import OpenApiHandler
 from gateway.handlers.readiness import ReadyHandler
 from gateway.handlers.tokens import TokensHandler
 from gateway.logs import configure_logging, log_event
-from gateway.payments import PaymentGate, PaymentLedger, Settlement, exact_challenge
-from gateway.payments.offer import Option, RouteOffers
+from gateway.methods import binder
 from gateway.router import MethodDispatcher, PathTable, not_found
 from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes, sells_anything
 from gateway.services import Services
 from gateway.sign_in import SignInGate
 from gateway.store import Store
-from gateway.validation import RequestValidator
-from gateway.vocabulary import ACCESS_MODES
+from gateway.vocabulary import ACCESS_MODES, PAYMENT_METHODS
 from middleware.cors import CorsMiddleware
-from middleware.exact import CREDENTIAL_HEADERS, X402Exact
-from middleware.payment_answers import PaymentAnswers
+from middleware.paid_access import PaidAccess
 from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
-from middleware.settle import SettleAfterSuccess
 from middleware.siwx import SignInWithX
 from middleware.telemetry import TelemetryMiddleware
 
@@ -139,54 +135,18 @@ def _siwx(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
     )
 
 
-def _exact(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
-    assert services.settling, "exact routes need a facilitator"
-    s = services.settings
-    offers = RouteOffers(
-        [
-            Option(
-                settling,
-                exact_challenge(
-                    route,
-                    base_url=s.base_url,
-                    asset=s.usdc_mint,
-                    pay_to=s.pay_to,
-                    timeout_s=s.payment_timeout_s,
-                    facilitator_url=settling.facilitator.url,
-                    fee=settling.fee,
-                ),
-            )
-            for settling in services.settling
-        ],
-        services.facilitator_health,
-    )
-    ledger = PaymentLedger(services.store)
-    gate = PaymentGate(
+def _paid(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
+    """A payment method's route: the one paid-access layer around the handler, with the method
+    its access mode names bound to the route; unpaid requests are limited per client IP first."""
+    methods = [binder(route.access)(route, services)]
+    paid = PaidAccess(
+        app,
         route_name=route.name,
-        offers=offers,
-        validator=RequestValidator(route.input),
-        ledger=ledger,
+        methods=methods,
         limiter=services.limiter,
-        limits=route.rate_limits,
+        max_body=services.settings.max_body_bytes,
     )
-    settlement = Settlement(
-        route_name=route.name,
-        ledger=ledger,
-        offers=offers,
-        replay_cap_bytes=route.replay_cap_bytes,
-        guard=services.settlement_guard,
-    )
-    answers = PaymentAnswers(route_name=route.name, offers=offers, limiter=services.limiter)
-    settled = SettleAfterSuccess(app, settlement=settlement, answers=answers, route_name=route.name)
-    paid = X402Exact(
-        settled,
-        gate=gate,
-        settlement=settlement,
-        answers=answers,
-        max_body=s.max_body_bytes,
-        client_ip=services.limiter.client_ip,
-    )
-    return challenge_limit(paid, services, CREDENTIAL_HEADERS)
+    return challenge_limit(paid, services, paid.credential_headers)
 
 
 def _internal_gate(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
@@ -196,11 +156,18 @@ def _internal_gate(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIAp
 
 ACCESS_LAYERS: dict[str, AccessLayer] = {
     "public": _public,
-    "exact": _exact,
     "siwx": _siwx,
     "internal": _internal_gate,
 }
-"""The middlewares around a handler, per access mode of :data:`gateway.vocabulary.ACCESS_MODES`."""
+"""The middlewares around a handler, per built-in access mode of
+:data:`gateway.vocabulary.ACCESS_MODES`; every payment method gets :func:`_paid`."""
+
+
+def access_layer(access: str) -> AccessLayer | None:
+    """The layers of ``access``: a built-in mode's own, or the paid layer of a payment method."""
+    if access in PAYMENT_METHODS:
+        return _paid
+    return ACCESS_LAYERS.get(access)
 
 
 class UnbuildableRoute(LookupError):
@@ -211,7 +178,9 @@ class UnbuildableRoute(LookupError):
 def build_pipeline(route: RouteSpec, services: Services) -> ASGIApp:
     """The handler with exactly the middlewares its access mode needs (CORS is per path)."""
     app = HANDLER_FACTORIES[route.handler](route, services)
-    return ACCESS_LAYERS[route.access](app, route, services)
+    layer = access_layer(route.access)
+    assert layer is not None, f"route {route.name}: no layer for access mode {route.access!r}"
+    return layer(app, route, services)
 
 
 def check_buildable(routes: list[RouteSpec]) -> None:
@@ -221,7 +190,7 @@ def check_buildable(routes: list[RouteSpec]) -> None:
         if r.handler not in HANDLER_FACTORIES
         else f"route {r.name}: no layer for access mode {r.access!r}"
         for r in routes
-        if r.handler not in HANDLER_FACTORIES or r.access not in ACCESS_LAYERS
+        if r.handler not in HANDLER_FACTORIES or access_layer(r.access) is None
     ]
     if problems:
         raise UnbuildableRoute("\n".join(problems))

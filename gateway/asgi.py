@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
+from urllib.parse import quote
 
 from gateway.errors import ErrorCode, GatewayError, error_body
 
@@ -127,3 +128,15 @@ async def send_error(send: Send, error: GatewayError) -> None:
     headers: RawHeaders = [JSON_CONTENT_TYPE]
     headers.extend((k.lower().encode(), v.encode()) for k, v in error.headers.items())
     await send_bytes(send, error.status, error_body(error.code, error.message, error.details), headers)
+
+
+def request_path(scope: Scope) -> str:
+    """The path exactly as the client sent it (percent-encoded ASCII), for the signed resource URL.
+
+    The decoded ``path`` may hold control characters that do not belong in a signed message, and
+    the raw form is what an HTTP client reports as the URL it fetched.
+    """
+    raw = scope.get("raw_path")
+    if raw:
+        return str(raw.partition(b"?")[0].decode("latin-1"))
+    return quote(scope["path"], safe="/")

@@ -90,7 +90,7 @@ def route_table(routes: Sequence[RouteSpec], fee: FacilitatorFee) -> str:
 
 def _internal_fees(routes: Sequence[RouteSpec]) -> str:
     """The settlement fee the route table states for the internal facilitator, in micro-USDC."""
-    fees = sorted({r.internal_settlement.fee_micro_usdc for r in routes if r.access == "exact"})
+    fees = sorted({r.internal_settlement.fee_micro_usdc for r in routes if r.paid})
     return " or ".join(map(str, fees)) or "0"
 
 
@@ -135,7 +135,7 @@ def settlement_line(routes: list[RouteSpec], settings: Settings) -> str:
     if not settings.uses_internal_facilitator:
         return "settlement: the external facilitator pays the Solana fees; our fee payer pays none"
     worst = worst_case_lamports(settings.exact_policy)
-    paid = [r for r in routes if r.access == "exact"]
+    paid = [r for r in routes if r.paid]
     if not paid:
         return f"settlement: worst case {worst} lamports per settlement; no paid route is served"
     terms = min((r.internal_settlement for r in paid), key=lambda t: t.fee_micro_usdc)

@@ -1,39 +1,23 @@
 """What one request learned on its way through the pipeline: typed, in one place.
 
-The access middlewares fill it (the payment, the validated input, the sign-in), the handler
-reads the input and marks the upstream's success, SettleAfterSuccess reads both, and the
-telemetry turns the rest into the log line and metrics. It lives in ``scope["state"]`` under
-:data:`CONTEXT_KEY`, the only key the gateway keeps there; nothing is kept in globals.
+The access middlewares fill it (the validated input, the sign-in, who paid and what it came to),
+the handler reads the input, and the telemetry turns the rest into the log line and metrics. A
+payment itself never travels here: the layer that admitted it also finishes it. The context
+lives in ``scope["state"]`` under :data:`CONTEXT_KEY`, the only key the gateway keeps there;
+nothing is kept in globals.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from gateway.asgi import Scope
 from gateway.errors import ErrorCode, GatewayError
-from gateway.payments.results import PaidRequest
 from gateway.validation import ValidatedInput
+from gateway.vocabulary import Outcome
 from gateway.x402.siwx import VerifiedSignIn
 
 CONTEXT_KEY = "ctx"
-
-
-class Outcome(enum.StrEnum):
-    """What a request on a paid or sign-in route came to: the one vocabulary the middlewares set
-    and the metrics and logs read, so a misspelt outcome is a type error, never a dropped count."""
-
-    NONE = "-"
-    CHALLENGED = "challenged"
-    REJECTED = "rejected"
-    REPLAYED = "replayed"
-    PAID = "paid"
-    SETTLEMENT_PENDING = "settlement_pending"
-    SETTLE_FAILED = "settle_failed"
-    UPSTREAM_FAILED = "upstream_failed"
-    REFUSED = "refused"
-    SIGNED_IN = "signed_in"
 
 
 @dataclass(slots=True)
@@ -48,14 +32,10 @@ class RequestContext:
     amount: str | None = None
     settlement: str | None = None
     error: str | None = None
-    payment: PaidRequest | None = None
-    """The verified, claimed payment (``exact`` routes), for SettleAfterSuccess to settle."""
     input: ValidatedInput | None = None
     """The request after its route's validator (``exact`` and ``siwx`` routes); ``.body`` is the JSON body."""
     sign_in: VerifiedSignIn | None = None
     """The verified sign-in (``siwx`` routes)."""
-    upstream_ok: bool = False
-    """The handler got a real answer from its upstream: only then is a payment settled."""
 
 
 def request_context(scope: Scope) -> RequestContext:

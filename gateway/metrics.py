@@ -32,27 +32,13 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway.context import Outcome, RequestContext
+from gateway.context import RequestContext
 from gateway.logs import log_event
 from gateway.routes import RouteSpec
 from gateway.store import Store, StoreUnavailable
+from gateway.vocabulary import ACCESS_MODES, Outcome
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
-
-PAYMENT_OUTCOMES: Mapping[str, tuple[Outcome, ...]] = {
-    "exact": (
-        Outcome.CHALLENGED,
-        Outcome.REJECTED,
-        Outcome.REPLAYED,
-        Outcome.PAID,
-        Outcome.SETTLEMENT_PENDING,
-        Outcome.SETTLE_FAILED,
-        Outcome.UPSTREAM_FAILED,
-    ),
-    "siwx": (Outcome.CHALLENGED, Outcome.REFUSED, Outcome.SIGNED_IN, Outcome.UPSTREAM_FAILED),
-}
-"""What a request on a route of each access mode can come to (the request context's outcome).
-Public and internal routes take no payment: they have no outcome series at all."""
 
 USAGE_OF: Mapping[Outcome, str] = {
     Outcome.CHALLENGED: "unpaid",
@@ -66,12 +52,17 @@ USAGE_OF: Mapping[Outcome, str] = {
 """The shared store's coarser outcome of each payment outcome. A payment-identifier replay and a
 pending settlement add nothing: the one payment is counted once, when it settles or fails."""
 
-USAGE_OUTCOMES: Mapping[str, tuple[str, ...]] = {
-    access: tuple(dict.fromkeys(USAGE_OF[o] for o in outcomes if o in USAGE_OF))
-    for access, outcomes in PAYMENT_OUTCOMES.items()
-}
-"""The store's outcomes per access mode: exact (unpaid, failed, paid), siwx (unpaid, failed,
-signed_in)."""
+def payment_outcomes(access: str) -> tuple[Outcome, ...]:
+    """What a request on a route of ``access`` can come to: its mode's declared outcomes (public
+    and internal routes take no payment and have no outcome series)."""
+    return ACCESS_MODES[access].outcomes
+
+
+def usage_outcomes(access: str) -> tuple[str, ...]:
+    """The store's outcomes of ``access``: exact (unpaid, failed, paid), siwx (unpaid, failed,
+    signed_in)."""
+    return tuple(dict.fromkeys(USAGE_OF[o] for o in payment_outcomes(access) if o in USAGE_OF))
+
 
 REQUESTS = Counter("x402_requests_total", "HTTP requests by route and status.", ["route", "method", "status"])
 LATENCY = Histogram(
@@ -127,8 +118,8 @@ class Usage:
         self._series: dict[tuple[str, str], _Series] = {}
         self._usage_outcomes: dict[str, tuple[str, ...]] = {}
         for route in routes:
-            outcomes = PAYMENT_OUTCOMES.get(route.access, ())
-            revenue = REVENUE.labels(route.name) if route.access == "exact" else None
+            outcomes = payment_outcomes(route.access)
+            revenue = REVENUE.labels(route.name) if route.paid else None
             for outcome in outcomes:
                 usage = USAGE_OF.get(outcome)
                 self._series[(route.name, outcome)] = _Series(
@@ -137,7 +128,7 @@ class Usage:
                     revenue if outcome is Outcome.PAID else None,
                 )
             if outcomes:
-                self._usage_outcomes[route.name] = USAGE_OUTCOMES[route.access]
+                self._usage_outcomes[route.name] = usage_outcomes(route.access)
         self._pending: dict[str, int] = {}
 
     def observe(self, ctx: RequestContext) -> None:

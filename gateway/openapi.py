@@ -22,7 +22,7 @@ from gateway import SERVICE_NAME, __version__
 from gateway.errors import ErrorCode
 from gateway.pricing import FacilitatorFee, micro_usdc_string, route_price, usd_display
 from gateway.routes import RouteSpec, published
-from gateway.vocabulary import ACCESS_MODES
+from gateway.vocabulary import ACCESS_MODES, Credential
 from gateway.x402.types import SOLANA_MAINNET
 
 OPENAPI_VERSION = "3.1.0"
@@ -41,10 +41,11 @@ _ERROR_RESPONSES: dict[int, str] = {
 }
 # Rules across query parameters, which OpenAPI cannot attach to one parameter: published as is.
 _QUERY_RULES = ("oneOf", "anyOf", "x-combined-count", "x-not-less-than")
-_CREDENTIALS: dict[str, tuple[str, ...]] = {
-    "exact": ("PaymentSignature", "XPayment"),
-    "siwx": ("SignInWithX",),
-}
+
+
+def _credential_name(credential: Credential) -> str:
+    """The component name of a credential header: ``PAYMENT-SIGNATURE`` -> ``PaymentSignature``."""
+    return "".join(part.capitalize() for part in credential.header.split("-"))
 
 
 def _ref(kind: str, name: str) -> dict[str, str]:
@@ -96,13 +97,9 @@ def _components() -> dict[str, Any]:
         "RetryAfter": {"description": "Seconds to wait.", "schema": {"type": "string"}},
     }
     parameters = {
-        "PaymentSignature": _header_param(
-            "PAYMENT-SIGNATURE", "x402 v2 payment payload (base64 JSON) answering the 402 challenge."
-        ),
-        "XPayment": _header_param("X-PAYMENT", "x402 v1 payment payload (base64 JSON)."),
-        "SignInWithX": _header_param(
-            "SIGN-IN-WITH-X", "Signed sign-in-with-x payload (base64 JSON) answering the 402 challenge."
-        ),
+        _credential_name(credential): _header_param(credential.header, credential.description)
+        for mode in ACCESS_MODES.values()
+        for credential in mode.credentials
     }
     return {
         "schemas": {"Error": error, "PaymentRequired": payment_required},
@@ -133,7 +130,8 @@ def _parameters(route: RouteSpec) -> list[dict[str, Any]]:
     required = set(query.get("required") or ())
     for name, schema in (query.get("properties") or {}).items():
         params.append({"name": name, "in": "query", "required": name in required, "schema": schema})
-    params.extend(_ref("parameters", name) for name in _CREDENTIALS.get(route.access, ()))
+    credentials = ACCESS_MODES[route.access].credentials
+    params.extend(_ref("parameters", _credential_name(credential)) for credential in credentials)
     return params
 
 
@@ -153,7 +151,7 @@ def _error_response(status: int) -> dict[str, Any]:
 
 def _responses(route: RouteSpec) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "Success.", "content": {JSON: {"schema": route.output or {}}}}
-    if route.access == "exact":
+    if route.paid:
         receipt = _ref("headers", "PaymentResponse")
         ok["headers"] = {"PAYMENT-RESPONSE": receipt, "X-PAYMENT-RESPONSE": receipt}
     statuses = set(ACCESS_MODES[route.access].error_statuses)
@@ -182,7 +180,7 @@ def _price(micro: int) -> dict[str, str]:
 def _x402(route: RouteSpec, asset: str, pay_to: str, fee: FacilitatorFee) -> dict[str, Any] | None:
     scheme = ACCESS_MODES[route.access].scheme
     price = route_price(route, fee)
-    if route.access == "exact" and price is not None:
+    if route.paid and price is not None:
         return {
             "scheme": scheme,
             "network": SOLANA_MAINNET,

@@ -19,8 +19,9 @@ import msgspec
 
 from gateway.asgi import Scope
 from gateway.config import CHALLENGE_LOG_MODES
-from gateway.context import Outcome, RequestContext
+from gateway.context import RequestContext
 from gateway.logs import get_logger, log_struct
+from gateway.vocabulary import Outcome
 
 CHALLENGED = Outcome.CHALLENGED
 """The outcome of a plain challenge: a 402 to a request without a payment or sign-in."""

@@ -107,6 +107,11 @@ class RouteSpec(msgspec.Struct, frozen=True, kw_only=True):
     def has_path_params(self) -> bool:
         return "{" in self.path
 
+    @property
+    def paid(self) -> bool:
+        """Sold for USDC through a facilitator (its access mode says so)."""
+        return ACCESS_MODES[self.access].paid
+
 
 def named_limits(settings: Settings) -> dict[str, tuple[int, int]]:
     """Rate limits routes.yaml may name, from the environment: name -> (limit, period_ms).
@@ -506,9 +511,10 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
         bad("upstream", f"a {raw['handler']} route needs an upstream")
     pricing = table.pricing
     price = _price(raw.get("price"), f"{where}.price", pricing, problems)
-    if access == "exact" and raw.get("price") is None:
+    paid = access in ACCESS_MODES and ACCESS_MODES[access].paid
+    if paid and raw.get("price") is None:
         bad("price", "an exact route needs a price")
-    if access != "exact" and raw.get("price") is not None:
+    if not paid and raw.get("price") is not None:
         bad("price", "only exact routes carry a price")
     listed = raw.get("listed", True)
     if not isinstance(listed, bool):  # bool("false") is True: a typo must not publish a route
@@ -533,7 +539,7 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
             location, _, message = str(exc).partition(": ")
             problems.add(location, message)
     if len(problems.items) == before and isinstance(input_schemas.get("body"), dict):
-        _check_body_examples(input_schemas["body"], access == "exact", f"{where}.input.body", problems)
+        _check_body_examples(input_schemas["body"], paid, f"{where}.input.body", problems)
     rate_limits = _rate_limits(raw.get("rate_limits"), f"{where}.rate_limits", access, table.limits, problems)
     if len(problems.items) > before:
         return None
@@ -721,7 +727,7 @@ def required_variables(route: RouteSpec, settings: Settings) -> list[str]:
         missing.append(route.upstream_variable)
     if route.handler == "tokens" and not settings.asset_api_key:
         missing.append("ASSET_API_KEY")
-    if route.access == "exact":
+    if route.paid:
         if not settings.pay_to:
             missing.append("X402_PAY_TO_WALLET")
         if settings.uses_internal_facilitator and not settings.facilitator_wallet:
@@ -790,7 +796,7 @@ def _uncovered_settlement(routes: list[RouteSpec], settings: Settings) -> list[s
     if not settings.uses_internal_facilitator:
         return []
     worst = worst_case_lamports(settings.exact_policy)
-    terms = {r.internal_settlement for r in routes if r.access == "exact"}
+    terms = {r.internal_settlement for r in routes if r.paid}
     caps = (
         f"X402_MAX_COMPUTE_UNIT_LIMIT={settings.max_compute_unit_limit} and "
         f"X402_MAX_COMPUTE_UNIT_PRICE={settings.max_compute_unit_price}"

@@ -90,7 +90,7 @@ class Services:
         self.readiness = build_readiness(
             self.store,
             [s.facilitator for s in self.settling],
-            sells_paid_routes=any(r.access == "exact" for r in routes),
+            sells_paid_routes=any(r.paid for r in routes),
             node_url=settings.solana_mainnet_rpc_url.reveal(),
         )
         self.upstream_names = sorted({r.upstream for r in routes if r.upstream})

@@ -1,14 +1,42 @@
-"""The words a route of routes.yaml is built from, declared once: handlers, access modes, groups.
+"""The words a route of routes.yaml is built from, declared once: handlers, access modes, groups,
+and what a request on a paid or sign-in route can come to.
 
 The loader refuses a word that is not here (with its YAML location), the app factory holds one
-factory per handler and one layer per access mode named here, and the catalog and the OpenAPI
-document describe a route by its access mode's entry, so the four never disagree. Provider
-groups are not listed: they are whatever groups routes.yaml gives its routes.
+factory per handler and builds each access mode's layers from its entry, and the catalog, the
+OpenAPI document, the metrics and the CLI describe a route by its access mode's entry, so they
+never disagree. A payment method is an access mode whose entry names the module that binds it to
+a route (:data:`PAYMENT_METHODS`): registering one here is all the rest needs to know of it.
+Provider groups are not listed: they are whatever groups routes.yaml gives its routes.
 """
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
+
+
+class Outcome(enum.StrEnum):
+    """What a request on a paid or sign-in route came to: the one vocabulary the middlewares set
+    and the metrics and logs read, so a misspelt outcome is a type error, never a dropped count."""
+
+    NONE = "-"
+    CHALLENGED = "challenged"
+    REJECTED = "rejected"
+    REPLAYED = "replayed"
+    PAID = "paid"
+    SETTLEMENT_PENDING = "settlement_pending"
+    SETTLE_FAILED = "settle_failed"
+    UPSTREAM_FAILED = "upstream_failed"
+    REFUSED = "refused"
+    SIGNED_IN = "signed_in"
+
+
+class Credential(msgspec.Struct, frozen=True):
+    """A request header that carries a credential of an access mode (an OpenAPI parameter)."""
+
+    header: str
+    description: str
 
 
 class AccessMode(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,25 +56,78 @@ class AccessMode(msgspec.Struct, frozen=True, kw_only=True):
     from_browsers: bool = True
     """Its path answers CORS preflights and checks the method first; a server-to-server route
     instead checks its shared secret before anything else, the method included."""
+    paid: bool = False
+    """Sold for USDC on Solana to the operator's wallet: its routes carry a price, need a
+    facilitator and the pay-to wallet, and count revenue."""
+    credentials: tuple[Credential, ...] = ()
+    """The headers a client answers its challenge with, first the preferred one."""
+    outcomes: tuple[Outcome, ...] = ()
+    """What a request on a route of this mode can come to (the metrics' series)."""
+    binder: str | None = None
+    """A payment method's ``module:function`` that binds it to one route (a
+    :class:`gateway.methods.RouteMethod`); the built-in modes have their layers in the app."""
 
 
-ACCESS_MODES: dict[str, AccessMode] = {
-    "public": AccessMode(rate_limit_per=("scope",), error_statuses=(405,)),
+EXACT_OUTCOMES = (
+    Outcome.CHALLENGED,
+    Outcome.REJECTED,
+    Outcome.REPLAYED,
+    Outcome.PAID,
+    Outcome.SETTLEMENT_PENDING,
+    Outcome.SETTLE_FAILED,
+    Outcome.UPSTREAM_FAILED,
+)
+
+PAYMENT_METHODS: dict[str, AccessMode] = {
     "exact": AccessMode(
         scheme="exact",
         rate_limit_per=("scope", "wallet", "ip"),
         error_statuses=(400, 402, 405, 409, 413, 429, 502, 503, 504),
         sells=True,
+        paid=True,
+        credentials=(
+            Credential(
+                "PAYMENT-SIGNATURE", "x402 v2 payment payload (base64 JSON) answering the 402 challenge."
+            ),
+            Credential("X-PAYMENT", "x402 v1 payment payload (base64 JSON)."),
+        ),
+        outcomes=EXACT_OUTCOMES,
+        binder="gateway.methods.exact:bind",
     ),
+}
+"""The ways of paying a route: each one access mode, bound to a route by its ``binder``."""
+
+
+ACCESS_MODES: dict[str, AccessMode] = {
+    "public": AccessMode(rate_limit_per=("scope",), error_statuses=(405,)),
+    **PAYMENT_METHODS,
     "siwx": AccessMode(
         scheme="sign-in-with-x",
         rate_limit_per=("scope", "wallet", "ip"),
         error_statuses=(400, 402, 404, 405, 413, 429, 502, 503, 504),
         sells=True,
+        credentials=(
+            Credential(
+                "SIGN-IN-WITH-X", "Signed sign-in-with-x payload (base64 JSON) answering the 402 challenge."
+            ),
+        ),
+        outcomes=(Outcome.CHALLENGED, Outcome.REFUSED, Outcome.SIGNED_IN, Outcome.UPSTREAM_FAILED),
     ),
     # Answers only to its shared secret: no limiter, no CORS, never published.
     "internal": AccessMode(published=False, from_browsers=False),
 }
+
+
+def register_payment_method(name: str, mode: AccessMode) -> None:
+    """Add a way of paying (a test's own, say) to the words routes.yaml may use."""
+    assert mode.binder is not None, "a payment method names its binder"
+    assert name not in ACCESS_MODES or ACCESS_MODES[name] == mode, f"access mode {name!r} exists"
+    PAYMENT_METHODS[name] = ACCESS_MODES[name] = mode
+
+
+def unregister_payment_method(name: str) -> None:
+    PAYMENT_METHODS.pop(name, None)
+    ACCESS_MODES.pop(name, None)
 
 
 class Handler(msgspec.Struct, frozen=True, kw_only=True):

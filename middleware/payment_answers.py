@@ -1,30 +1,26 @@
-"""How the payment core's results sound on the wire: 402 challenges, refusals, paid answers.
+"""How a payment method's decisions sound on the wire: 402 challenges, refusals, paid answers.
 
-Shared by :class:`~middleware.exact.X402Exact` (refusals, replays, reconciliations) and
-:class:`~middleware.settle.SettleAfterSuccess` (settlements), so neither imports the other.
+Every method speaks the same values (:mod:`gateway.methods`, :mod:`gateway.payments.results`),
+so one renderer serves them all; the 402 itself is the route's, composed by the access layer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 from gateway.asgi import Scope, Send, send_bytes, send_error
-from gateway.context import Outcome, request_context
+from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
-from gateway.payments import (
-    Delivered,
-    Failed,
-    Interrupted,
-    PaidRequest,
-    Pending,
-    Refused,
-    Settled,
-    StoredResponse,
-)
-from gateway.payments.offer import RouteOffers
+from gateway.methods import Offer
+from gateway.payments import Delivered, Failed, Interrupted, Pending, Refused, Settled, StoredResponse
 from gateway.rate_limiter import RateLimiter
+from gateway.vocabulary import Outcome
+
+ChallengeFor = Callable[[Scope, str | None], Awaitable[Offer]]
+"""The route's 402 for a request, naming why its credential was refused (or not)."""
 
 
 def pending_error() -> GatewayError:
@@ -46,19 +42,17 @@ async def send_stored(send: Send, response: StoredResponse) -> None:
 
 
 class PaymentAnswers:
-    """One route's renderings; the offers (challenges and fee payers) are the route's own."""
+    """One route's renderings; ``challenge`` gives the route's 402."""
 
-    def __init__(self, *, route_name: str, offers: RouteOffers, limiter: RateLimiter) -> None:
+    def __init__(self, *, route_name: str, challenge: ChallengeFor, limiter: RateLimiter) -> None:
         self.route_name = route_name
-        self.offers = offers
+        self.challenge = challenge
         self.limiter = limiter
 
-    async def send_challenge(self, send: Send, error: str | None = None) -> None:
-        """The 402: one ``accepts`` entry per facilitator, the healthy ones first."""
-        offered = await self.offers.offered()
-        body, headers = offered[0][0].offering(offered, error)
-        await send({"type": "http.response.start", "status": 402, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+    async def send_challenge(self, scope: Scope, send: Send, error: str | None = None) -> None:
+        offer = await self.challenge(scope, error)
+        await send({"type": "http.response.start", "status": 402, "headers": offer.headers})
+        await send({"type": "http.response.body", "body": offer.body})
 
     async def refused(self, scope: Scope, send: Send, refused: Refused) -> None:
         """A fresh challenge naming the reason; a refusal earns a challenge, so it is counted."""
@@ -67,7 +61,7 @@ class PaymentAnswers:
         ctx.payer = refused.payer or ctx.payer
         log_event("payment rejected", route=self.route_name, reason=refused.reason, payer=ctx.payer)
         await self.limiter.challenge(scope)
-        await self.send_challenge(send, refused.reason)
+        await self.send_challenge(scope, send, refused.reason)
 
     async def replayed(self, scope: Scope, send: Send, response: StoredResponse) -> None:
         """An answer paid for once, given again from the store: free for the client, so it counts
@@ -76,14 +70,13 @@ class PaymentAnswers:
         await self.limiter.challenge(scope)
         await send_stored(send, response)
 
-    async def settled(self, scope: Scope, send: Send, paid: PaidRequest, settled: Settled) -> None:
+    async def settled(self, scope: Scope, send: Send, settled: Settled) -> None:
         """The paid answer, a 402 or the one error shape; never "nothing was charged" once the
         facilitator may have been asked (Pending and Interrupted say "retry, do not re-pay")."""
         ctx = request_context(scope)
         match settled:
             case Delivered(response=response, settlement=settlement):
                 ctx.outcome, ctx.settlement = Outcome.PAID, settlement
-                ctx.amount = paid.requirements.amount  # also on a reconciling retry, which skipped the claim
                 await send_stored(send, response)
             case Pending():
                 ctx.outcome = Outcome.SETTLEMENT_PENDING
@@ -96,6 +89,6 @@ class PaymentAnswers:
                 raise asyncio.CancelledError
             case Failed(reason=reason):
                 ctx.outcome, ctx.error = Outcome.SETTLE_FAILED, reason
-                await self.send_challenge(send, "settlement_failed")
+                await self.send_challenge(scope, send, "settlement_failed")
             case Refused():
                 await self.refused(scope, send, settled)

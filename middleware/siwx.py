@@ -15,8 +15,6 @@ and the :class:`ValidatedInput` as ``input``.
 
 from __future__ import annotations
 
-from urllib.parse import quote
-
 import msgspec
 
 from gateway.asgi import (
@@ -28,14 +26,16 @@ from gateway.asgi import (
     header,
     read_body,
     replay_body,
+    request_path,
     send_bytes,
     send_error,
 )
-from gateway.context import Outcome, request_context
+from gateway.context import request_context
 from gateway.rate_limiter import Limited, RateLimiter
 from gateway.routes import RouteSpec
 from gateway.sign_in import Replayed, SignInGate
 from gateway.validation import RequestValidator, ValidatedInput
+from gateway.vocabulary import Outcome
 from gateway.x402.headers import SIGN_IN_WITH_X, encode_header
 from gateway.x402.siwx import SiwxError, SiwxIssuer, SiwxReason
 
@@ -65,7 +65,7 @@ class SignInWithX:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = request_context(scope)
-        resource = self.issuer.resource_url(_request_path(scope))
+        resource = self.issuer.resource_url(request_path(scope))
         signed = header(scope, SIGN_IN_WITH_X)
         if not signed:
             ctx.outcome = Outcome.CHALLENGED
@@ -119,15 +119,3 @@ class SignInWithX:
             receive = replay_body(raw)
             body = self.validator.body(raw)
         return receive, ValidatedInput(path=path, query=query, body=body)
-
-
-def _request_path(scope: Scope) -> str:
-    """The path exactly as the client sent it (percent-encoded ASCII), for the signed resource URL.
-
-    The decoded ``path`` may hold control characters that do not belong in a signed message, and
-    the raw form is what an HTTP client reports as the URL it fetched.
-    """
-    raw = scope.get("raw_path")
-    if raw:
-        return str(raw.partition(b"?")[0].decode("latin-1"))
-    return quote(scope["path"], safe="/")

@@ -11,7 +11,7 @@ import aiohttp
 from solders.keypair import Keypair
 
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
-from gateway.metrics import PAYMENT_OUTCOMES, USAGE_OUTCOMES
+from gateway.metrics import payment_outcomes, usage_outcomes
 from gateway.routes import RouteSpec, load_routes, named_limits
 from gateway.x402.siwx_signer import sign_in
 from tests.support.cdp_facilitator import CdpCredentials, StaticBackend
@@ -96,8 +96,8 @@ def _meaningful_series(routes: list[RouteSpec]) -> set[tuple[str, str, str]]:
     """What /metrics must list for these routes: each access mode's own outcomes, nothing else."""
     expected: set[tuple[str, str, str]] = set()
     for route in routes:
-        expected |= {("x402_payments_total", route.name, o) for o in PAYMENT_OUTCOMES.get(route.access, ())}
-        expected |= {("x402_usage_total", route.name, o) for o in USAGE_OUTCOMES.get(route.access, ())}
+        expected |= {("x402_payments_total", route.name, o) for o in payment_outcomes(route.access)}
+        expected |= {("x402_usage_total", route.name, o) for o in usage_outcomes(route.access)}
         if route.access == "exact":
             expected.add(("x402_revenue_micro_usdc_total", route.name, ""))
     return expected

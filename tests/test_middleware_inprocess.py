@@ -76,13 +76,19 @@ def _payment_response(headers: dict[str, str]) -> Any:
     return json.loads(base64.b64decode(headers["payment-response"]))
 
 
-# --- X402Exact and SettleAfterSuccess -------------------------------------------------------
+# --- PaidAccess with the exact method -------------------------------------------------------
 
 
 async def test_no_payment_is_a_402_challenge_and_nothing_else_happens(route: PaidRoute) -> None:
     upstream = UpstreamStandIn()
+    reads = 0
 
-    answer = await call(route.pipeline(upstream), body=balance_body())
+    async def receive() -> Message:
+        nonlocal reads
+        reads += 1
+        return {"type": "http.request", "body": balance_body(), "more_body": False}
+
+    answer = await call(route.pipeline(upstream), receive=receive)
 
     assert answer.status == 402
     assert answer.headers["cache-control"] == "no-store"
@@ -93,6 +99,7 @@ async def test_no_payment_is_a_402_challenge_and_nothing_else_happens(route: Pai
     assert answer.json()["accepts"][0]["maxAmountRequired"] == "2205" and "error" not in answer.json()
     assert request_context(answer.scope).outcome == "challenged"
     assert upstream.calls == 0 and route.facilitator.verified == [] and route.facilitator.settled == []
+    assert reads == 0, "the body of a request without payment is never read"
 
 
 async def test_a_paid_request_reaches_the_handler_once_and_is_settled_once(route: PaidRoute) -> None:
@@ -164,7 +171,7 @@ async def test_a_store_outage_is_a_503_and_nothing_is_charged() -> None:
 
 
 async def test_an_upstream_failure_is_passed_on_unsettled_and_the_payment_is_spent(route: PaidRoute) -> None:
-    failing = UpstreamStandIn(502, b'{"ok":false}', ok=False)
+    failing = UpstreamStandIn(502, b'{"ok":false}')
     payment = route.sign()
 
     answer = await call(route.pipeline(failing), headers=payment_header(payment), body=balance_body())

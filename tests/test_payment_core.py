@@ -20,7 +20,6 @@ from gateway.errors import GatewayError
 from gateway.payments import (
     Authorization,
     Candidate,
-    Challenge,
     Conflict,
     Delivered,
     Failed,
@@ -109,12 +108,6 @@ async def _paid(route: PaidRoute, payment: PaymentPayload, body: bytes | None = 
 
 
 # --- inspect: the local checks --------------------------------------------------------------
-
-
-async def test_no_header_is_a_challenge_and_the_body_is_never_read(route: PaidRoute) -> None:
-    body = Body(balance_body())
-    assert await route.gate.inspect(None, body) == Challenge()
-    assert body.reads == 0
 
 
 async def test_an_undecodable_header_is_refused_before_the_body_is_read(route: PaidRoute) -> None:

@@ -17,9 +17,10 @@ import pytest
 from solders.keypair import Keypair
 
 from gateway.config import ConfigError, load_settings
-from gateway.context import Outcome, RequestContext
+from gateway.context import RequestContext
 from gateway.logs import LOGGER_NAME
 from gateway.request_log import RequestLog
+from gateway.vocabulary import Outcome
 from gateway.x402.siwx_signer import sign_in
 from tests.support.adversarial_paid import captured_log_lines
 from tests.support.gateway_process import serve

@@ -10,12 +10,13 @@ import pytest
 from prometheus_client import REGISTRY
 
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
-from gateway.context import Outcome, RequestContext
-from gateway.metrics import PAYMENT_OUTCOMES, USAGE_OUTCOMES, Usage, usage_key
+from gateway.context import RequestContext
+from gateway.metrics import Usage, payment_outcomes, usage_key, usage_outcomes
 from gateway.routes import RouteSpec, load_routes, named_limits
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
+from gateway.vocabulary import Outcome
 from tests.support.ports import refusing_port
 from tests.support.upstash_rest import UpstashRestServer
 
@@ -49,12 +50,12 @@ def _revenue(route: str) -> float | None:
 async def test_every_outcome_of_a_paid_route_is_counted_once_in_its_place(routes: list[RouteSpec]) -> None:
     store = MemoryStore()
     usage = Usage(store, routes)
-    before = {o: _payments(EXACT, o) for o in PAYMENT_OUTCOMES["exact"]}
+    before = {o: _payments(EXACT, o) for o in payment_outcomes("exact")}
     revenue = _revenue(EXACT)
     assert None not in before.values() and revenue is not None, (
         "every meaningful series exists from the start"
     )
-    for outcome in PAYMENT_OUTCOMES["exact"]:
+    for outcome in payment_outcomes("exact"):
         usage.observe(_ctx(EXACT, "exact", outcome, amount=str(PRICE)))
     assert await store.counters([usage_key(EXACT, "unpaid")]) == {usage_key(EXACT, "unpaid"): 0}
 
@@ -106,13 +107,12 @@ async def test_the_snapshot_holds_exactly_the_meaningful_pairs_of_the_table(rout
     snapshot = await usage.snapshot(r.name for r in routes)
 
     access = {r.name: r.access for r in routes}
-    expected = {(r, o) for r, a in access.items() for o in USAGE_OUTCOMES.get(a, ())}
+    expected = {(r, o) for r, a in access.items() for o in usage_outcomes(a)}
     assert set(snapshot) == expected
     assert any(a == "exact" for a in access.values()) and any(a == "siwx" for a in access.values())
-    assert USAGE_OUTCOMES == {
-        "exact": ("unpaid", "failed", "paid"),
-        "siwx": ("unpaid", "failed", "signed_in"),
-    }
+    assert usage_outcomes("exact") == ("unpaid", "failed", "paid")
+    assert usage_outcomes("siwx") == ("unpaid", "failed", "signed_in")
+    assert usage_outcomes("public") == usage_outcomes("internal") == ()
 
 
 async def test_usage_counts_wait_out_a_store_outage(routes: list[RouteSpec]) -> None:
@@ -184,6 +184,6 @@ def _outcomes_set_in(*files: str) -> set[str]:
 
 def test_the_outcomes_counted_are_the_ones_the_middlewares_set() -> None:
     """An outcome the middlewares set but the metrics do not know would go uncounted."""
-    assert _outcomes_set_in("exact.py", "settle.py", "payment_answers.py") == set(PAYMENT_OUTCOMES["exact"])
+    assert _outcomes_set_in("paid_access.py", "payment_answers.py") == set(payment_outcomes("exact"))
     # upstream_failed on a sign-in route is the telemetry's word for signed_in with a 5xx
-    assert _outcomes_set_in("siwx.py") | {"upstream_failed"} == set(PAYMENT_OUTCOMES["siwx"])
+    assert _outcomes_set_in("siwx.py") | {"upstream_failed"} == set(payment_outcomes("siwx"))

@@ -6,8 +6,9 @@ import pytest
 
 from gateway.app import ACCESS_LAYERS, HANDLER_FACTORIES, UnbuildableRoute, create_app
 from gateway.config import Settings
+from gateway.methods import binder
 from gateway.routes import RouteSpec
-from gateway.vocabulary import ACCESS_MODES, HANDLERS
+from gateway.vocabulary import ACCESS_MODES, HANDLERS, PAYMENT_METHODS
 
 
 def test_the_app_has_a_factory_for_every_handler_and_nothing_else() -> None:
@@ -15,7 +16,11 @@ def test_the_app_has_a_factory_for_every_handler_and_nothing_else() -> None:
 
 
 def test_the_app_has_a_layer_for_every_access_mode_and_nothing_else() -> None:
-    assert set(ACCESS_LAYERS) == set(ACCESS_MODES)
+    """The built-in modes have their own layers; every payment method is bound by its binder."""
+    assert set(ACCESS_LAYERS) | set(PAYMENT_METHODS) == set(ACCESS_MODES)
+    assert not set(ACCESS_LAYERS) & set(PAYMENT_METHODS)
+    for name in PAYMENT_METHODS:
+        assert callable(binder(name)), name
 
 
 @pytest.mark.parametrize(

@@ -72,7 +72,7 @@ def catalog_entry(
 ) -> CatalogEntry:
     """``route`` as the catalog lists it, priced through the facilitator charging ``fee``."""
     price = route_price(route, fee)
-    paid = route.access == "exact"
+    paid = route.paid
     return CatalogEntry(
         name=route.name,
         path=route.path,

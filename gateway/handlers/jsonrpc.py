@@ -1,8 +1,8 @@
 """JsonRpcProxy: forward a validated paid call to the provider as JSON-RPC 2.0.
 
 Success means HTTP 2xx and a JSON body with ``result`` and no ``error``; only then is the
-request context's ``upstream_ok`` set and the provider's JSON passed on (SettleAfterSuccess
-settles on that flag). Everything else is a 502 or 504 and nothing is settled.
+provider's JSON passed on, as a 200 (the only status on which a payment is settled). Everything
+else is a 502 or 504 and nothing is settled.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import msgspec
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 from gateway.bounded_body import MAX_UPSTREAM_BYTES, AnswerTooLarge, read_bounded
-from gateway.context import request_context, validated_input
+from gateway.context import validated_input
 from gateway.errors import ErrorCode, GatewayError
 from gateway.redact import scrub, url_secrets
 from gateway.upstream_metrics import ErrorKind, status_kind, upstream_meter
@@ -81,7 +81,6 @@ class JsonRpcProxy:
         if not reply.result:
             self.meter.failed(ErrorKind.INVALID_ANSWER)
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider answer has no result; nothing was charged")
-        request_context(scope).upstream_ok = True
         await send_bytes(send, 200, raw, (JSON_CONTENT_TYPE,))
 
     def _public(self, message: str | None) -> str:

@@ -1,7 +1,7 @@
 """The payment core of ``exact`` routes, free of any web framework.
 
-* :mod:`~gateway.payments.gate` - :class:`PaymentGate`: header and body -> Challenge, Refused,
-  Replay, Reconcile or Paid (the checks before the upstream is called).
+* :mod:`~gateway.payments.gate` - :class:`PaymentGate`: header and body -> Refused, Replay,
+  Reconcile, Conflict, Limited or Paid (the checks before the upstream is called).
 * :mod:`~gateway.payments.settlement` - :class:`Settlement`: a paid request and its answer ->
   Delivered, Pending, Interrupted, Failed or Refused (write-ahead, reconcile, deliver once).
 * :mod:`~gateway.payments.results` - those tagged values and the one :class:`PaidRequest`.
@@ -13,7 +13,8 @@
   the fee payer a challenge advertises; :mod:`~gateway.payments.local_facilitator` settles
   with our own wallet.
 
-The ASGI adapters in ``middleware/`` call these and render the results.
+:mod:`gateway.methods.exact` binds these to a route as the ``exact`` payment method; the one
+access layer in ``middleware/`` renders their results.
 """
 
 from gateway.payments.gate import PaymentGate
@@ -22,7 +23,6 @@ from gateway.payments.offer import exact_challenge
 from gateway.payments.results import (
     Authorization,
     Candidate,
-    Challenge,
     Conflict,
     Delivered,
     Failed,
@@ -40,7 +40,6 @@ from gateway.payments.settlement import Settlement
 __all__ = [
     "Authorization",
     "Candidate",
-    "Challenge",
     "Conflict",
     "Delivered",
     "Failed",

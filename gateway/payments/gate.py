@@ -3,8 +3,8 @@
 The order never changes; nothing costs the client, a shared rate-limit bucket or the
 facilitator before the request is known to be well formed and signed by its payer:
 
-    no header -> Challenge (body never read, never waits for the facilitator)
-    -> decode header -> validate body (InvalidInput: 400) -> payment matches this route,
+    (no header at all: the route's 402, rendered by the access layer before anything else)
+    decode header -> validate body (InvalidInput: 400) -> payment matches this route,
     payer != payTo, the client's signature verifies over the message        (:meth:`inspect`)
     -> payment-identifier lookup (409 for another request)
     -> already claimed? (its answer delivered to this very request: Replay; the pending
@@ -41,7 +41,6 @@ from gateway.payments.offer import Option, RouteOffers
 from gateway.payments.results import (
     Authorization,
     Candidate,
-    Challenge,
     Conflict,
     Inspection,
     Paid,
@@ -81,11 +80,9 @@ class PaymentGate:
         self.limiter = limiter
         self.limits = tuple(limits)
 
-    async def inspect(self, header: str | None, read_body: BodyReader) -> Inspection:
+    async def inspect(self, header: str, read_body: BodyReader) -> Inspection:
         """The local checks: no store, no shared bucket, no facilitator. A body that breaks the
         route's schema raises ``InvalidInput`` (400), before the payment is looked at."""
-        if header is None:
-            return Challenge()
         try:
             payload = decode_header(header, PaymentPayload)
         except HeaderError as exc:

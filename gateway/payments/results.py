@@ -56,11 +56,6 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
-class Challenge:
-    """No payment was offered: answer with the route's 402 challenge."""
-
-
-@dataclass(frozen=True, slots=True)
 class Refused:
     """A 402 with a fresh challenge whose ``error`` is ``reason``; counts against the challenge limit."""
 
@@ -125,6 +120,6 @@ class Failed:
     reason: str
 
 
-Inspection = Challenge | Refused | Candidate
+Inspection = Refused | Candidate
 Authorization = Replay | Refused | Reconcile | Paid | Conflict | Limited
 Settled = Delivered | Pending | Interrupted | Failed | Refused

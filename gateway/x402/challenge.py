@@ -4,7 +4,7 @@ start-up."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -152,17 +152,24 @@ class ExactChallenge:
         return self.offering([(self, fee_payer)], error)
 
     def offering(
-        self, offers: Sequence[tuple[ExactChallenge, str | None]], error: str | None = None
+        self,
+        offers: Sequence[tuple[ExactChallenge, str | None]],
+        error: str | None = None,
+        extensions: Mapping[str, Any] | None = None,
     ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         """The 402 offering each (challenge, fee payer) in ``offers`` in order, one ``accepts``
         entry each (several facilitators: each its own fee payer and price); this challenge gives
-        the resource and extensions. Encoded once per (offers, error), like :meth:`response`."""
+        the resource and extensions, to which ``extensions`` (another way of paying this route,
+        fresh per challenge) are added. Without those, encoded once per (offers, error), like
+        :meth:`response`."""
         key = (tuple((id(challenge), fee_payer) for challenge, fee_payer in offers), error)
-        cached = self._offered.get(key)
+        cached = None if extensions else self._offered.get(key)
         if cached is not None:
             return cached[0], list(cached[1])
         body_doc = self.build(offers[0][1], error)
         header_doc = self.build_header(offers[0][1], error)
+        if extensions:
+            header_doc.extensions = {**self.extensions, **extensions}
         for challenge, fee_payer in offers[1:]:
             body_doc.accepts.append(challenge.build(fee_payer, error).accepts[0])
             header_doc.accepts.append(challenge.build_header(fee_payer, error).accepts[0])
@@ -173,6 +180,6 @@ class ExactChallenge:
             (b"payment-required", encode_header(header_doc).encode()),
             (b"content-length", str(len(body)).encode()),
         ]
-        if len(self._offered) < MAX_CACHED_CHALLENGES:
+        if not extensions and len(self._offered) < MAX_CACHED_CHALLENGES:
             self._offered[key] = (body, headers)
         return body, list(headers)

@@ -4,7 +4,7 @@ Everything is real (the MemoryStore, ed25519 keys, Solana transactions built and
 solders by our client-side builder) except the two things the gateway cannot own: the
 facilitator, a third party, is :class:`RecordingFacilitator`, which answers as told and keeps
 every verify and settle it was asked; and the provider behind the handler, stood in for by
-:class:`UpstreamStandIn`, which answers like a handler does (status, body, ``upstream_ok``).
+:class:`UpstreamStandIn`, which answers like a handler does (a status and a body).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from solders.keypair import Keypair
 
 from gateway.asgi import ASGIApp, Message, Receive, replay_body, send_bytes
 from gateway.context import request_context
+from gateway.methods.exact import ExactMethod
 from gateway.payments import PaymentGate, PaymentLedger, Settlement, exact_challenge
 from gateway.payments.facilitator_health import FacilitatorHealth
 from gateway.payments.facilitators import ChallengeFeePayer
@@ -42,9 +43,7 @@ from gateway.x402.types import (
     SupportedResponse,
     VerifyResponse,
 )
-from middleware.exact import X402Exact
-from middleware.payment_answers import PaymentAnswers
-from middleware.settle import SettleAfterSuccess
+from middleware.paid_access import PaidAccess
 
 USDC_MINT = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"
 BASE_URL = "https://gateway.test"
@@ -173,7 +172,7 @@ class PaidRoute:
     limiter: RateLimiter
     gate: PaymentGate
     settlement: Settlement
-    answers: PaymentAnswers
+    method: ExactMethod
 
     def sign(self, **kwargs: Any) -> PaymentPayload:
         """A real payment of this route's challenge, as a client builds it from the 402."""
@@ -181,19 +180,11 @@ class PaidRoute:
         return self.wallets.sign(requirements, **kwargs)
 
     def pipeline(self, handler: ASGIApp) -> ASGIApp:
-        """X402Exact -> SettleAfterSuccess -> ``handler``, behind the real error boundary."""
-        settle = SettleAfterSuccess(
-            handler, settlement=self.settlement, answers=self.answers, route_name="rpc"
+        """PaidAccess with the exact method -> ``handler``, behind the real error boundary."""
+        paid = PaidAccess(
+            handler, route_name="rpc", methods=[self.method], limiter=self.limiter, max_body=4096
         )
-        exact = X402Exact(
-            settle,
-            gate=self.gate,
-            settlement=self.settlement,
-            answers=self.answers,
-            max_body=4096,
-            client_ip=self.limiter.client_ip,
-        )
-        return MethodDispatcher({"POST": (self.route, exact)}, "POST, OPTIONS")
+        return MethodDispatcher({"POST": (self.route, paid)}, "POST, OPTIONS")
 
 
 def paid_route(
@@ -239,26 +230,21 @@ def paid_route(
     settlement = Settlement(
         route_name=route.name, ledger=ledger, offers=offers, replay_cap_bytes=route.replay_cap_bytes
     )
-    answers = PaymentAnswers(route_name=route.name, offers=offers, limiter=limiter)
-    return PaidRoute(
-        route, store, wallets, recording, challenge, ledger, limiter, gate, settlement, answers
-    )
+    method = ExactMethod(route_name=route.name, offers=offers, gate=gate, settlement=settlement)
+    return PaidRoute(route, store, wallets, recording, challenge, ledger, limiter, gate, settlement, method)
 
 
 class UpstreamStandIn:
-    """Stands where a handler calls its provider: answers ``status``/``body`` and marks the
-    upstream's success the way JsonRpcProxy does; keeps the input it was handed."""
+    """Stands where a handler calls its provider: answers ``status``/``body`` (a 200 is the
+    upstream's success, as JsonRpcProxy sends it); keeps the input it was handed."""
 
-    def __init__(self, status: int = 200, body: bytes = PROVIDER_ANSWER, *, ok: bool = True) -> None:
+    def __init__(self, status: int = 200, body: bytes = PROVIDER_ANSWER) -> None:
         self.status = status
         self.body = body
-        self.ok = ok
         self.inputs: list[ValidatedInput | None] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        ctx = request_context(scope)
-        self.inputs.append(ctx.input)
-        ctx.upstream_ok = self.ok
+        self.inputs.append(request_context(scope).input)
         await send_bytes(send, self.status, self.body)
 
     @property
