@@ -35,7 +35,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from gateway.context import RequestContext
 from gateway.logs import log_event
 from gateway.routes import RouteSpec
-from gateway.store import Store, StoreUnavailable
+from gateway.store import Store, StoreUnavailable, keys
 from gateway.vocabulary import ACCESS_MODES, Outcome
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -82,7 +82,7 @@ REVENUE = Counter(
 
 
 def usage_key(route: str, outcome: str) -> str:
-    return f"x402gw:usage:{route}:{outcome}"
+    return keys.usage(route, outcome)
 
 
 FLUSH_INTERVAL_S = 1.0

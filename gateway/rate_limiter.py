@@ -33,7 +33,7 @@ from gateway.clientip import client_ip
 from gateway.config import IpNetwork
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routes import RateLimitSpec
-from gateway.store import Bucket, RateDecision, Store, StoreUnavailable
+from gateway.store import Bucket, RateDecision, Store, StoreUnavailable, keys
 from gateway.synced_limit import SyncedWindowLimit
 
 CHALLENGE_SCOPE = "challenge:ip"
@@ -43,10 +43,10 @@ REFUSED_PAYER_SCOPE = "payments-refused:payer"
 
 def _bucket_key(spec: RateLimitSpec, wallet: str | None, ip: str | None) -> str:
     if spec.per == "wallet":
-        return f"x402gw:rl:{spec.scope}:{wallet}"
+        return keys.rate_bucket(spec.scope, f"{wallet}")
     if spec.per == "ip":
-        return f"x402gw:rl:{spec.scope}:{ip}"
-    return f"x402gw:rl:{spec.scope}"
+        return keys.rate_bucket(spec.scope, f"{ip}")
+    return keys.rate_bucket(spec.scope)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,10 +15,8 @@ from dataclasses import dataclass
 
 from gateway.rate_limiter import Limited, RateLimiter
 from gateway.routes import RateLimitSpec
-from gateway.store import Entry, Store, StoreUnavailable
+from gateway.store import Entry, Store, StoreUnavailable, keys
 from gateway.x402.siwx import VerifiedSignIn
-
-NONCE_KEY_PREFIX = "x402gw:siwx:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +43,7 @@ class SignInGate:
 
     async def admit(self, signed: VerifiedSignIn, client_ip: str) -> Admission:
         """Use the nonce once across every replica, for as long as it could still verify."""
-        key = NONCE_KEY_PREFIX + signed.nonce
+        key = keys.sign_in_nonce(signed.nonce)
         plan = self.limiter.plan(self.limits, wallet=signed.address, ip=client_ip)
         found = await self.store.check_then_limit(
             [key], plan.buckets, [Entry(key, signed.address, signed.replay_ttl_ms)]

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.logs import log_event
-from gateway.store import RateDecision, Store, StoreUnavailable
+from gateway.store import RateDecision, Store, StoreUnavailable, keys
 
 
 @dataclass(slots=True)
@@ -67,7 +67,6 @@ class SyncedWindowLimit:
         self.period_ms = period_ms
         self.sync_interval_s = sync_interval_s
         self._clock = clock
-        self._prefix = f"x402gw:rlw:{scope}:"
         # Wall-clock windows, so every process (on NTP-synchronised hosts) counts into the same
         # key; a counter lives for two windows, as long as the estimate reads it.
         self._ttl_ms = 2 * period_ms + 1_000
@@ -116,16 +115,17 @@ class SyncedWindowLimit:
             return
         for count in sending.values():
             count.flushing, count.unsynced = count.unsynced, 0
-        deltas = {f"{self._prefix}{subject}:{index}": c.flushing for (subject, index), c in sending.items()}
+        named = {keys.limit_window(self.scope, subject, index): c for (subject, index), c in sending.items()}
         try:
+            deltas = {name: count.flushing for name, count in named.items()}
             totals = await self.store.add_counts(deltas, self._ttl_ms)
         except StoreUnavailable:
             for count in sending.values():
                 count.unsynced += count.flushing
                 count.flushing = 0
             raise
-        for (subject, index), count in sending.items():
-            count.known = max(count.known + count.flushing, totals[f"{self._prefix}{subject}:{index}"])
+        for name, count in named.items():
+            count.known = max(count.known + count.flushing, totals[name])
             count.flushing = 0
 
     async def run(self) -> None:

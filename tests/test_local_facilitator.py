@@ -21,12 +21,9 @@ from x402.mechanisms.svm.exact.register import register_exact_svm_client
 from x402.schemas import PaymentRequired as ReferencePaymentRequired
 
 from gateway.payments.facilitators import FacilitatorUnavailable
-from gateway.payments.local_facilitator import (
-    KEY_PREFIX,
-    SettlementRecord,
-    load_local_facilitator,
-)
+from gateway.payments.local_facilitator import SettlementRecord, load_local_facilitator
 from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SolanaRpc
+from gateway.store import keys
 from gateway.store.memory import MemoryStore
 from gateway.x402.svm import TOKEN_2022_PROGRAM, Reason, decode_transaction, payment_key
 from gateway.x402.svm_payer import (
@@ -51,7 +48,7 @@ async def pay(server: LiteSvmRpcServer, chain: UsdcChain, req: PaymentRequiremen
 
 
 def key_of(payload: PaymentPayload) -> str:
-    return KEY_PREFIX + payment_key(decode_transaction(payload.payload["transaction"]))
+    return keys.settlement(payment_key(decode_transaction(payload.payload["transaction"])))
 
 
 # --- supported --------------------------------------------------------------------------------

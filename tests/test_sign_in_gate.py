@@ -13,8 +13,8 @@ from solders.keypair import Keypair
 
 from gateway.rate_limiter import RateLimiter
 from gateway.routes import RateLimitSpec
-from gateway.sign_in import NONCE_KEY_PREFIX, Admitted, Limited, Replayed, SignInGate
-from gateway.store import Store
+from gateway.sign_in import Admitted, Limited, Replayed, SignInGate
+from gateway.store import Store, keys
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.x402.siwx import VerifiedSignIn
@@ -64,7 +64,7 @@ async def test_a_sign_in_is_admitted_once_and_its_replay_is_refused(store: Store
 
     assert isinstance(await gate.admit(signed, FLOODER), Admitted)
     assert isinstance(await gate.admit(signed, OTHERS[0]), Replayed)
-    assert await store.get(NONCE_KEY_PREFIX + signed.nonce) == signed.address
+    assert await store.get(keys.sign_in_nonce(signed.nonce)) == signed.address
 
 
 async def test_throwaway_wallets_from_one_ip_take_only_that_ips_share_of_the_key(store: Store) -> None:
@@ -99,6 +99,6 @@ async def test_a_sign_in_refused_by_a_limit_keeps_its_nonce_and_spends_nothing_s
     for _ in range(5):
         assert _scope(await gate.admit(refused, OTHERS[2])) == "tokens:wallet"
 
-    assert await store.get(NONCE_KEY_PREFIX + refused.nonce) is None
+    assert await store.get(keys.sign_in_nonce(refused.nonce)) is None
     others = [await gate.admit(_signed(), ip) for ip in (FLOODER, OTHERS[2])]
     assert all(isinstance(a, Admitted) for a in others)  # the key's last two slots were untouched

@@ -15,9 +15,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-from gateway.store import Store, StoreUnavailable
-
-KEY_PREFIX = "x402gw:facilitator-down:"
+from gateway.store import Store, StoreUnavailable, keys
 
 Probe = Callable[[], Awaitable[object]]
 """Asks a facilitator something cheap (``/supported``); raises when it cannot answer."""
@@ -55,18 +53,18 @@ class FacilitatorHealth:
         """``name`` failed or timed out: offer it last, here at once and on every replica soon."""
         self._down.add(name)
         with contextlib.suppress(StoreUnavailable):
-            await self.store.put(KEY_PREFIX + name, "1", self.down_ms)
+            await self.store.put(keys.facilitator_down(name), "1", self.down_ms)
 
     async def mark_up(self, name: str) -> None:
         self._down.discard(name)
         with contextlib.suppress(StoreUnavailable):
-            await self.store.put(KEY_PREFIX + name, "", 1)
+            await self.store.put(keys.facilitator_down(name), "", 1)
 
     async def sync(self) -> None:
         """Read every replica's marks; probe the facilitators that are down."""
-        keys = [KEY_PREFIX + name for name in self.names]
+        marks = [keys.facilitator_down(name) for name in self.names]
         with contextlib.suppress(StoreUnavailable):
-            values = (await self.store.check_then_limit(keys, [])).values
+            values = (await self.store.check_then_limit(marks, [])).values
             self._down = {name for name, value in zip(self.names, values, strict=True) if value}
         now = time.monotonic()
         for name in [n for n in self.names if n in self._down]:

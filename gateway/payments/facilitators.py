@@ -23,7 +23,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
 from gateway.payments.cdp_auth import CdpKey
 from gateway.redact import Secret, redact_url
-from gateway.store import Store, StoreUnavailable
+from gateway.store import Store, StoreUnavailable, keys
 from gateway.upstream_metrics import ErrorKind, status_kind, upstream_meter
 from gateway.x402.types import (
     SOLANA_MAINNET,
@@ -288,7 +288,7 @@ class ChallengeFeePayer:
         self.configured = configured
         self.network = network
         self._clock = clock
-        self._key = f"x402gw:fee-payer:{network}:{facilitator.url}"
+        self._key = keys.fee_payer(network, facilitator.url)
         self._refresh: asyncio.Task[None] | None = None
         self._next_refresh = 0.0
         self._stored: str | None = None

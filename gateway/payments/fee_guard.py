@@ -31,9 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.store import Entry, Hold, Store
-
-PREFIX = "x402gw:fee-guard:"
+from gateway.store import Entry, Hold, Store, keys
 
 PartyKind = Literal["owner", "account", "ip"]
 
@@ -47,15 +45,15 @@ class Party:
 
     @property
     def record_key(self) -> str:
-        return f"{PREFIX}settled:{self.kind}:{self.id}"
+        return keys.fee_guard_record(self.kind, self.id)
 
     @property
     def cooldown_key(self) -> str:
-        return f"{PREFIX}cooling:{self.kind}:{self.id}"
+        return keys.fee_guard_cooldown(self.kind, self.id)
 
     @property
     def in_flight_key(self) -> str:
-        return f"{PREFIX}in-flight:{self.kind}:{self.id}"
+        return keys.fee_guard_in_flight(self.kind, self.id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +114,8 @@ class FeeGuard:
         """Who is cooling down and each party's record, and the values at ``also``, in one
         store round trip."""
         n = len(parties)
-        keys = [*also, *(p.cooldown_key for p in parties), *(p.record_key for p in parties)]
-        values = (await self.store.check_then_limit(keys, [])).values
+        read = [*also, *(p.cooldown_key for p in parties), *(p.record_key for p in parties)]
+        values = (await self.store.check_then_limit(read, [])).values
         first = len(also)
         found, cooldowns, records = values[:first], values[first : first + n], values[first + n :]
         cooling = next((p for p, v in zip(parties, cooldowns, strict=True) if v is not None), None)
@@ -160,8 +158,8 @@ class FeeGuard:
             standing = await self.standing(parties)
 
     async def leave(self, token: str, parties: Sequence[Party], funds: Hold | None = None) -> None:
-        keys = [p.in_flight_key for p in parties] + ([funds.key] if funds is not None else [])
-        await self.store.unhold(keys, token)
+        held = [p.in_flight_key for p in parties] + ([funds.key] if funds is not None else [])
+        await self.store.unhold(held, token)
 
     async def landed(self, parties: Sequence[Party]) -> None:
         """A settlement of theirs landed: their record grows (it counts for ``record_window_s``)."""
@@ -176,7 +174,7 @@ class FeeGuard:
 
 def account_funds(account: str, amount: int, balance: int) -> Hold:
     """``amount`` of a settlement held against ``account``'s observed ``balance``."""
-    return Hold(f"{PREFIX}funds:{account}", amount, balance)
+    return Hold(keys.fee_guard_funds(account), amount, balance)
 
 
 def _count(value: str | None) -> int:

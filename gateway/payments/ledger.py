@@ -6,7 +6,7 @@ one message can carry any number of valid client signatures, and each would othe
 another answer. The facilitators deduplicate by the message too, so both sides agree on what
 "one payment" is.
 
-Keys (all under ``x402gw:``):
+Keys (spelled in :mod:`gateway.store.keys`):
 
 * ``pay:{key}`` - the claim on a payment, taken atomically before the facilitator verifies it.
   Released only when the facilitator refuses it or cannot be asked (the payment was never
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from gateway.store import Bucket, Entry, RateDecision, Store
+from gateway.store import Bucket, Entry, RateDecision, Store, keys
 
 CLAIM_TTL_MS = 15 * 60 * 1000
 """Longer than any blockhash lives (about 60-90 s), so a claim outlives its payment."""
@@ -53,22 +53,6 @@ ANSWER_CAP_BYTES = 16 * 1024
 """The largest answer kept for an identical retry that carries no payment identifier: every
 paid answer is kept, so the cap bounds what the store holds per sale. With an identifier, the
 route's ``replay_cap_bytes`` applies (the client asked for idempotency)."""
-
-
-def pay_key(key: str) -> str:
-    return f"x402gw:pay:{key}"
-
-
-def pending_key(key: str) -> str:
-    return f"x402gw:pending:{key}"
-
-
-def delivered_key(key: str) -> str:
-    return f"x402gw:delivered:{key}"
-
-
-def payment_id_key(payment_id: str) -> str:
-    return f"x402gw:pid:{payment_id}"
 
 
 class StoredResponse(msgspec.Struct):
@@ -179,17 +163,17 @@ class PaymentLedger:
         only when every bucket allows it, claim the payment and tie its identifier (if any) to
         this request. One round trip, atomic: of many concurrent attempts on one payment,
         exactly one wins. Any of ``blockers`` present (a cool-down) refuses it, charging nothing."""
-        entries = [Entry(pay_key(key), f"{route} {secrets.token_hex(8)}", CLAIM_TTL_MS)]
-        keys = [pay_key(key), pending_key(key), delivered_key(key)]
+        entries = [Entry(keys.payment_claim(key), f"{route} {secrets.token_hex(8)}", CLAIM_TTL_MS)]
+        read = [keys.payment_claim(key), keys.pending_settlement(key), keys.delivery(key)]
         if payment_id is not None:
             record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp)).decode()
-            entries.append(Entry(payment_id_key(payment_id), record, PAYMENT_ID_TTL_MS))
-            keys.append(payment_id_key(payment_id))
-        keys += blockers
-        found = await self.store.check_then_limit(keys, buckets, entries)
+            entries.append(Entry(keys.payment_id(payment_id), record, PAYMENT_ID_TTL_MS))
+            read.append(keys.payment_id(payment_id))
+        read += blockers
+        found = await self.store.check_then_limit(read, buckets, entries)
         claim, pending, delivered = found.values[:3]
         raw_pid = found.values[3] if payment_id is not None else None
-        blocked = any(v is not None for v in found.values[len(keys) - len(blockers) :])
+        blocked = any(v is not None for v in found.values[len(read) - len(blockers) :])
         return ClaimAttempt(
             # An open pending record outlives its claim by the moments between the two writes.
             claimed=claim is not None or pending is not None,
@@ -212,15 +196,16 @@ class PaymentLedger:
         await self.store.undo_claim(attempt.entries, refunds, debts)
 
     async def record_pending(self, key: str, record: PendingSettlement) -> None:
-        await self.store.put(pending_key(key), msgspec.json.encode(record).decode(), PENDING_TTL_MS)
+        encoded = msgspec.json.encode(record).decode()
+        await self.store.put(keys.pending_settlement(key), encoded, PENDING_TTL_MS)
 
     async def resolve_pending(self, key: str) -> None:
         """Mark the pending record done (an empty record expires at once)."""
-        await self.store.put(pending_key(key), "", 1)
+        await self.store.put(keys.pending_settlement(key), "", 1)
 
     async def deliver(self, key: str, record: DeliveredRecord) -> bool:
         """True for exactly one caller per payment, the one that hands out the settled answer;
         that one also closes the intent. ``record`` (the request, and the answer to give its
         identical retries) is what a later claim attempt on the payment reads. One round trip."""
-        delivery = Entry(delivered_key(key), msgspec.json.encode(record).decode(), ANSWER_TTL_MS)
-        return await self.store.claim_then_put([delivery], [Entry(pending_key(key), "", 1)]) == 1
+        delivery = Entry(keys.delivery(key), msgspec.json.encode(record).decode(), ANSWER_TTL_MS)
+        return await self.store.claim_then_put([delivery], [Entry(keys.pending_settlement(key), "", 1)]) == 1

@@ -52,6 +52,7 @@ from gateway.payments.confirmations import ConfirmationWatcher, PollSchedule
 from gateway.payments.facilitators import FacilitatorUnavailable
 from gateway.payments.fee_guard import FeeGuard, Funds, Party, account_funds
 from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SolanaRpc
+from gateway.store import keys
 from gateway.store.base import Hold, Store
 from gateway.x402.svm import (
     SCHEME_EXACT,
@@ -78,8 +79,6 @@ from gateway.x402.types import (
     VerifyResponse,
 )
 
-KEY_PREFIX = "x402:svm:settle:"
-DONE_SUFFIX = ":done"
 TOKEN_ACCOUNT_SIZE = 165
 _COOLING = (
     "a settlement of this payer, its token account or its client failed on chain recently; "
@@ -269,7 +268,7 @@ class LocalFacilitator:
         check = self._check(payload, requirements)
         if not check.ok or check.transaction is None:
             return check.verify_response()
-        key = KEY_PREFIX + payment_key(check.transaction)
+        key = keys.settlement(payment_key(check.transaction))
         standing = await self._guard.standing(_parties(check), also=[key])
         record = _decode_record(standing.found[0])
         if record is not None:
@@ -301,7 +300,7 @@ class LocalFacilitator:
         if not check.ok or check.transaction is None:
             return self._failure(network, check.reason or Reason.INVALID_PAYLOAD, check.message, check.payer)
         payer = check.payer or ""
-        key = KEY_PREFIX + payment_key(check.transaction)
+        key = keys.settlement(payment_key(check.transaction))
 
         parties = _parties(check)
         standing = await self._guard.standing(parties, also=[key])
@@ -418,7 +417,7 @@ class LocalFacilitator:
         resend); the node is polled at the chain's pace (:mod:`gateway.payments.confirmations`).
 
         Several settles may watch one signature (retries, other processes); the atomic claim
-        of ``key + DONE_SUFFIX`` lets exactly one of them answer ``success``.
+        of :func:`~gateway.store.keys.settlement_reported` lets exactly one of them answer ``success``.
         """
         status = await self._watcher(normalize_network(record.network)).status(
             record.signature, self._confirm_timeout_s
@@ -437,7 +436,7 @@ class LocalFacilitator:
             await self._counted(fee_lamports, parties, landed=False, network=record.network)
             return self._failure(record.network, Reason.TRANSACTION_FAILED, message, record.payer)
         await self._counted(fee_lamports, parties, landed=True, network=record.network)
-        won = await self._store.claim(key + DONE_SUFFIX, record.signature, self._record_ttl_ms)
+        won = await self._store.claim(keys.settlement_reported(key), record.signature, self._record_ttl_ms)
         settled = msgspec.structs.replace(record, state="settled")
         await self._put(key, settled)
         if not won:
@@ -470,7 +469,7 @@ class LocalFacilitator:
     # --- store helpers ----------------------------------------------------------------------
 
     async def _load(self, message_hash: str) -> SettlementRecord | None:
-        return await self._load_key(KEY_PREFIX + message_hash)
+        return await self._load_key(keys.settlement(message_hash))
 
     async def _load_key(self, key: str) -> SettlementRecord | None:
         return _decode_record(await self._store.get(key))

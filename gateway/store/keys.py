@@ -1,0 +1,174 @@
+"""Every key the gateway keeps in the shared store, spelled here and nowhere else.
+
+Keys live under two roots, both kept as they were first written: replicas of two releases share
+one store during a rolling deploy, so a renamed key would make the new release blind to the old
+one's claims (a payment claimed under the old name could be claimed again under the new). The
+gateway's own state is under ``x402gw:``; the internal facilitator's settlement records are
+under ``x402:svm:`` (named after the exact-SVM scheme it settles). No family's head is the
+start of another's, so no two families can share a key; the one exception is a settlement's
+``:done`` marker, told apart from the settlement by its tail behind a fixed-length digest
+(``tests/test_store_keys.py`` checks both).
+
+Under ``x402gw:``, the gateway's own state:
+
+===================  ===============================  ==========================  ==========================
+function             key                              value                       lives
+===================  ===============================  ==========================  ==========================
+payment_claim        pay:{payment key}                claimant: {route} {random}  15 min, or until refused
+pending_settlement   pending:{payment key}            write-ahead intent (JSON)   15 min; closed at delivery
+delivery             delivered:{payment key}          delivered request, answer   10 min
+payment_id           pid:{identifier}                 request fingerprint (JSON)  10 min
+sign_in_nonce        siwx:{nonce}                     the signed-in wallet        while the nonce verifies
+rate_bucket          rl:{scope}[:{wallet or ip}]      GCRA arrival time           till the bucket refills
+limit_window         rlw:{scope}:{subject}:{n}        admissions (counter)        two windows + 1 s
+usage                usage:{route}:{outcome}          requests (counter)          forever
+fee_guard_record     fee-guard:settled:{kind}:{id}    settlements landed          10 min
+fee_guard_cooldown   fee-guard:cooling:{kind}:{id}    1                           10 min
+fee_guard_in_flight  fee-guard:in-flight:{kind}:{id}  holds: token -> 1           each hold's TTL
+fee_guard_funds      fee-guard:funds:{account}        holds: token -> amount      each hold's TTL
+facilitator_down     facilitator-down:{name}          1 while down                30 s
+fee_payer            fee-payer:{network}:{url}        the advertised fee payer    30 days
+===================  ===============================  ==========================  ==========================
+
+Under ``x402:svm:``, the internal facilitator's:
+
+===================  ===============================  ==========================  ==========================
+function             key                              value                       lives
+===================  ===============================  ==========================  ==========================
+settlement           settle:{hash}                    settlement record (JSON)    15 min
+settlement_reported  settle:{hash}:done               its signature               15 min
+===================  ===============================  ==========================  ==========================
+
+``{payment key}`` and ``{hash}`` are the same hex SHA-256 of a transaction's message.
+The TTLs are set by the writers (named in each function's docstring); this table says how long
+each lives with the defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Final
+
+_GATEWAY: Final = "x402gw:"
+_FACILITATOR: Final = "x402:svm:"
+
+PAYMENT_CLAIM: Final = _GATEWAY + "pay:"
+PENDING_SETTLEMENT: Final = _GATEWAY + "pending:"
+DELIVERY: Final = _GATEWAY + "delivered:"
+PAYMENT_ID: Final = _GATEWAY + "pid:"
+SIGN_IN_NONCE: Final = _GATEWAY + "siwx:"
+RATE_BUCKET: Final = _GATEWAY + "rl:"
+LIMIT_WINDOW: Final = _GATEWAY + "rlw:"
+USAGE: Final = _GATEWAY + "usage:"
+FEE_GUARD_RECORD: Final = _GATEWAY + "fee-guard:settled:"
+FEE_GUARD_COOLDOWN: Final = _GATEWAY + "fee-guard:cooling:"
+FEE_GUARD_IN_FLIGHT: Final = _GATEWAY + "fee-guard:in-flight:"
+FEE_GUARD_FUNDS: Final = _GATEWAY + "fee-guard:funds:"
+FACILITATOR_DOWN: Final = _GATEWAY + "facilitator-down:"
+FEE_PAYER: Final = _GATEWAY + "fee-payer:"
+SETTLEMENT: Final = _FACILITATOR + "settle:"
+_REPORTED_TAIL: Final = ":done"
+
+
+def payment_claim(payment_key: str) -> str:
+    """The claim on a payment (``gateway.payments.ledger``)."""
+    return PAYMENT_CLAIM + payment_key
+
+
+def pending_settlement(payment_key: str) -> str:
+    """The write-ahead record of a payment's settlement (``gateway.payments.ledger``)."""
+    return PENDING_SETTLEMENT + payment_key
+
+
+def delivery(payment_key: str) -> str:
+    """The one delivery of a settled payment (``gateway.payments.ledger``)."""
+    return DELIVERY + payment_key
+
+
+def payment_id(identifier: str) -> str:
+    """A payment identifier's request (``gateway.payments.ledger``)."""
+    return PAYMENT_ID + identifier
+
+
+def sign_in_nonce(nonce: str) -> str:
+    """A used sign-in nonce (``gateway.sign_in``)."""
+    return SIGN_IN_NONCE + nonce
+
+
+def rate_bucket(scope: str, subject: str | None = None) -> str:
+    """A route limit's bucket: the scope's shared one, or one client's (its wallet or IP) within
+    it (``gateway.rate_limiter``)."""
+    return f"{RATE_BUCKET}{scope}" if subject is None else f"{RATE_BUCKET}{scope}:{subject}"
+
+
+def limit_window(scope: str, subject: str, window: int) -> str:
+    """A subject's admissions in one window of a limit decided in the process
+    (``gateway.synced_limit``)."""
+    return f"{LIMIT_WINDOW}{scope}:{subject}:{window}"
+
+
+def usage(route: str, outcome: str) -> str:
+    """A route's requests of one outcome, across replicas (``gateway.metrics``)."""
+    return f"{USAGE}{route}:{outcome}"
+
+
+def fee_guard_record(kind: str, party: str) -> str:
+    """A party's settlements that landed recently (``gateway.payments.fee_guard``)."""
+    return f"{FEE_GUARD_RECORD}{kind}:{party}"
+
+
+def fee_guard_cooldown(kind: str, party: str) -> str:
+    """A party cooling down after a failed settlement (``gateway.payments.fee_guard``)."""
+    return f"{FEE_GUARD_COOLDOWN}{kind}:{party}"
+
+
+def fee_guard_in_flight(kind: str, party: str) -> str:
+    """A party's settlements in flight (``gateway.payments.fee_guard``)."""
+    return f"{FEE_GUARD_IN_FLIGHT}{kind}:{party}"
+
+
+def fee_guard_funds(account: str) -> str:
+    """The amounts in flight from one token account (``gateway.payments.fee_guard``)."""
+    return FEE_GUARD_FUNDS + account
+
+
+def facilitator_down(name: str) -> str:
+    """A facilitator marked down by some replica (``gateway.payments.facilitator_health``)."""
+    return FACILITATOR_DOWN + name
+
+
+def fee_payer(network: str, facilitator_url: str) -> str:
+    """The fee payer a facilitator last advertised (``gateway.payments.facilitators``)."""
+    return f"{FEE_PAYER}{network}:{facilitator_url}"
+
+
+def settlement(message_hash: str) -> str:
+    """The internal facilitator's record of one payment (``gateway.payments.local_facilitator``)."""
+    return SETTLEMENT + message_hash
+
+
+def settlement_reported(settlement_key: str) -> str:
+    """The one ``success`` answer of a settlement, claimed by one of the settles watching it;
+    named after the settlement's own key (:func:`settlement`)."""
+    return settlement_key + _REPORTED_TAIL
+
+
+FAMILIES: Final[Mapping[Callable[..., str], str]] = {
+    payment_claim: PAYMENT_CLAIM,
+    pending_settlement: PENDING_SETTLEMENT,
+    delivery: DELIVERY,
+    payment_id: PAYMENT_ID,
+    sign_in_nonce: SIGN_IN_NONCE,
+    rate_bucket: RATE_BUCKET,
+    limit_window: LIMIT_WINDOW,
+    usage: USAGE,
+    fee_guard_record: FEE_GUARD_RECORD,
+    fee_guard_cooldown: FEE_GUARD_COOLDOWN,
+    fee_guard_in_flight: FEE_GUARD_IN_FLIGHT,
+    fee_guard_funds: FEE_GUARD_FUNDS,
+    facilitator_down: FACILITATOR_DOWN,
+    fee_payer: FEE_PAYER,
+    settlement: SETTLEMENT,
+    settlement_reported: SETTLEMENT,
+}
+"""Each family and the head every one of its keys starts with."""

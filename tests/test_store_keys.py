@@ -1,0 +1,126 @@
+"""One vocabulary of store keys: spelled in ``gateway/store/keys.py`` only, unchanged, and
+with no key that two families could both write.
+
+The exact strings are pinned here on purpose: replicas of two releases share one store during a
+rolling deploy, so a key renamed by accident would let the new release miss the old one's claims.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import itertools
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gateway.store import keys
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS_MODULE = ROOT / "gateway" / "store" / "keys.py"
+ROOTS = re.compile(r"x402gw:|x402:svm")
+DIGEST = "ab" * 32
+"""A payment key / message hash: hex SHA-256, 64 characters, no colon."""
+
+
+def _strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every string literal in ``tree``, the literal parts of f-strings included."""
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+
+
+def test_no_module_but_the_keys_module_spells_a_store_key_root() -> None:
+    spelled = [
+        f"{path.relative_to(ROOT)}:{line}: {text[:60]!r}"
+        for package in ("gateway", "middleware")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path != KEYS_MODULE
+        for line, text in _strings(ast.parse(path.read_text(encoding="utf-8")))
+        if ROOTS.search(text)
+    ]
+    assert spelled == []
+
+
+def test_the_scan_would_find_a_root_spelled_in_an_f_string() -> None:
+    found = _strings(ast.parse('key = f"x402gw:pay:{key}"'))
+    assert any(ROOTS.search(text) for _, text in found)
+
+
+def test_the_key_strings_are_the_ones_a_running_store_holds() -> None:
+    assert keys.payment_claim(DIGEST) == f"x402gw:pay:{DIGEST}"
+    assert keys.pending_settlement(DIGEST) == f"x402gw:pending:{DIGEST}"
+    assert keys.delivery(DIGEST) == f"x402gw:delivered:{DIGEST}"
+    assert keys.payment_id("order-7") == "x402gw:pid:order-7"
+    assert keys.sign_in_nonce("n0nce") == "x402gw:siwx:n0nce"
+    assert keys.rate_bucket("das") == "x402gw:rl:das"
+    assert keys.rate_bucket("das", "203.0.113.7") == "x402gw:rl:das:203.0.113.7"
+    assert (
+        keys.limit_window("challenge:ip", "203.0.113.7", 1000) == "x402gw:rlw:challenge:ip:203.0.113.7:1000"
+    )
+    assert keys.usage("getSlot", "paid") == "x402gw:usage:getSlot:paid"
+    assert keys.fee_guard_record("owner", "W") == "x402gw:fee-guard:settled:owner:W"
+    assert keys.fee_guard_cooldown("ip", "1.2.3.4") == "x402gw:fee-guard:cooling:ip:1.2.3.4"
+    assert keys.fee_guard_in_flight("account", "A") == "x402gw:fee-guard:in-flight:account:A"
+    assert keys.fee_guard_funds("A") == "x402gw:fee-guard:funds:A"
+    assert keys.facilitator_down("ours") == "x402gw:facilitator-down:ours"
+    assert keys.fee_payer("solana:x", "https://f.example") == "x402gw:fee-payer:solana:x:https://f.example"
+    assert keys.settlement(DIGEST) == f"x402:svm:settle:{DIGEST}"
+    assert keys.settlement_reported(keys.settlement(DIGEST)) == f"x402:svm:settle:{DIGEST}:done"
+
+
+Family = Callable[..., str]
+
+
+def _public_functions() -> set[object]:
+    return {
+        value
+        for name, value in vars(keys).items()
+        if inspect.isfunction(value) and value.__module__ == keys.__name__ and not name.startswith("_")
+    }
+
+
+def _sample(family: Family) -> str:
+    if family is keys.settlement_reported:
+        return keys.settlement_reported(keys.settlement(DIGEST))
+    return family(*(DIGEST for _ in inspect.signature(family).parameters))
+
+
+def test_every_family_is_listed_with_its_head_and_in_the_table() -> None:
+    doc = keys.__doc__ or ""
+    assert set(keys.FAMILIES) == _public_functions()
+    for family, head in keys.FAMILIES.items():
+        assert _sample(family).startswith(head), family
+        name = getattr(family, "__name__", "")
+        assert re.search(rf"^{name} ", doc, re.MULTILINE), f"{name} not in the table"
+
+
+SHARED_HEAD: set[Family] = {keys.settlement, keys.settlement_reported}
+"""The one pair whose keys share a head: told apart by the ``:done`` tail behind a digest."""
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [pair for pair in itertools.combinations(keys.FAMILIES, 2) if set(pair) != SHARED_HEAD],
+    ids=lambda family: getattr(family, "__name__", ""),
+)
+def test_no_two_families_can_write_the_same_key(first: Family, second: Family) -> None:
+    """Every key of a family starts with its head, so two families whose heads are not one the
+    start of the other differ within the shorter head, whatever their arguments."""
+    a, b = keys.FAMILIES[first], keys.FAMILIES[second]
+    assert not a.startswith(b) and not b.startswith(a)
+
+
+def test_a_settlement_and_its_reported_marker_never_share_a_key() -> None:
+    """Both are named after a hex digest (no colon): the settlement's key has nothing after it,
+    the marker's always ``:done``, so neither can be the other for any two payments."""
+    head = keys.FAMILIES[keys.settlement]
+    settled = keys.settlement(DIGEST)
+    reported = keys.settlement_reported(settled)
+    assert ":" not in settled.removeprefix(head)
+    assert ":" in reported.removeprefix(head)
+    assert re.fullmatch(r"[0-9a-f]{64}", settled.removeprefix(head))
