@@ -14,7 +14,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.store import Bucket, Entry, Hold, RateDecision, Store, StoreUnavailable, open_store
+from gateway.store import (
+    Bucket,
+    Credit,
+    CreditState,
+    Entry,
+    Hold,
+    RateDecision,
+    Store,
+    StoreUnavailable,
+    open_store,
+)
 from gateway.store.lua import CHECK_THEN_LIMIT_SCRIPT, check_then_limit_call
 from gateway.store.memory import MemoryStore, gcra
 from gateway.store.redis import RedisStore
@@ -401,6 +411,7 @@ async def test_scripts_load_on_a_server_that_lacks_them(
         assert not (await limit_once(store, "rl:noscript", 1, 60_000)).allowed
         assert await store.claim("lock:noscript", "holder", 60_000)
         assert await store.release("lock:noscript", "holder")
+        assert await store.credit_state("credit:noscript", "credit:noscript:holds") == CreditState(0, 0, 0)
     finally:
         await store.close()
 
@@ -551,6 +562,97 @@ async def test_claim_then_put_entries_expire_after_their_ttl(store: Store) -> No
     assert await store.get("short") is None and await store.get("resolved") is None
 
 
+# --- prepaid credit: top-ups ---------------------------------------------------------------------
+
+
+async def test_claim_then_put_adds_the_credits_only_when_every_claim_was_set(store: Store) -> None:
+    top_up = [Credit("credit:w", 50, 60_000)]
+    await store.put("taken", "x", 60_000)
+
+    won = await store.claim_then_put([Entry("pay:1", "me", 60_000)], [Entry("r", "1", 60_000)], top_up)
+    replayed = await store.claim_then_put([Entry("pay:1", "again", 60_000)], [], top_up)
+    partly = await store.claim_then_put(
+        [Entry("pay:2", "me", 60_000), Entry("taken", "me", 60_000)], [], top_up
+    )
+    second = await store.claim_then_put(
+        [Entry("pay:3", "me", 60_000)], [], [*top_up, Credit("credit:v", 7, 60_000)]
+    )
+
+    assert (won, replayed, partly, second) == (1, 0, 1, 1)
+    assert (await store.credit_state("credit:w", "credit:w:holds")).balance == 100
+    assert (await store.credit_state("credit:v", "credit:v:holds")).balance == 7
+
+
+async def test_concurrent_replays_of_one_top_up_credit_it_once(store: Store) -> None:
+    results = await asyncio.gather(
+        *(
+            store.claim_then_put([Entry("pay:race", str(i), 60_000)], [], [Credit("credit:race", 25, 60_000)])
+            for i in range(30)
+        )
+    )
+
+    assert sorted(results) == [0] * 29 + [1]
+    assert (await store.credit_state("credit:race", "credit:race:holds")).balance == 25
+
+
+async def test_a_credit_sets_the_balances_ttl_and_each_top_up_renews_it(store: Store) -> None:
+    await store.claim_then_put([], [], [Credit("credit:ttl", 10, 1_000)])
+    first = await store.credit_state("credit:ttl", "credit:ttl:holds")
+    await store.claim_then_put([], [], [Credit("credit:ttl", 5, 60_000)])
+    renewed = await store.credit_state("credit:ttl", "credit:ttl:holds")
+
+    assert first.balance == 10 and 900 < first.ttl_ms <= 1_000
+    assert renewed.balance == 15 and 59_000 < renewed.ttl_ms <= 60_000
+
+
+async def test_a_balance_lapses_after_its_ttl(store: Store) -> None:
+    await store.claim_then_put([], [], [Credit("credit:lapse", 10, 100)])
+    await asyncio.sleep(0.2)
+
+    assert await store.credit_state("credit:lapse", "credit:lapse:holds") == CreditState(0, 0, 0)
+    await store.claim_then_put([], [], [Credit("credit:lapse", 3, 60_000)])
+    assert (await store.credit_state("credit:lapse", "credit:lapse:holds")).balance == 3
+
+
+async def test_credit_state_sums_only_the_live_holds(store: Store) -> None:
+    await store.claim_then_put([], [], [Credit("credit:s", 100, 60_000)])
+    assert await store.hold([Hold("credit:s:holds", 10, 100)], "short", 100)
+    assert await store.hold([Hold("credit:s:holds", 20, 100)], "long", 60_000)
+
+    live = await store.credit_state("credit:s", "credit:s:holds")
+    await asyncio.sleep(0.2)
+    lapsed = await store.credit_state("credit:s", "credit:s:holds")
+
+    assert (live.balance, live.held) == (100, 30) and 59_000 < live.ttl_ms <= 60_000
+    assert (lapsed.balance, lapsed.held) == (100, 20)
+    assert await store.credit_state("credit:none", "credit:none:holds") == CreditState(0, 0, 0)
+
+
+def test_a_credit_refuses_a_negative_or_imprecise_amount_and_a_ttl_that_would_delete_it() -> None:
+    for amount, ttl_ms in ((-1, 60_000), (2**53 + 1, 60_000), (1, 0), (1, -5)):
+        with pytest.raises(ValueError):
+            Credit("credit:bad", amount, ttl_ms)
+    assert Credit("credit:ok", 0, 1).amount == 0  # a zero top-up only renews the balance
+
+
+async def test_a_credit_to_a_key_that_is_not_a_counter_claims_nothing(
+    clean_redis_url: str, raw_redis: aioredis.Redis
+) -> None:
+    """A script is not rolled back when a command in it fails: the claim must not be set before a
+    credit that cannot be added."""
+    await raw_redis.set("credit:garbled", "not a number")
+    store = RedisStore(clean_redis_url)
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.claim_then_put(
+                [Entry("pay:g", "me", 60_000)], [], [Credit("credit:garbled", 5, 60_000)]
+            )
+    finally:
+        await store.close()
+
+    assert await raw_redis.get("pay:g") is None
+
+
 # --- failing closed ------------------------------------------------------------------------------
 
 SECRET = "hunter2-s3cret"
@@ -575,10 +677,14 @@ OPERATIONS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "add_counts": lambda s: s.add_counts({"k": 1}, 1_000),
     "check_then_limit": lambda s: s.check_then_limit(["k"], [Bucket("b", 1, 1_000)]),
     "claim_then_put": lambda s: s.claim_then_put([Entry("k", "v", 1_000)]),
+    "claim_then_put_credit": lambda s: s.claim_then_put(
+        [Entry("k", "v", 1_000)], [], [Credit("c", 1, 1_000)]
+    ),
     "release": lambda s: s.release("k", "token"),
     "undo_claim": lambda s: s.undo_claim([Entry("k", "v", 1_000)], [Bucket("b", 1, 1_000)]),
     "hold": lambda s: s.hold([Hold("h", 1, 1)], "token", 1_000),
     "unhold": lambda s: s.unhold(["h"], "token"),
+    "credit_state": lambda s: s.credit_state("c", "h"),
 }
 
 

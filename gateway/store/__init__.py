@@ -3,9 +3,30 @@
 The backends import only ``gateway.store.base``, so opening one here makes no import circle.
 """
 
-from gateway.store.base import Bucket, Entry, Hold, Lookup, RateDecision, Store, StoreUnavailable
+from gateway.store.base import (
+    Bucket,
+    Credit,
+    CreditState,
+    Entry,
+    Hold,
+    Lookup,
+    RateDecision,
+    Store,
+    StoreUnavailable,
+)
 
-__all__ = ["Bucket", "Entry", "Hold", "Lookup", "RateDecision", "Store", "StoreUnavailable", "open_store"]
+__all__ = [
+    "Bucket",
+    "Credit",
+    "CreditState",
+    "Entry",
+    "Hold",
+    "Lookup",
+    "RateDecision",
+    "Store",
+    "StoreUnavailable",
+    "open_store",
+]
 
 
 def open_store(url: str | None, token: str | None) -> Store:

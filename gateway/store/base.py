@@ -60,6 +60,55 @@ class Hold(msgspec.Struct, frozen=True):
     cap: int
 
 
+MAX_AMOUNT = 2**53
+"""Amounts above this lose precision in Lua's doubles: hold caps are clamped to it, and credit
+amounts beyond it are refused (balances stay exact while they stay below it)."""
+
+
+def checked_amount(amount: int) -> int:
+    """``amount`` when it is a whole number the backends keep exactly; else ValueError. A negative
+    credit or hold would move a balance past the checks that keep it from being overdrawn."""
+    if isinstance(amount, bool) or not isinstance(amount, int) or not 0 <= amount <= MAX_AMOUNT:
+        raise ValueError(f"a credit amount must be an integer from 0 to {MAX_AMOUNT}")
+    return amount
+
+
+def checked_ttl(ttl_ms: int) -> int:
+    """``ttl_ms`` when positive; else ValueError (an expiry of 0 would delete the key at once)."""
+    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0:
+        raise ValueError("a credit's ttl_ms must be a positive integer")
+    return ttl_ms
+
+
+class Credit(msgspec.Struct, frozen=True):
+    """Add ``amount`` to the balance counter at ``key``, which then lapses ``ttl_ms`` after this
+    write (each top-up renews it)."""
+
+    key: str
+    amount: int
+    ttl_ms: int
+
+    def __post_init__(self) -> None:
+        checked_amount(self.amount)
+        checked_ttl(self.ttl_ms)
+
+
+TAKEN_MARK = "taken:"
+"""A taken credit hold leaves the field ``TAKEN_MARK + token`` (amount 0, lapsing when the hold
+would have) in its hold set, so a repeated take of that token takes nothing."""
+
+
+class CreditState(msgspec.Struct, frozen=True):
+    """A prepaid balance as one atomic read saw it."""
+
+    balance: int
+    """The counter's value (0 when absent or lapsed)."""
+    held: int
+    """The sum of the live holds at the holds key."""
+    ttl_ms: int
+    """The balance's remaining lifetime in ms (0 when absent)."""
+
+
 class Lookup(msgspec.Struct, frozen=True):
     """What :meth:`Store.check_then_limit` found: the values at the checked keys, a decision
     per bucket taken (none when a checked key was present; the last one refused, if any did),
@@ -96,10 +145,13 @@ class Store(Protocol):
         every bucket allowed it too, write every put. A put on a checked key is therefore a claim:
         exactly one of many concurrent callers writes it."""
 
-    async def claim_then_put(self, claims: Sequence[Entry], puts: Sequence[Entry] = ()) -> int:
+    async def claim_then_put(
+        self, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
+    ) -> int:
         """Atomically, in one round trip: set-if-absent each claim in order, stopping at the first
-        key that exists; only when all were set, write every put. Returns how many claims were
-        set (``len(claims)``: all of them, and the puts were written)."""
+        key that exists; only when all were set, write every put and add every credit (renewing
+        its balance's TTL). Returns how many claims were set (``len(claims)``: all of them, and
+        the puts and credits were written)."""
 
     async def release(self, key: str, token: str) -> bool:
         """Delete ``key`` only while it still holds ``token``; True when this call deleted it. A
@@ -122,6 +174,10 @@ class Store(Protocol):
 
     async def unhold(self, keys: Sequence[str], token: str) -> None:
         """Drop ``token``'s hold at each key (one round trip; absent holds are ignored)."""
+
+    async def credit_state(self, balance_key: str, holds_key: str) -> CreditState:
+        """In one round trip: the balance at ``balance_key``, the sum of the live holds at
+        ``holds_key`` and the balance's remaining TTL."""
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         """Add each delta to its counter (no TTL) and return every counter's new value: one

@@ -11,7 +11,18 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from gateway.store.base import Bucket, Entry, Hold, Lookup, RateDecision, StoreUnavailable
+from gateway.store.base import (
+    MAX_AMOUNT,
+    TAKEN_MARK,
+    Bucket,
+    Credit,
+    CreditState,
+    Entry,
+    Hold,
+    Lookup,
+    RateDecision,
+    StoreUnavailable,
+)
 
 # Time is in microseconds (exact in Lua's doubles) so limits above 1000/s keep their value. A
 # bucket's key expires when its TAT passes, at which point GCRA would treat it as "now" anyway.
@@ -93,15 +104,28 @@ return {values, waits, 1}
 """
 )
 
-# KEYS: the claims, then the puts; ARGV[1]: how many claims, then value and ttl_ms per key.
-# Reply: how many claims were set (all of them: the puts were written too).
+# KEYS: the claims, then the puts, then the credited balances; ARGV: how many claims, how many
+# credits, then value (a credit's amount) and ttl_ms per key. Reply: how many claims were set (all
+# of them: the puts and credits were written too). A script is not rolled back when a command in it
+# fails, so every balance is checked to be a counter before the first write: a failing INCRBY after
+# the claims would leave a payment claimed and its credit lost.
 CLAIM_THEN_PUT_SCRIPT = """
-local n = tonumber(ARGV[1])
-for i = 1, n do
-  if not redis.call('SET', KEYS[i], ARGV[2 * i], 'NX', 'PX', ARGV[2 * i + 1]) then return i - 1 end
+local n, c = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = #KEYS - c + 1, #KEYS do
+  local balance = redis.call('GET', KEYS[i])
+  if balance and not string.match(balance, '^-?%d+$') then
+    return redis.error_reply('ERR credit to a balance that is not a counter')
+  end
 end
-for i = n + 1, #KEYS do
-  redis.call('SET', KEYS[i], ARGV[2 * i], 'PX', ARGV[2 * i + 1])
+for i = 1, n do
+  if not redis.call('SET', KEYS[i], ARGV[1 + 2 * i], 'NX', 'PX', ARGV[2 + 2 * i]) then return i - 1 end
+end
+for i = n + 1, #KEYS - c do
+  redis.call('SET', KEYS[i], ARGV[1 + 2 * i], 'PX', ARGV[2 + 2 * i])
+end
+for i = #KEYS - c + 1, #KEYS do
+  redis.call('INCRBY', KEYS[i], ARGV[1 + 2 * i])
+  redis.call('PEXPIRE', KEYS[i], ARGV[2 + 2 * i])
 end
 return n
 """
@@ -154,6 +178,48 @@ return 1
 """
 )
 
+# A credit's holds are hold sets like the hold script's (so ``unhold`` drops them too): field
+# ``token``, valued "amount expires_us"; a taken hold leaves the field TAKEN_MARK .. token, valued
+# "0 expires_us". Every credit script answers {balance (its text: exact past 2^53), the live holds,
+# the balance's PTTL}.
+_CREDIT_PRELUDE = (
+    _PRELUDE
+    + f"local TAKEN_MARK = '{TAKEN_MARK}'"
+    + """
+-- The live holds at key: their sum leaving out token's own hold, token's expiry while its hold is
+-- live (else nil), and whether token's hold was taken. Lapsed holds are deleted when prune is set.
+local function credit_holds(key, token, now, prune)
+  local others, own, taken = 0, nil, false
+  local mark = token and TAKEN_MARK .. token
+  local fields = redis.call('HGETALL', key)
+  for f = 1, #fields, 2 do
+    local amount, expires = string.match(fields[f + 1], '^(%d+) (%d+)$')
+    if not amount or tonumber(expires) <= now then
+      if prune then redis.call('HDEL', key, fields[f]) end
+    elseif fields[f] == token then
+      own = expires
+    else
+      if fields[f] == mark then taken = true end
+      others = others + tonumber(amount)
+    end
+  end
+  return others, own, taken
+end
+local function credit_state(balance_key, held)
+  return {redis.call('GET', balance_key) or '0', held, redis.call('PTTL', balance_key)}
+end
+"""
+)
+
+# KEYS: the balance, its hold set. Reply: the credit state. Reads only.
+CREDIT_STATE_SCRIPT = (
+    _CREDIT_PRELUDE
+    + """
+local held = credit_holds(KEYS[2], nil, now_us(), false)
+return credit_state(KEYS[1], held)
+"""
+)
+
 # KEYS[1]: the lock; ARGV[1]: the holder's token. Reply: 1 when deleted, else 0.
 RELEASE_SCRIPT = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -165,7 +231,8 @@ CLAIM_THEN_PUT_SHA1 = hashlib.sha1(CLAIM_THEN_PUT_SCRIPT.encode()).hexdigest()
 RELEASE_SHA1 = hashlib.sha1(RELEASE_SCRIPT.encode()).hexdigest()
 UNDO_CLAIM_SHA1 = hashlib.sha1(UNDO_CLAIM_SCRIPT.encode()).hexdigest()
 HOLD_SHA1 = hashlib.sha1(HOLD_SCRIPT.encode()).hexdigest()
-MAX_HOLD_AMOUNT = 2**53
+CREDIT_STATE_SHA1 = hashlib.sha1(CREDIT_STATE_SCRIPT.encode()).hexdigest()
+MAX_HOLD_AMOUNT = MAX_AMOUNT
 """Amounts and caps above this lose precision in Lua's doubles: caps are clamped to it."""
 
 
@@ -182,13 +249,17 @@ def check_then_limit_call(
     return [*keys, *(bucket.key for bucket in buckets), *(entry.key for entry in puts)], args
 
 
-def claim_then_put_call(claims: Sequence[Entry], puts: Sequence[Entry]) -> tuple[list[str], list[str]]:
+def claim_then_put_call(
+    claims: Sequence[Entry], puts: Sequence[Entry], credits: Sequence[Credit] = ()
+) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of the claim-then-put script."""
     entries = [*claims, *puts]
-    args = [str(len(claims))]
+    args = [str(len(claims)), str(len(credits))]
     for entry in entries:
         args += [entry.value, str(entry.ttl_ms)]
-    return [entry.key for entry in entries], args
+    for credit in credits:
+        args += [str(credit.amount), str(credit.ttl_ms)]
+    return [*(entry.key for entry in entries), *(credit.key for credit in credits)], args
 
 
 def undo_claim_call(
@@ -215,6 +286,25 @@ def held_from_reply(reply: object) -> bool:
     if reply in (0, 1) and not isinstance(reply, bool):
         return reply == 1
     raise StoreUnavailable("state store answered the hold script with garbage")
+
+
+def credit_state_from_reply(reply: object) -> CreditState:
+    """A credit script's ``{balance, held, pttl}`` (an absent balance's PTTL, -2, reads as 0);
+    anything else is garbage."""
+    if isinstance(reply, list) and len(reply) == 3:
+        balance, held, ttl_ms = reply
+        if (
+            isinstance(balance, str)
+            and isinstance(held, int)
+            and not isinstance(held, bool)
+            and isinstance(ttl_ms, int)
+            and not isinstance(ttl_ms, bool)
+        ):
+            try:
+                return CreditState(balance=int(balance), held=held, ttl_ms=max(ttl_ms, 0))
+            except ValueError:
+                pass
+    raise StoreUnavailable("state store answered a credit script with garbage")
 
 
 def undone_from_reply(reply: object) -> None:

@@ -10,7 +10,7 @@ import heapq
 import time
 from collections.abc import Mapping, Sequence
 
-from gateway.store.base import Bucket, Entry, Hold, Lookup, RateDecision
+from gateway.store.base import Bucket, Credit, CreditState, Entry, Hold, Lookup, RateDecision
 
 
 def _now_us() -> int:
@@ -131,13 +131,17 @@ class MemoryStore:
             self._set_value(entry.key, entry.value, entry.ttl_ms)
         return Lookup(values=values, decisions=decisions, written=True)
 
-    async def claim_then_put(self, claims: Sequence[Entry], puts: Sequence[Entry] = ()) -> int:
+    async def claim_then_put(
+        self, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
+    ) -> int:
         for done, entry in enumerate(claims):
             if self._live(entry.key) is not None:
                 return done
             self._set_value(entry.key, entry.value, entry.ttl_ms)
         for entry in puts:
             self._set_value(entry.key, entry.value, entry.ttl_ms)
+        for credit in credits:
+            self._set_value(credit.key, str(int(self._live(credit.key) or 0) + credit.amount), credit.ttl_ms)
         return len(claims)
 
     async def undo_claim(
@@ -179,6 +183,18 @@ class MemoryStore:
                 held.pop(token, None)
                 if not held:
                     del self._holds[key]
+
+    def _credit_state(self, balance_key: str, held: int, now: int) -> CreditState:
+        """The balance (kept as a value, like a window counter), ``held`` and the balance's TTL."""
+        entry = self._values.get(balance_key)
+        if entry is None or entry[1] <= now:
+            return CreditState(balance=0, held=held, ttl_ms=0)
+        return CreditState(balance=int(entry[0]), held=held, ttl_ms=-(-(entry[1] - now) // 1_000))
+
+    async def credit_state(self, balance_key: str, holds_key: str) -> CreditState:
+        now = _now_us()
+        held = sum(amount for amount, expires in self._holds.get(holds_key, {}).values() if expires > now)
+        return self._credit_state(balance_key, held, now)
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         for key, delta in deltas.items():

@@ -16,10 +16,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from gateway.store.base import Bucket, Entry, Hold, Lookup, StoreUnavailable
+from gateway.store.base import Bucket, Credit, CreditState, Entry, Hold, Lookup, StoreUnavailable
 from gateway.store.lua import (
     CHECK_THEN_LIMIT_SCRIPT,
     CLAIM_THEN_PUT_SCRIPT,
+    CREDIT_STATE_SCRIPT,
     HOLD_SCRIPT,
     RELEASE_SCRIPT,
     UNDO_CLAIM_SCRIPT,
@@ -27,6 +28,7 @@ from gateway.store.lua import (
     claim_then_put_call,
     claimed_from_reply,
     counters_from_reply,
+    credit_state_from_reply,
     held_from_reply,
     hold_call,
     lookup_from_reply,
@@ -77,6 +79,7 @@ class RedisStore:
         self._release = self._redis.register_script(RELEASE_SCRIPT)
         self._undo_claim = self._redis.register_script(UNDO_CLAIM_SCRIPT)
         self._hold = self._redis.register_script(HOLD_SCRIPT)
+        self._credit_state = self._redis.register_script(CREDIT_STATE_SCRIPT)
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
         """Await one command, turning every client failure into StoreUnavailable."""
@@ -104,8 +107,10 @@ class RedisStore:
         reply: Any = await self._call(self._check_then_limit(keys=script_keys, args=args))
         return lookup_from_reply(keys, reply)
 
-    async def claim_then_put(self, claims: Sequence[Entry], puts: Sequence[Entry] = ()) -> int:
-        script_keys, args = claim_then_put_call(claims, puts)
+    async def claim_then_put(
+        self, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
+    ) -> int:
+        script_keys, args = claim_then_put_call(claims, puts, credits)
         reply: Any = await self._call(self._claim_then_put(keys=script_keys, args=args))
         return claimed_from_reply(len(claims), reply)
 
@@ -131,6 +136,10 @@ class RedisStore:
             for key in keys:
                 pipe.hdel(key, token)
             await self._call(pipe.execute())
+
+    async def credit_state(self, balance_key: str, holds_key: str) -> CreditState:
+        reply: Any = await self._call(self._credit_state(keys=[balance_key, holds_key], args=[]))
+        return credit_state_from_reply(reply)
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         if not deltas:

@@ -14,12 +14,14 @@ from typing import Any, TypeVar
 from upstash_redis.asyncio import Redis
 from upstash_redis.errors import UpstashError
 
-from gateway.store.base import Bucket, Entry, Hold, Lookup, StoreUnavailable
+from gateway.store.base import Bucket, Credit, CreditState, Entry, Hold, Lookup, StoreUnavailable
 from gateway.store.lua import (
     CHECK_THEN_LIMIT_SCRIPT,
     CHECK_THEN_LIMIT_SHA1,
     CLAIM_THEN_PUT_SCRIPT,
     CLAIM_THEN_PUT_SHA1,
+    CREDIT_STATE_SCRIPT,
+    CREDIT_STATE_SHA1,
     HOLD_SCRIPT,
     HOLD_SHA1,
     RELEASE_SCRIPT,
@@ -30,6 +32,7 @@ from gateway.store.lua import (
     claim_then_put_call,
     claimed_from_reply,
     counters_from_reply,
+    credit_state_from_reply,
     held_from_reply,
     hold_call,
     lookup_from_reply,
@@ -85,8 +88,10 @@ class UpstashStore:
         )
         return lookup_from_reply(keys, reply)
 
-    async def claim_then_put(self, claims: Sequence[Entry], puts: Sequence[Entry] = ()) -> int:
-        script_keys, args = claim_then_put_call(claims, puts)
+    async def claim_then_put(
+        self, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
+    ) -> int:
+        script_keys, args = claim_then_put_call(claims, puts, credits)
         reply = await self._call(self._script(CLAIM_THEN_PUT_SCRIPT, CLAIM_THEN_PUT_SHA1, script_keys, args))
         return claimed_from_reply(len(claims), reply)
 
@@ -122,6 +127,11 @@ class UpstashStore:
             for key in keys:
                 pipe.hdel(key, token)
             await self._call(pipe.exec())
+
+    async def credit_state(self, balance_key: str, holds_key: str) -> CreditState:
+        script_keys = [balance_key, holds_key]
+        reply = await self._call(self._script(CREDIT_STATE_SCRIPT, CREDIT_STATE_SHA1, script_keys, []))
+        return credit_state_from_reply(reply)
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         if not deltas:
