@@ -1,8 +1,9 @@
 """A small async Solana JSON-RPC client: aiohttp transport, msgspec shapes, typed errors.
 
 Only the calls the gateway needs (payment building, simulation, settlement, balances).
-One :class:`aiohttp.ClientSession` is shared for the client's life; pass the app's session
-in, or let the client open (and later close) its own.
+One session is shared for the client's life (:class:`gateway.upstream_client.UpstreamClient`):
+pass an aiohttp session in, or a client to share its session with, or let the client open
+(and later close) its own.
 
 RPC URLs usually carry a provider API key, so the URL never appears in an exception
 message, a ``repr`` or a log line, and transport exceptions are re-raised ``from None``
@@ -13,16 +14,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import itertools
 from collections.abc import Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import aiohttp
 import msgspec
 
-from gateway.bounded_body import AnswerTooLarge, read_bounded
-from gateway.upstream_metrics import ErrorKind, UpstreamMeter, status_kind, upstream_meter
+from gateway.upstream_client import ANY_STATUS, UpstreamClient, UpstreamFailure, UpstreamTooLarge
+from gateway.upstream_metrics import ErrorKind, status_kind
 
 T = TypeVar("T")
 
@@ -127,6 +127,7 @@ class SignatureStatus(msgspec.Struct, frozen=True):
 
 _encoder = msgspec.json.Encoder()
 _ids = itertools.count(1)
+_HEADERS: Final = {"content-type": "application/json", "accept": "application/json"}
 
 
 class SolanaRpc:
@@ -135,7 +136,7 @@ class SolanaRpc:
     def __init__(
         self,
         url: str,
-        session: aiohttp.ClientSession | None = None,
+        session: aiohttp.ClientSession | UpstreamClient | None = None,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         upstream: str | None = None,
@@ -143,26 +144,17 @@ class SolanaRpc:
         """``upstream`` names the node in the gateway's upstream metrics (a fixed name, never
         the URL); a client outside the gateway leaves it unset and records nothing."""
         self._url = url
-        self._meter: UpstreamMeter | None = upstream_meter(upstream) if upstream else None
-        self._session = session
-        self._owns_session = session is None
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._http = UpstreamClient(
+            session, timeout_s=timeout_s, max_bytes=MAX_RESPONSE_BYTES, upstream=upstream
+        )
         self._decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
 
     def __repr__(self) -> str:
         return "SolanaRpc(url=<redacted>)"
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            if not self._owns_session:
-                raise RpcUnavailable("session", "the shared HTTP session is closed")
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
-        return self._session
-
     async def close(self) -> None:
         """Close the session if this client opened it."""
-        if self._owns_session and self._session is not None and not self._session.closed:
-            await self._session.close()
+        await self._http.close()
 
     def _decoder(self, result_type: Any) -> msgspec.json.Decoder[Any]:
         decoder = self._decoders.get(result_type)
@@ -178,42 +170,30 @@ class SolanaRpc:
         for JSON-RPC error answers.
         """
         body = _encoder.encode(RpcRequest(method=method, params=params, id=next(_ids)))
-        session = self._get_session()
         try:
-            with self._timed():
-                async with session.post(
-                    self._url,
-                    data=body,
-                    headers={"content-type": "application/json", "accept": "application/json"},
-                    timeout=self._timeout,
-                ) as response:
-                    status = response.status
-                    raw = await read_bounded(response, MAX_RESPONSE_BYTES)
-        except AnswerTooLarge:
+            # Every status is read: a node may answer a JSON-RPC error with a non-200.
+            answer = await self._http.request(
+                "POST", self._url, data=body, headers=_HEADERS, accept=ANY_STATUS
+            )
+        except UpstreamTooLarge:
             raise RpcUnavailable(method, "answer too large") from None
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise RpcUnavailable(method, f"node unreachable ({type(exc).__name__})") from None
+        except UpstreamFailure as exc:
+            raise RpcUnavailable(method, f"node unreachable ({exc.cause})") from None
+        status = answer.status
         try:
-            envelope: RpcEnvelope[Any] = self._decoder(result_type).decode(raw)
+            envelope: RpcEnvelope[Any] = self._decoder(result_type).decode(answer.body)
         except (msgspec.DecodeError, RecursionError) as exc:
-            self._failed(status_kind(status) if status != 200 else ErrorKind.INVALID_ANSWER)
+            self._http.failed(status_kind(status) if status != 200 else ErrorKind.INVALID_ANSWER)
             detail = f"HTTP {status}" if status != 200 else f"unexpected answer ({exc})"
             raise RpcUnavailable(method, detail) from None
         if envelope.error is not None:
-            self._failed(ErrorKind.RPC_ERROR)
+            self._http.failed(ErrorKind.RPC_ERROR)
             error = envelope.error
             raise RpcResponseError(method, error.code, error.message, error.data)
         if status != 200 or envelope.result is msgspec.UNSET:
-            self._failed(status_kind(status) if status != 200 else ErrorKind.INVALID_ANSWER)
+            self._http.failed(status_kind(status) if status != 200 else ErrorKind.INVALID_ANSWER)
             raise RpcUnavailable(method, f"HTTP {status} without a result")
         return envelope.result
-
-    def _timed(self) -> contextlib.AbstractContextManager[None]:
-        return self._meter.timed() if self._meter is not None else contextlib.nullcontext()
-
-    def _failed(self, kind: ErrorKind) -> None:
-        if self._meter is not None:
-            self._meter.failed(kind)
 
     # --- typed calls ------------------------------------------------------------------------
 

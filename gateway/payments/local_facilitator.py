@@ -54,6 +54,7 @@ from gateway.payments.fee_guard import FeeGuard, Funds, Party, account_funds
 from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SolanaRpc
 from gateway.store import keys
 from gateway.store.base import Hold, Store
+from gateway.upstream_client import UpstreamClient
 from gateway.x402.svm import (
     SCHEME_EXACT,
     ExactCheck,
@@ -122,7 +123,7 @@ class LocalFacilitator:
         mainnet_rpc_url: str,
         devnet_rpc_url: str | None = None,
         url: str = "",
-        session: aiohttp.ClientSession | None = None,
+        session: aiohttp.ClientSession | UpstreamClient | None = None,
         policy: ExactPolicy | None = None,
         rpc_timeout_s: float = 10.0,
         poll_schedule: PollSchedule | None = None,
@@ -142,8 +143,8 @@ class LocalFacilitator:
         self._address = str(wallet.pubkey())
         self._store = store
         self._policy = policy or ExactPolicy()
-        self._session = session
-        self._owns_session = session is None
+        self._http = UpstreamClient(session, timeout_s=rpc_timeout_s)
+        """The one session its nodes' clients share (each names its node in the metrics)."""
         self._rpc_timeout_s = rpc_timeout_s
         self._rpc_urls: dict[str, str] = {SOLANA_MAINNET: mainnet_rpc_url}
         if devnet_rpc_url:
@@ -174,23 +175,16 @@ class LocalFacilitator:
         for watcher in self._watchers.values():
             await watcher.close()
         self._watchers.clear()
-        if self._owns_session and self._session is not None and not self._session.closed:
-            await self._session.close()
+        await self._http.close()
 
     def _rpc_for(self, network: str | None) -> SolanaRpc:
-        """The RPC client of ``network`` (opened lazily, inside the event loop)."""
+        """The RPC client of ``network`` (its session is opened at its first call, in the loop)."""
         network = network if network in self._rpc_urls else SOLANA_MAINNET
         rpc = self._rpcs.get(network)
         if rpc is None:
-            if self._session is None or (self._owns_session and self._session.closed):
-                self._session = aiohttp.ClientSession(
-                    timeout=aiohttp.ClientTimeout(total=self._rpc_timeout_s)
-                )
-                self._rpcs.clear()
-                self._watchers.clear()
             rpc = SolanaRpc(
                 self._rpc_urls[network],
-                self._session,
+                self._http,
                 timeout_s=self._rpc_timeout_s,
                 upstream=RPC_UPSTREAM_NAMES[network],
             )
@@ -532,7 +526,7 @@ def load_local_facilitator(
     mainnet_rpc_url: str,
     devnet_rpc_url: str | None = None,
     url: str = "",
-    session: aiohttp.ClientSession | None = None,
+    session: aiohttp.ClientSession | UpstreamClient | None = None,
     policy: ExactPolicy | None = None,
     guard: FeeGuard | None = None,
 ) -> LocalFacilitator | None:
