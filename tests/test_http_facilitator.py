@@ -668,10 +668,10 @@ async def test_one_session_for_the_client_life_and_close_releases_it(
         api_key_secret=cdp_facilitator.credentials.secret if cdp_facilitator.credentials else None,
     )
     await client.verify(PAYLOAD, REQUIREMENTS)
-    session = client._session
+    session = client._http.session
     await client.settle(PAYLOAD, REQUIREMENTS)
 
-    assert client._session is session and session is not None
+    assert client._http.session is session and session is not None
     await client.close()
     assert session.closed
 

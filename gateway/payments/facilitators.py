@@ -18,13 +18,20 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import msgspec
 
-from gateway.bounded_body import AnswerTooLarge, read_bounded
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
 from gateway.payments.cdp_auth import CdpKey
 from gateway.redact import Secret, redact_url
 from gateway.store import Store, StoreUnavailable, keys
-from gateway.upstream_metrics import ErrorKind, status_kind, upstream_meter
+from gateway.upstream_client import (
+    Answer,
+    UpstreamClient,
+    UpstreamStatus,
+    UpstreamTimeout,
+    UpstreamTooLarge,
+    UpstreamUnreachable,
+)
+from gateway.upstream_metrics import ErrorKind, status_kind
 from gateway.x402.types import (
     SOLANA_MAINNET,
     FacilitatorRequest,
@@ -97,8 +104,10 @@ _supported_decoder = msgspec.json.Decoder(SupportedResponse)
 class HttpFacilitator:
     """Client of an external facilitator (``{base}/verify``, ``/settle``, ``/supported``).
 
-    One aiohttp session for its life (opened lazily or by :meth:`open`), a fresh CDP JWT per
-    request when an API key is configured, and ``/supported`` cached for ``supported_ttl_s``.
+    One session for its life (its own, opened lazily; or ``session``: an aiohttp session or an
+    :class:`UpstreamClient` to share one with), a fresh CDP JWT per request when an API key is
+    configured, redirects never followed (the JWT is for one host), and ``/supported`` cached
+    for ``supported_ttl_s``.
     Every failure to get a well-formed answer becomes :class:`FacilitatorUnavailable`, whose
     message never carries the URL's credentials or the key.
     """
@@ -113,7 +122,7 @@ class HttpFacilitator:
         supported_ttl_s: float = SUPPORTED_TTL_S,
         supported_retry_s: float = SUPPORTED_RETRY_S,
         max_connections: int = 100,
-        session: aiohttp.ClientSession | None = None,
+        session: aiohttp.ClientSession | UpstreamClient | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         parts = urlsplit(base_url)
@@ -136,11 +145,16 @@ class HttpFacilitator:
         }
         self.url = _public_url(base_url)
         self._redacted = redact_url(base_url)
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._timeout_s = timeout_s
-        self._max_connections = max_connections
-        self._session = session
-        self._owns_session = session is None
+        self._http = UpstreamClient(
+            session,
+            timeout_s=timeout_s,
+            max_bytes=MAX_RESPONSE_BYTES,
+            follow_redirects=False,
+            connections=max_connections,
+        )
+        self._clients: dict[str, UpstreamClient] = {}
+        """One per endpoint, over ``_http``'s session: each is its own upstream in the metrics."""
         self._clock = clock
         self._supported_ttl_s = supported_ttl_s
         self._supported_retry_s = supported_retry_s
@@ -152,10 +166,8 @@ class HttpFacilitator:
         return f"HttpFacilitator({self._redacted!r}, authenticated={self._key is not None})"
 
     async def close(self) -> None:
-        """Close the session if we created it; a later call would open a new one."""
-        session, self._session = self._session, None
-        if session is not None and self._owns_session:
-            await session.close()
+        """Close the session if it is our own; a later call would open a new one."""
+        await self._http.close()
 
     async def verify(self, payload: PaymentPayload, requirements: PaymentRequirements) -> VerifyResponse:
         """Ask the facilitator whether ``payload`` pays ``requirements``; ``isValid: false`` is an answer."""
@@ -199,14 +211,18 @@ class HttpFacilitator:
         """Whether :meth:`supported` would ask the facilitator now."""
         return self._supported is None or self._clock() >= self._supported_expires
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
-                timeout=self._timeout,
+    def _client(self, name: str) -> UpstreamClient:
+        """The endpoint's client; its metrics are created at first use, only if it is used."""
+        client = self._clients.get(name)
+        if client is None:
+            client = self._clients[name] = UpstreamClient(
+                self._http,
+                timeout_s=self._timeout_s,
+                max_bytes=MAX_RESPONSE_BYTES,
+                upstream=f"facilitator_{name}",
+                follow_redirects=False,
             )
-            self._owns_session = True
-        return self._session
+        return client
 
     async def _call(self, method: str, name: str, body: bytes | None, decoder: msgspec.json.Decoder[T]) -> T:
         url = self._endpoints[name]
@@ -216,30 +232,31 @@ class HttpFacilitator:
         if self._key is not None:
             headers["Authorization"] = self._key.bearer(method, url)
         where = f"facilitator {name} at {self._redacted}"
-        meter = upstream_meter(f"facilitator_{name}")  # created at first use: only if it is used
+        client = self._client(name)
         try:
-            with meter.timed():
-                async with self._get_session().request(
-                    method, url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
-                ) as response:
-                    status = response.status
-                    raw = await read_bounded(response, MAX_RESPONSE_BYTES)
-        except TimeoutError:
+            answer = await client.request(method, url, data=body, headers=headers, accept=_ANSWER_STATUSES)
+        except UpstreamTimeout:
             raise FacilitatorUnavailable(f"{where}: timed out after {self._timeout_s:g}s") from None
-        except AnswerTooLarge:
+        except UpstreamTooLarge:
             raise FacilitatorUnavailable(f"{where}: answer larger than {MAX_RESPONSE_BYTES} bytes") from None
-        except aiohttp.ClientError as exc:
-            raise FacilitatorUnavailable(f"{where}: {type(exc).__name__}") from None
-        if 200 <= status < 300 or status in _ANSWER_STATUSES:
-            try:
-                return decoder.decode(raw)
-            except (msgspec.DecodeError, RecursionError):
-                if 200 <= status < 300:
-                    meter.failed(ErrorKind.INVALID_ANSWER)
-                    raise FacilitatorUnavailable(f"{where}: answer is not a valid {name} response") from None
-        meter.failed(status_kind(status))
-        hint = " (API key refused)" if status in (401, 403) else ""
-        raise FacilitatorUnavailable(f"{where}: HTTP {status}{hint}")
+        except UpstreamUnreachable as exc:
+            raise FacilitatorUnavailable(f"{where}: {exc.cause}") from None
+        except UpstreamStatus as exc:
+            raise _http_status(where, exc.answer) from None
+        try:
+            return decoder.decode(answer.body)
+        except (msgspec.DecodeError, RecursionError):
+            if answer.ok:
+                client.failed(ErrorKind.INVALID_ANSWER)
+                raise FacilitatorUnavailable(f"{where}: answer is not a valid {name} response") from None
+        client.failed(status_kind(answer.status))
+        raise _http_status(where, answer)
+
+
+def _http_status(where: str, answer: Answer) -> FacilitatorUnavailable:
+    """A status that is no answer (or an answer status without a protocol body)."""
+    hint = " (API key refused)" if answer.status in (401, 403) else ""
+    return FacilitatorUnavailable(f"{where}: HTTP {answer.status}{hint}")
 
 
 def _public_url(base_url: str) -> str:
