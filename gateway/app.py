@@ -77,7 +77,7 @@ def _tokens(route: RouteSpec, services: Services) -> ASGIApp:
         route,
         base_url=services.settings.upstream_url(upstream),
         api_key=services.settings.asset_api_key.reveal(),
-        session=lambda: services.session(upstream),
+        client=services.upstream(upstream),
     )
 
 
@@ -87,8 +87,7 @@ def _jsonrpc(route: RouteSpec, services: Services) -> ASGIApp:
     return JsonRpcProxy(
         url=services.settings.upstream_url(upstream) or "",
         method=route.operation,
-        session=lambda: services.session(upstream),
-        upstream=upstream,
+        client=services.upstream(upstream),
     )
 
 

@@ -1,4 +1,4 @@
-"""The long-lived parts one app shares: store, upstream sessions, facilitator, limiter, usage.
+"""The long-lived parts one app shares: store, upstream clients, facilitator, limiter, usage.
 
 Created by the app factory; opened and closed by the app's lifespan, so every aiohttp session
 lives inside the running event loop and exactly once per upstream.
@@ -10,8 +10,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-
-import aiohttp
 
 from gateway.config import INTERNAL, Settings
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
@@ -28,9 +26,11 @@ from gateway.request_log import RequestLog
 from gateway.routes import RouteSpec, named_limits
 from gateway.store import Store, open_store
 from gateway.synced_limit import SyncedWindowLimit
+from gateway.upstream_client import UpstreamClient
 from gateway.x402.siwx import SiwxIssuer, random_secret
 
 UPSTREAM_CONNECTIONS = 100
+UPSTREAM_DNS_CACHE_S = 300
 
 
 def _external_facilitator(settings: Settings, url: str, *, authenticated: bool) -> HttpFacilitator:
@@ -93,8 +93,7 @@ class Services:
             sells_paid_routes=any(r.paid for r in routes),
             node_url=settings.solana_mainnet_rpc_url.reveal(),
         )
-        self.upstream_names = sorted({r.upstream for r in routes if r.upstream})
-        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._upstreams: dict[str, UpstreamClient] = {}
         secret = settings.siwx_secret.reveal().encode() or random_secret()
         statement = "Sign in to use the asset-data routes of this gateway. No funds move."
         self.siwx = SiwxIssuer(secret, settings.base_url, statement)
@@ -132,21 +131,26 @@ class Services:
         """The preferred facilitator."""
         return self.settling[0].facilitator if self.settling else None
 
-    def session(self, upstream: str) -> aiohttp.ClientSession:
-        """The one session of ``upstream``; only valid while the app is running."""
-        return self._sessions[upstream]
+    def upstream(self, name: str) -> UpstreamClient:
+        """The one client of upstream ``name`` (its session is opened by :meth:`start`), made
+        for the first handler that asks for it: only the upstreams routes use are metered."""
+        client = self._upstreams.get(name)
+        if client is None:
+            client = self._upstreams[name] = UpstreamClient(
+                timeout_s=self.settings.upstream_timeout_s,
+                upstream=name or None,
+                connections=UPSTREAM_CONNECTIONS,
+                dns_cache_s=UPSTREAM_DNS_CACHE_S,
+            )
+        return client
 
     async def start(self) -> None:
         self._usage_flusher = asyncio.create_task(self.usage.run(), name="usage-flusher")
         self.limiter.start()
         self.request_log.start()
         self.facilitator_health.start()
-        timeout = aiohttp.ClientTimeout(total=self.settings.upstream_timeout_s)
-        for name in self.upstream_names:
-            connector = aiohttp.TCPConnector(limit=UPSTREAM_CONNECTIONS, ttl_dns_cache=300)
-            self._sessions[name] = aiohttp.ClientSession(
-                connector=connector, timeout=timeout, raise_for_status=False, auto_decompress=True
-            )
+        for client in self._upstreams.values():
+            client.open()
 
     async def stop(self) -> None:
         if self._usage_flusher is not None:
@@ -158,9 +162,8 @@ class Services:
         await self.request_log.stop()
         await self.limiter.stop()
         await self.facilitator_health.stop()
-        for session in self._sessions.values():
-            await session.close()
-        self._sessions.clear()
+        for client in self._upstreams.values():
+            await client.close()
         facilitators = [s.facilitator for s in self.settling] + [self.local_facilitator]
         for facilitator in {id(f): f for f in facilitators if f}.values():
             await facilitator.close()

@@ -7,18 +7,22 @@ else is a 502 or 504 and nothing is settled.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
-import aiohttp
 import msgspec
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
-from gateway.bounded_body import MAX_UPSTREAM_BYTES, AnswerTooLarge, read_bounded
 from gateway.context import validated_input
 from gateway.errors import ErrorCode, GatewayError
 from gateway.redact import scrub, url_secrets
-from gateway.upstream_metrics import ErrorKind, status_kind, upstream_meter
+from gateway.upstream_client import (
+    UpstreamClient,
+    UpstreamStatus,
+    UpstreamTimeout,
+    UpstreamTooLarge,
+    UpstreamUnreachable,
+)
+from gateway.upstream_metrics import ErrorKind
 
 
 class JsonRpcRequest(msgspec.Struct):
@@ -43,20 +47,17 @@ class JsonRpcReply(msgspec.Struct):
 
 _reply = msgspec.json.Decoder(JsonRpcReply)
 _encode = msgspec.json.Encoder().encode
-
-
-SessionGetter = Callable[[], aiohttp.ClientSession]
-"""The upstream's one session; only valid while the app runs, so it is looked up per call."""
+_HEADERS: Final = {"content-type": "application/json"}
 
 
 class JsonRpcProxy:
-    def __init__(self, *, url: str, method: str, session: SessionGetter, upstream: str) -> None:
-        """``upstream`` is the route table's name of the provider: the metrics' label, never the URL."""
+    def __init__(self, *, url: str, method: str, client: UpstreamClient) -> None:
+        """``client`` calls the provider: its timeout, its cap on the answer and its metrics,
+        labelled with the provider's route-table name (never the URL, which carries a key)."""
         self.url = url
-        self.meter = upstream_meter(upstream)
+        self.client = client
         self.secrets = url_secrets(url)
         self.method = method
-        self.session = session
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Only these four fields go upstream: anything else the client sent is ignored. DAS
@@ -69,17 +70,17 @@ class JsonRpcProxy:
         try:
             reply = _reply.decode(raw)
         except (msgspec.DecodeError, RecursionError) as exc:  # nesting too deep is garbage too
-            self.meter.failed(ErrorKind.INVALID_ANSWER)
+            self.client.failed(ErrorKind.INVALID_ANSWER)
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider answered with invalid JSON-RPC") from exc
         if reply.error is not None:
-            self.meter.failed(ErrorKind.RPC_ERROR)
+            self.client.failed(ErrorKind.RPC_ERROR)
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR,
                 "provider returned a JSON-RPC error; nothing was charged",
                 {"rpcError": {"code": reply.error.code, "message": self._public(reply.error.message)}},
             )
         if not reply.result:
-            self.meter.failed(ErrorKind.INVALID_ANSWER)
+            self.client.failed(ErrorKind.INVALID_ANSWER)
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider answer has no result; nothing was charged")
         await send_bytes(send, 200, raw, (JSON_CONTENT_TYPE,))
 
@@ -88,27 +89,20 @@ class JsonRpcProxy:
         return scrub(message or "", self.secrets)[:200]
 
     async def _post(self, payload: bytes) -> bytes:
-        session = self.session()
         try:
-            with self.meter.timed():
-                async with session.post(
-                    self.url, data=payload, headers={"content-type": "application/json"}
-                ) as resp:
-                    status = resp.status
-                    raw = await read_bounded(resp, MAX_UPSTREAM_BYTES)
-        except TimeoutError as exc:
+            answer = await self.client.request("POST", self.url, data=payload, headers=_HEADERS)
+        except UpstreamTimeout as exc:
             raise GatewayError(ErrorCode.UPSTREAM_TIMEOUT, "provider timed out; nothing was charged") from exc
-        except AnswerTooLarge as exc:
+        except UpstreamTooLarge as exc:
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR, "upstream answer too large; nothing was charged"
             ) from exc
-        except aiohttp.ClientError as exc:
+        except UpstreamUnreachable as exc:
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "provider unreachable; nothing was charged") from exc
-        if not 200 <= status < 300:
-            self.meter.failed(status_kind(status))
+        except UpstreamStatus as exc:
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR,
-                f"provider answered HTTP {status}; nothing was charged",
-                {"status": status},
-            )
-        return raw
+                f"provider answered HTTP {exc.status}; nothing was charged",
+                {"status": exc.status},
+            ) from None
+        return answer.body

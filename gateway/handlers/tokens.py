@@ -30,18 +30,23 @@ import re
 from typing import Any, Final
 from urllib.parse import quote, urlencode
 
-import aiohttp
 import msgspec
 from yarl import URL
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, header, send_bytes
-from gateway.bounded_body import MAX_UPSTREAM_BYTES, AnswerTooLarge, read_bounded
 from gateway.context import validated_input
 from gateway.errors import ErrorCode, GatewayError
-from gateway.handlers.jsonrpc import SessionGetter
 from gateway.logs import log_event
 from gateway.routes import RouteSpec
-from gateway.upstream_metrics import ErrorKind, status_kind, upstream_meter
+from gateway.upstream_client import (
+    Answer,
+    UpstreamClient,
+    UpstreamStatus,
+    UpstreamTimeout,
+    UpstreamTooLarge,
+    UpstreamUnreachable,
+)
+from gateway.upstream_metrics import ErrorKind
 from gateway.validation import ValidatedInput
 
 PROVIDER: Final = "tokens"
@@ -65,8 +70,10 @@ class TokensHandler:
     """Proxy one asset-data operation; the URL template, key and headers are fixed at start-up."""
 
     def __init__(
-        self, route: RouteSpec, *, base_url: str | None, api_key: str, session: SessionGetter
+        self, route: RouteSpec, *, base_url: str | None, api_key: str, client: UpstreamClient
     ) -> None:
+        """``client`` calls the upstream: its timeout, its cap on the answer and its metrics,
+        labelled with the upstream's route-table name."""
         if route.upstream is None or route.upstream_path is None:
             raise ValueError(f"route {route.name}: a tokens route needs upstream and upstream_path")
         base = base_url
@@ -79,10 +86,9 @@ class TokensHandler:
             raise ValueError(f"route {route.name}: upstream_path names unknown parameters {sorted(missing)}")
         self.base = base.rstrip("/")
         self.route_name = route.name
-        self.meter = upstream_meter(route.upstream)
+        self.client = client
         self.method = route.method
         self.operation = route.operation or route.name
-        self.session = session
         self._key = api_key
         self.headers = [JSON_CONTENT_TYPE, (b"cache-control", b"no-store")]
 
@@ -94,8 +100,7 @@ class TokensHandler:
         if self.method != "GET":
             body = _encoder.encode(validated.body)
             headers["content-type"] = "application/json"
-        status, raw, retry_after = await self._call(url, headers, body)
-        result = self._result(status, raw, retry_after)
+        result = self._result(await self._call(url, headers, body))
         envelope = TokensEnvelope(
             ok=True, provider=PROVIDER, surface=PROVIDER, method=self.operation, result=result
         )
@@ -116,39 +121,36 @@ class TokensHandler:
             url += "?" + _encode_query(validated.query)
         return URL(url, encoded=True)
 
-    async def _call(self, url: URL, headers: dict[str, str], body: bytes | None) -> tuple[int, bytes, str]:
-        """Status, bounded body and Retry-After of the upstream answer; transport failures raised."""
-        session = self.session()
+    async def _call(self, url: URL, headers: dict[str, str], body: bytes | None) -> Answer:
+        """The upstream's 2xx answer; any other status or a transport failure is raised as the
+        error it maps to."""
         try:
-            with self.meter.timed():
-                async with session.request(self.method, url, headers=headers, data=body) as response:
-                    raw = await read_bounded(response, MAX_UPSTREAM_BYTES)
-                    return response.status, raw, response.headers.get("retry-after", "")
-        except AnswerTooLarge:
+            return await self.client.request(self.method, url, headers=headers, data=body)
+        except UpstreamStatus as exc:
+            raise self._status_error(exc.status, exc.answer.headers.get("retry-after", "")) from None
+        except UpstreamTooLarge as exc:
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR,
-                f"the asset-data upstream answered more than {MAX_UPSTREAM_BYTES} bytes",
+                f"the asset-data upstream answered more than {exc.limit} bytes",
             ) from None
-        except TimeoutError:
+        except UpstreamTimeout:
             self._log("timeout")
             raise GatewayError(
                 ErrorCode.UPSTREAM_TIMEOUT, "the asset-data upstream did not answer in time"
             ) from None
-        except aiohttp.ClientError as exc:
-            # The exception text can name the upstream host; log its type only.
-            self._log("unreachable", error=type(exc).__name__)
+        except UpstreamUnreachable as exc:
+            # Only the exception's type: its text can name the upstream host.
+            self._log("unreachable", error=exc.cause)
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "the asset-data upstream is unreachable") from None
 
-    def _result(self, status: int, raw: bytes, retry_after: str) -> msgspec.Raw:
-        """The upstream JSON, scrubbed of our key, or the error its status maps to."""
-        if not 200 <= status < 300:
-            self.meter.failed(status_kind(status))
-            raise self._status_error(status, retry_after)
+    def _result(self, answer: Answer) -> msgspec.Raw:
+        """The upstream JSON, scrubbed of our key."""
+        raw = answer.body
         try:
             value = msgspec.json.decode(raw)
         except (msgspec.DecodeError, RecursionError):
-            self.meter.failed(ErrorKind.INVALID_ANSWER)
-            self._log("invalid JSON", upstream_status=status)
+            self.client.failed(ErrorKind.INVALID_ANSWER)
+            self._log("invalid JSON", upstream_status=answer.status)
             raise GatewayError(
                 ErrorCode.UPSTREAM_ERROR, "the asset-data upstream answered with invalid JSON"
             ) from None
@@ -188,7 +190,7 @@ class TokensHandler:
         except RecursionError:
             out = key.encode()  # too deep to inspect: refuse it below
         if key.encode() in out:
-            self.meter.failed(ErrorKind.INVALID_ANSWER)
+            self.client.failed(ErrorKind.INVALID_ANSWER)
             self._log("unredactable answer")
             raise GatewayError(ErrorCode.UPSTREAM_ERROR, "the asset-data upstream answered unusably")
         return out
