@@ -8,7 +8,7 @@ with ``Allow`` rather than a request to the wrong operation.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from starlette.convertors import Convertor
@@ -24,38 +24,48 @@ from gateway.errors import ErrorCode, GatewayError, error_body
 from gateway.failures import EXPECTED_FAILURES, as_error
 from gateway.routes import RouteSpec
 
+Gate = Callable[[Scope], None]
+"""Checked before anything else, the method included: raises the :class:`GatewayError` that
+refuses the request (a server-to-server path's shared secret)."""
+
 
 class MethodDispatcher:
     """Run the pipeline for the request's method; HEAD runs GET without a body; else 405.
 
     It is also the boundary that turns every expected failure (a :class:`GatewayError`, a store
-    outage, invalid input) into the one error shape, through :func:`gateway.failures.as_error`.
+    outage, invalid input, a facilitator out of reach) into the one error shape, through
+    :func:`gateway.failures.as_error`. A ``gate`` runs first, before the method is even looked at.
     """
 
-    def __init__(self, pipelines: Mapping[str, tuple[RouteSpec, ASGIApp]], allow: str) -> None:
+    def __init__(
+        self, pipelines: Mapping[str, tuple[RouteSpec, ASGIApp]], allow: str, *, gate: Gate | None = None
+    ) -> None:
         self.pipelines = dict(pipelines)
         if "GET" in self.pipelines:
             self.pipelines.setdefault("HEAD", self.pipelines["GET"])
         self.allow = allow
+        self.gate = gate
         self.not_allowed = error_body(ErrorCode.METHOD_NOT_ALLOWED, f"method not allowed; allowed: {allow}")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        entry = self.pipelines.get(scope["method"])
-        if entry is None:
-            headers = [(b"content-type", b"application/json"), (b"allow", self.allow.encode())]
-            await send_bytes(send, 405, self.not_allowed, headers)
-            return
-        route, pipeline = entry
         ctx = request_context(scope)
-        ctx.route, ctx.access = route.name, route.access
         if scope["method"] == "HEAD":
             send = without_body(send)
         try:
+            if self.gate is not None:
+                self.gate(scope)
+            entry = self.pipelines.get(scope["method"])
+            if entry is None:
+                headers = [(b"content-type", b"application/json"), (b"allow", self.allow.encode())]
+                await send_bytes(send, 405, self.not_allowed, headers)
+                return
+            route, pipeline = entry
+            ctx.route, ctx.access = route.name, route.access
             await pipeline(scope, receive, send)
         except EXPECTED_FAILURES as failure:
             if ctx.status:  # the response has started: too late for an error page
                 raise
-            error = as_error(failure)
+            error = as_error(failure, access=ctx.access)
             ctx.error = ctx.error or error.code.value
             await send_error(send, error)
 
