@@ -92,9 +92,9 @@ def _jsonrpc(route: RouteSpec, services: Services) -> ASGIApp:
 
 
 def _internal(route: RouteSpec, services: Services) -> ASGIApp:
-    """The internal facilitator endpoint; it checks the shared secret before anything else."""
-    endpoint: ASGIApp = getattr(services.internal_routes, route.handler.removeprefix("facilitator_"))
-    return endpoint
+    """An internal facilitator operation; its path's dispatcher checks the shared secret first."""
+    operation: ASGIApp = getattr(services.internal_routes, route.handler.removeprefix("facilitator_"))
+    return operation
 
 
 HANDLER_FACTORIES: dict[str, HandlerFactory] = {
@@ -228,12 +228,14 @@ def create_app(
         specs = list(group)
         pipelines = {r.method: (r, build_pipeline(r, services)) for r in specs}
         methods = [r.method for r in specs]
+        allowed = [*methods, "HEAD"] if "GET" in methods else methods
         app: ASGIApp
         if len(specs) == 1 and not ACCESS_MODES[specs[0].access].from_browsers:
-            app = pipelines[specs[0].method][1]  # secret gate first, then its own method check
+            # Server to server: its shared secret before anything else, the method included.
+            gate = services.internal_routes.require_secret
+            app = MethodDispatcher(pipelines, ", ".join(allowed), gate=gate)
         else:
-            cors_methods = [*methods, "HEAD"] if "GET" in methods else methods
-            app = CorsMiddleware(MethodDispatcher(pipelines, ", ".join([*cors_methods, "OPTIONS"])), methods)
+            app = CorsMiddleware(MethodDispatcher(pipelines, ", ".join([*allowed, "OPTIONS"])), methods)
         entries.append((path, app, specs[0].name))
     starlette = GatewayApp(
         routes=[PathTable(entries)],

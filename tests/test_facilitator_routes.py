@@ -1,7 +1,9 @@
 """The internal facilitator routes under a real hypercorn server, called with aiohttp.
 
-The secret gate comes first: a missing or wrong secret is a 401 even when the body is garbage,
-too large, or the method is wrong, which shows nothing was read or parsed before the check.
+Each is mounted as create_app mounts it: its handler behind the one method dispatcher, whose gate
+is the shared secret. The gate comes first: a missing or wrong secret is a 401 even when the body
+is garbage, too large, or the method is wrong, which shows nothing was read or parsed before the
+check. Past it, every failure is the dispatcher's one conversion.
 """
 
 from __future__ import annotations
@@ -20,16 +22,20 @@ from starlette.routing import Route, Router
 from gateway.asgi import ASGIApp, Receive, Scope, Send
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
 from gateway.payments.local_facilitator import LocalFacilitator
-from gateway.router import PathTable, not_found
+from gateway.router import MethodDispatcher, PathTable, not_found
+from gateway.routes import RouteSpec
 from gateway.solana_rpc import SolanaRpc
+from gateway.store.redis import RedisStore
 from gateway.x402.svm_payer import create_exact_payment
 from gateway.x402.types import FacilitatorRequest, PaymentPayload, PaymentRequirements
 from tests.support.gateway_server import run_app
+from tests.support.ports import refusing_port
 from tests.support.solana_fixtures import MakeFacilitator, exact_requirements
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 
 SECRET = "s3cret-" + "x" * 40
 PREFIX = "/api/internal/facilitator"
+OPERATIONS = {"supported": "GET", "verify": "POST", "settle": "POST"}
 ServeRoutes = Callable[[ASGIApp], Awaitable[str]]
 
 
@@ -51,10 +57,26 @@ class _WithLifespan:
         await self._app(scope, receive, send)
 
 
+def dispatcher(routes: InternalFacilitatorRoutes, name: str) -> MethodDispatcher:
+    """One internal route as create_app mounts it: its handler behind the secret-gated dispatcher."""
+    method = OPERATIONS[name]
+    spec = RouteSpec(
+        name=f"facilitator.{name}",
+        path=f"{PREFIX}/{name}",
+        method=method,
+        access="internal",
+        handler=f"facilitator_{name}",
+        group="internal",
+        description=name,
+    )
+    allow = "GET, HEAD" if method == "GET" else method
+    return MethodDispatcher({method: (spec, getattr(routes, name))}, allow, gate=routes.require_secret)
+
+
 def mounted(routes: InternalFacilitatorRoutes) -> ASGIApp:
-    """The three endpoints at their paths as create_app mounts them; other paths are its 404."""
-    names = ("supported", "verify", "settle")
-    router = Router(routes=[PathTable([(f"{PREFIX}/{name}", getattr(routes, name), name) for name in names])])
+    """The three routes at their paths as create_app mounts them; other paths are its 404."""
+    table = PathTable([(f"{PREFIX}/{name}", dispatcher(routes, name), name) for name in OPERATIONS])
+    router = Router(routes=[table])
     router.default = not_found
     return router
 
@@ -276,19 +298,37 @@ async def test_unreachable_rpc_is_503_and_does_not_leak_the_url(
     assert "SECRET-API-KEY" not in str(answer) and "127.0.0.1:1" not in str(answer)
 
 
-async def test_endpoints_mount_as_raw_asgi_apps_in_a_starlette_router(
+async def test_a_store_outage_is_503_and_promises_nothing_about_charges(
+    http: aiohttp.ClientSession,
+    usdc_chain: UsdcChain,
+    solana_rpc_server: LiteSvmRpcServer,
+    make_local_facilitator: MakeFacilitator,
+    serve_routes: ServeRoutes,
+) -> None:
+    # The one conversion's store message says "nothing was charged" on the gateway's own routes;
+    # a settle here may have broadcast before the store failed, so it must not say so.
+    store = RedisStore(f"redis://127.0.0.1:{refusing_port()}/0", timeout_s=0.2)
+    down = make_local_facilitator(usdc_chain, store)
+    url = await serve_routes(mounted(InternalFacilitatorRoutes(down, SECRET)))
+    payload, req = await payment(solana_rpc_server, usdc_chain)
+    try:
+        for route in ("verify", "settle"):
+            status, answer = await call(http, "POST", f"{url}/{route}", body_of(payload, req))
+            assert status == 503, route
+            assert_error(answer, "store_unavailable")
+            assert "charged" not in answer["error"]["message"]
+    finally:
+        await store.close()
+    assert solana_rpc_server.sent == []
+
+
+async def test_the_routes_mount_as_raw_asgi_apps_in_a_starlette_router(
     http: aiohttp.ClientSession, facilitator: LocalFacilitator, serve_routes: ServeRoutes
 ) -> None:
     routes = InternalFacilitatorRoutes(facilitator, SECRET)
     for endpoint in (routes.supported, routes.verify, routes.settle):
         assert not inspect.isfunction(endpoint) and not inspect.ismethod(endpoint)
-    router = Router(
-        routes=[
-            Route(f"{PREFIX}/supported", routes.supported),
-            Route(f"{PREFIX}/verify", routes.verify),
-            Route(f"{PREFIX}/settle", routes.settle),
-        ]
-    )
+    router = Router(routes=[Route(f"{PREFIX}/{name}", dispatcher(routes, name)) for name in OPERATIONS])
     url = (await serve_routes(router)).removesuffix(PREFIX)
     status, answer = await call(http, "GET", f"{url}{PREFIX}/supported")
     assert status == 200 and answer["kinds"]

@@ -1,83 +1,58 @@
 """The internal facilitator routes: ``/api/internal/facilitator/{supported,verify,settle}``.
 
-Pure ASGI. The shared secret in ``x-gateway-internal-secret`` is compared in constant time
-before anything else happens (no body read, no parsing, no method check): a missing or wrong
-secret, or a facilitator that is not configured (secret or wallet unset), is a 401.
+Three plain ASGI handlers over one facilitator, and the shared secret that guards them. The app
+mounts each on its path behind a :class:`~gateway.router.MethodDispatcher` that is given
+:meth:`InternalFacilitatorRoutes.require_secret` as its gate: the secret in
+``x-gateway-internal-secret`` is compared in constant time before anything else happens (no body
+read, no parsing, no method check), and a missing or wrong secret, or a facilitator that is not
+configured (secret or wallet unset), is a 401. From there on these routes are like any other:
+the dispatcher checks the method (HEAD wherever GET) and turns every expected failure (a bad
+body, the facilitator or the store unreachable) into the one error shape, once.
 
-Mounting: the app mounts the three endpoint objects (``routes.supported``, ``routes.verify``,
-``routes.settle``) at the paths routes.yaml gives them. They are callable objects, not
-functions, so Starlette's ``Route`` passes them raw ASGI too (it would wrap a function or bound
-method as a request/response endpoint).
+A facilitator's answer is the x402 wire body (``isValid``/``invalidReason``,
+``success``/``errorReason``) with 200, whatever it says: a refused payment is the protocol's
+answer, not an error of ours.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, read_body, send_bytes, send_error
+from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, read_body, send_bytes
 from gateway.errors import ErrorCode, GatewayError
-from gateway.payments.facilitators import Facilitator, FacilitatorUnavailable
-from gateway.router import without_body
-from gateway.store.base import StoreUnavailable
+from gateway.payments.facilitators import Facilitator
 from gateway.x402.types import FacilitatorRequest
 
 SECRET_HEADER = b"x-gateway-internal-secret"
 DEFAULT_BODY_LIMIT = 64 * 1024
 """A Solana transaction is at most 1232 bytes; 64 KiB leaves room for any requirements."""
 
-_log = logging.getLogger("gateway.facilitator")
 _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(FacilitatorRequest)
 _RESPONSE_HEADERS = (JSON_CONTENT_TYPE, (b"cache-control", b"no-store"))
 
-Operation = Callable[["InternalFacilitatorRoutes", Scope, Receive, Send], Awaitable[None]]
+Answer = Callable[[Receive], Awaitable[msgspec.Struct]]
+"""One operation: the request's body in, the facilitator's wire answer out."""
 
 
-class _Endpoint:
-    """One route as a plain ASGI callable: secret gate, method check, then the operation."""
+class _Operation:
+    """One route's handler: the facilitator's answer with 200. A callable object, so a Starlette
+    ``Route`` would pass it raw ASGI too (it wraps a function or bound method as an endpoint)."""
 
-    def __init__(self, routes: InternalFacilitatorRoutes, method: str, operation: Operation) -> None:
-        self._routes = routes
-        self._method = method
-        self._allow = "GET, HEAD" if method == "GET" else method
-        self._operation = operation
+    def __init__(self, answer: Answer) -> None:
+        self._answer = answer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        if not self._routes.authorized(scope):
-            await send_error(send, GatewayError(ErrorCode.UNAUTHORIZED, "missing or wrong internal secret"))
-            return
-        if scope["method"] == "HEAD" and self._method == "GET":
-            send = without_body(send)  # HEAD wherever GET is accepted: same headers, no body
-        elif scope["method"] != self._method:
-            await send_error(
-                send,
-                GatewayError(
-                    ErrorCode.METHOD_NOT_ALLOWED, f"use {self._allow}", headers={"allow": self._allow}
-                ),
-            )
-            return
-        try:
-            await self._operation(self._routes, scope, receive, send)
-        except GatewayError as exc:
-            await send_error(send, exc)
-        except FacilitatorUnavailable as exc:
-            await send_error(send, GatewayError(ErrorCode.FACILITATOR_UNAVAILABLE, str(exc)))
-        except StoreUnavailable:
-            await send_error(send, GatewayError(ErrorCode.STORE_UNAVAILABLE, "state store unavailable"))
-        except Exception as exc:  # never leak internals; the type name is enough to investigate
-            _log.error("internal facilitator failed: %s", type(exc).__name__)
-            await send_error(send, GatewayError(ErrorCode.INTERNAL_ERROR, "internal error"))
+        answer = await self._answer(receive)
+        await send_bytes(send, 200, _encoder.encode(answer), _RESPONSE_HEADERS)
 
 
 class InternalFacilitatorRoutes:
-    """The three internal facilitator endpoints over one facilitator and one shared secret."""
+    """The three internal facilitator handlers over one facilitator and one shared secret."""
 
     def __init__(
         self,
@@ -91,9 +66,9 @@ class InternalFacilitatorRoutes:
         self._secret = secret.encode("utf-8") if secret and facilitator is not None else None
         self._secret_digest = hashlib.sha256(self._secret or b"").digest()
         self._body_limit = body_limit
-        self.supported = _Endpoint(self, "GET", InternalFacilitatorRoutes._supported)
-        self.verify = _Endpoint(self, "POST", InternalFacilitatorRoutes._verify)
-        self.settle = _Endpoint(self, "POST", InternalFacilitatorRoutes._settle)
+        self.supported = _Operation(self._supported)
+        self.verify = _Operation(self._verify)
+        self.settle = _Operation(self._settle)
 
     def authorized(self, scope: Scope) -> bool:
         """Constant-time comparison of the secret header; False whenever the routes are disabled."""
@@ -107,8 +82,13 @@ class InternalFacilitatorRoutes:
         # Digests first, so the comparison does not even reveal the secret's length.
         return hmac.compare_digest(hashlib.sha256(provided).digest(), self._secret_digest)
 
+    def require_secret(self, scope: Scope) -> None:
+        """The gate of these routes' dispatchers: 401 unless :meth:`authorized`."""
+        if not self.authorized(scope):
+            raise GatewayError(ErrorCode.UNAUTHORIZED, "missing or wrong internal secret")
+
     def _require(self) -> Facilitator:
-        if self._facilitator is None:  # unreachable: authorized() is False then
+        if self._facilitator is None:  # unreachable behind the gate: authorized() is False then
             raise GatewayError(ErrorCode.UNAUTHORIZED, "internal facilitator not configured")
         return self._facilitator
 
@@ -121,16 +101,13 @@ class InternalFacilitatorRoutes:
         except (msgspec.DecodeError, RecursionError):
             raise GatewayError(ErrorCode.INVALID_REQUEST, "request body is not valid JSON") from None
 
-    async def _supported(self, scope: Scope, receive: Receive, send: Send) -> None:
-        answer = await self._require().supported()
-        await send_bytes(send, 200, _encoder.encode(answer), _RESPONSE_HEADERS)
+    async def _supported(self, receive: Receive) -> msgspec.Struct:
+        return await self._require().supported()
 
-    async def _verify(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _verify(self, receive: Receive) -> msgspec.Struct:
         request = await self._read_request(receive)
-        answer = await self._require().verify(request.paymentPayload, request.paymentRequirements)
-        await send_bytes(send, 200, _encoder.encode(answer), _RESPONSE_HEADERS)
+        return await self._require().verify(request.paymentPayload, request.paymentRequirements)
 
-    async def _settle(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _settle(self, receive: Receive) -> msgspec.Struct:
         request = await self._read_request(receive)
-        answer = await self._require().settle(request.paymentPayload, request.paymentRequirements)
-        await send_bytes(send, 200, _encoder.encode(answer), _RESPONSE_HEADERS)
+        return await self._require().settle(request.paymentPayload, request.paymentRequirements)
