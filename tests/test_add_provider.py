@@ -53,12 +53,6 @@ async def gateway(table: Path) -> AsyncIterator[RunningGateway]:
         yield running
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def test_its_url_is_read_from_the_variable_the_table_names(gateway: RunningGateway) -> None:
     assert gateway.settings.upstream_url("provider_c_mainnet") == PROVIDER_C_URL
 

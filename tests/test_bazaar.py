@@ -59,12 +59,6 @@ async def gateway() -> AsyncIterator[RunningGateway]:
         yield running
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def _challenge(http: aiohttp.ClientSession, url: str, method: str) -> str:
     """The PAYMENT-REQUIRED header of the route's 402, as a client without a payment gets it."""
     async with http.request(method, url) as response:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import pytest_asyncio
 
 from gateway.clientip import client_ip
 from gateway.config import IpNetwork
@@ -86,12 +84,6 @@ CHALLENGED = "/v1/x402/tokens/health"
 REFUSED_SIGN_IN = {"SIGN-IN-WITH-X": "bm90LWEtc2lnbi1pbg=="}
 """A sign-in the gateway refuses: refusals count against the IP's challenge limit, while a plain
 sign-in challenge has no side effect."""
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def _statuses(http: aiohttp.ClientSession, gateway: RunningGateway, n: int) -> list[int]:

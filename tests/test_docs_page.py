@@ -33,12 +33,6 @@ async def gateway() -> AsyncIterator[RunningGateway]:
         yield gw
 
 
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def _get(
     http: aiohttp.ClientSession, url: str, method: str = "GET", **headers: str
 ) -> tuple[int, dict[str, str], bytes]:

@@ -221,12 +221,6 @@ async def gateway() -> AsyncIterator[RunningGateway]:
         yield running
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def test_served_document_describes_the_mounted_listed_routes(
     gateway: RunningGateway, http: aiohttp.ClientSession
 ) -> None:

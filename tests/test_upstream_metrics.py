@@ -8,8 +8,6 @@ URLs carry API keys.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -125,12 +123,6 @@ async def test_the_internal_facilitator_observes_its_solana_node(
 
 
 # --- sign-in routes: the asset-data API ---------------------------------------------------------
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 def tokens_env(api_url: str) -> dict[str, str]:

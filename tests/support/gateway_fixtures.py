@@ -1,9 +1,10 @@
-"""Pytest plugin: loopback upstreams for the gateway's tests."""
+"""Pytest plugin: loopback upstreams for the gateway's tests, and a client to call it with."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest_asyncio
 
 from tests.support.upstream import Upstream
@@ -16,3 +17,10 @@ async def upstream() -> AsyncIterator[Upstream]:
     await server.start()
     yield server
     await server.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """An HTTP client for the test, closed after it."""
+    async with aiohttp.ClientSession() as session:
+        yield session
