@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 import pytest_asyncio
-from aiohttp import web
 from solders.keypair import Keypair
 
 from gateway.x402.siwx_signer import sign_in
@@ -33,7 +32,7 @@ from tests.support.paid_fixtures import (
 from tests.support.paid_processes import PaidProcesses, Replica, paid_processes
 from tests.support.redis_server import start_redis_server
 from tests.support.solana_rpc_server import LiteSvmRpcServer, setup_usdc_chain
-from tests.support.upstream import Upstream
+from tests.support.upstream import ASSET_API_KEY, Upstream
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
 
@@ -41,7 +40,6 @@ REPLICAS = 3
 BASE_URL = "http://gateway.replicas.test"
 """GATEWAY_BASE_URL of every replica: the public address clients sign for, not a replica's own."""
 SIWX_SECRET = "replica-siwx-secret-0123456789abcdef"
-ASSET_KEY = "asset-api-key-0123456789abcdef"
 CHALLENGE_LIMIT = 120
 """RATE_LIMIT_CHALLENGE_PER_MINUTE."""
 SYNC_INTERVAL_S = 0.1
@@ -50,22 +48,8 @@ TOKENS_HEALTH = "/v1/x402/tokens/health"
 WALLET = Keypair()
 
 
-async def _asset_answer(request: web.Request, body: bytes) -> web.StreamResponse:
-    if request.headers.get("x-api-key") != ASSET_KEY:
-        return web.json_response({"error": "invalid api key"}, status=401)
-    return web.json_response({"status": "ok"})
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def asset_api() -> AsyncIterator[Upstream]:
-    server = Upstream(responder=_asset_answer)
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def cluster(asset_api: Upstream) -> AsyncIterator[PaidProcesses]:
+async def cluster(asset_api_server: Upstream) -> AsyncIterator[PaidProcesses]:
     """One cluster for the module (starting three processes is most of these tests' cost), with
     third parties of its own: the session's chain server and Redis serve other tests between
     these, so the cluster must not share them."""
@@ -83,8 +67,8 @@ async def cluster(asset_api: Upstream) -> AsyncIterator[PaidProcesses]:
             "GATEWAY_BASE_URL": BASE_URL,
             "ROUTE_GROUPS": "all",
             "SIWX_SECRET": SIWX_SECRET,
-            "ASSET_API_BASE_URL": asset_api.url,
-            "ASSET_API_KEY": ASSET_KEY,
+            "ASSET_API_BASE_URL": asset_api_server.url,
+            "ASSET_API_KEY": ASSET_API_KEY,
             "RATE_LIMIT_CHALLENGE_PER_MINUTE": str(CHALLENGE_LIMIT),
             "RATE_LIMIT_SYNC_SECONDS": str(SYNC_INTERVAL_S),
             "RATE_LIMIT_WALLET_RPS": "1000",  # one payer pays in every test, a few times a second
@@ -108,7 +92,6 @@ def fresh_records(cluster: PaidProcesses, asset_api: Upstream) -> None:
     cluster.upstream.calls.clear()
     cluster.rpc.sent.clear()
     cluster.facilitator.reset()
-    asset_api.calls.clear()
 
 
 # --- exact payments ------------------------------------------------------------------------------
@@ -254,4 +237,4 @@ async def test_a_sign_in_challenge_from_one_replica_is_accepted_by_another(
     assert reply.status == 200, reply.body
     assert reply.json()["ok"] is True
     assert len(asset_api.calls) == 1
-    assert asset_api.calls[0].headers.get("x-api-key") == ASSET_KEY
+    assert asset_api.calls[0].headers.get("x-api-key") == ASSET_API_KEY

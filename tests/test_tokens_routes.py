@@ -35,9 +35,8 @@ from gateway.x402.types import SOLANA_DEVNET, SOLANA_MAINNET, SiwxExtension
 from tests.support.gateway_server import RunningGateway, run_gateway
 from tests.support.ports import refusing_port
 from tests.support.upstash_rest import UpstashRestServer
-from tests.support.upstream import Upstream, static
+from tests.support.upstream import ASSET_API_KEY, Upstream, static
 
-KEY = "test-asset-key-0123456789abcdef"
 SIWX_SECRET = "siwx-test-secret-0123456789abcdef-0123"
 PREFIX = "/v1/x402/tokens"
 MINT = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"
@@ -60,18 +59,11 @@ class Reply:
         return msgspec.json.decode(self.body)
 
 
-async def _answer(request: web.Request, body: bytes) -> web.StreamResponse:
-    """The asset-data upstream: refuses a wrong key, else names what it was asked."""
-    if request.headers.get("x-api-key") != KEY:
-        return web.json_response({"error": "invalid api key"}, status=401)
-    return web.json_response({"path": request.path, "items": [1, 2]})
-
-
 def _env(api_url: str, **extra: str) -> dict[str, str]:
     return {
         "ROUTE_GROUPS": "tokens",
         "ASSET_API_BASE_URL": api_url,
-        "ASSET_API_KEY": KEY,
+        "ASSET_API_KEY": ASSET_API_KEY,
         "SIWX_SECRET": SIWX_SECRET,
         "UPSTREAM_TIMEOUT_SECONDS": str(TIMEOUT_S),
         "MAX_BODY_BYTES": str(MAX_BODY),
@@ -89,32 +81,9 @@ def _mints(n: int) -> list[str]:
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def asset_api() -> AsyncIterator[Upstream]:
-    server = Upstream(responder=_answer)
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def gw(asset_api: Upstream) -> AsyncIterator[RunningGateway]:
-    async with run_gateway(_env(asset_api.url)) as gateway:
+async def gw(asset_api_server: Upstream) -> AsyncIterator[RunningGateway]:
+    async with run_gateway(_env(asset_api_server.url)) as gateway:
         yield gateway
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def client() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
-def api(asset_api: Upstream) -> Iterator[Upstream]:
-    """The module's upstream, answering normally and with no calls recorded yet."""
-    asset_api.responder = _answer
-    asset_api.calls.clear()
-    yield asset_api
-    asset_api.responder = _answer
 
 
 @pytest.fixture
@@ -138,7 +107,7 @@ def log_lines() -> Iterator[list[str]]:
 
 
 async def send(
-    client: aiohttp.ClientSession,
+    http: aiohttp.ClientSession,
     gw: RunningGateway,
     method: str,
     target: str,
@@ -153,20 +122,20 @@ async def send(
     if data is not None:
         all_headers.setdefault("content-type", "application/json")
     url = URL(gw.url + target, encoded=True)
-    async with client.request(method, url, data=data, headers=all_headers) as response:
+    async with http.request(method, url, data=data, headers=all_headers) as response:
         return Reply(response.status, response.headers, await response.read())
 
 
 async def challenge(
-    client: aiohttp.ClientSession, gw: RunningGateway, target: str, method: str = "GET", **kwargs: Any
+    http: aiohttp.ClientSession, gw: RunningGateway, target: str, method: str = "GET", **kwargs: Any
 ) -> SiwxExtension:
-    reply = await send(client, gw, method, target, **kwargs)
+    reply = await send(http, gw, method, target, **kwargs)
     assert reply.status == 402, reply.body
     return msgspec.convert(reply.json()["extensions"]["sign-in-with-x"], SiwxExtension)
 
 
 async def call(
-    client: aiohttp.ClientSession,
+    http: aiohttp.ClientSession,
     gw: RunningGateway,
     method: str,
     target: str,
@@ -177,13 +146,13 @@ async def call(
     **kwargs: Any,
 ) -> Reply:
     """Request, answer the 402 by signing its challenge, retry with SIGN-IN-WITH-X."""
-    first = await send(client, gw, method, target, headers=headers, **kwargs)
+    first = await send(http, gw, method, target, headers=headers, **kwargs)
     if first.status != 402:
         return first
     ext = first.json()["extensions"]["sign-in-with-x"]
     signed = sign_in(ext, signer, chain, request_url=gw.url + target)
     return await send(
-        client, gw, method, target, headers={**(headers or {}), "sign-in-with-x": signed}, **kwargs
+        http, gw, method, target, headers={**(headers or {}), "sign-in-with-x": signed}, **kwargs
     )
 
 
@@ -368,8 +337,8 @@ def test_the_table_covers_all_nineteen_operations() -> None:
 @pytest.mark.parametrize(("operation", "method", "target", "body", "upstream_path", "query"), OPERATIONS)
 async def test_operation_proxies_to_the_upstream_in_the_envelope(
     gw: RunningGateway,
-    client: aiohttp.ClientSession,
-    api: Upstream,
+    http: aiohttp.ClientSession,
+    asset_api: Upstream,
     operation: str,
     method: str,
     target: str,
@@ -377,7 +346,7 @@ async def test_operation_proxies_to_the_upstream_in_the_envelope(
     upstream_path: str,
     query: dict[str, str],
 ) -> None:
-    reply = await call(client, gw, method, PREFIX + target, body=body)
+    reply = await call(http, gw, method, PREFIX + target, body=body)
     assert reply.status == 200, reply.body
     assert reply.headers["content-type"] == "application/json"
     assert reply.json() == {
@@ -387,17 +356,17 @@ async def test_operation_proxies_to_the_upstream_in_the_envelope(
         "method": operation,
         "result": {"path": upstream_path, "items": [1, 2]},
     }
-    [sent] = api.calls
+    [sent] = asset_api.calls
     assert (sent.method, sent.path, sent.query) == (method, upstream_path, query)
-    assert sent.headers["x-api-key"] == KEY
+    assert sent.headers["x-api-key"] == ASSET_API_KEY
     assert sent.json == body
 
 
 async def test_only_the_key_and_accept_reach_the_upstream(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
     reply = await call(
-        client,
+        http,
         gw,
         "GET",
         f"{PREFIX}/assets/search?q=sol",
@@ -412,25 +381,25 @@ async def test_only_the_key_and_accept_reach_the_upstream(
         },
     )
     assert reply.status == 200, reply.body
-    sent = {k.lower(): v for k, v in api.calls[0].headers.items()}
-    assert sent["x-api-key"] == KEY
+    sent = {k.lower(): v for k, v in asset_api.calls[0].headers.items()}
+    assert sent["x-api-key"] == ASSET_API_KEY
     assert sent["accept"] == "application/json;q=0.9"
     assert sent["user-agent"] != "client-agent"
     assert set(sent) <= {"host", "x-api-key", "accept", "accept-encoding", "user-agent", "content-length"}
 
 
 async def test_the_signed_in_wallet_is_logged_and_the_key_is_not(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, log_lines: list[str]
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream, log_lines: list[str]
 ) -> None:
     reply = await call(
-        client, gw, "GET", f"{PREFIX}/assets/solana/profile", signer=NACL_WALLET, chain=SOLANA_DEVNET
+        http, gw, "GET", f"{PREFIX}/assets/solana/profile", signer=NACL_WALLET, chain=SOLANA_DEVNET
     )
     assert reply.status == 200, reply.body
     [line] = [msgspec.json.decode(x) for x in log_lines if '"status":200' in x]
     assert line["route"] == "tokens.profile"
     assert line["wallet"] == signer_address(NACL_WALLET)
     assert line["outcome"] == "signed_in"
-    assert all(KEY not in x for x in log_lines)
+    assert all(ASSET_API_KEY not in x for x in log_lines)
 
 
 # --- every row of the parameter tables: a passing and a failing case ------------------------
@@ -583,17 +552,17 @@ PARAMETER_CASES: list[tuple[str, str | None]] = [
 
 @pytest.mark.parametrize(("target", "parameter"), PARAMETER_CASES)
 async def test_query_and_path_parameters(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, target: str, parameter: str | None
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream, target: str, parameter: str | None
 ) -> None:
-    reply = await call(client, gw, "GET", PREFIX + target)
+    reply = await call(http, gw, "GET", PREFIX + target)
     if parameter is None:
         assert reply.status == 200, reply.body
-        assert len(api.calls) == 1
+        assert len(asset_api.calls) == 1
         return
     error = assert_error(reply, 400, "invalid_request")
     assert error["details"] == {"parameter": parameter}
     assert parameter.split("[")[0] in error["message"]
-    assert api.calls == []
+    assert asset_api.calls == []
 
 
 ENUMS: dict[str, tuple[list[str], str]] = {
@@ -631,21 +600,21 @@ ENUMS: dict[str, tuple[list[str], str]] = {
     [(template.format(v), v) for values, template in ENUMS.values() for v in values],
 )
 async def test_every_enumerated_value_of_spec_2_7_is_accepted(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, target: str, value: str
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream, target: str, value: str
 ) -> None:
-    reply = await call(client, gw, "GET", PREFIX + target)
+    reply = await call(http, gw, "GET", PREFIX + target)
     assert reply.status == 200, reply.body
-    assert value in api.calls[0].query.values()
+    assert value in asset_api.calls[0].query.values()
 
 
 @pytest.mark.parametrize("name", sorted(ENUMS))
 async def test_a_value_outside_each_enumeration_is_refused(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, name: str
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream, name: str
 ) -> None:
-    reply = await call(client, gw, "GET", PREFIX + ENUMS[name][1].format("1Y"))
+    reply = await call(http, gw, "GET", PREFIX + ENUMS[name][1].format("1Y"))
     error = assert_error(reply, 400, "invalid_request")
     assert error["details"]["parameter"].split("[")[0] == name
-    assert api.calls == []
+    assert asset_api.calls == []
 
 
 BODY_CASES: list[tuple[Any, str | None]] = [
@@ -669,26 +638,26 @@ BODY_CASES: list[tuple[Any, str | None]] = [
 
 @pytest.mark.parametrize(("body", "parameter"), BODY_CASES)
 async def test_market_snapshots_body(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, body: Any, parameter: str | None
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream, body: Any, parameter: str | None
 ) -> None:
     raw = body if isinstance(body, bytes) else msgspec.json.encode(body)
-    reply = await call(client, gw, "POST", f"{PREFIX}/assets/market-snapshots", raw=raw)
+    reply = await call(http, gw, "POST", f"{PREFIX}/assets/market-snapshots", raw=raw)
     if parameter is None:
         assert reply.status == 200, reply.body
-        assert api.calls[0].json == body
+        assert asset_api.calls[0].json == body
         return
     error = assert_error(reply, 400, "invalid_request")
     assert error["details"] == {"parameter": parameter}
-    assert api.calls == []
+    assert asset_api.calls == []
 
 
 async def test_a_body_over_the_limit_is_413_after_sign_in(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
     body = {"mints": [MINT] * (MAX_BODY // len(MINT) + 1)}
-    reply = await call(client, gw, "POST", f"{PREFIX}/assets/market-snapshots", body=body)
+    reply = await call(http, gw, "POST", f"{PREFIX}/assets/market-snapshots", body=body)
     assert_error(reply, 413, "body_too_large")
-    assert api.calls == []
+    assert asset_api.calls == []
 
 
 # --- sign-in comes first, and every refusal is a 402 with a fresh challenge -----------------
@@ -704,24 +673,29 @@ async def test_a_body_over_the_limit_is_413_after_sign_in(
     ],
 )
 async def test_without_sign_in_bad_input_still_gets_the_challenge(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, method: str, target: str, kwargs: Any
+    gw: RunningGateway,
+    http: aiohttp.ClientSession,
+    asset_api: Upstream,
+    method: str,
+    target: str,
+    kwargs: Any,
 ) -> None:
-    reply = await send(client, gw, method, PREFIX + target, **kwargs)
+    reply = await send(http, gw, method, PREFIX + target, **kwargs)
     assert_challenge(reply, gw, PREFIX + target.split("?")[0])
     assert reply.headers["access-control-allow-origin"] == "*"
     assert "PAYMENT-REQUIRED" in reply.headers["access-control-expose-headers"]
-    assert api.calls == []
+    assert asset_api.calls == []
 
 
 async def test_challenge_carries_the_spec_summary_and_decodes_with_the_reference_sdk(
-    gw: RunningGateway, client: aiohttp.ClientSession
+    gw: RunningGateway, http: aiohttp.ClientSession
 ) -> None:
     from x402.extensions.sign_in_with_x import SIWxExtension
     from x402.http.utils import decode_payment_required_header
     from x402.schemas import PaymentRequired
 
     path = f"{PREFIX}/assets/search"
-    reply = await send(client, gw, "GET", path + "?q=sol")
+    reply = await send(http, gw, "GET", path + "?q=sol")
     body = assert_challenge(reply, gw, path)
     ext = body["extensions"]["sign-in-with-x"]
     assert ext["networks"] == [SOLANA_MAINNET, SOLANA_DEVNET]
@@ -740,53 +714,53 @@ async def test_challenge_carries_the_spec_summary_and_decodes_with_the_reference
 
 
 async def test_each_challenge_is_fresh_and_counted_as_unpaid(
-    gw: RunningGateway, client: aiohttp.ClientSession
+    gw: RunningGateway, http: aiohttp.ClientSession
 ) -> None:
     route = "tokens.curated"
     before = (await gw.services.usage.snapshot([route]))[(route, "unpaid")]
-    first = await challenge(client, gw, f"{PREFIX}/assets/curated")
-    second = await challenge(client, gw, f"{PREFIX}/assets/curated")
+    first = await challenge(http, gw, f"{PREFIX}/assets/curated")
+    second = await challenge(http, gw, f"{PREFIX}/assets/curated")
     assert first.info.nonce != second.info.nonce
     assert (await gw.services.usage.snapshot([route]))[(route, "unpaid")] == before + 2
 
 
 async def _signed_for(
-    client: aiohttp.ClientSession, gw: RunningGateway, path: str, chain: str = SOLANA_MAINNET, **changes: Any
+    http: aiohttp.ClientSession, gw: RunningGateway, path: str, chain: str = SOLANA_MAINNET, **changes: Any
 ) -> str:
     """A header for ``path``'s challenge, with ``changes`` made to the info before signing."""
-    info = (await challenge(client, gw, path)).info
+    info = (await challenge(http, gw, path)).info
     return encode_header(sign_payload(msgspec.structs.replace(info, **changes), WALLET, chain))
 
 
 async def test_a_replayed_sign_in_is_refused(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
     path = f"{PREFIX}/assets/solana/profile"
-    signed = await _signed_for(client, gw, path)
-    assert (await send(client, gw, "GET", path, headers={"sign-in-with-x": signed})).status == 200
-    replay = await send(client, gw, "GET", path, headers={"sign-in-with-x": signed})
+    signed = await _signed_for(http, gw, path)
+    assert (await send(http, gw, "GET", path, headers={"sign-in-with-x": signed})).status == 200
+    replay = await send(http, gw, "GET", path, headers={"sign-in-with-x": signed})
     assert_challenge(replay, gw, path, "siwx_replayed")
-    assert len(api.calls) == 1
+    assert len(asset_api.calls) == 1
 
 
 async def test_an_expired_sign_in_is_refused(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
     path = f"{PREFIX}/health"
     replica = SiwxIssuer(SIWX_SECRET.encode(), gw.settings.base_url, "Sign in")
     old = replica.challenge(gw.url + path, time.time() - 301).extensions["sign-in-with-x"]  # type: ignore[index]
-    reply = await send(client, gw, "GET", path, headers={"sign-in-with-x": sign_in(old, WALLET)})
+    reply = await send(http, gw, "GET", path, headers={"sign-in-with-x": sign_in(old, WALLET)})
     assert_challenge(reply, gw, path, "siwx_expired")
-    assert api.calls == []
+    assert asset_api.calls == []
 
 
 async def test_a_sign_in_from_another_replica_is_accepted(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
     path = f"{PREFIX}/health"
     replica = SiwxIssuer(SIWX_SECRET.encode(), gw.settings.base_url, "Sign in")
     ext = replica.challenge(gw.url + path).extensions["sign-in-with-x"]  # type: ignore[index]
-    reply = await send(client, gw, "GET", path, headers={"sign-in-with-x": sign_in(ext, WALLET)})
+    reply = await send(http, gw, "GET", path, headers={"sign-in-with-x": sign_in(ext, WALLET)})
     assert reply.status == 200, reply.body
 
 
@@ -803,40 +777,40 @@ async def test_a_sign_in_from_another_replica_is_accepted(
 )
 async def test_a_sign_in_for_something_else_is_refused(
     gw: RunningGateway,
-    client: aiohttp.ClientSession,
-    api: Upstream,
+    http: aiohttp.ClientSession,
+    asset_api: Upstream,
     changes: dict[str, Any],
     chain: str,
     reason: str,
 ) -> None:
     path = f"{PREFIX}/health"
-    signed = await _signed_for(client, gw, path, chain, **changes)
-    reply = await send(client, gw, "GET", path, headers={"sign-in-with-x": signed})
+    signed = await _signed_for(http, gw, path, chain, **changes)
+    reply = await send(http, gw, "GET", path, headers={"sign-in-with-x": signed})
     assert_challenge(reply, gw, path, reason)
-    assert api.calls == []
+    assert asset_api.calls == []
 
 
 async def test_a_sign_in_for_another_path_is_refused(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
-    signed = await _signed_for(client, gw, f"{PREFIX}/assets/search")
+    signed = await _signed_for(http, gw, f"{PREFIX}/assets/search")
     path = f"{PREFIX}/assets/resolve"
-    reply = await send(client, gw, "GET", path + "?ref=sol", headers={"sign-in-with-x": signed})
+    reply = await send(http, gw, "GET", path + "?ref=sol", headers={"sign-in-with-x": signed})
     assert_challenge(reply, gw, path, "siwx_uri_mismatch")
-    assert api.calls == []
+    assert asset_api.calls == []
 
 
 async def test_a_bad_signature_is_refused(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
     path = f"{PREFIX}/health"
-    signed = await _signed_for(client, gw, path)
+    signed = await _signed_for(http, gw, path)
     payload = msgspec.json.decode(base64.b64decode(signed))
     payload["address"] = str(Keypair().pubkey())  # someone else's wallet, the first one's signature
     forged = base64.b64encode(msgspec.json.encode(payload)).decode()
-    reply = await send(client, gw, "GET", path, headers={"sign-in-with-x": forged})
+    reply = await send(http, gw, "GET", path, headers={"sign-in-with-x": forged})
     assert_challenge(reply, gw, path, "siwx_signature_invalid")
-    assert api.calls == []
+    assert asset_api.calls == []
 
 
 @pytest.mark.parametrize(
@@ -844,25 +818,25 @@ async def test_a_bad_signature_is_refused(
     ["%%%", base64.b64encode(b"not json").decode(), base64.b64encode(b'{"domain": 1}').decode(), "e30="],
 )
 async def test_a_malformed_header_is_refused(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, header: str
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream, header: str
 ) -> None:
     path = f"{PREFIX}/assets/search"
-    reply = await send(client, gw, "GET", path + "?q=1&limit=0", headers={"sign-in-with-x": header})
+    reply = await send(http, gw, "GET", path + "?q=1&limit=0", headers={"sign-in-with-x": header})
     assert_challenge(reply, gw, path, "siwx_malformed")
-    assert api.calls == []
+    assert asset_api.calls == []
 
 
 async def test_a_refused_sign_in_is_counted_as_failed(
-    gw: RunningGateway, client: aiohttp.ClientSession
+    gw: RunningGateway, http: aiohttp.ClientSession
 ) -> None:
     route = "tokens.health"
     before = (await gw.services.usage.snapshot([route]))[(route, "failed")]
-    reply = await send(client, gw, "GET", f"{PREFIX}/health", headers={"sign-in-with-x": "%%%"})
+    reply = await send(http, gw, "GET", f"{PREFIX}/health", headers={"sign-in-with-x": "%%%"})
     assert reply.status == 402
     assert (await gw.services.usage.snapshot([route]))[(route, "failed")] == before + 1
 
 
-async def test_the_reference_x402_client_signs_in_by_itself(gw: RunningGateway, api: Upstream) -> None:
+async def test_the_reference_x402_client_signs_in_by_itself(gw: RunningGateway, asset_api: Upstream) -> None:
     from x402 import x402Client
     from x402.extensions.sign_in_with_x import create_siwx_client_hook
     from x402.http import x402HTTPClient
@@ -879,7 +853,7 @@ async def test_the_reference_x402_client_signs_in_by_itself(gw: RunningGateway, 
     assert got.json()["method"] == "search"
     assert posted.status_code == 200, posted.text
     assert posted.json()["method"] == "marketSnapshots"
-    assert [(c.path, c.query, c.json) for c in api.calls] == [
+    assert [(c.path, c.query, c.json) for c in asset_api.calls] == [
         ("/v1/assets/search", {"q": "sol", "limit": "3"}, None),
         ("/v1/assets/market-snapshots", {}, {"mints": [MINT]}),
     ]
@@ -889,20 +863,20 @@ async def test_the_reference_x402_client_signs_in_by_itself(gw: RunningGateway, 
 
 
 async def test_fixed_segments_win_over_asset_ids(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
     for name, operation in [("search?q=x", "search"), (f"risk-summary?mint={MINT}", "riskSummaryByMint")]:
-        reply = await call(client, gw, "GET", f"{PREFIX}/assets/{name}")
+        reply = await call(http, gw, "GET", f"{PREFIX}/assets/{name}")
         assert reply.json()["method"] == operation
 
 
 async def test_a_get_on_market_snapshots_is_405(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
-    reply = await send(client, gw, "GET", f"{PREFIX}/assets/market-snapshots")
+    reply = await send(http, gw, "GET", f"{PREFIX}/assets/market-snapshots")
     assert_error(reply, 405, "method_not_allowed")
     assert reply.headers["allow"].startswith("POST")
-    assert api.calls == []
+    assert asset_api.calls == []
 
 
 @pytest.mark.parametrize(
@@ -918,10 +892,10 @@ async def test_a_get_on_market_snapshots_is_405(
     ],
 )
 async def test_unknown_and_unexposed_paths_are_404(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, target: str
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream, target: str
 ) -> None:
-    assert_error(await send(client, gw, "GET", PREFIX + target), 404, "not_found")
-    assert api.calls == []
+    assert_error(await send(http, gw, "GET", PREFIX + target), 404, "not_found")
+    assert asset_api.calls == []
 
 
 @pytest.mark.parametrize(
@@ -939,19 +913,19 @@ async def test_unknown_and_unexposed_paths_are_404(
     ],
 )
 async def test_asset_id_traversal_is_refused(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, target: str, status: int
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream, target: str, status: int
 ) -> None:
-    reply = await call(client, gw, "GET", PREFIX + target)
+    reply = await call(http, gw, "GET", PREFIX + target)
     assert_error(reply, status, "invalid_request" if status == 400 else "not_found")
-    assert api.calls == []
+    assert asset_api.calls == []
 
 
 # --- CORS and HEAD --------------------------------------------------------------------------
 
 
-async def test_preflight_needs_no_sign_in(gw: RunningGateway, client: aiohttp.ClientSession) -> None:
+async def test_preflight_needs_no_sign_in(gw: RunningGateway, http: aiohttp.ClientSession) -> None:
     reply = await send(
-        client,
+        http,
         gw,
         "OPTIONS",
         f"{PREFIX}/assets/market-snapshots",
@@ -964,21 +938,21 @@ async def test_preflight_needs_no_sign_in(gw: RunningGateway, client: aiohttp.Cl
 
 
 async def test_head_gives_the_get_headers_and_no_body(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
     path = f"{PREFIX}/assets/solana/tickers"
-    unsigned = await send(client, gw, "HEAD", path)
+    unsigned = await send(http, gw, "HEAD", path)
     assert unsigned.status == 402
     assert unsigned.body == b""
     required = msgspec.json.decode(base64.b64decode(unsigned.headers["payment-required"]))
     signed = sign_in(required["extensions"]["sign-in-with-x"], WALLET)
-    head = await send(client, gw, "HEAD", path, headers={"sign-in-with-x": signed})
-    get = await call(client, gw, "GET", path)
+    head = await send(http, gw, "HEAD", path, headers={"sign-in-with-x": signed})
+    get = await call(http, gw, "GET", path)
     assert (head.status, get.status) == (200, 200)
     assert head.body == b""
     for name in ("content-type", "content-length", "cache-control", "access-control-allow-origin"):
         assert head.headers[name] == get.headers[name]
-    assert [c.method for c in api.calls] == ["GET", "GET"]
+    assert [c.method for c in asset_api.calls] == ["GET", "GET"]
 
 
 # --- the upstream's answers -----------------------------------------------------------------
@@ -1000,28 +974,28 @@ async def test_head_gives_the_get_headers_and_no_body(
 )
 async def test_upstream_error_statuses_map_to_our_shape(
     gw: RunningGateway,
-    client: aiohttp.ClientSession,
-    api: Upstream,
+    http: aiohttp.ClientSession,
+    asset_api: Upstream,
     upstream_status: int,
     status: int,
     code: str,
 ) -> None:
-    api.responder = static(upstream_status, {"error": "upstream says no", "key": KEY})
-    reply = await call(client, gw, "GET", f"{PREFIX}/assets/solana")
+    asset_api.responder = static(upstream_status, {"error": "upstream says no", "key": ASSET_API_KEY})
+    reply = await call(http, gw, "GET", f"{PREFIX}/assets/solana")
     error = assert_error(reply, status, code)
     assert error["details"] == {"upstreamStatus": upstream_status}
-    assert KEY not in reply.body.decode()
+    assert ASSET_API_KEY not in reply.body.decode()
     assert "upstream says no" not in reply.body.decode()
 
 
 async def test_upstream_rate_limit_is_429_with_retry_after(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
     async def limited(request: web.Request, body: bytes) -> web.StreamResponse:
         return web.json_response({"error": "slow down"}, status=429, headers={"Retry-After": "7"})
 
-    api.responder = limited
-    reply = await call(client, gw, "GET", f"{PREFIX}/health")
+    asset_api.responder = limited
+    reply = await call(http, gw, "GET", f"{PREFIX}/health")
     assert_error(reply, 429, "rate_limited")
     assert reply.headers["retry-after"] == "7"
 
@@ -1030,64 +1004,65 @@ async def test_upstream_rate_limit_is_429_with_retry_after(
     "text", ["<html>oops</html>", "", '{"truncated": ', "null trailing", "[" * 5000 + "]" * 5000]
 )
 async def test_an_upstream_answer_that_is_not_json_is_502(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, text: str
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream, text: str
 ) -> None:
-    api.responder = static(200, text=text)
-    assert_error(await call(client, gw, "GET", f"{PREFIX}/health"), 502, "upstream_error")
+    asset_api.responder = static(200, text=text)
+    assert_error(await call(http, gw, "GET", f"{PREFIX}/health"), 502, "upstream_error")
 
 
 async def test_a_slow_upstream_is_504(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
-    api.responder = static(200, {"late": True}, delay=TIMEOUT_S + 0.5)
+    asset_api.responder = static(200, {"late": True}, delay=TIMEOUT_S + 0.5)
     started = time.monotonic()
-    assert_error(await call(client, gw, "GET", f"{PREFIX}/health"), 504, "upstream_timeout")
+    assert_error(await call(http, gw, "GET", f"{PREFIX}/health"), 504, "upstream_timeout")
     assert time.monotonic() - started < TIMEOUT_S + 0.4
 
 
 async def test_an_unreachable_upstream_is_502_without_naming_it(
-    client: aiohttp.ClientSession, log_lines: list[str]
+    http: aiohttp.ClientSession, log_lines: list[str]
 ) -> None:
     dead = f"http://127.0.0.1:{refusing_port()}"
     async with run_gateway(_env(dead)) as gateway:
-        reply = await call(client, gateway, "GET", f"{PREFIX}/health")
+        reply = await call(http, gateway, "GET", f"{PREFIX}/health")
     error = assert_error(reply, 502, "upstream_error")
     assert dead.split("//")[1] not in error["message"]
     assert all(dead.split("//")[1] not in line for line in log_lines)
 
 
 async def test_the_key_is_redacted_when_the_upstream_echoes_it(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream, log_lines: list[str]
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream, log_lines: list[str]
 ) -> None:
     async def echo(request: web.Request, body: bytes) -> web.StreamResponse:
-        payload = {"received": request.headers["x-api-key"], KEY: [f"key={KEY};"], "n": 1}
-        return web.json_response(payload, headers={"x-echo-key": KEY, "set-cookie": f"k={KEY}"})
+        key = ASSET_API_KEY
+        payload = {"received": request.headers["x-api-key"], key: [f"key={key};"], "n": 1}
+        return web.json_response(payload, headers={"x-echo-key": key, "set-cookie": f"k={key}"})
 
-    api.responder = echo
-    reply = await call(client, gw, "GET", f"{PREFIX}/health")
+    asset_api.responder = echo
+    reply = await call(http, gw, "GET", f"{PREFIX}/health")
     assert reply.status == 200, reply.body
     assert reply.json()["result"] == {"received": "[redacted]", "[redacted]": ["key=[redacted];"], "n": 1}
-    assert KEY not in reply.body.decode()
-    assert all(KEY not in value for value in reply.headers.values())
-    assert all(KEY not in line for line in log_lines)
+    assert ASSET_API_KEY not in reply.body.decode()
+    assert all(ASSET_API_KEY not in value for value in reply.headers.values())
+    assert all(ASSET_API_KEY not in line for line in log_lines)
 
 
 async def test_the_key_is_redacted_even_behind_json_escapes(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
-    escaped = KEY.replace("t", "\\u0074").replace("-", "\\u002d")
-    api.responder = static(200, text=f'{{"echo": "{escaped}", "list": ["\\/{escaped}\\/"]}}')
-    reply = await call(client, gw, "GET", f"{PREFIX}/health")
+    escaped = ASSET_API_KEY.replace("t", "\\u0074").replace("-", "\\u002d")
+    asset_api.responder = static(200, text=f'{{"echo": "{escaped}", "list": ["\\/{escaped}\\/"]}}')
+    reply = await call(http, gw, "GET", f"{PREFIX}/health")
     assert reply.status == 200, reply.body
     assert reply.json()["result"] == {"echo": "[redacted]", "list": ["/[redacted]/"]}
 
 
 async def test_a_clean_upstream_answer_passes_through_byte_for_byte(
-    gw: RunningGateway, client: aiohttp.ClientSession, api: Upstream
+    gw: RunningGateway, http: aiohttp.ClientSession, asset_api: Upstream
 ) -> None:
     text = '{"b": 1.50, "a": [true, null, "x"], "big": 123456789012345678901234567890}'
-    api.responder = static(200, text=text)
-    reply = await call(client, gw, "GET", f"{PREFIX}/health")
+    asset_api.responder = static(200, text=text)
+    reply = await call(http, gw, "GET", f"{PREFIX}/health")
     assert reply.status == 200, reply.body
     assert text.encode() in reply.body
 
@@ -1096,25 +1071,25 @@ async def test_a_clean_upstream_answer_passes_through_byte_for_byte(
 
 
 async def test_the_tokens_limit_is_shared_across_the_key(
-    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
+    asset_api_server: Upstream, asset_api: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    env = _env(asset_api.url, RATE_LIMIT_TOKENS_PER_MINUTE="3", TRUSTED_PROXIES="127.0.0.1")
+    env = _env(asset_api_server.url, RATE_LIMIT_TOKENS_PER_MINUTE="3", TRUSTED_PROXIES="127.0.0.1")
     async with run_gateway(env) as gateway:
         wallets: list[Signer] = [Keypair(), Keypair(), SigningKey.generate()]
         targets = ["/health", "/assets/search?q=a", "/assets/solana"]
         for n, (wallet, target) in enumerate(zip(wallets, targets, strict=True)):
             from_ip = {"X-Forwarded-For": f"198.51.100.{n + 1}"}  # each wallet from an IP of its own
-            reply = await call(client, gateway, "GET", PREFIX + target, signer=wallet, headers=from_ip)
+            reply = await call(http, gateway, "GET", PREFIX + target, signer=wallet, headers=from_ip)
             assert reply.status == 200
         reply = await call(
-            client, gateway, "GET", f"{PREFIX}/assets/solana/profile", signer=Keypair(),
+            http, gateway, "GET", f"{PREFIX}/assets/solana/profile", signer=Keypair(),
             headers={"X-Forwarded-For": "198.51.100.9"},
         )
     error = assert_error(reply, 429, "rate_limited")
     assert error["details"]["scope"] == "tokens:upstream-key"
     assert 1 <= int(reply.headers["retry-after"]) <= 20
     assert reply.headers["access-control-allow-origin"] == "*"
-    assert len(api.calls) == 3
+    assert len(asset_api.calls) == 3
 
 
 def _routes_with(limits: tuple[RateLimitSpec, ...]) -> list[RouteSpec]:
@@ -1123,61 +1098,61 @@ def _routes_with(limits: tuple[RateLimitSpec, ...]) -> list[RouteSpec]:
 
 
 async def test_each_wallet_has_its_own_limit(
-    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
+    asset_api_server: Upstream, asset_api: Upstream, http: aiohttp.ClientSession
 ) -> None:
     limits = (
         RateLimitSpec(scope="tokens:upstream-key", limit=100, period_ms=60_000),
         RateLimitSpec(scope="tokens:wallet", limit=2, period_ms=60_000, per="wallet"),
     )
     busy, other = Keypair(), Keypair()
-    async with run_gateway(_env(asset_api.url), routes=_routes_with(limits)) as gateway:
+    async with run_gateway(_env(asset_api_server.url), routes=_routes_with(limits)) as gateway:
         for _ in range(2):
-            assert (await call(client, gateway, "GET", f"{PREFIX}/health", signer=busy)).status == 200
-        refused = await call(client, gateway, "GET", f"{PREFIX}/assets/solana", signer=busy)
-        allowed = await call(client, gateway, "GET", f"{PREFIX}/assets/solana", signer=other)
+            assert (await call(http, gateway, "GET", f"{PREFIX}/health", signer=busy)).status == 200
+        refused = await call(http, gateway, "GET", f"{PREFIX}/assets/solana", signer=busy)
+        allowed = await call(http, gateway, "GET", f"{PREFIX}/assets/solana", signer=other)
     error = assert_error(refused, 429, "rate_limited")
     assert error["details"]["scope"] == "tokens:wallet"
     assert int(refused.headers["retry-after"]) >= 1
     assert allowed.status == 200
-    assert len(api.calls) == 3
+    assert len(asset_api.calls) == 3
 
 
 async def test_a_sign_in_refused_by_a_limit_keeps_its_nonce_for_when_the_limit_allows(
-    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
+    asset_api_server: Upstream, asset_api: Upstream, http: aiohttp.ClientSession
 ) -> None:
     """Over its wallet's limit a sign-in is refused before its nonce is used: the very same
     header is served once the limit allows it, and then never again."""
     limits = (RateLimitSpec(scope="tokens:wallet", limit=1, period_ms=1_000, per="wallet"),)
     busy = Keypair()
-    async with run_gateway(_env(asset_api.url), routes=_routes_with(limits)) as gateway:
+    async with run_gateway(_env(asset_api_server.url), routes=_routes_with(limits)) as gateway:
         path = f"{PREFIX}/health"
-        assert (await call(client, gateway, "GET", path, signer=busy)).status == 200
-        signed = {"sign-in-with-x": sign_in(await challenge(client, gateway, path), busy)}
-        limited = await send(client, gateway, "GET", path, headers=signed)
+        assert (await call(http, gateway, "GET", path, signer=busy)).status == 200
+        signed = {"sign-in-with-x": sign_in(await challenge(http, gateway, path), busy)}
+        limited = await send(http, gateway, "GET", path, headers=signed)
         await asyncio.sleep(int(limited.headers["retry-after"]))
-        served = await send(client, gateway, "GET", path, headers=signed)
-        replayed = await send(client, gateway, "GET", path, headers=signed)
+        served = await send(http, gateway, "GET", path, headers=signed)
+        replayed = await send(http, gateway, "GET", path, headers=signed)
     assert_error(limited, 429, "rate_limited")
     assert served.status == 200, served.body
     assert_challenge(replayed, gateway, path, "siwx_replayed")
-    assert len(api.calls) == 2
+    assert len(asset_api.calls) == 2
 
 
 async def test_a_sign_in_takes_one_store_round_trip(
-    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession, clean_redis_url: str
+    asset_api_server: Upstream, asset_api: Upstream, http: aiohttp.ClientSession, clean_redis_url: str
 ) -> None:
     """Its nonce, its wallet's and the upstream key's buckets: one request over Upstash REST."""
     rest = UpstashRestServer(clean_redis_url, "siwx-token")
     store = UpstashStore(await rest.start(), "siwx-token")
-    env = _env(asset_api.url, RATE_LIMIT_SYNC_SECONDS="10")
+    env = _env(asset_api_server.url, RATE_LIMIT_SYNC_SECONDS="10")
     try:
         async with run_gateway(env, store=store) as gateway:
             path = f"{PREFIX}/health"
-            assert (await call(client, gateway, "GET", path)).status == 200  # loads the script
-            signed = {"sign-in-with-x": sign_in(await challenge(client, gateway, path), WALLET)}
+            assert (await call(http, gateway, "GET", path)).status == 200  # loads the script
+            signed = {"sign-in-with-x": sign_in(await challenge(http, gateway, path), WALLET)}
             await gateway.app.state.services.usage.flush()
             rest.requests.clear()
-            reply = await send(client, gateway, "GET", path, headers=signed)
+            reply = await send(http, gateway, "GET", path, headers=signed)
             requests = list(rest.requests)
     finally:
         await rest.stop()
@@ -1186,26 +1161,26 @@ async def test_a_sign_in_takes_one_store_round_trip(
 
 
 async def test_sign_in_challenges_have_no_side_effect_on_the_ip_limit(
-    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
+    asset_api_server: Upstream, asset_api: Upstream, http: aiohttp.ClientSession
 ) -> None:
-    async with run_gateway(_env(asset_api.url, RATE_LIMIT_CHALLENGE_PER_MINUTE="2")) as gateway:
+    async with run_gateway(_env(asset_api_server.url, RATE_LIMIT_CHALLENGE_PER_MINUTE="2")) as gateway:
         path = f"{PREFIX}/health"
-        first = await challenge(client, gateway, path)
-        await challenge(client, gateway, path)
-        third = await send(client, gateway, "GET", path)
-        signed = await send(client, gateway, "GET", path, headers={"sign-in-with-x": sign_in(first, WALLET)})
+        first = await challenge(http, gateway, path)
+        await challenge(http, gateway, path)
+        third = await send(http, gateway, "GET", path)
+        signed = await send(http, gateway, "GET", path, headers={"sign-in-with-x": sign_in(first, WALLET)})
     assert third.status == 402 and third.json()["extensions"]["sign-in-with-x"]
     assert signed.status == 200
 
 
 async def test_refused_sign_ins_count_against_the_per_ip_challenge_limit(
-    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
+    asset_api_server: Upstream, asset_api: Upstream, http: aiohttp.ClientSession
 ) -> None:
     """A junk SIGN-IN-WITH-X header earns a fresh challenge, so it must not bypass the limit."""
-    async with run_gateway(_env(asset_api.url, RATE_LIMIT_CHALLENGE_PER_MINUTE="2")) as gateway:
+    async with run_gateway(_env(asset_api_server.url, RATE_LIMIT_CHALLENGE_PER_MINUTE="2")) as gateway:
         path = f"{PREFIX}/health"
         replies = [
-            await send(client, gateway, "GET", path, headers={"sign-in-with-x": "junk"}) for _ in range(3)
+            await send(http, gateway, "GET", path, headers={"sign-in-with-x": "junk"}) for _ in range(3)
         ]
     assert [r.status for r in replies] == [402, 402, 429]
     assert_error(replies[2], 429, "rate_limited")
@@ -1213,16 +1188,16 @@ async def test_refused_sign_ins_count_against_the_per_ip_challenge_limit(
 
 
 async def test_an_unreachable_store_fails_a_sign_in_closed_with_503_but_still_challenges(
-    asset_api: Upstream, api: Upstream, client: aiohttp.ClientSession
+    asset_api_server: Upstream, asset_api: Upstream, http: aiohttp.ClientSession
 ) -> None:
     store = f"redis://127.0.0.1:{refusing_port()}/0"
-    env = _env(asset_api.url, STATE_STORE_REST_URL=store)
+    env = _env(asset_api_server.url, STATE_STORE_REST_URL=store)
     async with run_gateway(env, routes=_routes_with(())) as gateway:
         path = f"{PREFIX}/health"
         replica = SiwxIssuer(SIWX_SECRET.encode(), gateway.settings.base_url, "Sign in")
         ext = replica.challenge(gateway.url + path).extensions["sign-in-with-x"]  # type: ignore[index]
-        claimed = await send(client, gateway, "GET", path, headers={"sign-in-with-x": sign_in(ext, WALLET)})
-        unsigned = await send(client, gateway, "GET", path)
+        claimed = await send(http, gateway, "GET", path, headers={"sign-in-with-x": sign_in(ext, WALLET)})
+        unsigned = await send(http, gateway, "GET", path)
     assert_error(claimed, 503, "store_unavailable")
     assert unsigned.status == 402  # a challenge needs nothing from the store
-    assert api.calls == []
+    assert asset_api.calls == []

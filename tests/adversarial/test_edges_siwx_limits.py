@@ -17,14 +17,12 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest_asyncio
-from aiohttp import web
 from solders.keypair import Keypair
 
 from gateway.x402.siwx_signer import sign_in
 from tests.support.gateway_server import RunningGateway, run_gateway
-from tests.support.upstream import Upstream
+from tests.support.upstream import ASSET_API_KEY, Upstream
 
-KEY = "edges-asset-key-0123456789abcdef"
 PATH = "/v1/x402/tokens/health"
 ATTACKER_IP = "203.0.113.66"
 VICTIM_IP = "198.51.100.23"
@@ -33,25 +31,11 @@ CHALLENGE_LIMIT = 20
 REPLAYS = 35
 
 
-async def _answer(request: web.Request, body: bytes) -> web.StreamResponse:
-    if request.headers.get("x-api-key") != KEY:
-        return web.json_response({"error": "invalid api key"}, status=401)
-    return web.json_response({"status": "ok"})
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def asset_api() -> AsyncIterator[Upstream]:
-    server = Upstream(responder=_answer)
-    await server.start()
-    yield server
-    await server.stop()
-
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def gateway(asset_api: Upstream) -> AsyncIterator[RunningGateway]:
     env = {
         "ASSET_API_BASE_URL": asset_api.url,
-        "ASSET_API_KEY": KEY,
+        "ASSET_API_KEY": ASSET_API_KEY,
         "SIWX_SECRET": "edges-siwx-secret-0123456789abcdef-0123",
         "RATE_LIMIT_TOKENS_PER_MINUTE": str(UPSTREAM_KEY_LIMIT),
         "RATE_LIMIT_CHALLENGE_PER_MINUTE": str(CHALLENGE_LIMIT),

@@ -26,7 +26,6 @@ import aiohttp
 import msgspec
 import pytest
 import pytest_asyncio
-from aiohttp import web
 from solders.keypair import Keypair
 
 from gateway.x402.headers import encode_header
@@ -47,7 +46,7 @@ from tests.support.paid_fixtures import (
     settled_once,
 )
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
-from tests.support.upstream import Upstream, static
+from tests.support.upstream import ASSET_API_KEY, Upstream, static
 
 FLOODER, HONEST = "203.0.113.7", "198.51.100.20"
 MARKER = 4242
@@ -220,23 +219,8 @@ async def test_a_charged_client_that_hung_up_gets_its_answer_when_it_retries_ide
 
 # --- sign-in: the asset-data key's budget --------------------------------------------------------
 
-KEY = "fair-shares-asset-key-0123456789abcdef"
 TOKENS_PATH = "/v1/x402/tokens/health"
 TOKENS_SHARE = 8  # ceil(30 per minute x 25%): the default share of one wallet and of one IP
-
-
-async def _asset_answer(request: web.Request, body: bytes) -> web.StreamResponse:
-    if request.headers.get("x-api-key") != KEY:
-        return web.json_response({"error": "invalid api key"}, status=401)
-    return web.json_response({"status": "ok"})
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def asset_api() -> AsyncIterator[Upstream]:
-    server = Upstream(responder=_asset_answer)
-    await server.start()
-    yield server
-    await server.stop()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -244,7 +228,7 @@ async def signing_gateway(asset_api: Upstream) -> AsyncIterator[RunningGateway]:
     """The asset-data routes with the default limits: 30 a minute for the key, 120 challenges."""
     env = {
         "ASSET_API_BASE_URL": asset_api.url,
-        "ASSET_API_KEY": KEY,
+        "ASSET_API_KEY": ASSET_API_KEY,
         "SIWX_SECRET": "fair-shares-siwx-secret-0123456789abcdef",
         "TRUSTED_PROXIES": "127.0.0.1/32",
         "ROUTE_GROUPS": "tokens",

@@ -16,7 +16,6 @@ import aiohttp
 import msgspec
 import pytest
 import pytest_asyncio
-from aiohttp import web
 from solders.keypair import Keypair
 
 from gateway.x402.headers import encode_header
@@ -26,7 +25,7 @@ from tests.support.adversarial_paid import Money
 from tests.support.gateway_server import RunningGateway, run_gateway
 from tests.support.paid_fixtures import GET_BALANCE, StartPaidGateway, balance_body
 from tests.support.solana_rpc_server import UsdcChain
-from tests.support.upstream import Upstream
+from tests.support.upstream import ASSET_API_KEY, Upstream
 
 NO_MONEY_MOVED = Money(0, 0, 0)
 HOUR = timedelta(hours=1)
@@ -140,27 +139,15 @@ async def test_path_tricks_never_reach_the_internal_settle_and_the_real_path_doe
 
 # --- hostile sign-ins --------------------------------------------------------------------------------
 
-ASSET_KEY = "refusals-asset-key-0123456789"
 HEALTH = "/v1/x402/tokens/health"
 SEARCH = "/v1/x402/tokens/assets/search?q=sol"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def asset_api() -> AsyncIterator[Upstream]:
-    async def answer(request: web.Request, body: bytes) -> web.StreamResponse:
-        return web.json_response({"status": "ok"})
-
-    server = Upstream(responder=answer)
-    await server.start()
-    yield server
-    await server.stop()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def tokens_gateway(asset_api: Upstream) -> AsyncIterator[RunningGateway]:
     env = {
         "ASSET_API_BASE_URL": asset_api.url,
-        "ASSET_API_KEY": ASSET_KEY,
+        "ASSET_API_KEY": ASSET_API_KEY,
         "SIWX_SECRET": "refusals-siwx-secret-0123456789abcdef-01",
         "ROUTE_GROUPS": "tokens",
     }

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
+import pytest
 import pytest_asyncio
 
-from tests.support.upstream import Upstream
+from tests.support.upstream import Upstream, asset_data
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -17,6 +18,26 @@ async def upstream() -> AsyncIterator[Upstream]:
     await server.start()
     yield server
     await server.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def asset_api_server() -> AsyncIterator[Upstream]:
+    """The asset-data API, one per module, so a module's gateway can outlive a test (take
+    ``asset_api`` in the test itself for a clean record)."""
+    server = Upstream(responder=asset_data)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+def asset_api(asset_api_server: Upstream) -> Iterator[Upstream]:
+    """The module's asset-data API, answering as ``asset_data`` with no calls recorded yet;
+    a test may script other answers, undone after it."""
+    asset_api_server.responder = asset_data
+    asset_api_server.calls.clear()
+    yield asset_api_server
+    asset_api_server.responder = asset_data
 
 
 @pytest_asyncio.fixture(loop_scope="session")

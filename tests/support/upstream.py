@@ -15,6 +15,9 @@ from aiohttp import web
 
 Responder = Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]
 
+ASSET_API_KEY = "asset-api-key-0123456789abcdef"
+"""The key the gateway is configured to send the asset-data API; the fake refuses any other."""
+
 
 @dataclass
 class RecordedCall:
@@ -80,3 +83,10 @@ def static(status: int, payload: Any = None, text: str | None = None, delay: flo
         return web.json_response(payload, status=status)
 
     return respond
+
+
+async def asset_data(request: web.Request, body: bytes) -> web.StreamResponse:
+    """The asset-data API: a wrong key is its 401, else it names the path it was asked."""
+    if request.headers.get("x-api-key") != ASSET_API_KEY:
+        return web.json_response({"error": "invalid api key"}, status=401)
+    return web.json_response({"path": request.path, "items": [1, 2]})
