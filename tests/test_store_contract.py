@@ -412,6 +412,8 @@ async def test_scripts_load_on_a_server_that_lacks_them(
         assert await store.claim("lock:noscript", "holder", 60_000)
         assert await store.release("lock:noscript", "holder")
         assert await store.credit_state("credit:noscript", "credit:noscript:holds") == CreditState(0, 0, 0)
+        assert await store.hold_credit("credit:noscript", "credit:noscript:holds", 1, "t", 60_000) is None
+        assert await store.take_credit("credit:noscript", "credit:noscript:holds", "t", 1) is None
     finally:
         await store.close()
 
@@ -653,6 +655,212 @@ async def test_a_credit_to_a_key_that_is_not_a_counter_claims_nothing(
     assert await raw_redis.get("pay:g") is None
 
 
+# --- prepaid credit: holds and takes -------------------------------------------------------------
+
+BALANCE, HOLDS = "credit:spend", "credit:spend:holds"
+
+
+async def top_up(store: Store, amount: int, key: str = BALANCE, ttl_ms: int = 60_000) -> None:
+    assert await store.claim_then_put([], [], [Credit(key, amount, ttl_ms)]) == 0
+
+
+async def test_hold_take_and_release_move_the_balance_exactly(store: Store) -> None:
+    await top_up(store, 100)
+
+    first = await store.hold_credit(BALANCE, HOLDS, 30, "a", 60_000)
+    second = await store.hold_credit(BALANCE, HOLDS, 50, "b", 60_000)
+    refused = await store.hold_credit(BALANCE, HOLDS, 21, "c", 60_000)  # 100 - 80 < 21
+    taken = await store.take_credit(BALANCE, HOLDS, "a", 30)
+    await store.unhold([HOLDS], "b")
+    released = await store.credit_state(BALANCE, HOLDS)
+    whole = await store.hold_credit(BALANCE, HOLDS, 70, "c", 60_000)
+    less = await store.take_credit(BALANCE, HOLDS, "c", 25)  # the call cost less than it held
+
+    assert first is not None and (first.balance, first.held) == (100, 30)
+    assert second is not None and (second.balance, second.held) == (100, 80)
+    assert refused is None
+    assert taken is not None and (taken.balance, taken.held) == (70, 50)
+    assert (released.balance, released.held) == (70, 0)
+    assert whole is not None and (whole.balance, whole.held) == (70, 70)
+    assert less is not None and (less.balance, less.held) == (45, 0)
+    assert 59_000 < less.ttl_ms <= 60_000  # a take keeps the balance's lifetime
+    final = await store.credit_state(BALANCE, HOLDS)
+    assert (final.balance, final.held) == (45, 0)
+
+
+async def test_holding_again_under_the_same_token_replaces_the_credit_hold(store: Store) -> None:
+    await top_up(store, 10)
+
+    assert await store.hold_credit(BALANCE, HOLDS, 10, "me", 60_000) is not None
+    again = await store.hold_credit(BALANCE, HOLDS, 4, "me", 60_000)
+
+    assert again is not None and (again.balance, again.held) == (10, 4)
+    assert await store.hold_credit(BALANCE, HOLDS, 7, "other", 60_000) is None
+    assert await store.hold_credit(BALANCE, HOLDS, 6, "other", 60_000) is not None
+
+
+async def test_nothing_is_held_against_an_absent_or_lapsed_balance(store: Store) -> None:
+    assert await store.hold_credit(BALANCE, HOLDS, 1, "none", 60_000) is None
+    zero = await store.hold_credit(BALANCE, HOLDS, 0, "free", 60_000)
+    assert zero == CreditState(0, 0, 0)
+
+    await top_up(store, 10, ttl_ms=100)
+    await asyncio.sleep(0.2)
+
+    assert await store.hold_credit(BALANCE, HOLDS, 1, "late", 60_000) is None
+
+
+async def test_exactly_the_balance_of_many_concurrent_credit_holds_win(store: Store) -> None:
+    await top_up(store, 100)
+
+    results = await asyncio.gather(
+        *(store.hold_credit(BALANCE, HOLDS, 10, f"t{n}", 60_000) for n in range(100))
+    )
+
+    won = [state for state in results if state is not None]
+    assert len(won) == 10
+    assert sorted(state.held for state in won) == list(range(10, 101, 10))
+    state = await store.credit_state(BALANCE, HOLDS)
+    assert (state.balance, state.held) == (100, 100)
+
+
+async def test_a_credit_hold_lapses_by_itself(store: Store) -> None:
+    await top_up(store, 10)
+    assert await store.hold_credit(BALANCE, HOLDS, 10, "dead-process", 100) is not None
+    assert await store.hold_credit(BALANCE, HOLDS, 1, "next", 60_000) is None
+
+    await asyncio.sleep(0.2)
+
+    after = await store.hold_credit(BALANCE, HOLDS, 10, "next", 60_000)
+    assert after is not None and (after.balance, after.held) == (10, 10)
+
+
+async def test_a_take_after_its_hold_lapsed_takes_only_what_is_still_free(store: Store) -> None:
+    await top_up(store, 100)
+    assert await store.hold_credit(BALANCE, HOLDS, 60, "slow", 100) is not None
+    await asyncio.sleep(0.2)
+    assert await store.hold_credit(BALANCE, HOLDS, 80, "other", 60_000) is not None
+
+    uncovered = await store.take_credit(BALANCE, HOLDS, "slow", 60)  # 100 - 80 held < 60
+    covered = await store.take_credit(BALANCE, HOLDS, "slow", 20)
+
+    assert uncovered is None
+    assert covered is not None and (covered.balance, covered.held) == (80, 80)
+
+
+async def test_a_take_never_overdraws_the_balance(store: Store) -> None:
+    assert await store.take_credit(BALANCE, HOLDS, "never-held", 1) is None  # no balance at all
+    await top_up(store, 100)
+    assert await store.hold_credit(BALANCE, HOLDS, 40, "held", 60_000) is not None
+
+    too_much = await store.take_credit(BALANCE, HOLDS, "held", 101)
+    into_others = await store.take_credit(BALANCE, HOLDS, "unheld", 61)  # only 60 is free
+    past_its_hold = await store.take_credit(BALANCE, HOLDS, "held", 101)
+
+    assert (too_much, into_others, past_its_hold) == (None, None, None)
+    assert (await store.credit_state(BALANCE, HOLDS)).balance == 100
+    results = await asyncio.gather(
+        *(store.take_credit(BALANCE, HOLDS, f"free{n}", 7) for n in range(20))
+    )  # 60 free: 8 takes of 7 fit
+    assert sum(state is not None for state in results) == 8
+    state = await store.credit_state(BALANCE, HOLDS)
+    assert (state.balance, state.held) == (44, 40)
+    taken = await store.take_credit(BALANCE, HOLDS, "held", 40)
+    assert taken is not None and (taken.balance, taken.held) == (4, 0)
+
+
+async def test_a_take_of_a_held_token_is_refused_when_the_balance_lapsed(store: Store) -> None:
+    await top_up(store, 10, ttl_ms=150)
+    assert await store.hold_credit(BALANCE, HOLDS, 10, "held", 60_000) is not None
+    await asyncio.sleep(0.25)
+
+    assert await store.take_credit(BALANCE, HOLDS, "held", 10) is None
+    assert await store.credit_state(BALANCE, HOLDS) == CreditState(0, 10, 0)
+
+
+async def test_concurrent_takes_of_one_token_take_once(store: Store) -> None:
+    await top_up(store, 100)
+    assert await store.hold_credit(BALANCE, HOLDS, 30, "once", 60_000) is not None
+
+    results = await asyncio.gather(*(store.take_credit(BALANCE, HOLDS, "once", 30) for _ in range(20)))
+
+    assert sum(state is not None for state in results) == 1
+    assert await store.take_credit(BALANCE, HOLDS, "once", 30) is None  # nor later
+    state = await store.credit_state(BALANCE, HOLDS)
+    assert (state.balance, state.held) == (70, 0)
+
+
+async def test_a_token_held_again_after_its_take_can_be_taken_again(store: Store) -> None:
+    await top_up(store, 100)
+    assert await store.hold_credit(BALANCE, HOLDS, 10, "reused", 60_000) is not None
+    assert await store.take_credit(BALANCE, HOLDS, "reused", 10) is not None
+    assert await store.hold_credit(BALANCE, HOLDS, 10, "reused", 60_000) is not None
+
+    again = await store.take_credit(BALANCE, HOLDS, "reused", 10)
+
+    assert again is not None and (again.balance, again.held) == (80, 0)
+
+
+async def test_credit_state_sums_only_the_live_credit_holds(store: Store) -> None:
+    await top_up(store, 100)
+    assert await store.hold_credit(BALANCE, HOLDS, 10, "short", 100) is not None
+    assert await store.hold_credit(BALANCE, HOLDS, 20, "long", 60_000) is not None
+    assert await store.take_credit(BALANCE, HOLDS, "long", 5) is not None
+    assert await store.hold_credit(BALANCE, HOLDS, 30, "open", 60_000) is not None
+
+    live = await store.credit_state(BALANCE, HOLDS)
+    await asyncio.sleep(0.2)
+    lapsed = await store.credit_state(BALANCE, HOLDS)
+
+    assert (live.balance, live.held) == (95, 40)
+    assert (lapsed.balance, lapsed.held) == (95, 30)
+
+
+async def test_credit_amounts_the_scripts_cannot_keep_are_refused(store: Store) -> None:
+    for amount in (-1, 2**53 + 1):
+        with pytest.raises(ValueError):
+            await store.hold_credit(BALANCE, HOLDS, amount, "bad", 60_000)
+        with pytest.raises(ValueError):
+            await store.take_credit(BALANCE, HOLDS, "bad", amount)
+    with pytest.raises(ValueError):
+        await store.hold_credit(BALANCE, HOLDS, 1, "bad", 0)
+
+
+async def test_a_take_leaves_the_hold_set_expiring(clean_redis_url: str, raw_redis: aioredis.Redis) -> None:
+    """Deleting the last hold deletes the hash: the taken mark must not make it again without a TTL."""
+    store = RedisStore(clean_redis_url)
+    try:
+        await top_up(store, 10)
+        assert await store.hold_credit(BALANCE, HOLDS, 10, "only", 5_000) is not None
+        assert await store.take_credit(BALANCE, HOLDS, "only", 10) is not None
+    finally:
+        await store.close()
+
+    assert 0 < await raw_redis.pttl(HOLDS) <= 5_000
+    assert 59_000 < await raw_redis.pttl(BALANCE) <= 60_000
+
+
+async def test_redis_and_upstash_backends_share_one_balance(
+    clean_redis_url: str, upstash_url_and_token: tuple[str, str]
+) -> None:
+    redis_store, upstash_store = RedisStore(clean_redis_url), UpstashStore(*upstash_url_and_token)
+    try:
+        await top_up(redis_store, 50)
+        results = await asyncio.gather(
+            *(
+                s.hold_credit(BALANCE, HOLDS, 10, f"{n}-{i}", 60_000)
+                for i in range(10)
+                for n, s in enumerate((redis_store, upstash_store))
+            )
+        )
+        assert sum(state is not None for state in results) == 5
+        held = await upstash_store.hold_credit(BALANCE, HOLDS, 0, "probe", 60_000)
+        assert held is not None and (held.balance, held.held) == (50, 50)
+    finally:
+        await redis_store.close()
+        await upstash_store.close()
+
+
 # --- failing closed ------------------------------------------------------------------------------
 
 SECRET = "hunter2-s3cret"
@@ -685,6 +893,8 @@ OPERATIONS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "hold": lambda s: s.hold([Hold("h", 1, 1)], "token", 1_000),
     "unhold": lambda s: s.unhold(["h"], "token"),
     "credit_state": lambda s: s.credit_state("c", "h"),
+    "hold_credit": lambda s: s.hold_credit("c", "h", 1, "token", 1_000),
+    "take_credit": lambda s: s.take_credit("c", "h", "token", 1),
 }
 
 

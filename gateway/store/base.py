@@ -9,6 +9,10 @@ Semantics are shared by all backends and pinned by ``tests/test_store_contract.p
   (what it must not find, then its buckets, then its claims; once settled, its delivery claim,
   then its records), atomically; ``undo_claim`` takes back a claim whose payment was refused,
   with the shared spends it made and the refusal it costs, in one round trip too.
+* Prepaid credit is a wallet's balance counter plus holds against it (``hold_credit``,
+  ``take_credit``, ``credit_state``); a top-up is a ``Credit`` written by ``claim_then_put`` once
+  its payment's claim is won, so a replayed top-up credits nothing. The balance is the operator's
+  liability: every change is one atomic step on the store's clock, and no take overdraws it.
 * ``rate_limit`` is GCRA: up to ``limit`` requests in any ``period_ms`` window, with the
   allowance refilling evenly; one atomic decision per call, using the store's clock so that
   many gateway processes share one bucket exactly.
@@ -174,6 +178,26 @@ class Store(Protocol):
 
     async def unhold(self, keys: Sequence[str], token: str) -> None:
         """Drop ``token``'s hold at each key (one round trip; absent holds are ignored)."""
+
+    async def hold_credit(
+        self, balance_key: str, holds_key: str, amount: int, token: str, ttl_ms: int
+    ) -> CreditState | None:
+        """Atomically, in one round trip: forget the lapsed holds at ``holds_key``; only when the
+        balance less the other live holds covers ``amount``, hold it under ``token`` (replacing
+        that token's own hold), lapsing ``ttl_ms`` from now on the store's clock, and answer the
+        state after the hold (``held`` includes it); else change nothing and answer None. The
+        holds never add up to more than the balance, however many callers race. ``unhold``
+        releases a credit hold like any other."""
+
+    async def take_credit(
+        self, balance_key: str, holds_key: str, token: str, amount: int
+    ) -> CreditState | None:
+        """Atomically, in one round trip: take ``amount`` from the balance (keeping its TTL) only
+        when the balance less the other live holds covers it, dropping ``token``'s hold if it is
+        live, and answer the state after; else take nothing and answer None. A lapsed or never
+        made hold takes only what is still free, so a take never overdraws the balance nor eats
+        into another caller's hold. A taken hold leaves a mark until it would have lapsed: a
+        repeated take of the token meanwhile takes nothing (None)."""
 
     async def credit_state(self, balance_key: str, holds_key: str) -> CreditState:
         """In one round trip: the balance at ``balance_key``, the sum of the live holds at

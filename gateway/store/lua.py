@@ -22,6 +22,8 @@ from gateway.store.base import (
     Lookup,
     RateDecision,
     StoreUnavailable,
+    checked_amount,
+    checked_ttl,
 )
 
 # Time is in microseconds (exact in Lua's doubles) so limits above 1000/s keep their value. A
@@ -220,6 +222,40 @@ return credit_state(KEYS[1], held)
 """
 )
 
+# KEYS: the balance, its hold set. ARGV: token, amount, ttl_ms. Reply: the credit state after the
+# hold, or nil when the free balance does not cover it (nothing held).
+HOLD_CREDIT_SCRIPT = (
+    _CREDIT_PRELUDE
+    + """
+local token, amount, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = now_us()
+local others = credit_holds(KEYS[2], token, now, true)
+if tonumber(redis.call('GET', KEYS[1]) or '0') - others < amount then return false end
+redis.call('HSET', KEYS[2], token, ARGV[2] .. ' ' .. string.format('%d', now + ttl * 1000))
+if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+return credit_state(KEYS[1], others + amount)
+"""
+)
+
+# KEYS: the balance, its hold set. ARGV: token, amount. Reply: the credit state after the take, or
+# nil when nothing was taken. The mark is written before the hold is deleted: a hold set emptied by
+# HDEL is deleted, and HSET would make it again without its TTL.
+TAKE_CREDIT_SCRIPT = (
+    _CREDIT_PRELUDE
+    + """
+local token, amount = ARGV[1], tonumber(ARGV[2])
+local others, own, taken = credit_holds(KEYS[2], token, now_us(), true)
+if taken and not own then return false end
+if tonumber(redis.call('GET', KEYS[1]) or '0') - others < amount then return false end
+if own then
+  redis.call('HSET', KEYS[2], TAKEN_MARK .. token, '0 ' .. own)
+  redis.call('HDEL', KEYS[2], token)
+end
+if amount > 0 then redis.call('DECRBY', KEYS[1], ARGV[2]) end
+return credit_state(KEYS[1], others)
+"""
+)
+
 # KEYS[1]: the lock; ARGV[1]: the holder's token. Reply: 1 when deleted, else 0.
 RELEASE_SCRIPT = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -232,6 +268,8 @@ RELEASE_SHA1 = hashlib.sha1(RELEASE_SCRIPT.encode()).hexdigest()
 UNDO_CLAIM_SHA1 = hashlib.sha1(UNDO_CLAIM_SCRIPT.encode()).hexdigest()
 HOLD_SHA1 = hashlib.sha1(HOLD_SCRIPT.encode()).hexdigest()
 CREDIT_STATE_SHA1 = hashlib.sha1(CREDIT_STATE_SCRIPT.encode()).hexdigest()
+HOLD_CREDIT_SHA1 = hashlib.sha1(HOLD_CREDIT_SCRIPT.encode()).hexdigest()
+TAKE_CREDIT_SHA1 = hashlib.sha1(TAKE_CREDIT_SCRIPT.encode()).hexdigest()
 MAX_HOLD_AMOUNT = MAX_AMOUNT
 """Amounts and caps above this lose precision in Lua's doubles: caps are clamped to it."""
 
@@ -305,6 +343,25 @@ def credit_state_from_reply(reply: object) -> CreditState:
             except ValueError:
                 pass
     raise StoreUnavailable("state store answered a credit script with garbage")
+
+
+def hold_credit_call(
+    balance_key: str, holds_key: str, amount: int, token: str, ttl_ms: int
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the hold-credit script (ValueError on an amount or TTL it cannot keep)."""
+    return [balance_key, holds_key], [token, str(checked_amount(amount)), str(checked_ttl(ttl_ms))]
+
+
+def take_credit_call(
+    balance_key: str, holds_key: str, token: str, amount: int
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the take-credit script (ValueError on an amount it cannot keep)."""
+    return [balance_key, holds_key], [token, str(checked_amount(amount))]
+
+
+def credit_change_from_reply(reply: object) -> CreditState | None:
+    """The hold- or take-credit script's state after the change, or nil: nothing changed."""
+    return None if reply is None else credit_state_from_reply(reply)
 
 
 def undone_from_reply(reply: object) -> None:

@@ -10,7 +10,18 @@ import heapq
 import time
 from collections.abc import Mapping, Sequence
 
-from gateway.store.base import Bucket, Credit, CreditState, Entry, Hold, Lookup, RateDecision
+from gateway.store.base import (
+    TAKEN_MARK,
+    Bucket,
+    Credit,
+    CreditState,
+    Entry,
+    Hold,
+    Lookup,
+    RateDecision,
+    checked_amount,
+    checked_ttl,
+)
 
 
 def _now_us() -> int:
@@ -164,12 +175,18 @@ class MemoryStore:
             tat = max(self._tats.get(bucket.key, now), now)
             self._set_tat(bucket.key, tat + _interval_us(bucket.limit, bucket.period_ms))
 
+    def _live_holds(self, key: str, now: int) -> dict[str, tuple[int, int]]:
+        """The live holds at ``key``, after forgetting the lapsed ones (kept in the store: edit in
+        place while it is not empty)."""
+        live = {t: h for t, h in self._holds.pop(key, {}).items() if h[1] > now}
+        if live:
+            self._holds[key] = live
+        return live
+
     async def hold(self, holds: Sequence[Hold], token: str, ttl_ms: int) -> bool:
         now = _now_us()
         for hold in holds:
-            live = {t: h for t, h in self._holds.pop(hold.key, {}).items() if h[1] > now}
-            if live:
-                self._holds[hold.key] = live
+            live = self._live_holds(hold.key, now)
             if sum(h[0] for t, h in live.items() if t != token) + hold.amount > hold.cap:
                 return False
         for hold in holds:
@@ -190,6 +207,40 @@ class MemoryStore:
         if entry is None or entry[1] <= now:
             return CreditState(balance=0, held=held, ttl_ms=0)
         return CreditState(balance=int(entry[0]), held=held, ttl_ms=-(-(entry[1] - now) // 1_000))
+
+    async def hold_credit(
+        self, balance_key: str, holds_key: str, amount: int, token: str, ttl_ms: int
+    ) -> CreditState | None:
+        checked_amount(amount)
+        checked_ttl(ttl_ms)
+        now = _now_us()
+        others = sum(h[0] for t, h in self._live_holds(holds_key, now).items() if t != token)
+        after = self._credit_state(balance_key, others + amount, now)
+        if after.balance - others < amount:
+            return None
+        self._holds.setdefault(holds_key, {})[token] = (amount, now + ttl_ms * 1_000)
+        return after
+
+    async def take_credit(
+        self, balance_key: str, holds_key: str, token: str, amount: int
+    ) -> CreditState | None:
+        checked_amount(amount)
+        now = _now_us()
+        live = self._live_holds(holds_key, now)
+        own = live.get(token)
+        if own is None and TAKEN_MARK + token in live:
+            return None
+        others = sum(h[0] for t, h in live.items() if t != token)
+        before = self._credit_state(balance_key, others, now)
+        if before.balance - others < amount:
+            return None
+        if own is not None:
+            del live[token]
+            live[TAKEN_MARK + token] = (0, own[1])
+        if amount == 0:
+            return before
+        self._values[balance_key] = (str(before.balance - amount), self._values[balance_key][1])
+        return CreditState(balance=before.balance - amount, held=others, ttl_ms=before.ttl_ms)
 
     async def credit_state(self, balance_key: str, holds_key: str) -> CreditState:
         now = _now_us()

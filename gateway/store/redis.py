@@ -21,18 +21,23 @@ from gateway.store.lua import (
     CHECK_THEN_LIMIT_SCRIPT,
     CLAIM_THEN_PUT_SCRIPT,
     CREDIT_STATE_SCRIPT,
+    HOLD_CREDIT_SCRIPT,
     HOLD_SCRIPT,
     RELEASE_SCRIPT,
+    TAKE_CREDIT_SCRIPT,
     UNDO_CLAIM_SCRIPT,
     check_then_limit_call,
     claim_then_put_call,
     claimed_from_reply,
     counters_from_reply,
+    credit_change_from_reply,
     credit_state_from_reply,
     held_from_reply,
     hold_call,
+    hold_credit_call,
     lookup_from_reply,
     released_from_reply,
+    take_credit_call,
     text_from_reply,
     totals_from_replies,
     undo_claim_call,
@@ -80,6 +85,8 @@ class RedisStore:
         self._undo_claim = self._redis.register_script(UNDO_CLAIM_SCRIPT)
         self._hold = self._redis.register_script(HOLD_SCRIPT)
         self._credit_state = self._redis.register_script(CREDIT_STATE_SCRIPT)
+        self._hold_credit = self._redis.register_script(HOLD_CREDIT_SCRIPT)
+        self._take_credit = self._redis.register_script(TAKE_CREDIT_SCRIPT)
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
         """Await one command, turning every client failure into StoreUnavailable."""
@@ -136,6 +143,20 @@ class RedisStore:
             for key in keys:
                 pipe.hdel(key, token)
             await self._call(pipe.execute())
+
+    async def hold_credit(
+        self, balance_key: str, holds_key: str, amount: int, token: str, ttl_ms: int
+    ) -> CreditState | None:
+        script_keys, args = hold_credit_call(balance_key, holds_key, amount, token, ttl_ms)
+        reply: Any = await self._call(self._hold_credit(keys=script_keys, args=args))
+        return credit_change_from_reply(reply)
+
+    async def take_credit(
+        self, balance_key: str, holds_key: str, token: str, amount: int
+    ) -> CreditState | None:
+        script_keys, args = take_credit_call(balance_key, holds_key, token, amount)
+        reply: Any = await self._call(self._take_credit(keys=script_keys, args=args))
+        return credit_change_from_reply(reply)
 
     async def credit_state(self, balance_key: str, holds_key: str) -> CreditState:
         reply: Any = await self._call(self._credit_state(keys=[balance_key, holds_key], args=[]))

@@ -22,21 +22,28 @@ from gateway.store.lua import (
     CLAIM_THEN_PUT_SHA1,
     CREDIT_STATE_SCRIPT,
     CREDIT_STATE_SHA1,
+    HOLD_CREDIT_SCRIPT,
+    HOLD_CREDIT_SHA1,
     HOLD_SCRIPT,
     HOLD_SHA1,
     RELEASE_SCRIPT,
     RELEASE_SHA1,
+    TAKE_CREDIT_SCRIPT,
+    TAKE_CREDIT_SHA1,
     UNDO_CLAIM_SCRIPT,
     UNDO_CLAIM_SHA1,
     check_then_limit_call,
     claim_then_put_call,
     claimed_from_reply,
     counters_from_reply,
+    credit_change_from_reply,
     credit_state_from_reply,
     held_from_reply,
     hold_call,
+    hold_credit_call,
     lookup_from_reply,
     released_from_reply,
+    take_credit_call,
     text_from_reply,
     totals_from_replies,
     undo_claim_call,
@@ -127,6 +134,20 @@ class UpstashStore:
             for key in keys:
                 pipe.hdel(key, token)
             await self._call(pipe.exec())
+
+    async def hold_credit(
+        self, balance_key: str, holds_key: str, amount: int, token: str, ttl_ms: int
+    ) -> CreditState | None:
+        script_keys, args = hold_credit_call(balance_key, holds_key, amount, token, ttl_ms)
+        reply = await self._call(self._script(HOLD_CREDIT_SCRIPT, HOLD_CREDIT_SHA1, script_keys, args))
+        return credit_change_from_reply(reply)
+
+    async def take_credit(
+        self, balance_key: str, holds_key: str, token: str, amount: int
+    ) -> CreditState | None:
+        script_keys, args = take_credit_call(balance_key, holds_key, token, amount)
+        reply = await self._call(self._script(TAKE_CREDIT_SCRIPT, TAKE_CREDIT_SHA1, script_keys, args))
+        return credit_change_from_reply(reply)
 
     async def credit_state(self, balance_key: str, holds_key: str) -> CreditState:
         script_keys = [balance_key, holds_key]
