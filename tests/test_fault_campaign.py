@@ -23,15 +23,18 @@ from tests.support.cdp_facilitator import (
     Fault,
     ReferenceBackend,
     StaticBackend,
-    settlement_signature,
 )
 from tests.support.facilitator_fixtures import StartFacilitator
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     GET_BALANCE_PROVIDER_PRICE,
+    MARKER,
+    PROVIDER_ANSWER,
     PaidGateway,
     Reply,
     StartPaidGateway,
+    assert_answered,
+    assert_challenge,
     balance_body,
     encode_body,
     send_and_hang_up,
@@ -42,30 +45,9 @@ from tests.support.redis_server import RedisServer
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Responder, Upstream, static
 
-MARKER = 424242
-PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 1}, "value": MARKER}}
 ROUTE = "solana.mainnet.provider_a.rpc.getBalance"
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
-
-
-def assert_challenge(reply: Reply, error: str) -> None:
-    """A 402 with a fresh challenge whose error is ``error`` and no payment-response."""
-    assert reply.status == 402, reply.body
-    assert reply.json()["error"] == error
-    assert reply.header_json("payment-required")["accepts"][0]["amount"] == str(GET_BALANCE_PROVIDER_PRICE)
-    assert "payment-response" not in reply.headers and "x-payment-response" not in reply.headers
-
-
-def assert_delivered(reply: Reply, paid: PaidGateway) -> None:
-    """The provider's answer with both payment-response headers naming the last settlement."""
-    assert reply.status == 200, reply.body
-    assert reply.json() == PROVIDER_ANSWER
-    assert reply.headers["payment-response"] == reply.headers["x-payment-response"]
-    assert paid.facilitator is not None
-    last = paid.facilitator.calls_to("settle")[-1].body
-    assert last is not None
-    assert reply.header_json("payment-response")["transaction"] == settlement_signature(last)
 
 
 # --- the provider answers garbage ------------------------------------------------------------------
@@ -207,7 +189,7 @@ async def test_paid_rpc_retry_after_a_settle_outage_delivers_without_calling_the
 
     reply = await paid.pay(GET_BALANCE, balance_body(), payment)
 
-    assert_delivered(reply, paid)
+    assert_answered(reply, paid.last_settled())
     assert paid.upstream_calls == 1
     assert paid.verify_calls() == 1
 
@@ -251,7 +233,7 @@ async def test_paid_rpc_client_gone_before_the_answer_is_settled_once_and_replay
 
     reply = await paid.pay(GET_BALANCE, balance_body(), payment)
 
-    assert_delivered(reply, paid)
+    assert_answered(reply, paid.last_settled())
     assert paid.settle_calls() == 1
     assert paid.upstream_calls == 1
 
@@ -271,7 +253,7 @@ async def test_paid_rpc_client_gone_before_the_answer_without_identifier_is_sett
     reply = await paid.pay(GET_BALANCE, balance_body(), payment)
     other = await paid.pay(GET_BALANCE, balance_body(request_id=2), payment)
 
-    assert_delivered(reply, paid)
+    assert_answered(reply, paid.last_settled())
     assert_challenge(other, "payment_already_used")
     assert paid.settle_calls() == 1
     assert paid.upstream_calls == 1

@@ -32,10 +32,12 @@ from tests.support.cdp_facilitator import (
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     GET_BALANCE_PROVIDER_PRICE,
+    MARKER,
+    PROVIDER_ANSWER,
     PROVIDER_KEY,
     PaidGateway,
-    Reply,
     StartPaidGateway,
+    assert_challenge,
     balance_body,
 )
 from tests.support.redis_server import RedisServer
@@ -44,19 +46,6 @@ from tests.support.upstash_rest import UpstashRestServer
 from tests.support.upstream import static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
-
-MARKER = 987654321
-PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 1}, "value": MARKER}}
-
-
-def assert_challenge(reply: Reply, error: str) -> None:
-    """A 402 with a fresh challenge whose error is ``error`` (header and body agree)."""
-    assert reply.status == 402
-    assert reply.headers["cache-control"] == "no-store"
-    assert reply.json()["error"] == error
-    assert reply.header_json("payment-required")["error"] == error
-    assert reply.json()["accepts"][0]["amount"] == str(GET_BALANCE_PROVIDER_PRICE)
-    assert "payment-response" not in reply.headers
 
 
 # --- the facilitator at verify -----------------------------------------------------------------

@@ -37,9 +37,12 @@ from tests.support.gateway_server import RunningGateway, run_gateway
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     GET_BALANCE_PROVIDER_PRICE,
+    MARKER,
+    PROVIDER_ANSWER,
     PaidGateway,
     Reply,
     StartPaidGateway,
+    assert_answered,
     balance_body,
     encode_body,
     send_and_hang_up,
@@ -49,8 +52,6 @@ from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import ASSET_API_KEY, Upstream, static
 
 FLOODER, HONEST = "203.0.113.7", "198.51.100.20"
-MARKER = 4242
-PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 1}, "value": MARKER}}
 REFUSED_PER_MINUTE = 10  # the default refusal budget of an IP and of a payer
 FLOOD_WORKERS = 16
 FLOOD_SECONDS = 1.5
@@ -99,12 +100,6 @@ async def _honest_calls_during(
     return honest, await flooding
 
 
-def _assert_paid(reply: Reply) -> None:
-    assert reply.status == 200, reply.body
-    assert reply.json() == PROVIDER_ANSWER
-    assert reply.header_json("payment-response")["success"] is True
-
-
 def _statuses(replies: list[Reply]) -> dict[int, int]:
     counts: dict[int, int] = {}
     for reply in replies:
@@ -126,7 +121,7 @@ async def test_an_empty_wallets_payment_resent_at_full_speed_never_starves_a_pay
     assert all(str(MARKER) not in r.body.decode() for r in flood)
     assert honest and all(r.status == 200 for r in honest), _statuses(honest)
     for reply in honest:
-        _assert_paid(reply)
+        assert_answered(reply)
     # Only the flooder's refusal budget reached the facilitator (each refusal ends its claim, so
     # one copy at a time could be verified); everything else was refused before it cost a verify.
     assert paid.verify_calls() - len(honest) <= REFUSED_PER_MINUTE + 1
@@ -187,7 +182,7 @@ async def test_calls_at_once_from_one_funded_wallet_are_all_served_under_default
     replies = await asyncio.gather(*(_pay_from(paid, HONEST, p, n) for n, p in enumerate(payments)))
 
     for reply in replies:
-        _assert_paid(reply)
+        assert_answered(reply)
     price = int(requirements.amount)
     assert len(solana_rpc_server.sent) == paid.upstream_calls == at_once
     assert Money.of(paid.chain).minus(before) == Money(
@@ -209,7 +204,7 @@ async def test_a_charged_client_that_hung_up_gets_its_answer_when_it_retries_ide
     retry = await paid.pay(GET_BALANCE, balance_body(), payment)
     other = await paid.pay(GET_BALANCE, balance_body(request_id=2), payment)
 
-    _assert_paid(retry)
+    assert_answered(retry)
     assert other.status == 402 and other.json()["error"] == "payment_already_used"
     assert paid.settle_calls() == paid.upstream_calls == 1
     assert len(solana_rpc_server.sent) == 1

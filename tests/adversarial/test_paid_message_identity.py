@@ -23,9 +23,13 @@ from tests.support.adversarial_paid import (
 from tests.support.cdp_facilitator import ReferenceBackend
 from tests.support.paid_fixtures import (
     GET_BALANCE,
+    MARKER,
+    PROVIDER_ANSWER,
     PaidGateway,
     Reply,
     StartPaidGateway,
+    assert_answered,
+    assert_challenge,
     balance_body,
 )
 from tests.support.paid_processes import eventually
@@ -33,24 +37,6 @@ from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
-
-MARKER = 5150
-PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 1}, "value": MARKER}}
-
-
-def assert_answered(reply: Reply) -> None:
-    assert reply.status == 200, reply.body
-    assert reply.json() == PROVIDER_ANSWER
-    assert reply.headers["payment-response"] == reply.headers["x-payment-response"]
-    assert reply.header_json("payment-response")["success"] is True
-
-
-def assert_already_used(reply: Reply, price: int) -> None:
-    assert reply.status == 402, reply.body
-    assert reply.json()["error"] == "payment_already_used"
-    assert str(MARKER) not in reply.body.decode()
-    assert "payment-response" not in reply.headers
-    assert reply.header_json("payment-required")["accepts"][0]["amount"] == str(price)
 
 
 def assert_one_answered(replies: list[Reply], price: int) -> Reply:
@@ -60,7 +46,7 @@ def assert_one_answered(replies: list[Reply], price: int) -> Reply:
     assert_answered(answered[0])
     for reply in replies:
         if reply is not answered[0]:
-            assert_already_used(reply, price)
+            assert_challenge(reply, "payment_already_used", price)
     return answered[0]
 
 
@@ -93,7 +79,7 @@ async def test_copies_of_one_message_with_other_client_signatures_are_refused_af
 
     assert_answered(answered)
     for reply in refused:
-        assert_already_used(reply, paid.balance_price)
+        assert_challenge(reply, "payment_already_used", paid.balance_price)
     assert_one_sale(paid, solana_rpc_server, before)
 
 

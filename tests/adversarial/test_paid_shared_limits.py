@@ -30,16 +30,17 @@ from tests.support.adversarial_paid import (
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     GET_BALANCE_PRICE_INTERNAL,
+    MARKER,
+    PROVIDER_ANSWER,
     PaidGateway,
     Reply,
     StartPaidGateway,
+    assert_answered,
     balance_body,
 )
 from tests.support.solana_rpc_server import LiteSvmRpcServer
 from tests.support.upstream import static
 
-MARKER = 8088
-PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 1}, "value": MARKER}}
 FLOODER, HONEST = "203.0.113.7", "198.51.100.20"
 CHALLENGES_PER_IP = 10
 SCOPE_BUDGET = 3
@@ -78,12 +79,6 @@ async def pay_from(paid: PaidGateway, ip: str, payment: PaymentPayload, request_
     """A paid getBalance from client ``ip`` (through the trusted proxy)."""
     headers = {"payment-signature": encode_header(payment), **via(ip)}
     return await paid.post(GET_BALANCE, balance_body(request_id=request_id), headers)
-
-
-def assert_answered(reply: Reply) -> None:
-    assert reply.status == 200, reply.body
-    assert reply.json() == PROVIDER_ANSWER
-    assert reply.header_json("payment-response")["success"] is True
 
 
 def assert_rate_limited(reply: Reply, scope: str) -> None:

@@ -30,8 +30,10 @@ from tests.support.facilitator_fixtures import StartFacilitator
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     GET_BALANCE_PROVIDER_PRICE,
-    Reply,
+    MARKER,
+    PROVIDER_ANSWER,
     StartPaidGateway,
+    assert_answered,
     balance_body,
 )
 from tests.support.paid_processes import eventually, paid_processes
@@ -41,18 +43,7 @@ from tests.support.upstream import Upstream, static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
 
-MARKER = 777001
-PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 1}, "value": MARKER}}
 ONE_SALE = Money(-GET_BALANCE_PROVIDER_PRICE, GET_BALANCE_PROVIDER_PRICE, -ONE_SETTLEMENT_FEE)
-
-
-def assert_answered(reply: Reply, transaction: str) -> None:
-    assert reply.status == 200, reply.body
-    assert reply.json() == PROVIDER_ANSWER
-    assert reply.headers["payment-response"] == reply.headers["x-payment-response"]
-    settled = reply.header_json("payment-response")
-    assert settled["success"] is True
-    assert settled["transaction"] == transaction
 
 
 async def test_a_process_killed_between_broadcast_and_answer_is_reconciled_by_the_retry_on_a_replica(

@@ -43,6 +43,7 @@ from tests.support.cdp_facilitator import (
     FacilitatorBackend,
     StaticBackend,
     close_sdk_rpc_clients,
+    settlement_signature,
 )
 from tests.support.facilitator_fixtures import StartFacilitator
 from tests.support.gateway_server import PAID_GROUPS, RunningGateway, run_gateway
@@ -67,6 +68,10 @@ INTERNAL_SETTLEMENT_FEE = 2200
 GET_BALANCE_PRICE_INTERNAL = GET_BALANCE_PROVIDER_PRICE + INTERNAL_SETTLEMENT_FEE
 """provider_a getBalance through the internal facilitator: 2205 micro-USDC."""
 ACCOUNT = "9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin"
+MARKER = 987654321
+"""The value in ``PROVIDER_ANSWER``: where it shows, the provider's answer went out."""
+PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 1}, "value": MARKER}}
+"""What the provider answers in the tests that follow a paid answer to the client."""
 
 
 def balance_body(account: str = ACCOUNT, request_id: int | str = 1) -> dict[str, Any]:
@@ -91,6 +96,30 @@ class Reply:
 
     def header_json(self, name: str) -> Any:
         return json.loads(base64.b64decode(self.headers[name], validate=True))
+
+
+def assert_answered(reply: Reply, transaction: str | None = None) -> None:
+    """``PROVIDER_ANSWER``, paid for: both payment-response headers name one successful
+    settlement (of ``transaction`` when given)."""
+    assert reply.status == 200, reply.body
+    assert reply.json() == PROVIDER_ANSWER
+    assert reply.headers["payment-response"] == reply.headers["x-payment-response"]
+    settled = reply.header_json("payment-response")
+    assert settled["success"] is True
+    if transaction is not None:
+        assert settled["transaction"] == transaction
+
+
+def assert_challenge(reply: Reply, error: str, amount: int = GET_BALANCE_PROVIDER_PRICE) -> None:
+    """A fresh, uncacheable 402 challenge for ``amount`` refusing with ``error`` (header and body
+    agree), with no settlement and nothing of the provider's answer."""
+    assert reply.status == 402, reply.body
+    assert reply.headers["cache-control"] == "no-store"
+    body, header = reply.json(), reply.header_json("payment-required")
+    assert body["error"] == header["error"] == error
+    assert body["accepts"][0]["amount"] == header["accepts"][0]["amount"] == str(amount)
+    assert "payment-response" not in reply.headers and "x-payment-response" not in reply.headers
+    assert str(MARKER) not in reply.body.decode()
 
 
 def encode_body(body: Any) -> bytes:
@@ -199,6 +228,13 @@ class PaidGateway:
     def settle_calls(self) -> int:
         assert self.facilitator is not None
         return self.facilitator.count("settle")
+
+    def last_settled(self) -> str:
+        """The transaction of the last settle the facilitator was asked for."""
+        assert self.facilitator is not None
+        last = self.facilitator.calls_to("settle")[-1].body
+        assert last is not None
+        return settlement_signature(last)
 
     @property
     def upstream_calls(self) -> int:
