@@ -166,7 +166,9 @@ def assert_error(reply: Reply, status: int, code: str) -> dict[str, Any]:
     return error
 
 
-def assert_challenge(reply: Reply, gw: RunningGateway, path: str, error: str | None = None) -> dict[str, Any]:
+def assert_sign_in_challenge(
+    reply: Reply, gw: RunningGateway, path: str, error: str | None = None
+) -> dict[str, Any]:
     """A 402 carrying a fresh sign-in challenge for ``path``; ``error`` is the refusal reason."""
     assert reply.status == 402, reply.body
     body: dict[str, Any] = reply.json()
@@ -681,7 +683,7 @@ async def test_without_sign_in_bad_input_still_gets_the_challenge(
     kwargs: Any,
 ) -> None:
     reply = await send(http, gw, method, PREFIX + target, **kwargs)
-    assert_challenge(reply, gw, PREFIX + target.split("?")[0])
+    assert_sign_in_challenge(reply, gw, PREFIX + target.split("?")[0])
     assert reply.headers["access-control-allow-origin"] == "*"
     assert "PAYMENT-REQUIRED" in reply.headers["access-control-expose-headers"]
     assert asset_api.calls == []
@@ -696,7 +698,7 @@ async def test_challenge_carries_the_spec_summary_and_decodes_with_the_reference
 
     path = f"{PREFIX}/assets/search"
     reply = await send(http, gw, "GET", path + "?q=sol")
-    body = assert_challenge(reply, gw, path)
+    body = assert_sign_in_challenge(reply, gw, path)
     ext = body["extensions"]["sign-in-with-x"]
     assert ext["networks"] == [SOLANA_MAINNET, SOLANA_DEVNET]
     assert ext["statement"]
@@ -739,7 +741,7 @@ async def test_a_replayed_sign_in_is_refused(
     signed = await _signed_for(http, gw, path)
     assert (await send(http, gw, "GET", path, headers={"sign-in-with-x": signed})).status == 200
     replay = await send(http, gw, "GET", path, headers={"sign-in-with-x": signed})
-    assert_challenge(replay, gw, path, "siwx_replayed")
+    assert_sign_in_challenge(replay, gw, path, "siwx_replayed")
     assert len(asset_api.calls) == 1
 
 
@@ -750,7 +752,7 @@ async def test_an_expired_sign_in_is_refused(
     replica = SiwxIssuer(SIWX_SECRET.encode(), gw.settings.base_url, "Sign in")
     old = replica.challenge(gw.url + path, time.time() - 301).extensions["sign-in-with-x"]  # type: ignore[index]
     reply = await send(http, gw, "GET", path, headers={"sign-in-with-x": sign_in(old, WALLET)})
-    assert_challenge(reply, gw, path, "siwx_expired")
+    assert_sign_in_challenge(reply, gw, path, "siwx_expired")
     assert asset_api.calls == []
 
 
@@ -786,7 +788,7 @@ async def test_a_sign_in_for_something_else_is_refused(
     path = f"{PREFIX}/health"
     signed = await _signed_for(http, gw, path, chain, **changes)
     reply = await send(http, gw, "GET", path, headers={"sign-in-with-x": signed})
-    assert_challenge(reply, gw, path, reason)
+    assert_sign_in_challenge(reply, gw, path, reason)
     assert asset_api.calls == []
 
 
@@ -796,7 +798,7 @@ async def test_a_sign_in_for_another_path_is_refused(
     signed = await _signed_for(http, gw, f"{PREFIX}/assets/search")
     path = f"{PREFIX}/assets/resolve"
     reply = await send(http, gw, "GET", path + "?ref=sol", headers={"sign-in-with-x": signed})
-    assert_challenge(reply, gw, path, "siwx_uri_mismatch")
+    assert_sign_in_challenge(reply, gw, path, "siwx_uri_mismatch")
     assert asset_api.calls == []
 
 
@@ -809,7 +811,7 @@ async def test_a_bad_signature_is_refused(
     payload["address"] = str(Keypair().pubkey())  # someone else's wallet, the first one's signature
     forged = base64.b64encode(msgspec.json.encode(payload)).decode()
     reply = await send(http, gw, "GET", path, headers={"sign-in-with-x": forged})
-    assert_challenge(reply, gw, path, "siwx_signature_invalid")
+    assert_sign_in_challenge(reply, gw, path, "siwx_signature_invalid")
     assert asset_api.calls == []
 
 
@@ -822,7 +824,7 @@ async def test_a_malformed_header_is_refused(
 ) -> None:
     path = f"{PREFIX}/assets/search"
     reply = await send(http, gw, "GET", path + "?q=1&limit=0", headers={"sign-in-with-x": header})
-    assert_challenge(reply, gw, path, "siwx_malformed")
+    assert_sign_in_challenge(reply, gw, path, "siwx_malformed")
     assert asset_api.calls == []
 
 
@@ -1134,7 +1136,7 @@ async def test_a_sign_in_refused_by_a_limit_keeps_its_nonce_for_when_the_limit_a
         replayed = await send(http, gateway, "GET", path, headers=signed)
     assert_error(limited, 429, "rate_limited")
     assert served.status == 200, served.body
-    assert_challenge(replayed, gateway, path, "siwx_replayed")
+    assert_sign_in_challenge(replayed, gateway, path, "siwx_replayed")
     assert len(asset_api.calls) == 2
 
 
