@@ -19,7 +19,9 @@ from starlette.types import ASGIApp as StarletteASGIApp
 
 from gateway.asgi import ASGIApp, BodyReadDeadline
 from gateway.config import Settings, startup_notes
+from gateway.credits import credit_book
 from gateway.handlers.catalog import CatalogHandler
+from gateway.handlers.credits import BalanceHandler, TopUpHandler
 from gateway.handlers.docs import DocsHandler
 from gateway.handlers.health import HealthHandler
 from gateway.handlers.jsonrpc import JsonRpcProxy
@@ -29,8 +31,9 @@ from gateway.handlers.readiness import ReadyHandler
 from gateway.handlers.tokens import TokensHandler
 from gateway.logs import configure_logging, log_event
 from gateway.methods import binder
+from gateway.pricing import credit_terms
 from gateway.router import MethodDispatcher, PathTable, not_found
-from gateway.routes import RouteSpec, load_routes, named_limits, plan_routes, sells_anything
+from gateway.routes import RouteSpec, load_routes, named_limits, payment_methods, plan_routes, sells_anything
 from gateway.services import Services
 from gateway.sign_in import SignInGate
 from gateway.store import Store
@@ -55,7 +58,9 @@ def _ready(route: RouteSpec, services: Services) -> ASGIApp:
 
 def _catalog(route: RouteSpec, services: Services) -> ASGIApp:
     s = services.settings
-    return CatalogHandler(route, services.routes, s.base_url, s.usdc_mint, s.pay_to, services.facilitator_fee)
+    return CatalogHandler(
+        route, services.routes, s.base_url, s.usdc_mint, s.pay_to, services.facilitator_fee, credit_terms(s)
+    )
 
 
 def _metrics(route: RouteSpec, services: Services) -> ASGIApp:
@@ -64,7 +69,9 @@ def _metrics(route: RouteSpec, services: Services) -> ASGIApp:
 
 def _openapi(route: RouteSpec, services: Services) -> ASGIApp:
     s = services.settings
-    return OpenApiHandler(services.routes, s.base_url, s.usdc_mint, s.pay_to, services.facilitator_fee)
+    return OpenApiHandler(
+        services.routes, s.base_url, s.usdc_mint, s.pay_to, services.facilitator_fee, credit_terms(s)
+    )
 
 
 def _docs(route: RouteSpec, services: Services) -> ASGIApp:
@@ -91,6 +98,15 @@ def _jsonrpc(route: RouteSpec, services: Services) -> ASGIApp:
     )
 
 
+def _credit_top_up(route: RouteSpec, services: Services) -> ASGIApp:
+    assert route.provider_price_micro_usdc is not None, f"top-up {route.name} has no price"
+    return TopUpHandler(credit_book(services), route.provider_price_micro_usdc)
+
+
+def _credit_balance(route: RouteSpec, services: Services) -> ASGIApp:
+    return BalanceHandler(credit_book(services))
+
+
 def _internal(route: RouteSpec, services: Services) -> ASGIApp:
     """An internal facilitator operation; its path's dispatcher checks the shared secret first."""
     operation: ASGIApp = getattr(services.internal_routes, route.handler.removeprefix("facilitator_"))
@@ -109,6 +125,8 @@ HANDLER_FACTORIES: dict[str, HandlerFactory] = {
     "facilitator_supported": _internal,
     "facilitator_verify": _internal,
     "facilitator_settle": _internal,
+    "credit_top_up": _credit_top_up,
+    "credit_balance": _credit_balance,
 }
 """One factory per handler of :data:`gateway.vocabulary.HANDLERS` (a test holds the two equal)."""
 
@@ -135,9 +153,10 @@ def _siwx(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
 
 
 def _paid(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
-    """A payment method's route: the one paid-access layer around the handler, with the method
-    its access mode names bound to the route; unpaid requests are limited per client IP first."""
-    methods = [binder(route.access)(route, services)]
+    """A payment method's route: the one paid-access layer around the handler, with the methods
+    the route accepts bound to it (its access mode's first); unpaid requests are limited per
+    client IP first."""
+    methods = [binder(name)(route, services) for name in payment_methods(route, services.settings)]
     paid = PaidAccess(
         app,
         route_name=route.name,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.config import INTERNAL, ConfigError, Settings, read_settings, startup_notes
-from gateway.pricing import FacilitatorFee, facilitator_fee, route_price
+from gateway.pricing import FacilitatorFee, credit_price, facilitator_fee, route_price
 from gateway.redact import redact_url
 from gateway.routes import (
     RateLimitSpec,
@@ -73,18 +73,22 @@ def report(settings: Settings, notes: Sequence[str]) -> str:
 
 def route_table(routes: Sequence[RouteSpec], fee: FacilitatorFee) -> str:
     """One line per route; PRICE is what the facilitator charging ``fee`` settles, the sum of
-    PROVIDER and FEE (its settlement fee); LIMITS lists every rate limit in full (count per
-    period)."""
-    rows = [["METHOD", "ACCESS", "PRICE(uUSDC)", "PROVIDER", "FEE", "LIMITS", "PATH"]]
+    PROVIDER and FEE (its settlement fee); CREDIT is what a call takes from prepaid credit while
+    credit is on (CREDITS_ENABLED); LIMITS lists every rate limit in full (count per period)."""
+    rows = [["METHOD", "ACCESS", "PRICE(uUSDC)", "PROVIDER", "FEE", "CREDIT", "LIMITS", "PATH"]]
     for r in routes:
         limits = ",".join(_limit_text(x) for x in r.rate_limits) or "-"
         price = route_price(r, fee)
         parts = [price.total, price.provider, price.settlement_fee] if price is not None else ["-"] * 3
-        rows.append([r.method, r.access, *map(str, parts), limits, r.path])
-    widths = [max(len(row[i]) for row in rows) for i in range(6)]
-    aligns = "<<>>><"  # the path, last, is not padded
+        in_credit = credit_price(r)
+        credit = str(in_credit) if in_credit is not None else "-"
+        rows.append([r.method, r.access, *map(str, parts), credit, limits, r.path])
+    columns = len(rows[0]) - 1  # the path, last, is not padded
+    widths = [max(len(row[i]) for row in rows) for i in range(columns)]
+    aligns = "<<>>>><"
     return "\n".join(
-        "  ".join([*(f"{row[i]:{aligns[i]}{widths[i]}}" for i in range(6)), row[6]]) for row in rows
+        "  ".join([*(f"{row[i]:{aligns[i]}{widths[i]}}" for i in range(columns)), row[columns]])
+        for row in rows
     )
 
 

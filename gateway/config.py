@@ -48,7 +48,7 @@ GATEWAY_VARIABLES: tuple[str, ...] = (
     "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS",
     "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
     "CLIENT_BODY_TIMEOUT_SECONDS", "X402_MAX_COMPUTE_UNIT_LIMIT", "X402_MAX_COMPUTE_UNIT_PRICE",
-    "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC",
+    "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "CREDITS_ENABLED", "CREDIT_LAPSE_DAYS",
 )  # fmt: skip
 UPSTREAM_VARIABLE = re.compile(r"[A-Z][A-Z0-9_]{0,99}")
 """What an upstream's URL variable may be called (the route loader refuses any other name)."""
@@ -129,6 +129,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     payment_timeout_s: int = 60
     route_groups: tuple[str, ...] | None = None
     """The route groups to serve (``ROUTE_GROUPS``); None: every group routes.yaml declares."""
+    credits_enabled: bool = False
+    """``CREDITS_ENABLED``: sell prepaid credit (the top-up routes) and accept it, spent by
+    signing in, on every paid route. Credit is money owed: it needs a store that is shared and
+    survives restarts."""
+    credit_lapse_days: int = 365
+    """Credit lapses this many days after the wallet's last top-up (``CREDIT_LAPSE_DAYS``)."""
+
+    @property
+    def persistent_store(self) -> bool:
+        """The store outlives this process (Redis or Upstash), as money owed must."""
+        store = self.store_url.reveal()
+        return bool(store) and not store.startswith("memory://")
 
     @property
     def domain(self) -> str:
@@ -183,6 +195,16 @@ class _Reader:
         if not low <= value <= high:
             self.problems.append(f"{name} must be between {low} and {high}, got {value}")
         return value
+
+    def flag(self, name: str) -> bool:
+        """``true``/``1``/``yes``/``on`` or ``false``/``0``/``no``/``off`` (unset: false)."""
+        raw = self.text(name).lower()
+        if raw in ("", "false", "0", "no", "off"):
+            return False
+        if raw in ("true", "1", "yes", "on"):
+            return True
+        self.problems.append(f"{name} must be true or false, got {raw[:20]!r}")
+        return False
 
     def number(self, name: str, default: float, low: float, high: float) -> float:
         raw = self.text(name)
@@ -442,6 +464,8 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         log_level=_log_level(r),
         payment_timeout_s=r.integer("X402_MAX_TIMEOUT_SECONDS", 60, 5, 3600),
         route_groups=_route_groups(r),
+        credits_enabled=r.flag("CREDITS_ENABLED"),
+        credit_lapse_days=r.integer("CREDIT_LAPSE_DAYS", 365, 1, 3650),
     )
     _check_keys(settings, r.problems)
     if not settings.uses_external_facilitator and r.text("FACILITATOR_SETTLEMENT_FEE_MICRO_USDC"):
@@ -462,8 +486,7 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
 def startup_notes(settings: Settings) -> list[str]:
     """Warnings worth one line each at start-up (the store, secrets); never fatal."""
     notes: list[str] = []
-    store = settings.store_url.reveal()
-    if not store or store.startswith("memory://"):
+    if not settings.persistent_store:
         notes.append(
             "state store: in-memory (one process only; set STATE_STORE_REST_URL for replicas or workers)"
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from prometheus_client import (
@@ -44,6 +44,7 @@ USAGE_OF: Mapping[Outcome, str] = {
     Outcome.CHALLENGED: "unpaid",
     Outcome.PAID: "paid",
     Outcome.SIGNED_IN: "signed_in",
+    Outcome.CREDIT_SPENT: "credit",
     Outcome.REJECTED: "failed",
     Outcome.REFUSED: "failed",
     Outcome.SETTLE_FAILED: "failed",
@@ -58,10 +59,11 @@ def payment_outcomes(access: str) -> tuple[Outcome, ...]:
     return ACCESS_MODES[access].outcomes
 
 
-def usage_outcomes(access: str) -> tuple[str, ...]:
-    """The store's outcomes of ``access``: exact (unpaid, failed, paid), siwx (unpaid, failed,
-    signed_in)."""
-    return tuple(dict.fromkeys(USAGE_OF[o] for o in payment_outcomes(access) if o in USAGE_OF))
+def usage_outcomes(*accesses: str) -> tuple[str, ...]:
+    """The store's outcomes of a route accepting ``accesses``: exact (unpaid, failed, paid), siwx
+    (unpaid, failed, signed_in), exact beside credit (unpaid, failed, paid, credit)."""
+    outcomes = (o for access in accesses for o in payment_outcomes(access))
+    return tuple(dict.fromkeys(USAGE_OF[o] for o in outcomes if o in USAGE_OF))
 
 
 REQUESTS = Counter("x402_requests_total", "HTTP requests by route and status.", ["route", "method", "status"])
@@ -113,12 +115,20 @@ class Usage:
     A crash loses at most that second; a store outage keeps the counts until the next flush.
     """
 
-    def __init__(self, store: Store, routes: Iterable[RouteSpec]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        routes: Iterable[RouteSpec],
+        methods: Callable[[RouteSpec], Sequence[str]] | None = None,
+    ) -> None:
+        """``methods`` gives the payment methods each route accepts (default: its access mode
+        alone): a route counts what any of them can come to."""
         self.store = store
         self._series: dict[tuple[str, str], _Series] = {}
         self._usage_outcomes: dict[str, tuple[str, ...]] = {}
         for route in routes:
-            outcomes = payment_outcomes(route.access)
+            accepted = (methods(route) if methods is not None else ()) or (route.access,)
+            outcomes = tuple(dict.fromkeys(o for access in accepted for o in payment_outcomes(access)))
             revenue = REVENUE.labels(route.name) if route.paid else None
             for outcome in outcomes:
                 usage = USAGE_OF.get(outcome)
@@ -128,7 +138,7 @@ class Usage:
                     revenue if outcome is Outcome.PAID else None,
                 )
             if outcomes:
-                self._usage_outcomes[route.name] = usage_outcomes(route.access)
+                self._usage_outcomes[route.name] = usage_outcomes(*accepted)
         self._pending: dict[str, int] = {}
 
     def observe(self, ctx: RequestContext) -> None:

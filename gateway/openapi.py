@@ -20,9 +20,16 @@ from typing import Any
 
 from gateway import SERVICE_NAME, __version__
 from gateway.errors import ErrorCode
-from gateway.pricing import FacilitatorFee, micro_usdc_string, route_price, usd_display
+from gateway.pricing import (
+    CreditTerms,
+    FacilitatorFee,
+    credit_price,
+    micro_usdc_string,
+    route_price,
+    usd_display,
+)
 from gateway.routes import RouteSpec, published
-from gateway.vocabulary import ACCESS_MODES, Credential
+from gateway.vocabulary import ACCESS_MODES, CREDIT_METHOD, Credential
 from gateway.x402.types import SOLANA_MAINNET
 
 OPENAPI_VERSION = "3.1.0"
@@ -118,7 +125,16 @@ def _header_param(name: str, description: str) -> dict[str, Any]:
     }
 
 
-def _parameters(route: RouteSpec) -> list[dict[str, Any]]:
+def _credentials(route: RouteSpec, credit: CreditTerms | None) -> tuple[Credential, ...]:
+    """The credential headers ``route`` answers to: its access mode's, and a sign-in where it
+    takes prepaid credit."""
+    own = ACCESS_MODES[route.access].credentials
+    if credit is not None and credit_price(route) is not None:
+        return (*own, *ACCESS_MODES[CREDIT_METHOD].credentials)
+    return own
+
+
+def _parameters(route: RouteSpec, credit: CreditTerms | None = None) -> list[dict[str, Any]]:
     params: list[dict[str, Any]] = []
     path_schema = route.input.get("path") or {}
     path_props: dict[str, Any] = dict(path_schema.get("properties") or {})
@@ -130,8 +146,7 @@ def _parameters(route: RouteSpec) -> list[dict[str, Any]]:
     required = set(query.get("required") or ())
     for name, schema in (query.get("properties") or {}).items():
         params.append({"name": name, "in": "query", "required": name in required, "schema": schema})
-    credentials = ACCESS_MODES[route.access].credentials
-    params.extend(_ref("parameters", _credential_name(credential)) for credential in credentials)
+    params.extend(_ref("parameters", _credential_name(c)) for c in _credentials(route, credit))
     return params
 
 
@@ -177,11 +192,13 @@ def _price(micro: int) -> dict[str, str]:
     return {"microUsdc": micro_usdc_string(micro), "usd": usd_display(micro)}
 
 
-def _x402(route: RouteSpec, asset: str, pay_to: str, fee: FacilitatorFee) -> dict[str, Any] | None:
+def _x402(
+    route: RouteSpec, asset: str, pay_to: str, fee: FacilitatorFee, credit: CreditTerms | None
+) -> dict[str, Any] | None:
     scheme = ACCESS_MODES[route.access].scheme
     price = route_price(route, fee)
     if route.paid and price is not None:
-        return {
+        described: dict[str, Any] = {
             "scheme": scheme,
             "network": SOLANA_MAINNET,
             "asset": asset,
@@ -189,18 +206,25 @@ def _x402(route: RouteSpec, asset: str, pay_to: str, fee: FacilitatorFee) -> dic
             "price": _price(price.total),
             "priceParts": {"provider": _price(price.provider), "settlementFee": _price(price.settlement_fee)},
         }
+        in_credit = credit_price(route) if credit is not None else None
+        if credit is not None and in_credit is not None:
+            described["creditPrice"] = _price(in_credit)
+            described["creditLapseDays"] = credit.lapse_days
+        return described
     if scheme is not None:  # sign-in: free
         return {"scheme": scheme, "price": _price(0)}
     return None
 
 
-def _operation(route: RouteSpec, asset: str, pay_to: str, fee: FacilitatorFee) -> dict[str, Any]:
+def _operation(
+    route: RouteSpec, asset: str, pay_to: str, fee: FacilitatorFee, credit: CreditTerms | None
+) -> dict[str, Any]:
     operation: dict[str, Any] = {
         "operationId": route.name,
         "summary": route.description,
         "tags": [route.group],
     }
-    parameters = _parameters(route)
+    parameters = _parameters(route, credit)
     if parameters:
         operation["parameters"] = parameters
     if "body" in route.input:
@@ -209,20 +233,26 @@ def _operation(route: RouteSpec, asset: str, pay_to: str, fee: FacilitatorFee) -
     if rules:
         operation["x-query-rules"] = rules
     operation["responses"] = _responses(route)
-    x402 = _x402(route, asset, pay_to, fee)
+    x402 = _x402(route, asset, pay_to, fee, credit)
     if x402 is not None:
         operation["x-x402"] = x402
     return operation
 
 
 def build_openapi(
-    routes: Iterable[RouteSpec], base_url: str, asset: str, pay_to: str, fee: FacilitatorFee
+    routes: Iterable[RouteSpec],
+    base_url: str,
+    asset: str,
+    pay_to: str,
+    fee: FacilitatorFee,
+    credit: CreditTerms | None = None,
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``routes`` (pass the mounted ones), served from ``base_url``,
-    priced through the facilitator charging the settlement fee ``fee``."""
+    priced through the facilitator charging the settlement fee ``fee`` (and in credit, while
+    ``credit`` is on)."""
     paths: dict[str, dict[str, Any]] = {}
     for route in published(routes):
-        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, asset, pay_to, fee)
+        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, asset, pay_to, fee, credit)
     return {
         "openapi": OPENAPI_VERSION,
         "info": {

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from gateway.config import INTERNAL
+from gateway.vocabulary import HANDLERS
 
 if TYPE_CHECKING:  # the pay client imports the display helpers and needs neither
     from gateway.config import Settings
@@ -58,11 +59,34 @@ def facilitator_fee(settings: Settings, url: str | None = None) -> FacilitatorFe
 
 
 def route_price(route: RouteSpec, fee: FacilitatorFee) -> RoutePrice | None:
-    """``route``'s price through the facilitator charging ``fee``; None for an unpaid route."""
+    """``route``'s price through the facilitator charging ``fee``; None for an unpaid route. A
+    top-up sells credit worth exactly its price: the operator bears its one settlement's fee."""
     if route.provider_price_micro_usdc is None:
         return None
+    if HANDLERS[route.handler].sells_credit:
+        return RoutePrice(provider=route.provider_price_micro_usdc, settlement_fee=0)
     settlement = route.internal_settlement.fee_micro_usdc if fee.internal else fee.external_micro_usdc
     return RoutePrice(provider=route.provider_price_micro_usdc, settlement_fee=settlement)
+
+
+def credit_price(route: RouteSpec) -> int | None:
+    """What a call of ``route`` takes from prepaid credit: its own ``credit_price``, else its price
+    without the settlement fee (no transaction is made). None where credit is not accepted."""
+    if route.provider_price_micro_usdc is None or HANDLERS[route.handler].sells_credit:
+        return None
+    own = route.credit_price_micro_usdc
+    return own if own is not None else route.provider_price_micro_usdc
+
+
+class CreditTerms(msgspec.Struct, frozen=True):
+    """Prepaid credit is on: paid routes also take credit, which lapses ``lapse_days`` after a
+    wallet's last top-up."""
+
+    lapse_days: int
+
+
+def credit_terms(settings: Settings) -> CreditTerms | None:
+    return CreditTerms(settings.credit_lapse_days) if settings.credits_enabled else None
 
 
 def micro_usdc_string(micro: int) -> str:

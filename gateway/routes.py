@@ -23,13 +23,21 @@ from gateway import yaml_document
 from gateway.config import GATEWAY_VARIABLES, UPSTREAM_VARIABLE, ConfigError, Settings
 from gateway.settlement_cost import lamports_covered, worst_case_lamports
 from gateway.validation import InvalidInput, SchemaError, check_schema, compile_schema
-from gateway.vocabulary import ACCESS_MODES, HANDLERS, SERVICE_GROUP, is_provider_group
+from gateway.vocabulary import (
+    ACCESS_MODES,
+    CREDIT_METHOD,
+    CREDITS_GROUP,
+    HANDLERS,
+    PAYMENT_METHODS,
+    SERVICE_GROUP,
+    is_provider_group,
+)
 
 HTTP_METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
 INPUT_LOCATIONS = {"path", "query", "body"}
 ROUTE_KEYS = {
     "name", "path", "method", "access", "handler", "group", "upstream", "upstream_path", "operation",
-    "price", "rate_limits", "input", "output", "description", "listed", "replay_cap_bytes",
+    "price", "rate_limits", "input", "output", "description", "listed", "replay_cap_bytes", "credit_price",
 }  # fmt: skip
 METHOD_KEYS = {"description", "params", "example", "output"}
 DEFAULT_REPLAY_CAP_BYTES = 1024 * 1024
@@ -95,6 +103,9 @@ class RouteSpec(msgspec.Struct, frozen=True, kw_only=True):
     provider_price_micro_usdc: int | None = None
     """Exact routes: the provider part of the price (units x the schedule's rate, or a literal);
     the facilitator that settles adds its settlement fee (:func:`gateway.pricing.route_price`)."""
+    credit_price_micro_usdc: int | None = None
+    """What a call takes from prepaid credit when routes.yaml sets it (``credit_price``); unset,
+    its provider part (:func:`gateway.pricing.credit_price`)."""
     rate_limits: tuple[RateLimitSpec, ...] = ()
     input: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     output: dict[str, Any] | None = None
@@ -496,8 +507,9 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
     if method not in HTTP_METHODS:
         bad("method", f"{raw['method']!r} is not one of {sorted(HTTP_METHODS)}")
     access = raw["access"]
-    if access not in ACCESS_MODES:
-        bad("access", f"{access!r} is not one of {list(ACCESS_MODES)}")
+    routable = [name for name, mode in ACCESS_MODES.items() if not mode.beside_only]
+    if access not in routable:
+        bad("access", f"{access!r} is not one of {routable}")
     handler = HANDLERS.get(raw["handler"])
     if handler is None:
         bad("handler", f"unknown handler {raw['handler']!r}")
@@ -511,11 +523,17 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
         bad("upstream", f"a {raw['handler']} route needs an upstream")
     pricing = table.pricing
     price = _price(raw.get("price"), f"{where}.price", pricing, problems)
-    paid = access in ACCESS_MODES and ACCESS_MODES[access].paid
+    paid = access in routable and ACCESS_MODES[access].paid
     if paid and raw.get("price") is None:
         bad("price", "an exact route needs a price")
     if not paid and raw.get("price") is not None:
         bad("price", "only exact routes carry a price")
+    credit = _price(raw.get("credit_price"), f"{where}.credit_price", pricing, problems)
+    sells_credit = handler is not None and handler.sells_credit
+    if raw.get("credit_price") is not None and (not paid or sells_credit):
+        bad("credit_price", "only a paid route that does not sell credit has a credit price")
+    if sells_credit and (not paid or not isinstance(raw.get("price"), int)):
+        bad("price", "a top-up is an exact route whose price is a literal number of micro-USDC")
     listed = raw.get("listed", True)
     if not isinstance(listed, bool):  # bool("false") is True: a typo must not publish a route
         bad("listed", f"must be true or false, got {_kind(listed)}")
@@ -556,6 +574,7 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
         upstream_path=raw.get("upstream_path"),
         operation=raw.get("operation"),
         provider_price_micro_usdc=price,
+        credit_price_micro_usdc=credit,
         internal_settlement=table.internal_settlement,
         rate_limits=rate_limits,
         input=input_schemas,
@@ -769,6 +788,8 @@ def route_plan(routes: list[RouteSpec], settings: Settings) -> RoutePlan:
     missing: dict[str, set[str]] = {}
     off: dict[str, int] = {}
     for route in routes:
+        if route.group == CREDITS_GROUP and not settings.credits_enabled:
+            continue  # credit is an option the operator turns on, not a group switched off
         if is_provider_group(route.group) and route.group not in served:
             off[route.group] = off.get(route.group, 0) + 1
             continue
@@ -782,6 +803,11 @@ def route_plan(routes: list[RouteSpec], settings: Settings) -> RoutePlan:
             f"(set it, or switch the group off with ROUTE_GROUPS, now {_shown_groups(chosen)})"
         )
     problems.extend(_uncovered_settlement(mounted, settings))
+    if settings.credits_enabled and not settings.persistent_store:
+        problems.append(
+            "CREDITS_ENABLED needs a shared store that survives restarts (STATE_STORE_REST_URL=redis://... "
+            "or an Upstash REST URL): prepaid credit is money the operator owes"
+        )
     warnings = [
         f"route group {group} is off ({count} route(s) not served): {why_off}" for group, count in off.items()
     ]
@@ -824,6 +850,16 @@ def plan_routes(routes: list[RouteSpec], settings: Settings) -> tuple[list[Route
     if plan.problems:
         raise ConfigError(plan.problems)
     return plan.mounted, plan.warnings
+
+
+def payment_methods(route: RouteSpec, settings: Settings) -> tuple[str, ...]:
+    """The ways of paying ``route`` accepts, first its access mode's: beside a paid route's own,
+    prepaid credit while credit is on (never on a top-up: credit does not buy credit)."""
+    if route.access not in PAYMENT_METHODS:
+        return ()
+    if settings.credits_enabled and route.paid and not HANDLERS[route.handler].sells_credit:
+        return (route.access, CREDIT_METHOD)
+    return (route.access,)
 
 
 def published(routes: Iterable[RouteSpec]) -> list[RouteSpec]:

@@ -23,7 +23,7 @@ from gateway.pricing import facilitator_fee
 from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
 from gateway.readiness import build_readiness
 from gateway.request_log import RequestLog
-from gateway.routes import RouteSpec, named_limits
+from gateway.routes import RouteSpec, named_limits, payment_methods
 from gateway.store import Store, open_store
 from gateway.synced_limit import SyncedWindowLimit
 from gateway.upstream_client import UpstreamClient
@@ -60,7 +60,7 @@ class Services:
         self.limiter = RateLimiter(
             self.store, challenge_limit, settings.trusted_proxies, settings.rate_limit_refused_per_minute
         )
-        self.usage = Usage(self.store, routes)
+        self.usage = Usage(self.store, routes, lambda route: payment_methods(route, settings))
         self.request_log = RequestLog(settings.log_challenges)
         self._usage_flusher: asyncio.Task[None] | None = None
         self.fee_guard = FeeGuard(

@@ -30,6 +30,7 @@ class Outcome(enum.StrEnum):
     UPSTREAM_FAILED = "upstream_failed"
     REFUSED = "refused"
     SIGNED_IN = "signed_in"
+    CREDIT_SPENT = "credit_spent"
 
 
 class Credential(msgspec.Struct, frozen=True):
@@ -66,7 +67,14 @@ class AccessMode(msgspec.Struct, frozen=True, kw_only=True):
     binder: str | None = None
     """A payment method's ``module:function`` that binds it to one route (a
     :class:`gateway.methods.RouteMethod`); the built-in modes have their layers in the app."""
+    beside_only: bool = False
+    """A payment method accepted only beside a route's own (prepaid credit beside ``exact``):
+    routes.yaml cannot name it as a route's access."""
 
+
+SIGN_IN = Credential(
+    "SIGN-IN-WITH-X", "Signed sign-in-with-x payload (base64 JSON) answering the 402 challenge."
+)
 
 EXACT_OUTCOMES = (
     Outcome.CHALLENGED,
@@ -94,8 +102,20 @@ PAYMENT_METHODS: dict[str, AccessMode] = {
         outcomes=EXACT_OUTCOMES,
         binder="gateway.methods.exact:bind",
     ),
+    "credit": AccessMode(
+        scheme="sign-in-with-x",
+        rate_limit_per=("scope", "wallet", "ip"),
+        error_statuses=(400, 402, 405, 413, 429, 502, 503, 504),
+        sells=True,
+        credentials=(SIGN_IN,),
+        outcomes=(Outcome.REJECTED, Outcome.CREDIT_SPENT, Outcome.UPSTREAM_FAILED),
+        binder="gateway.methods.credit:bind",
+        beside_only=True,
+    ),
 }
-"""The ways of paying a route: each one access mode, bound to a route by its ``binder``."""
+"""The ways of paying a route: each one access mode, bound to a route by its ``binder``. ``credit``
+(prepaid credit spent by signing in) is also accepted beside ``exact`` on every paid route while
+credit is on (``CREDITS_ENABLED``)."""
 
 
 ACCESS_MODES: dict[str, AccessMode] = {
@@ -106,11 +126,7 @@ ACCESS_MODES: dict[str, AccessMode] = {
         rate_limit_per=("scope", "wallet", "ip"),
         error_statuses=(400, 402, 404, 405, 413, 429, 502, 503, 504),
         sells=True,
-        credentials=(
-            Credential(
-                "SIGN-IN-WITH-X", "Signed sign-in-with-x payload (base64 JSON) answering the 402 challenge."
-            ),
-        ),
+        credentials=(SIGN_IN,),
         outcomes=(Outcome.CHALLENGED, Outcome.REFUSED, Outcome.SIGNED_IN, Outcome.UPSTREAM_FAILED),
     ),
     # Answers only to its shared secret: no limiter, no CORS, never published.
@@ -135,6 +151,9 @@ class Handler(msgspec.Struct, frozen=True, kw_only=True):
 
     needs_upstream: bool = False
     """A route with this handler must name an ``upstream`` (it forwards there)."""
+    sells_credit: bool = False
+    """Its paid answer is prepaid credit worth its price: no settlement fee is added to the price,
+    and the credit is booked atomically with the payment's delivery."""
 
 
 HANDLERS: dict[str, Handler] = {
@@ -149,8 +168,14 @@ HANDLERS: dict[str, Handler] = {
     "facilitator_supported": Handler(),
     "facilitator_verify": Handler(),
     "facilitator_settle": Handler(),
+    "credit_top_up": Handler(sells_credit=True),
+    "credit_balance": Handler(),
 }
 
+CREDIT_METHOD = "credit"
+"""The payment method of prepaid credit (in :data:`PAYMENT_METHODS`)."""
+CREDITS_GROUP = "credits"
+"""The top-up and balance routes: served only while credit is on (``CREDITS_ENABLED``)."""
 SERVICE_GROUP = "service"
 INTERNAL_GROUP = "internal"
 ALWAYS_ON_GROUPS = (SERVICE_GROUP, INTERNAL_GROUP)

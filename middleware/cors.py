@@ -15,7 +15,8 @@ ALLOW_HEADERS = (
     "SIGN-IN-WITH-X, Authorization"
 )
 EXPOSE_HEADERS = (
-    "Content-Type, WWW-Authenticate, X-PAYMENT-RESPONSE, PAYMENT-RESPONSE, PAYMENT-REQUIRED, Retry-After"
+    "Content-Type, WWW-Authenticate, X-PAYMENT-RESPONSE, PAYMENT-RESPONSE, PAYMENT-REQUIRED, Retry-After, "
+    "X-Credit-Balance"
 )
 
 

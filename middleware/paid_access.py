@@ -86,10 +86,11 @@ class PaidAccess:
 
     async def challenge(self, scope: Scope, error: str | None) -> Offer:
         """The route's 402: its primary method's, with what the others add."""
+        path = request_path(scope)
         extensions: dict[str, Any] = {}
         for method in self.others:
-            extensions.update(await method.extensions(request_path(scope)))
-        return await self.primary.challenge(error, extensions)
+            extensions.update(await method.extensions(path))
+        return await self.primary.challenge(path, error, extensions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = request_context(scope)

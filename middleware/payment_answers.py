@@ -18,6 +18,7 @@ from gateway.methods import Offer
 from gateway.payments import Delivered, Failed, Interrupted, Pending, Refused, Settled, StoredResponse
 from gateway.rate_limiter import RateLimiter
 from gateway.vocabulary import Outcome
+from gateway.x402.headers import CREDIT_BALANCE_HEADER
 
 ChallengeFor = Callable[[Scope, str | None], Awaitable[Offer]]
 """The route's 402 for a request, naming why its credential was refused (or not)."""
@@ -33,11 +34,14 @@ def pending_error() -> GatewayError:
 
 
 async def send_stored(send: Send, response: StoredResponse) -> None:
-    """Deliver a settled response (first time or replay) with both payment-response headers."""
+    """Deliver a paid response (first time or replay) with its receipt: both payment-response
+    headers, or the credit left."""
     headers = [(b"content-type", response.content_type.encode())]
     if response.payment_response:
         value = response.payment_response.encode()
         headers += [(b"payment-response", value), (b"x-payment-response", value)]
+    if response.credit_balance:
+        headers.append((CREDIT_BALANCE_HEADER, response.credit_balance.encode()))
     await send_bytes(send, response.status, response.body, headers)
 
 
@@ -75,8 +79,8 @@ class PaymentAnswers:
         facilitator may have been asked (Pending and Interrupted say "retry, do not re-pay")."""
         ctx = request_context(scope)
         match settled:
-            case Delivered(response=response, settlement=settlement):
-                ctx.outcome, ctx.settlement = Outcome.PAID, settlement
+            case Delivered(response=response, settlement=settlement, outcome=outcome):
+                ctx.outcome, ctx.settlement = outcome, settlement or None
                 await send_stored(send, response)
             case Pending():
                 ctx.outcome = Outcome.SETTLEMENT_PENDING

@@ -155,8 +155,8 @@ def test_check_prints_the_worst_case_settlement_fee_against_the_internal_facilit
     ]
     table = _table(result.stdout)
     assert table[0][:5] == ["METHOD", "ACCESS", "PRICE(uUSDC)", "PROVIDER", "FEE"]
-    assert ["POST", "exact", "2416", "216", "2200"] in [
-        row[:5] for row in table if row[-1].endswith("/searchAssets")
+    assert ["POST", "exact", "2416", "216", "2200", "216"] in [
+        row[:6] for row in table if row[-1].endswith("/searchAssets")
     ]
 
 
@@ -215,14 +215,14 @@ def test_check_with_good_config_prints_the_report_and_route_table() -> None:
         in result.stdout
     )
     table = _table(result.stdout)
-    assert table[0] == ["METHOD", "ACCESS", "PRICE(uUSDC)", "PROVIDER", "FEE", "LIMITS", "PATH"]
-    assert len(table) == 1 + 63
+    assert table[0] == ["METHOD", "ACCESS", "PRICE(uUSDC)", "PROVIDER", "FEE", "CREDIT", "LIMITS", "PATH"]
+    assert len(table) == 1 + 63  # the prepaid-credit routes are off: CREDITS_ENABLED is not set
     assert any(  # the default facilitator configured without a fee: the provider part alone
         row[:5] == ["POST", "exact", "216", "216", "0"] and row[-1].endswith("/das/searchAssets")
         for row in table
     )
     assert any(  # every limit in full, however long the column gets
-        row[5] == "tokens:upstream-key=30/60s,tokens:wallet/wallet=8/60s,tokens:ip/ip=8/60s"
+        row[6] == "tokens:upstream-key=30/60s,tokens:wallet/wallet=8/60s,tokens:ip/ip=8/60s"
         and row[-1].endswith("/v1/x402/tokens/assets/{assetId}/risk-details")
         for row in table
     )
@@ -288,7 +288,11 @@ def test_routes_prints_the_whole_expanded_table_without_any_environment() -> Non
     result = run_cli({}, "routes")
 
     assert result.returncode == 0, result.stderr
-    assert len(_table(result.stdout)) == 1 + 63
+    table = _table(result.stdout)
+    assert len(table) == 1 + 67  # the whole table, the prepaid-credit routes included
+    assert ["POST", "exact", "5000000", "5000000", "0", "-"] in [  # a top-up: its credit, no fee
+        row[:6] for row in table if row[-1] == "/v1/x402/credits/top-up/5"
+    ]
     # Priced through the default facilitator (no fee configured), saying what internal would add.
     assert _lines(result.stdout, "prices:") == [
         "prices: provider part + 0 micro-USDC settlement fee of the external facilitator "

@@ -547,7 +547,7 @@ def test_an_unknown_route_group_is_a_problem_naming_the_real_ones() -> None:
 
     assert (
         "ROUTE_GROUPS names unknown group(s) provider_c "
-        "(the route groups are provider_a, provider_b, tokens; or all, or none)"
+        "(the route groups are credits, provider_a, provider_b, tokens; or all, or none)"
     ) in problems
 
 

@@ -216,8 +216,10 @@ def test_errors_use_the_one_error_shape() -> None:
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def gateway() -> AsyncIterator[RunningGateway]:
-    async with run_gateway(FULL_ENV) as running:
+async def gateway(redis_url: str) -> AsyncIterator[RunningGateway]:
+    """Every route group served, prepaid credit included (it needs a lasting store)."""
+    env = {**FULL_ENV, "CREDITS_ENABLED": "true", "STATE_STORE_REST_URL": redis_url}
+    async with run_gateway(env) as running:
         yield running
 
 

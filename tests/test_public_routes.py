@@ -25,7 +25,8 @@ ALLOW_HEADERS = [
     "SIGN-IN-WITH-X",
     "Authorization",
 ]
-# The CORS headers plus PAYMENT-REQUIRED (the v2 challenge header) and Retry-After (for 429s).
+# The CORS headers plus PAYMENT-REQUIRED (the v2 challenge header), Retry-After (for 429s) and
+# X-Credit-Balance (the credit left after a call paid from prepaid credit).
 EXPOSE_HEADERS = {
     "Content-Type",
     "WWW-Authenticate",
@@ -33,6 +34,7 @@ EXPOSE_HEADERS = {
     "PAYMENT-RESPONSE",
     "PAYMENT-REQUIRED",
     "Retry-After",
+    "X-Credit-Balance",
 }
 PACKAGED = load_routes(
     PACKAGED_ROUTES_FILE,
@@ -230,7 +232,7 @@ async def test_catalog_unknown_provider_names_the_allowed_values(
     assert status == 400
     assert body["error"] == {
         "code": "invalid_request",
-        "message": "provider: must be one of provider_a, provider_b, tokens",
+        "message": "provider: must be one of provider_a, provider_b, tokens, credits",
         "details": {"parameter": "provider"},
     }
 

@@ -77,8 +77,12 @@ def _solana(routes: list[RouteSpec], surface: str) -> set[tuple[str, str, str]]:
 # --- the packaged table --------------------------------------------------------------------------
 
 
-def test_packaged_table_has_63_routes(packaged: list[RouteSpec]) -> None:
-    assert len(packaged) == 63
+def test_packaged_table_has_67_routes(packaged: list[RouteSpec]) -> None:
+    """63, and the prepaid-credit routes (three top-ups and the balance), served when credit is on."""
+    assert len(packaged) == 67
+    assert sorted(r.name for r in packaged if r.group == "credits") == [
+        "credits.balance", "credits.topUp.1", "credits.topUp.20", "credits.topUp.5"
+    ]
 
 
 def test_rpc_has_six_methods_on_both_clusters_for_both_providers(packaged: list[RouteSpec]) -> None:

@@ -69,6 +69,8 @@ def test_the_key_strings_are_the_ones_a_running_store_holds() -> None:
     assert keys.fee_guard_funds("A") == "x402gw:fee-guard:funds:A"
     assert keys.facilitator_down("ours") == "x402gw:facilitator-down:ours"
     assert keys.fee_payer("solana:x", "https://f.example") == "x402gw:fee-payer:solana:x:https://f.example"
+    assert keys.credit_balance("W1") == "x402gw:credit:W1"
+    assert keys.credit_holds("W1") == "x402gw:credit-holds:W1"
     assert keys.settlement(DIGEST) == f"x402:svm:settle:{DIGEST}"
     assert keys.settlement_reported(keys.settlement(DIGEST)) == f"x402:svm:settle:{DIGEST}:done"
 

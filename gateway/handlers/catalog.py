@@ -10,10 +10,17 @@ import msgspec
 from gateway import SERVICE_NAME
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
-from gateway.pricing import FacilitatorFee, micro_usdc_string, route_price, usd_display
+from gateway.pricing import (
+    CreditTerms,
+    FacilitatorFee,
+    credit_price,
+    micro_usdc_string,
+    route_price,
+    usd_display,
+)
 from gateway.routes import RouteSpec, provider_groups, published
 from gateway.validation import InvalidInput, RequestValidator
-from gateway.vocabulary import ACCESS_MODES
+from gateway.vocabulary import ACCESS_MODES, CREDIT_METHOD
 from gateway.x402.types import SOLANA_MAINNET
 
 
@@ -48,14 +55,25 @@ class CatalogEntry(msgspec.Struct, omit_defaults=True, kw_only=True):
     scheme: str | None = None
     operation: str | None = None
     replayableUpToBytes: int | None = None
+    creditPrice: CatalogPrice | None = None
+    """What a call takes from prepaid credit instead (signed in), while credit is on."""
 
 
-class Catalog(msgspec.Struct):
+class CatalogCredit(msgspec.Struct):
+    """Prepaid credit: bought on the top-up routes, spent by signing in (sign-in-with-x) on any
+    route with a ``creditPrice``; it lapses ``lapseDays`` after the wallet's last top-up."""
+
+    scheme: str
+    lapseDays: int
+
+
+class Catalog(msgspec.Struct, omit_defaults=True):
     ok: bool
     service: str
     baseUrl: str
     x402Version: int
     routes: list[CatalogEntry]
+    credit: CatalogCredit | None = None
 
 
 def input_schema(route: RouteSpec) -> dict[str, Any]:
@@ -68,11 +86,18 @@ def _price(micro: int) -> CatalogPrice:
 
 
 def catalog_entry(
-    route: RouteSpec, base_url: str, asset: str, pay_to: str, fee: FacilitatorFee
+    route: RouteSpec,
+    base_url: str,
+    asset: str,
+    pay_to: str,
+    fee: FacilitatorFee,
+    credit: CreditTerms | None = None,
 ) -> CatalogEntry:
-    """``route`` as the catalog lists it, priced through the facilitator charging ``fee``."""
+    """``route`` as the catalog lists it, priced through the facilitator charging ``fee`` (and in
+    credit, while ``credit`` is on)."""
     price = route_price(route, fee)
     paid = route.paid
+    in_credit = credit_price(route) if credit is not None else None
     return CatalogEntry(
         name=route.name,
         path=route.path,
@@ -95,6 +120,7 @@ def catalog_entry(
         scheme=ACCESS_MODES[route.access].scheme,
         operation=route.operation,
         replayableUpToBytes=route.replay_cap_bytes if paid else None,
+        creditPrice=_price(in_credit) if in_credit is not None else None,
     )
 
 
@@ -112,12 +138,16 @@ class CatalogHandler:
         asset: str,
         pay_to: str,
         fee: FacilitatorFee,
+        credit: CreditTerms | None = None,
     ) -> None:
         self.validator = RequestValidator(route.input)
-        entries = [catalog_entry(r, base_url, asset, pay_to, fee) for r in published(mounted)]
+        entries = [catalog_entry(r, base_url, asset, pay_to, fee, credit) for r in published(mounted)]
+        terms = CatalogCredit(ACCESS_MODES[CREDIT_METHOD].scheme or "", credit.lapse_days) if credit else None
 
         def body(listed: list[CatalogEntry]) -> bytes:
-            catalog = Catalog(ok=True, service=SERVICE_NAME, baseUrl=base_url, x402Version=2, routes=listed)
+            catalog = Catalog(
+                ok=True, service=SERVICE_NAME, baseUrl=base_url, x402Version=2, routes=listed, credit=terms
+            )
             return msgspec.json.encode(catalog)
 
         self.bodies: dict[str | None, bytes] = {None: body(entries)}

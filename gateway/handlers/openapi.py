@@ -8,7 +8,7 @@ import msgspec
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 from gateway.openapi import build_openapi
-from gateway.pricing import FacilitatorFee
+from gateway.pricing import CreditTerms, FacilitatorFee
 from gateway.routes import RouteSpec
 
 
@@ -16,9 +16,15 @@ class OpenApiHandler:
     """Serve the document of the mounted, listed routes (precomputed at start-up)."""
 
     def __init__(
-        self, mounted: Sequence[RouteSpec], base_url: str, asset: str, pay_to: str, fee: FacilitatorFee
+        self,
+        mounted: Sequence[RouteSpec],
+        base_url: str,
+        asset: str,
+        pay_to: str,
+        fee: FacilitatorFee,
+        credit: CreditTerms | None = None,
     ) -> None:
-        self.body = msgspec.json.encode(build_openapi(mounted, base_url, asset, pay_to, fee))
+        self.body = msgspec.json.encode(build_openapi(mounted, base_url, asset, pay_to, fee, credit))
         self.headers = [JSON_CONTENT_TYPE, (b"cache-control", b"public, max-age=60")]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -90,9 +90,9 @@ class RouteMethod(Protocol[Grant]):
         """Lower-case header names whose presence selects this method."""
         ...
 
-    async def challenge(self, error: str | None, extensions: Mapping[str, Any]) -> Offer:
-        """The route's 402 (``error``: why a credential was refused), with other methods'
-        ``extensions`` added."""
+    async def challenge(self, path: str, error: str | None, extensions: Mapping[str, Any]) -> Offer:
+        """The route's 402 for a request of ``path`` (``error``: why a credential was refused),
+        with other methods' ``extensions`` added."""
         ...
 
     async def extensions(self, path: str) -> Mapping[str, Any]:

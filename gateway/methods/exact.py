@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from gateway.credits import TopUp, credit_book
 from gateway.logs import log_event
 from gateway.methods import Admitted, Answer, Checked, Finished, Incoming, Offer, credential_headers
 from gateway.payments import (
@@ -28,7 +29,7 @@ from gateway.payments import (
 from gateway.payments.offer import Option, RouteOffers
 from gateway.routes import RouteSpec
 from gateway.validation import RequestValidator
-from gateway.vocabulary import PAYMENT_METHODS
+from gateway.vocabulary import HANDLERS, PAYMENT_METHODS
 
 if TYPE_CHECKING:
     from gateway.services import Services
@@ -47,7 +48,7 @@ class ExactMethod:
         self.gate = gate
         self.settlement = settlement
 
-    async def challenge(self, error: str | None, extensions: Mapping[str, Any]) -> Offer:
+    async def challenge(self, path: str, error: str | None, extensions: Mapping[str, Any]) -> Offer:
         """One ``accepts`` entry per facilitator, the healthy ones first."""
         offered = await self.offers.offered()
         body, headers = offered[0][0].offering(offered, error, extensions)
@@ -110,11 +111,15 @@ def bind(route: RouteSpec, services: Services) -> ExactMethod:
         limiter=services.limiter,
         limits=route.rate_limits,
     )
+    top_up = None
+    if HANDLERS[route.handler].sells_credit and route.provider_price_micro_usdc is not None:
+        top_up = TopUp(credit_book(services), route.provider_price_micro_usdc, route.name)
     settlement = Settlement(
         route_name=route.name,
         ledger=ledger,
         offers=offers,
         replay_cap_bytes=route.replay_cap_bytes,
         guard=services.settlement_guard,
+        top_up=top_up,
     )
     return ExactMethod(route_name=route.name, offers=offers, gate=gate, settlement=settlement)

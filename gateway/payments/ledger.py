@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from gateway.store import Bucket, Entry, RateDecision, Store, keys
+from gateway.store import Bucket, Credit, Entry, RateDecision, Store, keys
 
 CLAIM_TTL_MS = 15 * 60 * 1000
 """Longer than any blockhash lives (about 60-90 s), so a claim outlives its payment."""
@@ -63,6 +63,8 @@ class StoredResponse(msgspec.Struct):
     content_type: str
     payment_response: str = ""
     settlement: str = ""
+    credit_balance: str = ""
+    """Paid from prepaid credit: the wallet's credit left (the ``X-Credit-Balance`` header)."""
 
 
 class PendingSettlement(msgspec.Struct):
@@ -203,9 +205,11 @@ class PaymentLedger:
         """Mark the pending record done (an empty record expires at once)."""
         await self.store.put(keys.pending_settlement(key), "", 1)
 
-    async def deliver(self, key: str, record: DeliveredRecord) -> bool:
+    async def deliver(self, key: str, record: DeliveredRecord, credits: Sequence[Credit] = ()) -> bool:
         """True for exactly one caller per payment, the one that hands out the settled answer;
-        that one also closes the intent. ``record`` (the request, and the answer to give its
-        identical retries) is what a later claim attempt on the payment reads. One round trip."""
+        that one also closes the intent and books ``credits`` (a top-up's). ``record`` (the
+        request, and the answer to give its identical retries) is what a later claim attempt on
+        the payment reads. One round trip: the credit is booked exactly when the delivery is."""
         delivery = Entry(keys.delivery(key), msgspec.json.encode(record).decode(), ANSWER_TTL_MS)
-        return await self.store.claim_then_put([delivery], [Entry(keys.pending_settlement(key), "", 1)]) == 1
+        close = Entry(keys.pending_settlement(key), "", 1)
+        return await self.store.claim_then_put([delivery], [close], credits) == 1

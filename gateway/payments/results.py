@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.payments.ledger import PendingSettlement, StoredResponse
 from gateway.rate_limiter import Limited
+from gateway.vocabulary import Outcome
 from gateway.x402.types import PaymentPayload, PaymentRequirements
 
 
@@ -97,10 +98,13 @@ class Paid:
 
 @dataclass(frozen=True, slots=True)
 class Delivered:
-    """Settled: ``response`` carries the payment-response header and goes out exactly once."""
+    """Paid for: ``response`` carries its receipt (the payment-response header, or the credit
+    left) and goes out exactly once."""
 
     response: StoredResponse
     settlement: str
+    outcome: Outcome = Outcome.PAID
+    """``paid`` (settled, revenue) or ``credit_spent`` (taken from prepaid credit)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ import secrets
 
 import msgspec
 
+from gateway.credits import TopUp
 from gateway.logs import log_event
 from gateway.payments.facilitators import FacilitatorUnavailable
 from gateway.payments.fee_guard import FeeGuard, Party
@@ -58,6 +59,7 @@ class Settlement:
         replay_cap_bytes: int,
         guard: FeeGuard | None = None,
         guard_wait_s: float = 5.0,
+        top_up: TopUp | None = None,
     ) -> None:
         self.route_name = route_name
         self.ledger = ledger
@@ -68,6 +70,8 @@ class Settlement:
         """Our own fee payer's guard (internal facilitator): a client IP's settlements in flight
         stay within its allowance, and one that fails on chain cools the IP down."""
         self.guard_wait_s = guard_wait_s
+        self.top_up = top_up
+        """A top-up route's credit: booked to the payer in the round trip that delivers, or not at all."""
 
     async def settle(self, paid: PaidRequest, response: StoredResponse) -> Settled:
         """Record the intent, then settle. ``StoreUnavailable`` from the intent's write means the
@@ -176,10 +180,12 @@ class Settlement:
             cap = min(cap, ANSWER_CAP_BYTES)
         kept = delivered if len(delivered.body) <= cap else None
         record = DeliveredRecord(paid.fingerprint, paid.claimant, kept)
+        credits = self.top_up.credits(paid.payer) if self.top_up is not None else []
         try:
-            first = await self.ledger.deliver(paid.key, record)
+            first = await self.ledger.deliver(paid.key, record, credits)
         except StoreUnavailable:
-            if not result.success:
+            # A top-up is delivered with its credit or not at all: a retry reconciles both.
+            if not result.success or credits:
                 await self._left_pending(paid, intent, result)
                 return Pending()
             log_event(
@@ -197,6 +203,8 @@ class Settlement:
             amount=paid.requirements.amount,
             settlement=result.transaction,
         )
+        if self.top_up is not None:
+            self.top_up.sold(paid.payer, result.transaction)
         return Delivered(delivered, result.transaction)
 
     async def _left_pending(

@@ -28,6 +28,8 @@ fee_guard_in_flight  fee-guard:in-flight:{kind}:{id}  holds: token -> 1         
 fee_guard_funds      fee-guard:funds:{account}        holds: token -> amount      each hold's TTL
 facilitator_down     facilitator-down:{name}          1 while down                30 s
 fee_payer            fee-payer:{network}:{url}        the advertised fee payer    30 days
+credit_balance       credit:{wallet}                  micro-USDC (counter)        lapse after last top-up
+credit_holds         credit-holds:{wallet}            holds: token -> amount      each hold's TTL
 ===================  ===============================  ==========================  ==========================
 
 Under ``x402:svm:``, the internal facilitator's:
@@ -66,6 +68,8 @@ FEE_GUARD_IN_FLIGHT: Final = _GATEWAY + "fee-guard:in-flight:"
 FEE_GUARD_FUNDS: Final = _GATEWAY + "fee-guard:funds:"
 FACILITATOR_DOWN: Final = _GATEWAY + "facilitator-down:"
 FEE_PAYER: Final = _GATEWAY + "fee-payer:"
+CREDIT_BALANCE: Final = _GATEWAY + "credit:"
+CREDIT_HOLDS: Final = _GATEWAY + "credit-holds:"
 SETTLEMENT: Final = _FACILITATOR + "settle:"
 _REPORTED_TAIL: Final = ":done"
 
@@ -142,6 +146,16 @@ def fee_payer(network: str, facilitator_url: str) -> str:
     return f"{FEE_PAYER}{network}:{facilitator_url}"
 
 
+def credit_balance(wallet: str) -> str:
+    """A wallet's prepaid credit, the operator's liability (``gateway.credits``)."""
+    return CREDIT_BALANCE + wallet
+
+
+def credit_holds(wallet: str) -> str:
+    """The credit held by a wallet's calls in flight (``gateway.credits``)."""
+    return CREDIT_HOLDS + wallet
+
+
 def settlement(message_hash: str) -> str:
     """The internal facilitator's record of one payment (``gateway.payments.local_facilitator``)."""
     return SETTLEMENT + message_hash
@@ -168,6 +182,8 @@ FAMILIES: Final[Mapping[Callable[..., str], str]] = {
     fee_guard_funds: FEE_GUARD_FUNDS,
     facilitator_down: FACILITATOR_DOWN,
     fee_payer: FEE_PAYER,
+    credit_balance: CREDIT_BALANCE,
+    credit_holds: CREDIT_HOLDS,
     settlement: SETTLEMENT,
     settlement_reported: SETTLEMENT,
 }

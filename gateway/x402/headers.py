@@ -13,6 +13,8 @@ T = TypeVar("T")
 PAYMENT_SIGNATURE = b"payment-signature"
 X_PAYMENT = b"x-payment"
 SIGN_IN_WITH_X = b"sign-in-with-x"
+CREDIT_BALANCE_HEADER = b"x-credit-balance"
+"""On an answer paid from prepaid credit: the wallet's credit left, in micro-USDC."""
 MAX_HEADER_CHARS = 16_384
 
 _encoder = msgspec.json.Encoder()

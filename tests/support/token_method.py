@@ -50,7 +50,7 @@ class TokenMethod:
         self.route_name = route.name
         self.validator = RequestValidator(route.input)
 
-    async def challenge(self, error: str | None, extensions: Mapping[str, Any]) -> Offer:
+    async def challenge(self, path: str, error: str | None, extensions: Mapping[str, Any]) -> Offer:
         body = msgspec.json.encode(
             {"x402Version": 2, "accepts": [{"scheme": "test-token", "network": "test"}], "error": error}
         )

@@ -1,0 +1,123 @@
+"""Prepaid credit: micro-USDC a wallet bought with a top-up, spent by signing in.
+
+Credit is the operator's liability, so every change to it is one atomic store operation:
+
+* **top-up**: the payer's balance grows by the top-up's amount in the same round trip that
+  claims the payment's one delivery (:meth:`CreditBook.credits` gives what that round trip
+  adds), so a replay, a retry, a reconciled pending settlement or a crash credits exactly once;
+  each top-up renews the balance's lifetime (it lapses ``lapse_days`` after the last one);
+* **spend**: a call's credit price is *held* against the balance before the provider is called
+  (held amounts never exceed the balance, however many calls race), *taken* only once the
+  provider answered, and *released* when it did not; a hold left by a dead process lapses by
+  itself shortly after the call's upstream timeout.
+
+Balances live at ``keys.credit_balance(wallet)``, holds at ``keys.credit_holds(wallet)``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.credit_metrics import CREDIT_SOLD
+from gateway.logs import log_event
+from gateway.store import Credit, CreditState, Store, keys
+
+if TYPE_CHECKING:
+    from gateway.services import Services
+
+HOLD_MARGIN_MS = 30_000
+"""How much longer than the upstream timeout a hold lives: nothing renews it, so it must outlast
+the call it pays for, and no more (a dead process's hold frees the credit soon after)."""
+DAY_MS = 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class CreditHold:
+    """A call's price, held against its wallet's balance while the provider answers."""
+
+    wallet: str
+    token: str
+    amount: int
+
+
+@dataclass(frozen=True, slots=True)
+class Balance:
+    """A wallet's credit as a client sees it: what it owns, what of that is held by calls in
+    flight, and when it lapses (Unix seconds; 0 when it has none)."""
+
+    wallet: str
+    balance: int
+    held: int
+    expires_at: int
+
+
+class CreditBook:
+    """Reads and moves prepaid credit in the shared store; every call may raise ``StoreUnavailable``."""
+
+    def __init__(self, store: Store, *, lapse_days: int, upstream_timeout_s: float) -> None:
+        self.store = store
+        self.lapse_ms = lapse_days * DAY_MS
+        self.hold_ttl_ms = int(upstream_timeout_s * 1000) + HOLD_MARGIN_MS
+
+    def credits(self, wallet: str, amount: int) -> list[Credit]:
+        """What the delivery of a top-up of ``amount`` by ``wallet`` adds, in the same round trip."""
+        return [Credit(keys.credit_balance(wallet), amount, self.lapse_ms)]
+
+    async def hold(self, wallet: str, amount: int) -> CreditHold | None:
+        """Hold ``amount`` of ``wallet``'s credit; None when its free credit does not cover it."""
+        token = secrets.token_hex(8)
+        state = await self.store.hold_credit(
+            keys.credit_balance(wallet), keys.credit_holds(wallet), amount, token, self.hold_ttl_ms
+        )
+        return CreditHold(wallet, token, amount) if state is not None else None
+
+    async def take(self, hold: CreditHold) -> Balance | None:
+        """Take the held amount (the provider answered); None when nothing could be taken (the
+        hold lapsed and the rest of the credit is spent or held)."""
+        state = await self.store.take_credit(
+            keys.credit_balance(hold.wallet), keys.credit_holds(hold.wallet), hold.token, hold.amount
+        )
+        return self._balance(hold.wallet, state) if state is not None else None
+
+    async def release(self, hold: CreditHold) -> None:
+        """Give the held amount back (the provider failed): nothing is taken."""
+        await self.store.unhold([keys.credit_holds(hold.wallet)], hold.token)
+
+    async def balance(self, wallet: str) -> Balance:
+        state = await self.store.credit_state(keys.credit_balance(wallet), keys.credit_holds(wallet))
+        return self._balance(wallet, state)
+
+    def _balance(self, wallet: str, state: CreditState) -> Balance:
+        expires = int(time.time() + state.ttl_ms / 1000) if state.balance > 0 and state.ttl_ms > 0 else 0
+        return Balance(wallet, state.balance, state.held, expires)
+
+
+def credit_book(services: Services) -> CreditBook:
+    """The app's credit book, on its store, with its lapse and its upstream timeout."""
+    return CreditBook(
+        services.store,
+        lapse_days=services.settings.credit_lapse_days,
+        upstream_timeout_s=services.settings.upstream_timeout_s,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TopUp:
+    """What a top-up route sells: ``amount`` micro-USDC of credit to the payer."""
+
+    book: CreditBook
+    amount: int
+    route: str
+
+    def credits(self, wallet: str) -> list[Credit]:
+        return self.book.credits(wallet, self.amount)
+
+    def sold(self, wallet: str, settlement: str) -> None:
+        """The credit is booked: one log line and the counter of credit sold."""
+        CREDIT_SOLD.inc(self.amount)
+        log_event(
+            "credit sold", route=self.route, wallet=wallet, amount=str(self.amount), settlement=settlement
+        )

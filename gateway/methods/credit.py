@@ -1,0 +1,143 @@
+"""Prepaid credit as a payment method: a wallet that bought credit signs in (x402
+sign-in-with-x) instead of paying, and the call's credit price is taken from its balance.
+
+Beside ``exact`` on a paid route, its part of the 402 is the ``sign-in-with-x`` extension, bound
+to the route (the signed resource is the route's URL, so a sign-in cannot be moved to another
+route, and its nonce is used once). A sign-in is checked like any other (signature, times,
+resource, nonce once, the route's per-wallet and shared limits), then the price is held against
+the wallet's balance (:class:`gateway.credits.CreditBook`): a wallet whose free credit does not
+cover it is refused with ``insufficient_credit`` and the route's full 402, so a client pays per
+call instead. The hold is taken once the provider answered and released when it did not; a
+process that dies in between leaves a hold that lapses by itself, so nothing is taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from gateway.credit_metrics import CREDIT_SPENT
+from gateway.credits import CreditBook, CreditHold, credit_book
+from gateway.logs import log_event
+from gateway.methods import Admitted, Answer, Checked, Incoming, Offer, credential_headers
+from gateway.payments import Delivered, Refused, Settled, StoredResponse
+from gateway.pricing import credit_price
+from gateway.rate_limiter import Limited
+from gateway.routes import RouteSpec
+from gateway.sign_in import Replayed, SignInGate
+from gateway.store import StoreUnavailable
+from gateway.validation import RequestValidator
+from gateway.vocabulary import CREDIT_METHOD, PAYMENT_METHODS, Outcome
+from gateway.x402.headers import encode_header
+from gateway.x402.siwx import EXTENSION_KEY, SiwxError, SiwxIssuer, SiwxReason
+
+if TYPE_CHECKING:
+    from gateway.services import Services
+
+INSUFFICIENT_CREDIT = "insufficient_credit"
+
+
+class CreditMethod:
+    """One paid route's calls on prepaid credit."""
+
+    credential_headers = credential_headers(PAYMENT_METHODS[CREDIT_METHOD])
+
+    def __init__(
+        self,
+        *,
+        route: RouteSpec,
+        price: int,
+        issuer: SiwxIssuer,
+        gate: SignInGate,
+        book: CreditBook,
+    ) -> None:
+        self.route_name = route.name
+        self.description = route.description
+        self.price = price
+        self.issuer = issuer
+        self.gate = gate
+        self.book = book
+        self.validator = RequestValidator(route.input)
+        self.spent = CREDIT_SPENT.labels(route.name)
+
+    async def challenge(self, path: str, error: str | None, extensions: Mapping[str, Any]) -> Offer:
+        """The sign-in challenge alone (credit is accepted beside another method, whose 402 this
+        method only extends; this is its 402 were it ever a route's own)."""
+        resource = self.issuer.resource_url(path)
+        document = self.issuer.challenge(
+            resource, error=error, description=self.description, mime_type="application/json"
+        )
+        document.extensions = {**(document.extensions or {}), **extensions}
+        body = msgspec.json.encode(document)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"cache-control", b"no-store"),
+            (b"payment-required", encode_header(document).encode("ascii")),
+        ]
+        return Offer(body, headers)
+
+    async def extensions(self, path: str) -> Mapping[str, Any]:
+        """A fresh sign-in challenge for this route's URL (its nonce is single-use)."""
+        return {EXTENSION_KEY: self.issuer.extension(self.issuer.resource_url(path))}
+
+    async def check(self, incoming: Incoming) -> Checked[CreditHold]:
+        resource = self.issuer.resource_url(incoming.path)
+        try:
+            signed = self.issuer.verify(incoming.credential, resource)
+        except SiwxError as refused:
+            return Checked(Refused(refused.reason.value, str(refused)))
+        wallet = signed.address
+        body = self.validator.body(await incoming.read_body())
+        match await self.gate.admit(signed, incoming.client_ip):
+            case Replayed():
+                replayed = Refused(SiwxReason.REPLAYED.value, "this sign-in was used already", wallet)
+                return Checked(replayed, wallet)
+            case Limited() as limited:
+                return Checked(limited, wallet)
+        hold = await self.book.hold(wallet, self.price)
+        if hold is None:
+            short = Refused(INSUFFICIENT_CREDIT, "the wallet's credit does not cover this call", wallet)
+            return Checked(short, wallet)
+        return Checked(Admitted(hold, body, str(self.price)), wallet)
+
+    async def finish(self, grant: CreditHold, answer: Answer) -> Settled:
+        """Take the held price; a hold that lapsed meanwhile is taken only if the credit still
+        covers it, else the answer is withheld (nothing is served unpaid)."""
+        balance = await self.book.take(grant)
+        if balance is None:
+            lapsed = "the credit held for this call lapsed and was spent"
+            return Refused(INSUFFICIENT_CREDIT, lapsed, grant.wallet)
+        self.spent.inc(grant.amount)
+        log_event(
+            "credit spent",
+            route=self.route_name,
+            wallet=grant.wallet,
+            amount=str(grant.amount),
+            balance=str(balance.balance),
+        )
+        left = str(balance.balance)
+        response = StoredResponse(200, answer.body, answer.content_type, credit_balance=left)
+        return Delivered(response, "", Outcome.CREDIT_SPENT)
+
+    async def abandon(self, grant: CreditHold) -> None:
+        """The provider failed: nothing is taken. A store outage leaves the hold to lapse."""
+        try:
+            await self.book.release(grant)
+        except StoreUnavailable:
+            log_event(
+                "credit hold left to lapse: store unavailable", route=self.route_name, wallet=grant.wallet
+            )
+
+
+def bind(route: RouteSpec, services: Services) -> CreditMethod:
+    price = credit_price(route)
+    assert price is not None, f"route {route.name} takes no credit"
+    return CreditMethod(
+        route=route,
+        price=price,
+        issuer=services.siwx,
+        gate=SignInGate(services.store, services.limiter, route.rate_limits),
+        book=credit_book(services),
+    )

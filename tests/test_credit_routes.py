@@ -1,0 +1,122 @@
+"""Prepaid credit as an operator switches it on: the routes it mounts, what the 402, catalog,
+OpenAPI document and balance route say, and the store it refuses to keep money in.
+
+The whole app runs under hypercorn on loopback over a real Redis; sign-ins are real ed25519
+signatures over the challenges the gateway issued.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from solders.keypair import Keypair
+
+from gateway.config import ConfigError, load_settings
+from gateway.routes import load_routes, named_limits, plan_routes
+from gateway.x402.siwx_signer import sign_in
+from tests.support.gateway_server import FULL_ENV, RunningGateway, run_gateway
+
+BALANCE = "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
+TOP_UP_5 = "/v1/x402/credits/top-up/5"
+CREDITS = "/v1/x402/credits"
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def gateway(redis_url: str) -> AsyncIterator[RunningGateway]:
+    credit = {"CREDITS_ENABLED": "true", "CREDIT_LAPSE_DAYS": "90"}
+    env = {**FULL_ENV, **credit, "STATE_STORE_REST_URL": redis_url}
+    async with run_gateway(env) as running:
+        yield running
+
+
+async def _get(url: str, method: str = "GET", **kwargs: Any) -> tuple[int, dict[str, str], Any]:
+    async with aiohttp.ClientSession() as http, http.request(method, url, **kwargs) as response:
+        headers = {name.upper(): value for name, value in response.headers.items()}
+        return response.status, headers, await response.json(content_type=None)
+
+
+def _required(headers: dict[str, str]) -> dict[str, Any]:
+    decoded: dict[str, Any] = json.loads(base64.b64decode(headers["PAYMENT-REQUIRED"]))
+    return decoded
+
+
+async def test_a_paid_routes_402_offers_a_sign_in_bound_to_it(gateway: RunningGateway) -> None:
+    status, headers, _ = await _get(gateway.url + BALANCE, "POST", json={"params": []})
+
+    required = _required(headers)
+    assert status == 402 and [a["scheme"] for a in required["accepts"]] == ["exact"]
+    assert required["extensions"]["sign-in-with-x"]["info"]["uri"] == gateway.url + BALANCE
+
+
+async def test_a_top_up_asks_for_exactly_its_credit(gateway: RunningGateway) -> None:
+    status, headers, _ = await _get(gateway.url + TOP_UP_5, "POST")
+
+    required = _required(headers)
+    assert status == 402
+    assert [a["amount"] for a in required["accepts"]] == ["5000000"]
+    assert "sign-in-with-x" not in required.get("extensions", {})  # credit does not buy credit
+
+
+async def test_the_balance_of_a_new_wallet_is_zero(gateway: RunningGateway) -> None:
+    status, headers, _ = await _get(gateway.url + CREDITS)
+    assert status == 402
+    signed = sign_in(_required(headers)["extensions"]["sign-in-with-x"], wallet := Keypair())
+
+    status, _, body = await _get(gateway.url + CREDITS, headers={"SIGN-IN-WITH-X": signed})
+
+    assert status == 200, body
+    assert body == {
+        "ok": True,
+        "provider": "credits",
+        "surface": "credits",
+        "method": "balance",
+        "result": {
+            "wallet": str(wallet.pubkey()),
+            "balanceMicroUsdc": "0",
+            "heldMicroUsdc": "0",
+            "expiresAt": 0,
+        },
+    }
+
+
+async def test_the_catalog_states_credit_prices_and_the_lapse(gateway: RunningGateway) -> None:
+    _, _, catalog = await _get(gateway.url + "/v1/catalog")
+
+    assert catalog["credit"] == {"scheme": "sign-in-with-x", "lapseDays": 90}
+    entries = {r["path"]: r for r in catalog["routes"]}
+    assert entries[BALANCE]["creditPrice"] == {"microUsdc": "5", "usd": "$0.000005"}
+    assert entries[BALANCE]["price"]["microUsdc"] == "5"  # the external facilitator's fee is 0 here
+    assert "creditPrice" not in entries[TOP_UP_5]
+    assert entries[TOP_UP_5]["price"]["microUsdc"] == "5000000"
+
+
+async def test_openapi_lists_the_sign_in_and_credit_price_of_paid_routes(gateway: RunningGateway) -> None:
+    _, _, document = await _get(gateway.url + "/openapi.json")
+
+    operation = document["paths"][BALANCE]["post"]
+    assert {"$ref": "#/components/parameters/SignInWithX"} in operation["parameters"]
+    assert operation["x-x402"]["creditPrice"] == {"microUsdc": "5", "usd": "$0.000005"}
+    assert operation["x-x402"]["creditLapseDays"] == 90
+
+
+def test_credit_is_refused_on_a_store_that_forgets_it() -> None:
+    env = {**FULL_ENV, "GATEWAY_BASE_URL": "https://gw.example", "CREDITS_ENABLED": "true"}
+    settings = load_settings(env)
+    routes = load_routes(settings.routes_file, named_limits(settings))
+
+    with pytest.raises(ConfigError, match="CREDITS_ENABLED needs a shared store that survives restarts"):
+        plan_routes(routes, settings)
+
+
+def test_without_credit_the_credit_routes_are_off() -> None:
+    settings = load_settings({**FULL_ENV, "GATEWAY_BASE_URL": "https://gw.example"})
+    mounted, warnings = plan_routes(load_routes(settings.routes_file, named_limits(settings)), settings)
+
+    assert not [r for r in mounted if r.group == "credits"]
+    assert not [w for w in warnings if "credits" in w]  # an option left off, not a group switched off
