@@ -27,7 +27,7 @@ from gateway.methods.credit import CreditMethod
 from gateway.methods.exact import ExactMethod
 from gateway.payments import Settlement
 from gateway.router import MethodDispatcher
-from gateway.routes import RouteSpec
+from gateway.routes import RateLimitSpec, RouteSpec
 from gateway.sign_in import SignInGate
 from gateway.store import Entry, Store
 from gateway.store.memory import MemoryStore
@@ -324,6 +324,40 @@ async def test_a_sign_in_is_used_once(store: Store) -> None:
     assert first.status == 200
     assert replayed.status == 402 and replayed.json()["error"] == "siwx_replayed"
     assert (await book.balance(str(wallet.pubkey()))).balance == 95
+
+
+async def test_sign_ins_without_credit_spend_nothing_others_share(store: Store) -> None:
+    """Any throwaway key signs in for free: refused for want of credit before the route's shared
+    scope (here 2 calls a minute) is charged, so a paying client is still served."""
+    shared = (RateLimitSpec(scope="rpc", limit=2, period_ms=60_000),)
+    upstream = UpstreamStandIn()
+    app, _, book = _spend_app(store, upstream, balance_route(rate_limits=shared))
+    funded = Keypair()
+    await _fund(store, str(funded.pubkey()), 100)
+
+    async def signed_call(wallet: Keypair) -> Any:
+        return await call(app, body=balance_body(), headers={"sign-in-with-x": await _sign_in_header(app, wallet)})
+
+    flood = [await signed_call(Keypair()) for _ in range(5)]
+    paying = await signed_call(funded)
+
+    assert {(a.status, a.json()["error"]) for a in flood} == {(402, "insufficient_credit")}
+    assert paying.status == 200 and upstream.calls == 1
+    assert (await book.balance(str(funded.pubkey()))).balance == 95
+
+
+async def test_a_replayed_sign_in_gives_its_hold_back(store: Store) -> None:
+    app, _, book = _spend_app(store, UpstreamStandIn())
+    wallet = Keypair()
+    await _fund(store, str(wallet.pubkey()), 10)
+    header = {"sign-in-with-x": await _sign_in_header(app, wallet)}
+    await call(app, body=balance_body(), headers=header)
+
+    replayed = await call(app, body=balance_body(), headers=header)
+
+    assert replayed.status == 402 and replayed.json()["error"] == "siwx_replayed"
+    balance = await book.balance(str(wallet.pubkey()))
+    assert (balance.balance, balance.held) == (5, 0)
 
 
 async def test_a_sign_in_moved_to_another_route_is_refused(store: Store) -> None:

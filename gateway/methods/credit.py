@@ -90,16 +90,20 @@ class CreditMethod:
             return Checked(Refused(refused.reason.value, str(refused)))
         wallet = signed.address
         body = self.validator.body(await incoming.read_body())
-        match await self.gate.admit(signed, incoming.client_ip):
-            case Replayed():
-                replayed = Refused(SiwxReason.REPLAYED.value, "this sign-in was used already", wallet)
-                return Checked(replayed, wallet)
-            case Limited() as limited:
-                return Checked(limited, wallet)
+        # The credit first: a wallet without enough of it (any throwaway key signs in for free)
+        # is refused before it spends a nonce or any bucket other clients share.
         hold = await self.book.hold(wallet, self.price)
         if hold is None:
             short = Refused(INSUFFICIENT_CREDIT, "the wallet's credit does not cover this call", wallet)
             return Checked(short, wallet)
+        match await self.gate.admit(signed, incoming.client_ip):
+            case Replayed():
+                await self._release(hold)
+                replayed = Refused(SiwxReason.REPLAYED.value, "this sign-in was used already", wallet)
+                return Checked(replayed, wallet)
+            case Limited() as limited:
+                await self._release(hold)
+                return Checked(limited, wallet)
         return Checked(Admitted(hold, body, str(self.price)), wallet)
 
     async def finish(self, grant: CreditHold, answer: Answer) -> Settled:
@@ -122,12 +126,16 @@ class CreditMethod:
         return Delivered(response, "", Outcome.CREDIT_SPENT)
 
     async def abandon(self, grant: CreditHold) -> None:
-        """The provider failed: nothing is taken. A store outage leaves the hold to lapse."""
+        """The provider failed: nothing is taken."""
+        await self._release(grant)
+
+    async def _release(self, hold: CreditHold) -> None:
+        """Give the held price back; a store outage leaves the hold to lapse by itself."""
         try:
-            await self.book.release(grant)
+            await self.book.release(hold)
         except StoreUnavailable:
             log_event(
-                "credit hold left to lapse: store unavailable", route=self.route_name, wallet=grant.wallet
+                "credit hold left to lapse: store unavailable", route=self.route_name, wallet=hold.wallet
             )
 
 
