@@ -336,7 +336,8 @@ async def test_sign_ins_without_credit_spend_nothing_others_share(store: Store) 
     await _fund(store, str(funded.pubkey()), 100)
 
     async def signed_call(wallet: Keypair) -> Any:
-        return await call(app, body=balance_body(), headers={"sign-in-with-x": await _sign_in_header(app, wallet)})
+        signed = await _sign_in_header(app, wallet)
+        return await call(app, body=balance_body(), headers={"sign-in-with-x": signed})
 
     flood = [await signed_call(Keypair()) for _ in range(5)]
     paying = await signed_call(funded)
