@@ -47,7 +47,7 @@ def _load(env: dict[str, str]) -> tuple[Settings, list[RouteSpec], list[str]]:
 
 def _store_kind(settings: Settings) -> str:
     url = settings.store_url.reveal()
-    if not url or url.startswith("memory://"):
+    if not settings.persistent_store:
         return "memory (one process only)"
     return f"{url.split(':', 1)[0]} at {redact_url(url)}"
 
@@ -184,8 +184,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ConfigError, RoutesError) as exc:
         print(exc, file=sys.stderr)
         return 1
-    store = settings.store_url.reveal()
-    if args.workers > 1 and (not store or store.startswith("memory://")):
+    if args.workers > 1 and not settings.persistent_store:
         print(
             "refusing --workers > 1 on the in-memory store: replay protection and rate limits would not "
             "hold across processes; set STATE_STORE_REST_URL to Redis or Upstash",

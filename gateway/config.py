@@ -20,6 +20,7 @@ from solders.pubkey import Pubkey
 
 from gateway import yaml_document
 from gateway.redact import Secret
+from gateway.store import STORE_URL_PROBLEM, known_store_url, shared_store_url
 from gateway.x402.svm import DEFAULT_MAX_COMPUTE_UNIT_LIMIT, DEFAULT_MAX_COMPUTE_UNIT_PRICE, ExactPolicy
 from gateway.x402.types import USDC_MAINNET_MINT
 
@@ -139,8 +140,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def persistent_store(self) -> bool:
         """The store outlives this process (Redis or Upstash), as money owed must."""
-        store = self.store_url.reveal()
-        return bool(store) and not store.startswith("memory://")
+        return shared_store_url(self.store_url.reveal())
 
     @property
     def domain(self) -> str:
@@ -314,10 +314,8 @@ def _trusted_proxies(reader: _Reader) -> tuple[IpNetwork, ...]:
 
 def _store_url(reader: _Reader) -> str:
     raw = reader.text("STATE_STORE_REST_URL")
-    if raw and not raw.startswith(("https://", "http://", "redis://", "rediss://", "memory://")):
-        reader.problems.append(
-            "STATE_STORE_REST_URL must start with https://, http://, redis://, rediss:// or memory://"
-        )
+    if not known_store_url(raw):
+        reader.problems.append(STORE_URL_PROBLEM)
         return ""
     return raw
 

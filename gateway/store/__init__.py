@@ -29,24 +29,38 @@ __all__ = [
 ]
 
 
+MEMORY_SCHEME = "memory://"
+REDIS_SCHEMES = ("redis://", "rediss://")
+UPSTASH_SCHEMES = ("https://", "http://")
+STORE_URL_PROBLEM = "STATE_STORE_REST_URL must start with https://, http://, redis://, rediss:// or memory://"
+
+
+def known_store_url(url: str) -> bool:
+    """``url`` names a backend this gateway can open (empty: the in-process store)."""
+    return not url or url.startswith((MEMORY_SCHEME, *REDIS_SCHEMES, *UPSTASH_SCHEMES))
+
+
+def shared_store_url(url: str) -> bool:
+    """``url`` names a store shared by processes that outlives each (Redis or Upstash)."""
+    return bool(url) and not url.startswith(MEMORY_SCHEME)
+
+
 def open_store(url: str | None, token: str | None) -> Store:
     """Pick the backend by the scheme of ``STATE_STORE_REST_URL``.
 
     ``https://`` / ``http://``: Upstash REST; ``redis://`` / ``rediss://``: Redis protocol;
     unset or ``memory://``: the in-process store (one process only).
     """
-    if not url or url.startswith("memory://"):
+    if not url or not shared_store_url(url):
         from gateway.store.memory import MemoryStore
 
         return MemoryStore()
-    if url.startswith(("redis://", "rediss://")):
+    if url.startswith(REDIS_SCHEMES):
         from gateway.store.redis import RedisStore
 
         return RedisStore(url)
-    if url.startswith(("https://", "http://")):
+    if url.startswith(UPSTASH_SCHEMES):
         from gateway.store.upstash import UpstashStore
 
         return UpstashStore(url, token or "")
-    raise ValueError(
-        "STATE_STORE_REST_URL must start with https://, http://, redis://, rediss:// or memory://"
-    )
+    raise ValueError(STORE_URL_PROBLEM)
