@@ -484,8 +484,9 @@ def payment_client(tx: VersionedTransaction) -> tuple[str, str] | None:
     """(client address, client signature) of a partially signed payment, read before verifying.
 
     The client is the second required signer (slot 1); verification insists that it is the
-    transfer authority, so the gateway can refuse a self-transfer and key replay protection on
-    this signature before it spends a facilitator call. None when there is no such signer.
+    transfer authority, so the gateway can refuse a self-transfer before it spends a facilitator
+    call. Replay protection is keyed on the message, never on this signature, which an ed25519
+    signer can vary at will. None when there is no such signer.
     """
     keys = tx.message.account_keys
     if len(keys) < 2 or len(tx.signatures) < 2 or tx.message.header.num_required_signatures < 2:
