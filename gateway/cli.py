@@ -275,9 +275,29 @@ def _print_sandbox_env(args: argparse.Namespace, state_dir: Path | None) -> int:
 def cmd_pay(args: argparse.Namespace) -> int:
     import asyncio
 
+    from gateway.creditclient import run_top_up
     from gateway.payclient import run_pay
 
     output = "json" if args.json else "quiet" if args.quiet else "text"
+    usdc_mint = args.usdc_mint or os.environ.get("X402_USDC_MINT") or None
+    if args.top_up is not None:
+        if args.url is not None or args.data is not None:
+            print("x402-gateway pay: --top-up AMOUNT takes one BASE_URL and no --data", file=sys.stderr)
+            return 2
+        return asyncio.run(
+            run_top_up(
+                args.top_up,
+                args.method,  # the one positional: the gateway's base URL
+                keypair_file=args.keypair,
+                rpc_url=args.rpc,
+                max_amount=args.max_amount,
+                usdc_mint=usdc_mint,
+                output=output,
+            )
+        )
+    if args.url is None:
+        print("x402-gateway pay: give METHOD and URL (or --top-up AMOUNT BASE_URL)", file=sys.stderr)
+        return 2
     return asyncio.run(
         run_pay(
             args.method,
@@ -286,10 +306,18 @@ def cmd_pay(args: argparse.Namespace) -> int:
             data=args.data,
             rpc_url=args.rpc,
             max_amount=args.max_amount,
-            usdc_mint=args.usdc_mint or os.environ.get("X402_USDC_MINT") or None,
+            usdc_mint=usdc_mint,
             output=output,
         )
     )
+
+
+def cmd_credits(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.creditclient import run_credits
+
+    return asyncio.run(run_credits(args.base_url, keypair_file=args.keypair, as_json=args.json))
 
 
 def cmd_balance(args: argparse.Namespace) -> int:
@@ -410,10 +438,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--state-dir (required), then exit; it holds the sandbox's fee payer key and secrets",
     )
     sandbox.set_defaults(func=cmd_sandbox)
-    pay = sub.add_parser("pay", help="call a URL, answering x402 challenges (exact Solana, SIWX)")
-    pay.add_argument("method", help="HTTP method, e.g. GET or POST")
-    pay.add_argument("url", help="the URL to call, e.g. a paid route of the gateway")
+    pay = sub.add_parser(
+        "pay",
+        help="call a URL, answering x402 challenges (exact Solana, SIWX), or buy prepaid credit",
+        usage="%(prog)s [options] METHOD URL | %(prog)s [options] --top-up AMOUNT BASE_URL",
+        description="Call URL, answering a 402 with a sign-in (which spends the wallet's prepaid credit "
+        "on a paid route of a gateway selling it) and, when still refused, an exact USDC payment. "
+        "With --top-up, buy AMOUNT USDC of prepaid credit at the gateway BASE_URL instead.",
+    )
+    pay.add_argument(
+        "method", metavar="METHOD", help="HTTP method, e.g. GET or POST (with --top-up: BASE_URL)"
+    )
+    pay.add_argument(
+        "url", metavar="URL", nargs="?", help="the URL to call, e.g. a paid route of the gateway"
+    )
     pay.add_argument("--data", default=None, help="JSON request body")
+    pay.add_argument(
+        "--top-up",
+        default=None,
+        metavar="AMOUNT",
+        help="buy AMOUNT whole USDC of prepaid credit at BASE_URL (POST /v1/x402/credits/top-up/AMOUNT); "
+        "--max-amount defaults to AMOUNT",
+    )
     pay.add_argument("--keypair", required=True, help="solana-keygen JSON file (or base58 64-byte key)")
     pay.add_argument("--rpc", default=None, help="Solana RPC URL (default: $SOLANA_RPC_URL or mainnet)")
     pay.add_argument(
@@ -443,6 +489,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     balance.add_argument("--json", action="store_true", help="print one JSON object for scripts")
     balance.set_defaults(func=cmd_balance)
+    credits = sub.add_parser(
+        "credits",
+        help="print a wallet's prepaid credit at a gateway (signs in; nothing is paid)",
+        description="Sign in at BASE_URL/v1/x402/credits and print the wallet's prepaid credit, what of "
+        "it calls in flight hold, and when it lapses. Buy credit with pay --top-up AMOUNT BASE_URL.",
+    )
+    credits.add_argument("base_url", metavar="BASE_URL", help="the gateway, e.g. http://127.0.0.1:8080")
+    credits.add_argument("--keypair", required=True, help="solana-keygen JSON file (or base58 64-byte key)")
+    credits.add_argument("--json", action="store_true", help="print one JSON object for scripts")
+    credits.set_defaults(func=cmd_credits)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

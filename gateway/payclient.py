@@ -6,8 +6,11 @@ Built on the same builders the tests use (:mod:`gateway.x402.svm_payer`,
 1. send the request;
 2. on 402 read the challenge (``PAYMENT-REQUIRED`` header, else the JSON body);
 3. if it carries a ``sign-in-with-x`` extension, sign in and retry with ``SIGN-IN-WITH-X``
-   (signing in costs nothing, so it is tried before paying);
-4. if the answer is (still) 402 and ``accepts`` holds an exact Solana requirement the wallet's
+   (tried before paying: on a sign-in route it is all that is asked, and on a paid route of a
+   gateway selling prepaid credit it spends the wallet's credit, with no transaction; the answer
+   then carries ``X-Credit-Balance``, the credit left);
+4. if the answer is (still) 402 (e.g. ``insufficient_credit``: the wallet's credit does not
+   cover the call) and ``accepts`` holds an exact Solana requirement the wallet's
    :class:`SpendPolicy` allows, check the wallet holds enough USDC, build and sign the payment
    (mint and blockhash from the RPC node) and retry with ``PAYMENT-SIGNATURE`` (v2) or
    ``X-PAYMENT`` (v1 challenges), carrying a payment-identifier when the server offers one so
@@ -17,16 +20,17 @@ A challenge is a stranger's request to sign a transfer: nothing malformed (an am
 not a positive u64, an address that is not one, see :class:`OfferedExact`), above
 ``--max-amount``, in another asset than the configured USDC mint, or naming this wallet as the
 fee payer (which would make the signature a fully signed transaction the stranger can broadcast
-at will) is ever signed.
+at will) is ever signed. A call on credit costs at most the route's price, so a paid route whose
+every exact offer is above ``--max-amount`` gets no sign-in either.
 
 Redirects are never followed, whatever the stage: the URL given is the resource the user agreed
 to pay for, and an HTTP client following a redirect keeps the ``PAYMENT-SIGNATURE`` and
 ``SIGN-IN-WITH-X`` headers, handing a payment to whichever origin the redirect names. A redirect
 is the final answer (exit 1, its target named), so the user can call that URL directly.
 
-The body of the last answer goes to stdout, what happened (signed in as, paid, the decoded
-``PAYMENT-RESPONSE``) to stderr; ``--quiet`` keeps stderr for errors, ``--json`` prints one
-JSON object for scripts.
+The body of the last answer goes to stdout, what happened (signed in as, paid from credit or
+paid, the decoded ``PAYMENT-RESPONSE``) to stderr; ``--quiet`` keeps stderr for errors,
+``--json`` prints one JSON object for scripts.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import os
 import re
 import secrets
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -79,6 +83,8 @@ from gateway.x402.types import (
 )
 
 SIWX_EXTENSION = "sign-in-with-x"
+CREDIT_BALANCE_HEADER = "x-credit-balance"
+"""The credit left (micro-USDC) on an answer paid from prepaid credit."""
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_AMOUNT = 100_000
 """micro-USDC (0.10 USDC): the most one call may cost unless ``--max-amount`` says otherwise."""
@@ -370,6 +376,21 @@ def choose_requirement(challenge: Challenge, policy: SpendPolicy, payer: str) ->
     )
 
 
+def credit_refusal(challenge: Challenge, policy: SpendPolicy) -> PayError | None:
+    """Why this wallet will not sign in to a paid route: a sign-in there may spend prepaid credit,
+    up to the route's price, so when every exact Solana offer asks more than ``--max-amount``
+    the call is refused whichever way it would be paid. None when it may sign in."""
+    offers = exact_solana_requirements(challenge)
+    if not offers or any(int(offer.amount) <= policy.max_amount for offer in offers):
+        return None
+    cheapest = min(int(offer.amount) for offer in offers)
+    return PayError(
+        f"refusing to pay: the challenge asks {usdc_text(cheapest)}, more than --max-amount "
+        f"{usdc_text(policy.max_amount)} (from credit or paid)",
+        "amount_above_max",
+    )
+
+
 def payment_identifier(challenge: Challenge) -> dict[str, Any] | None:
     """The ``payment-identifier`` extension with a fresh id, when the server declared it."""
     declared = (challenge.extensions or {}).get(PAYMENT_IDENTIFIER)
@@ -392,6 +413,10 @@ class PayResult:
     settlement: SettleResponse | None = None
     paid: PaymentRequirements | None = None
     signed_in_as: str | None = None
+    sign_in_refused: str | None = None
+    """The reason of the 402 a sign-in got (e.g. ``insufficient_credit``) before paying instead."""
+    credit_left: int | None = None
+    """Answered on prepaid credit: the credit left (``X-Credit-Balance``, micro-USDC)."""
     payment_id: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -454,6 +479,42 @@ async def _check_funds(rpc: SolanaRpc, requirement: PaymentRequirements, keypair
     return mint
 
 
+def credit_left(headers: Mapping[str, str]) -> int | None:
+    """``X-Credit-Balance`` as a number of micro-USDC; None when absent or not a plain number."""
+    value = headers.get(CREDIT_BALANCE_HEADER, "")
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 20 else None
+
+
+async def _sign_in(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    data: bytes | None,
+    keypair: Keypair,
+    extension: dict[str, Any],
+) -> PayResult:
+    """Answer the challenge's sign-in: the request again, with ``SIGN-IN-WITH-X``."""
+    try:
+        value = sign_in(extension, keypair, request_url=url)
+    except ValueError as exc:
+        raise PayError(f"cannot sign in: {exc}", "siwx_refused") from None
+    status, body, headers = await _send(session, method, url, data, {"SIGN-IN-WITH-X": value})
+    left = credit_left(headers) if status != 402 else None
+    return PayResult(status, body, headers, url, signed_in_as=str(keypair.pubkey()), credit_left=left)
+
+
+async def sign_in_request(
+    method: str, url: str, keypair: Keypair, *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> PayResult:
+    """Send the request, answering a 402 with a sign-in only (never a payment)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        status, body, headers = await _send(session, method, url, None, {})
+        extension = siwx_extension(parse_challenge(headers, body)) if status == 402 else None
+        if extension is None:
+            return PayResult(status, body, headers, url)
+        return await _sign_in(session, method, url, None, keypair, extension)
+
+
 async def pay(
     method: str,
     url: str,
@@ -476,15 +537,14 @@ async def pay(
         challenge = parse_challenge(headers, body)
         extension = siwx_extension(challenge)
         if extension is not None:
-            try:
-                value = sign_in(extension, keypair, request_url=url)
-            except ValueError as exc:
-                raise PayError(f"cannot sign in: {exc}", "siwx_refused") from None
-            status, body, headers = await _send(session, method, url, data, {"SIGN-IN-WITH-X": value})
-            result = PayResult(status, body, headers, url, signed_in_as=wallet)
-            if status != 402:
+            refused = credit_refusal(challenge, policy)
+            if refused is not None:
+                raise refused
+            result = await _sign_in(session, method, url, data, keypair, extension)
+            if result.status != 402:
                 return result
-            challenge = parse_challenge(headers, body)
+            challenge = parse_challenge(result.headers, result.body)
+            result.sign_in_refused = one_line(challenge.error or "refused", UNTRUSTED_CHARS)
         requirement = choose_requirement(challenge, policy, wallet)
         rpc = SolanaRpc(rpc_url, session)
         extensions = payment_identifier(challenge)
@@ -507,6 +567,7 @@ async def pay(
             url,
             paid=requirement,
             signed_in_as=result.signed_in_as,
+            sign_in_refused=result.sign_in_refused,
             payment_id=extensions[PAYMENT_IDENTIFIER]["info"]["id"] if extensions else None,
         )
         settlement = headers.get("payment-response") or headers.get("x-payment-response")
@@ -549,7 +610,7 @@ def redirect_refusal(result: PayResult) -> str | None:
     return f"{where}: pay answers challenges only from the URL it was given; call that URL if you trust it"
 
 
-def _failure_reason(result: PayResult) -> str:
+def failure_reason(result: PayResult) -> str:
     """One line on why the final answer is not a success."""
     reason = f"HTTP {result.status}"
     redirect = redirect_refusal(result)
@@ -588,17 +649,30 @@ def _summary(result: PayResult) -> dict[str, Any]:
         "status": result.status,
         "body": parsed if parsed is not None else result.body.decode("utf-8", errors="replace"),
         "signedInAs": result.signed_in_as,
+        "signInRefused": result.sign_in_refused,
+        "creditLeftMicroUsdc": str(result.credit_left) if result.credit_left is not None else None,
         "paid": paid,
         "paymentResponse": msgspec.to_builtins(result.settlement) if result.settlement else None,
         "paymentId": result.payment_id,
-        "error": None if result.ok else _failure_reason(result),
+        "error": None if result.ok else failure_reason(result),
     }
 
 
 def _narrate(result: PayResult, err: TextIO) -> None:
     """What happened, for a person, on stderr."""
-    if result.signed_in_as:
+    if result.signed_in_as and result.sign_in_refused:
+        print(
+            f"signed in as {result.signed_in_as}: refused ({result.sign_in_refused}), paying instead",
+            file=err,
+        )
+    elif result.signed_in_as:
         print(f"signed in as {result.signed_in_as}", file=err)
+    if result.credit_left is not None and result.ok:
+        print(
+            f"paid from prepaid credit, no transaction: {usdc_text(result.credit_left)} of credit left "
+            f"(X-Credit-Balance: {result.credit_left})",
+            file=err,
+        )
     settled = result.settlement
     if result.paid is not None and settled is not None and settled.success:
         print(
@@ -610,6 +684,55 @@ def _narrate(result: PayResult, err: TextIO) -> None:
         print("PAYMENT-RESPONSE: " + msgspec.json.encode(settled).decode(), file=err)
     for note in result.notes:
         print(f"note: {note}", file=err)
+
+
+def spend_policy(
+    max_amount: str | None, usdc_mint: str | None, default_max: int = DEFAULT_MAX_AMOUNT
+) -> SpendPolicy:
+    """The policy ``--max-amount`` and ``--usdc-mint`` set (``default_max`` micro-USDC unless
+    given); PayError (usage) when either is malformed."""
+    policy = SpendPolicy(
+        max_amount=default_max if max_amount is None else parse_usdc(max_amount),
+        asset=usdc_mint or USDC_MAINNET_MINT,
+    )
+    if not _is_address(policy.asset):
+        raise PayError(f"--usdc-mint {policy.asset[:64]!r} is not a Solana address", "usage")
+    return policy
+
+
+def report_refusal(exc: PayError, output: str, out: TextIO, err: TextIO, command: str = "pay") -> int:
+    """A request refused or failed before any answer: one line (or one JSON object); exit 1."""
+    if output == "json":
+        print(json.dumps({"ok": False, "error": {"code": exc.code, "message": str(exc)}}), file=out)
+    else:
+        print(f"x402-gateway {command}: {one_line(str(exc))}", file=err)
+    return 1
+
+
+def report(
+    result: PayResult,
+    output: str,
+    out: TextIO,
+    err: TextIO,
+    *,
+    command: str = "pay",
+    lines: Sequence[str] = (),
+) -> int:
+    """The last answer as ``output`` says (see :func:`run_pay`); ``lines`` add to the narration.
+    0 on a 2xx answer, 1 otherwise with a one-line reason."""
+    if output == "json":
+        print(json.dumps(_summary(result)), file=out)
+        return 0 if result.ok else 1
+    text = result.body.decode("utf-8", errors="replace")
+    print(text, file=out, end="" if text.endswith("\n") else "\n")
+    if output != "quiet":
+        _narrate(result, err)
+        for line in lines:
+            print(line, file=err)
+    if not result.ok:
+        print(f"x402-gateway {command}: {failure_reason(result)}", file=err)
+        return 1
+    return 0
 
 
 async def run_pay(
@@ -632,12 +755,7 @@ async def run_pay(
     """
     out, err = out or sys.stdout, err or sys.stderr
     try:
-        policy = SpendPolicy(
-            max_amount=DEFAULT_MAX_AMOUNT if max_amount is None else parse_usdc(max_amount),
-            asset=usdc_mint or USDC_MAINNET_MINT,
-        )
-        if not _is_address(policy.asset):
-            raise PayError(f"--usdc-mint {policy.asset[:64]!r} is not a Solana address", "usage")
+        policy = spend_policy(max_amount, usdc_mint)
         keypair = load_keypair(keypair_file)
         body: bytes | None = None
         if data is not None:
@@ -649,22 +767,8 @@ async def run_pay(
             method.upper(), url, keypair, data=body, rpc_url=rpc_url or default_rpc_url(), policy=policy
         )
     except PayError as exc:
-        if output == "json":
-            print(json.dumps({"ok": False, "error": {"code": exc.code, "message": str(exc)}}), file=out)
-        else:
-            print(f"x402-gateway pay: {one_line(str(exc))}", file=err)
-        return 1
-    if output == "json":
-        print(json.dumps(_summary(result)), file=out)
-        return 0 if result.ok else 1
-    text = result.body.decode("utf-8", errors="replace")
-    print(text, file=out, end="" if text.endswith("\n") else "\n")
-    if output != "quiet":
-        _narrate(result, err)
-    if not result.ok:
-        print(f"x402-gateway pay: {_failure_reason(result)}", file=err)
-        return 1
-    return 0
+        return report_refusal(exc, output, out, err)
+    return report(result, output, out, err)
 
 
 # --- balance --------------------------------------------------------------------------------

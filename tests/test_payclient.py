@@ -13,6 +13,8 @@ from gateway.payclient import (
     PayError,
     SpendPolicy,
     choose_requirement,
+    credit_left,
+    credit_refusal,
     exact_solana_requirements,
     parse_challenge,
     parse_keypair,
@@ -108,3 +110,21 @@ def test_a_malformed_entry_does_not_hide_a_well_formed_one_after_it() -> None:
         choose_requirement(Challenge(accepts=[malformed]), SpendPolicy(), payer)
     assert refused.value.code == "invalid_payment_requirements"
     assert "the challenge is malformed: amount must be a whole number" in str(refused.value)
+
+
+def test_the_credit_left_is_read_only_as_a_plain_number() -> None:
+    assert credit_left({"x-credit-balance": "999995"}) == 999995
+    for hostile in ("", "-1", "1e5", " 5", "\u0663", "9" * 21):
+        assert credit_left({"x-credit-balance": hostile}) is None
+    assert credit_left({}) is None
+
+
+def test_a_paid_route_above_max_amount_gets_no_sign_in_to_spend_credit() -> None:
+    assert credit_refusal(Challenge(accepts=[EXACT]), SpendPolicy(max_amount=1005)) is None
+    assert credit_refusal(Challenge(accepts=[]), SpendPolicy(max_amount=0)) is None  # a sign-in route
+    refused = credit_refusal(Challenge(accepts=[EXACT]), SpendPolicy(max_amount=1004))
+    assert refused is not None and refused.code == "amount_above_max"
+    assert str(refused) == (
+        "refusing to pay: the challenge asks 0.001005 USDC, more than --max-amount 0.001004 USDC "
+        "(from credit or paid)"
+    )

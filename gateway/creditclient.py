@@ -1,0 +1,203 @@
+"""``x402-gateway credits`` and ``x402-gateway pay --top-up``: a wallet's prepaid credit at a gateway.
+
+Credit is bought with an exact payment (``POST {base}/v1/x402/credits/top-up/{AMOUNT}``, priced at
+exactly the AMOUNT of USDC it sells) and spent by signing in on any paid route, which is what
+``pay`` does first (:mod:`gateway.payclient`). The balance (``GET {base}/v1/x402/credits``) is
+read by signing in, so it costs nothing and needs no RPC node.
+
+A top-up is a payment like any other and obeys the same :class:`SpendPolicy`: its limit is
+``--max-amount`` when given, else the AMOUNT asked for (naming the amount is the consent to pay
+it; a challenge asking more is refused before anything is signed). An AMOUNT the gateway does
+not sell answers 404: one line says so, with the amounts it does sell when its catalog tells.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from datetime import UTC, datetime
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+import aiohttp
+import msgspec
+
+from gateway.payclient import (
+    DEFAULT_TIMEOUT_S,
+    UNTRUSTED_CHARS,
+    PayError,
+    PayResult,
+    default_rpc_url,
+    failure_reason,
+    load_keypair,
+    one_line,
+    pay,
+    report,
+    report_refusal,
+    sign_in_request,
+    spend_policy,
+    usdc_text,
+)
+from gateway.x402.types import USDC_DECIMALS
+
+TOP_UP_PATH = "/v1/x402/credits/top-up/"
+CREDITS_PATH = "/v1/x402/credits"
+CATALOG_PATH = "/v1/catalog"
+WHOLE_USDC = re.compile(r"[1-9][0-9]{0,8}")
+"""A top-up's AMOUNT: whole USDC, as the gateway's top-up routes are named."""
+OFFERED = re.compile(re.escape(TOP_UP_PATH) + r"([1-9][0-9]*)$")
+
+
+class TopUpAnswer(msgspec.Struct):
+    wallet: str
+    balanceMicroUsdc: str
+    expiresAt: int
+
+
+class BalanceAnswer(msgspec.Struct):
+    wallet: str
+    balanceMicroUsdc: str
+    heldMicroUsdc: str
+    expiresAt: int
+
+
+def base_url(text: str) -> str:
+    """The gateway's base URL without a trailing slash; PayError (usage) if it is not one."""
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise PayError(
+            f"{one_line(text, 64)!r} is not a gateway base URL such as http://127.0.0.1:8080", "usage"
+        )
+    return text.strip().rstrip("/")
+
+
+def top_up_amount(text: str) -> int:
+    """AMOUNT of ``--top-up`` in whole USDC; PayError (usage) when it is not a whole number."""
+    if not WHOLE_USDC.fullmatch(text.strip()):
+        raise PayError(f"--top-up {one_line(text, 30)!r} must be a whole number of USDC, such as 5", "usage")
+    return int(text)
+
+
+def lapse_text(expires_at: int) -> str:
+    """Unix seconds as a UTC date and time; ``-`` for none (a wallet without credit)."""
+    if expires_at <= 0:
+        return "-"
+    return datetime.fromtimestamp(expires_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _result(body: bytes, kind: type[Any]) -> Any:
+    """``result`` of a credits-envelope answer as ``kind``; None when it is not one."""
+    try:
+        envelope = msgspec.json.decode(body, type=dict[str, Any])
+        return msgspec.convert(envelope.get("result"), kind)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None
+
+
+def _micro(text: str) -> int:
+    return int(text) if text.isascii() and text.isdigit() else 0
+
+
+async def offered_top_ups(base: str) -> list[int] | None:
+    """The top-up amounts (whole USDC) the gateway's catalog lists; None when it cannot be read."""
+    try:
+        timeout = aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_S)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(base + CATALOG_PATH, allow_redirects=False) as resp,
+        ):
+            if resp.status != 200:
+                return None
+            catalog = msgspec.json.decode(await resp.read(), type=dict[str, Any])
+    except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    routes = catalog.get("routes")
+    if not isinstance(routes, list):
+        return None
+    found = (OFFERED.search(str(r.get("path", ""))) for r in routes if isinstance(r, dict))
+    return sorted({int(m[1]) for m in found if m})
+
+
+async def not_offered(base: str, amount: int) -> PayError:
+    """The refusal of a top-up the gateway answered 404: what it sells instead, if it says."""
+    offered = await offered_top_ups(base)
+    if offered is None:
+        also = ""
+    elif offered:
+        also = f" (it sells {', '.join(map(str, offered))} USDC)"
+    else:
+        also = " (it sells no prepaid credit)"
+    return PayError(f"{base} offers no top-up of {amount} USDC{also}", "top_up_not_offered")
+
+
+def bought(result: PayResult) -> list[str]:
+    """The narration of a top-up answered: the balance it leaves and when it lapses."""
+    answer = _result(result.body, TopUpAnswer) if result.ok else None
+    if answer is None:
+        return []
+    return [
+        f"credit of {answer.wallet}: {usdc_text(_micro(answer.balanceMicroUsdc))}, "
+        f"lapses {lapse_text(answer.expiresAt)}"
+    ]
+
+
+async def run_top_up(
+    amount: str,
+    base: str,
+    *,
+    keypair_file: str,
+    rpc_url: str | None = None,
+    max_amount: str | None = None,
+    usdc_mint: str | None = None,
+    output: str = "text",
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """``pay --top-up AMOUNT BASE_URL``: buy AMOUNT USDC of credit, output as ``pay`` does."""
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        usdc = top_up_amount(amount)
+        base = base_url(base)
+        policy = spend_policy(max_amount, usdc_mint, default_max=usdc * 10**USDC_DECIMALS)
+        keypair = load_keypair(keypair_file)
+        url = f"{base}{TOP_UP_PATH}{usdc}"
+        result = await pay("POST", url, keypair, rpc_url=rpc_url or default_rpc_url(), policy=policy)
+        if result.status == 404:
+            raise await not_offered(base, usdc)
+    except PayError as exc:
+        return report_refusal(exc, output, out, err)
+    return report(result, output, out, err, lines=bought(result))
+
+
+async def run_credits(
+    base: str,
+    *,
+    keypair_file: str,
+    as_json: bool = False,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """``credits BASE_URL``: sign in and print the wallet's credit; 0 when read, else 1."""
+    out, err = out or sys.stdout, err or sys.stderr
+    output = "json" if as_json else "text"
+    try:
+        base = base_url(base)
+        keypair = load_keypair(keypair_file)
+        result = await sign_in_request("GET", base + CREDITS_PATH, keypair)
+        if result.status == 404:
+            raise PayError(f"{base} sells no prepaid credit (404 at {CREDITS_PATH})", "no_credit")
+        answer = _result(result.body, BalanceAnswer) if result.ok else None
+        if answer is None:
+            why = failure_reason(result) if not result.ok else "HTTP 200 but not a credit balance"
+            raise PayError(one_line(why, UNTRUSTED_CHARS * 2), "credits_failed")
+    except PayError as exc:
+        return report_refusal(exc, output, out, err, command="credits")
+    if as_json:
+        print(json.dumps({"ok": True, **msgspec.to_builtins(answer)}), file=out)
+        return 0
+    print(f"wallet:         {answer.wallet}", file=out)
+    print(f"credit:         {usdc_text(_micro(answer.balanceMicroUsdc))}", file=out)
+    print(f"held:           {usdc_text(_micro(answer.heldMicroUsdc))}  (by calls in flight)", file=out)
+    print(f"lapses:         {lapse_text(answer.expiresAt)}", file=out)
+    return 0
