@@ -136,6 +136,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     survives restarts."""
     credit_lapse_days: int = 365
     """Credit lapses this many days after the wallet's last top-up (``CREDIT_LAPSE_DAYS``)."""
+    credit_lapse_ms: int = 0
+    """The lapse in ms instead, when set: for tests, which cannot wait out days. No variable sets
+    it."""
 
     @property
     def persistent_store(self) -> bool:

@@ -6,12 +6,15 @@ Credit is the operator's liability, so every change to it is one atomic store op
   claims the payment's one delivery (:meth:`CreditBook.credits` gives what that round trip
   adds), so a replay, a retry, a reconciled pending settlement or a crash credits exactly once;
   each top-up renews the balance's lifetime (it lapses ``lapse_days`` after the last one);
+* **lapse**: each top-up records when the balance lapses in the store's lapse index; past that
+  time it spends as nothing, and ``gateway.credit_lapse`` takes it out of the books, counted;
 * **spend**: a call's credit price is *held* against the balance before the provider is called
   (held amounts never exceed the balance, however many calls race), *taken* only once the
   provider answered, and *released* when it did not; a hold left by a dead process lapses by
   itself shortly after the call's upstream timeout.
 
-Balances live at ``keys.credit_balance(wallet)``, holds at ``keys.credit_holds(wallet)``.
+Balances live at ``keys.credit_balance(wallet)``, holds at ``keys.credit_holds(wallet)``, lapse
+times in ``keys.credit_lapses()`` (:func:`credit_account` names them all).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from gateway.credit_metrics import CREDIT_SOLD
 from gateway.logs import log_event
-from gateway.store import Credit, CreditState, Store, keys
+from gateway.store import Credit, CreditAccount, CreditState, Store, keys
 
 if TYPE_CHECKING:
     from gateway.services import Services
@@ -32,6 +35,20 @@ HOLD_MARGIN_MS = 30_000
 """How much longer than the upstream timeout a hold lives: nothing renews it, so it must outlast
 the call it pays for, and no more (a dead process's hold frees the credit soon after)."""
 DAY_MS = 86_400_000
+LAPSE_GRACE_MS = 30 * DAY_MS
+"""How much longer than the lapse a balance's counter lives in the store: a backstop that deletes
+credit no sweeper lapsed (silently, uncounted), so it outlasts any sweeper outage by far."""
+
+
+def credit_account(wallet: str) -> CreditAccount:
+    """The store keys of ``wallet``'s credit."""
+    return CreditAccount(
+        wallet=wallet,
+        balance=keys.credit_balance(wallet),
+        holds=keys.credit_holds(wallet),
+        lapses=keys.credit_lapses(),
+        lapsed=keys.credit_lapsed(),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,29 +74,35 @@ class Balance:
 class CreditBook:
     """Reads and moves prepaid credit in the shared store; every call may raise ``StoreUnavailable``."""
 
-    def __init__(self, store: Store, *, lapse_days: int, upstream_timeout_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        lapse_days: int,
+        upstream_timeout_s: float,
+        lapse_ms: int | None = None,
+        grace_ms: int = LAPSE_GRACE_MS,
+    ) -> None:
         self.store = store
-        self.lapse_ms = lapse_days * DAY_MS
+        self.lapse_ms = lapse_ms if lapse_ms is not None else lapse_days * DAY_MS
+        """``lapse_days`` in ms, unless ``lapse_ms`` says otherwise (tests wait out a lapse)."""
+        self.grace_ms = grace_ms
         self.hold_ttl_ms = int(upstream_timeout_s * 1000) + HOLD_MARGIN_MS
 
     def credits(self, wallet: str, amount: int) -> list[Credit]:
         """What the delivery of a top-up of ``amount`` by ``wallet`` adds, in the same round trip."""
-        return [Credit(keys.credit_balance(wallet), amount, self.lapse_ms)]
+        return [Credit(credit_account(wallet), amount, self.lapse_ms, self.grace_ms)]
 
     async def hold(self, wallet: str, amount: int) -> CreditHold | None:
         """Hold ``amount`` of ``wallet``'s credit; None when its free credit does not cover it."""
         token = secrets.token_hex(8)
-        state = await self.store.hold_credit(
-            keys.credit_balance(wallet), keys.credit_holds(wallet), amount, token, self.hold_ttl_ms
-        )
+        state = await self.store.hold_credit(credit_account(wallet), amount, token, self.hold_ttl_ms)
         return CreditHold(wallet, token, amount) if state is not None else None
 
     async def take(self, hold: CreditHold) -> Balance | None:
         """Take the held amount (the provider answered); None when nothing could be taken (the
-        hold lapsed and the rest of the credit is spent or held)."""
-        state = await self.store.take_credit(
-            keys.credit_balance(hold.wallet), keys.credit_holds(hold.wallet), hold.token, hold.amount
-        )
+        hold lapsed and the rest of the credit is spent or held, or the credit itself lapsed)."""
+        state = await self.store.take_credit(credit_account(hold.wallet), hold.token, hold.amount)
         return self._balance(hold.wallet, state) if state is not None else None
 
     async def release(self, hold: CreditHold) -> None:
@@ -87,7 +110,7 @@ class CreditBook:
         await self.store.unhold([keys.credit_holds(hold.wallet)], hold.token)
 
     async def balance(self, wallet: str) -> Balance:
-        state = await self.store.credit_state(keys.credit_balance(wallet), keys.credit_holds(wallet))
+        state = await self.store.credit_state(credit_account(wallet))
         return self._balance(wallet, state)
 
     def _balance(self, wallet: str, state: CreditState) -> Balance:
@@ -97,10 +120,12 @@ class CreditBook:
 
 def credit_book(services: Services) -> CreditBook:
     """The app's credit book, on its store, with its lapse and its upstream timeout."""
+    settings = services.settings
     return CreditBook(
         services.store,
-        lapse_days=services.settings.credit_lapse_days,
-        upstream_timeout_s=services.settings.upstream_timeout_s,
+        lapse_days=settings.credit_lapse_days,
+        lapse_ms=settings.credit_lapse_ms or None,
+        upstream_timeout_s=settings.upstream_timeout_s,
     )
 
 

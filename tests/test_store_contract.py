@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -17,6 +18,7 @@ import redis.asyncio as aioredis
 from gateway.store import (
     Bucket,
     Credit,
+    CreditAccount,
     CreditState,
     Entry,
     Hold,
@@ -411,9 +413,12 @@ async def test_scripts_load_on_a_server_that_lacks_them(
         assert not (await limit_once(store, "rl:noscript", 1, 60_000)).allowed
         assert await store.claim("lock:noscript", "holder", 60_000)
         assert await store.release("lock:noscript", "holder")
-        assert await store.credit_state("credit:noscript", "credit:noscript:holds") == CreditState(0, 0, 0)
-        assert await store.hold_credit("credit:noscript", "credit:noscript:holds", 1, "t", 60_000) is None
-        assert await store.take_credit("credit:noscript", "credit:noscript:holds", "t", 1) is None
+        assert await store.credit_state(account("noscript")) == CreditState(0, 0, 0)
+        assert await store.hold_credit(account("noscript"), 1, "t", 60_000) is None
+        assert await store.take_credit(account("noscript"), "t", 1) is None
+        assert await store.due_lapses(LAPSES, 10) == []
+        assert await store.lapse_credit(account("noscript")) is None
+        assert await store.drain_lapsed(LAPSED) == {}
     finally:
         await store.close()
 
@@ -566,9 +571,23 @@ async def test_claim_then_put_entries_expire_after_their_ttl(store: Store) -> No
 
 # --- prepaid credit: top-ups ---------------------------------------------------------------------
 
+LAPSES, LAPSED = "credit:lapses", "credit:lapsed"
+GRACE_MS = 60_000
+"""How long a counter outlives its lapse in these tests: never what ends a balance, unless a test
+says so."""
+
+
+def account(name: str) -> CreditAccount:
+    """A wallet's credit keys here (one lapse index and one lapsed hash for every wallet)."""
+    return CreditAccount(name, f"credit:{name}", f"credit:{name}:holds", LAPSES, LAPSED)
+
+
+def credit(name: str, amount: int, lapse_ms: int = 60_000, grace_ms: int = GRACE_MS) -> Credit:
+    return Credit(account(name), amount, lapse_ms, grace_ms)
+
 
 async def test_claim_then_put_adds_the_credits_only_when_every_claim_was_set(store: Store) -> None:
-    top_up = [Credit("credit:w", 50, 60_000)]
+    top_up = [credit("w", 50)]
     await store.put("taken", "x", 60_000)
 
     won = await store.claim_then_put([Entry("pay:1", "me", 60_000)], [Entry("r", "1", 60_000)], top_up)
@@ -576,65 +595,63 @@ async def test_claim_then_put_adds_the_credits_only_when_every_claim_was_set(sto
     partly = await store.claim_then_put(
         [Entry("pay:2", "me", 60_000), Entry("taken", "me", 60_000)], [], top_up
     )
-    second = await store.claim_then_put(
-        [Entry("pay:3", "me", 60_000)], [], [*top_up, Credit("credit:v", 7, 60_000)]
-    )
+    second = await store.claim_then_put([Entry("pay:3", "me", 60_000)], [], [*top_up, credit("v", 7)])
 
     assert (won, replayed, partly, second) == (1, 0, 1, 1)
-    assert (await store.credit_state("credit:w", "credit:w:holds")).balance == 100
-    assert (await store.credit_state("credit:v", "credit:v:holds")).balance == 7
+    assert (await store.credit_state(account("w"))).balance == 100
+    assert (await store.credit_state(account("v"))).balance == 7
 
 
 async def test_concurrent_replays_of_one_top_up_credit_it_once(store: Store) -> None:
     results = await asyncio.gather(
         *(
-            store.claim_then_put([Entry("pay:race", str(i), 60_000)], [], [Credit("credit:race", 25, 60_000)])
+            store.claim_then_put([Entry("pay:race", str(i), 60_000)], [], [credit("race", 25)])
             for i in range(30)
         )
     )
 
     assert sorted(results) == [0] * 29 + [1]
-    assert (await store.credit_state("credit:race", "credit:race:holds")).balance == 25
+    assert (await store.credit_state(account("race"))).balance == 25
 
 
 async def test_a_credit_sets_the_balances_ttl_and_each_top_up_renews_it(store: Store) -> None:
-    await store.claim_then_put([], [], [Credit("credit:ttl", 10, 1_000)])
-    first = await store.credit_state("credit:ttl", "credit:ttl:holds")
-    await store.claim_then_put([], [], [Credit("credit:ttl", 5, 60_000)])
-    renewed = await store.credit_state("credit:ttl", "credit:ttl:holds")
+    await store.claim_then_put([], [], [credit("ttl", 10, 1_000)])
+    first = await store.credit_state(account("ttl"))
+    await store.claim_then_put([], [], [credit("ttl", 5)])
+    renewed = await store.credit_state(account("ttl"))
 
     assert first.balance == 10 and 900 < first.ttl_ms <= 1_000
     assert renewed.balance == 15 and 59_000 < renewed.ttl_ms <= 60_000
 
 
 async def test_a_balance_lapses_after_its_ttl(store: Store) -> None:
-    await store.claim_then_put([], [], [Credit("credit:lapse", 10, 100)])
+    await store.claim_then_put([], [], [credit("lapse", 10, 100)])
     await asyncio.sleep(0.2)
 
-    assert await store.credit_state("credit:lapse", "credit:lapse:holds") == CreditState(0, 0, 0)
-    await store.claim_then_put([], [], [Credit("credit:lapse", 3, 60_000)])
-    assert (await store.credit_state("credit:lapse", "credit:lapse:holds")).balance == 3
+    assert await store.credit_state(account("lapse")) == CreditState(0, 0, 0)
+    await store.claim_then_put([], [], [credit("lapse", 3)])
+    assert (await store.credit_state(account("lapse"))).balance == 3
 
 
 async def test_credit_state_sums_only_the_live_holds(store: Store) -> None:
-    await store.claim_then_put([], [], [Credit("credit:s", 100, 60_000)])
+    await store.claim_then_put([], [], [credit("s", 100)])
     assert await store.hold([Hold("credit:s:holds", 10, 100)], "short", 100)
     assert await store.hold([Hold("credit:s:holds", 20, 100)], "long", 60_000)
 
-    live = await store.credit_state("credit:s", "credit:s:holds")
+    live = await store.credit_state(account("s"))
     await asyncio.sleep(0.2)
-    lapsed = await store.credit_state("credit:s", "credit:s:holds")
+    lapsed = await store.credit_state(account("s"))
 
     assert (live.balance, live.held) == (100, 30) and 59_000 < live.ttl_ms <= 60_000
     assert (lapsed.balance, lapsed.held) == (100, 20)
-    assert await store.credit_state("credit:none", "credit:none:holds") == CreditState(0, 0, 0)
+    assert await store.credit_state(account("none")) == CreditState(0, 0, 0)
 
 
-def test_a_credit_refuses_a_negative_or_imprecise_amount_and_a_ttl_that_would_delete_it() -> None:
-    for amount, ttl_ms in ((-1, 60_000), (2**53 + 1, 60_000), (1, 0), (1, -5)):
+def test_a_credit_refuses_a_negative_or_imprecise_amount_and_a_lapse_that_would_delete_it() -> None:
+    for amount, lapse_ms, grace_ms in ((-1, 1, 0), (2**53 + 1, 1, 0), (1, 0, 0), (1, -5, 0), (1, 1, -1)):
         with pytest.raises(ValueError):
-            Credit("credit:bad", amount, ttl_ms)
-    assert Credit("credit:ok", 0, 1).amount == 0  # a zero top-up only renews the balance
+            credit("bad", amount, lapse_ms, grace_ms)
+    assert credit("ok", 0, 1, 0).amount == 0  # a zero top-up only renews the balance
 
 
 async def test_a_credit_to_a_key_that_is_not_a_counter_claims_nothing(
@@ -646,9 +663,7 @@ async def test_a_credit_to_a_key_that_is_not_a_counter_claims_nothing(
     store = RedisStore(clean_redis_url)
     try:
         with pytest.raises(StoreUnavailable):
-            await store.claim_then_put(
-                [Entry("pay:g", "me", 60_000)], [], [Credit("credit:garbled", 5, 60_000)]
-            )
+            await store.claim_then_put([Entry("pay:g", "me", 60_000)], [], [credit("garbled", 5)])
     finally:
         await store.close()
 
@@ -657,24 +672,24 @@ async def test_a_credit_to_a_key_that_is_not_a_counter_claims_nothing(
 
 # --- prepaid credit: holds and takes -------------------------------------------------------------
 
-BALANCE, HOLDS = "credit:spend", "credit:spend:holds"
+SPEND = account("spend")
 
 
-async def top_up(store: Store, amount: int, key: str = BALANCE, ttl_ms: int = 60_000) -> None:
-    assert await store.claim_then_put([], [], [Credit(key, amount, ttl_ms)]) == 0
+async def top_up(store: Store, amount: int, name: str = "spend", lapse_ms: int = 60_000) -> None:
+    assert await store.claim_then_put([], [], [credit(name, amount, lapse_ms)]) == 0
 
 
 async def test_hold_take_and_release_move_the_balance_exactly(store: Store) -> None:
     await top_up(store, 100)
 
-    first = await store.hold_credit(BALANCE, HOLDS, 30, "a", 60_000)
-    second = await store.hold_credit(BALANCE, HOLDS, 50, "b", 60_000)
-    refused = await store.hold_credit(BALANCE, HOLDS, 21, "c", 60_000)  # 100 - 80 < 21
-    taken = await store.take_credit(BALANCE, HOLDS, "a", 30)
-    await store.unhold([HOLDS], "b")
-    released = await store.credit_state(BALANCE, HOLDS)
-    whole = await store.hold_credit(BALANCE, HOLDS, 70, "c", 60_000)
-    less = await store.take_credit(BALANCE, HOLDS, "c", 25)  # the call cost less than it held
+    first = await store.hold_credit(SPEND, 30, "a", 60_000)
+    second = await store.hold_credit(SPEND, 50, "b", 60_000)
+    refused = await store.hold_credit(SPEND, 21, "c", 60_000)  # 100 - 80 < 21
+    taken = await store.take_credit(SPEND, "a", 30)
+    await store.unhold([SPEND.holds], "b")
+    released = await store.credit_state(SPEND)
+    whole = await store.hold_credit(SPEND, 70, "c", 60_000)
+    less = await store.take_credit(SPEND, "c", 25)  # the call cost less than it held
 
     assert first is not None and (first.balance, first.held) == (100, 30)
     assert second is not None and (second.balance, second.held) == (100, 80)
@@ -684,133 +699,131 @@ async def test_hold_take_and_release_move_the_balance_exactly(store: Store) -> N
     assert whole is not None and (whole.balance, whole.held) == (70, 70)
     assert less is not None and (less.balance, less.held) == (45, 0)
     assert 59_000 < less.ttl_ms <= 60_000  # a take keeps the balance's lifetime
-    final = await store.credit_state(BALANCE, HOLDS)
+    final = await store.credit_state(SPEND)
     assert (final.balance, final.held) == (45, 0)
 
 
 async def test_holding_again_under_the_same_token_replaces_the_credit_hold(store: Store) -> None:
     await top_up(store, 10)
 
-    assert await store.hold_credit(BALANCE, HOLDS, 10, "me", 60_000) is not None
-    again = await store.hold_credit(BALANCE, HOLDS, 4, "me", 60_000)
+    assert await store.hold_credit(SPEND, 10, "me", 60_000) is not None
+    again = await store.hold_credit(SPEND, 4, "me", 60_000)
 
     assert again is not None and (again.balance, again.held) == (10, 4)
-    assert await store.hold_credit(BALANCE, HOLDS, 7, "other", 60_000) is None
-    assert await store.hold_credit(BALANCE, HOLDS, 6, "other", 60_000) is not None
+    assert await store.hold_credit(SPEND, 7, "other", 60_000) is None
+    assert await store.hold_credit(SPEND, 6, "other", 60_000) is not None
 
 
 async def test_nothing_is_held_against_an_absent_or_lapsed_balance(store: Store) -> None:
-    assert await store.hold_credit(BALANCE, HOLDS, 1, "none", 60_000) is None
-    zero = await store.hold_credit(BALANCE, HOLDS, 0, "free", 60_000)
+    assert await store.hold_credit(SPEND, 1, "none", 60_000) is None
+    zero = await store.hold_credit(SPEND, 0, "free", 60_000)
     assert zero == CreditState(0, 0, 0)
 
-    await top_up(store, 10, ttl_ms=100)
+    await top_up(store, 10, lapse_ms=100)
     await asyncio.sleep(0.2)
 
-    assert await store.hold_credit(BALANCE, HOLDS, 1, "late", 60_000) is None
+    assert await store.hold_credit(SPEND, 1, "late", 60_000) is None
 
 
 async def test_exactly_the_balance_of_many_concurrent_credit_holds_win(store: Store) -> None:
     await top_up(store, 100)
 
-    results = await asyncio.gather(
-        *(store.hold_credit(BALANCE, HOLDS, 10, f"t{n}", 60_000) for n in range(100))
-    )
+    results = await asyncio.gather(*(store.hold_credit(SPEND, 10, f"t{n}", 60_000) for n in range(100)))
 
     won = [state for state in results if state is not None]
     assert len(won) == 10
     assert sorted(state.held for state in won) == list(range(10, 101, 10))
-    state = await store.credit_state(BALANCE, HOLDS)
+    state = await store.credit_state(SPEND)
     assert (state.balance, state.held) == (100, 100)
 
 
 async def test_a_credit_hold_lapses_by_itself(store: Store) -> None:
     await top_up(store, 10)
-    assert await store.hold_credit(BALANCE, HOLDS, 10, "dead-process", 100) is not None
-    assert await store.hold_credit(BALANCE, HOLDS, 1, "next", 60_000) is None
+    assert await store.hold_credit(SPEND, 10, "dead-process", 100) is not None
+    assert await store.hold_credit(SPEND, 1, "next", 60_000) is None
 
     await asyncio.sleep(0.2)
 
-    after = await store.hold_credit(BALANCE, HOLDS, 10, "next", 60_000)
+    after = await store.hold_credit(SPEND, 10, "next", 60_000)
     assert after is not None and (after.balance, after.held) == (10, 10)
 
 
 async def test_a_take_after_its_hold_lapsed_takes_only_what_is_still_free(store: Store) -> None:
     await top_up(store, 100)
-    assert await store.hold_credit(BALANCE, HOLDS, 60, "slow", 100) is not None
+    assert await store.hold_credit(SPEND, 60, "slow", 100) is not None
     await asyncio.sleep(0.2)
-    assert await store.hold_credit(BALANCE, HOLDS, 80, "other", 60_000) is not None
+    assert await store.hold_credit(SPEND, 80, "other", 60_000) is not None
 
-    uncovered = await store.take_credit(BALANCE, HOLDS, "slow", 60)  # 100 - 80 held < 60
-    covered = await store.take_credit(BALANCE, HOLDS, "slow", 20)
+    uncovered = await store.take_credit(SPEND, "slow", 60)  # 100 - 80 held < 60
+    covered = await store.take_credit(SPEND, "slow", 20)
 
     assert uncovered is None
     assert covered is not None and (covered.balance, covered.held) == (80, 80)
 
 
 async def test_a_take_never_overdraws_the_balance(store: Store) -> None:
-    assert await store.take_credit(BALANCE, HOLDS, "never-held", 1) is None  # no balance at all
+    assert await store.take_credit(SPEND, "never-held", 1) is None  # no balance at all
     await top_up(store, 100)
-    assert await store.hold_credit(BALANCE, HOLDS, 40, "held", 60_000) is not None
+    assert await store.hold_credit(SPEND, 40, "held", 60_000) is not None
 
-    too_much = await store.take_credit(BALANCE, HOLDS, "held", 101)
-    into_others = await store.take_credit(BALANCE, HOLDS, "unheld", 61)  # only 60 is free
-    past_its_hold = await store.take_credit(BALANCE, HOLDS, "held", 101)
+    too_much = await store.take_credit(SPEND, "held", 101)
+    into_others = await store.take_credit(SPEND, "unheld", 61)  # only 60 is free
+    past_its_hold = await store.take_credit(SPEND, "held", 101)
 
     assert (too_much, into_others, past_its_hold) == (None, None, None)
-    assert (await store.credit_state(BALANCE, HOLDS)).balance == 100
+    assert (await store.credit_state(SPEND)).balance == 100
     results = await asyncio.gather(
-        *(store.take_credit(BALANCE, HOLDS, f"free{n}", 7) for n in range(20))
+        *(store.take_credit(SPEND, f"free{n}", 7) for n in range(20))
     )  # 60 free: 8 takes of 7 fit
     assert sum(state is not None for state in results) == 8
-    state = await store.credit_state(BALANCE, HOLDS)
+    state = await store.credit_state(SPEND)
     assert (state.balance, state.held) == (44, 40)
-    taken = await store.take_credit(BALANCE, HOLDS, "held", 40)
+    taken = await store.take_credit(SPEND, "held", 40)
     assert taken is not None and (taken.balance, taken.held) == (4, 0)
 
 
 async def test_a_take_of_a_held_token_is_refused_when_the_balance_lapsed(store: Store) -> None:
-    await top_up(store, 10, ttl_ms=150)
-    assert await store.hold_credit(BALANCE, HOLDS, 10, "held", 60_000) is not None
+    await top_up(store, 10, lapse_ms=150)
+    assert await store.hold_credit(SPEND, 10, "held", 60_000) is not None
     await asyncio.sleep(0.25)
 
-    assert await store.take_credit(BALANCE, HOLDS, "held", 10) is None
-    assert await store.credit_state(BALANCE, HOLDS) == CreditState(0, 10, 0)
+    assert await store.take_credit(SPEND, "held", 10) is None
+    assert await store.credit_state(SPEND) == CreditState(0, 10, 0)
 
 
 async def test_concurrent_takes_of_one_token_take_once(store: Store) -> None:
     await top_up(store, 100)
-    assert await store.hold_credit(BALANCE, HOLDS, 30, "once", 60_000) is not None
+    assert await store.hold_credit(SPEND, 30, "once", 60_000) is not None
 
-    results = await asyncio.gather(*(store.take_credit(BALANCE, HOLDS, "once", 30) for _ in range(20)))
+    results = await asyncio.gather(*(store.take_credit(SPEND, "once", 30) for _ in range(20)))
 
     assert sum(state is not None for state in results) == 1
-    assert await store.take_credit(BALANCE, HOLDS, "once", 30) is None  # nor later
-    state = await store.credit_state(BALANCE, HOLDS)
+    assert await store.take_credit(SPEND, "once", 30) is None  # nor later
+    state = await store.credit_state(SPEND)
     assert (state.balance, state.held) == (70, 0)
 
 
 async def test_a_token_held_again_after_its_take_can_be_taken_again(store: Store) -> None:
     await top_up(store, 100)
-    assert await store.hold_credit(BALANCE, HOLDS, 10, "reused", 60_000) is not None
-    assert await store.take_credit(BALANCE, HOLDS, "reused", 10) is not None
-    assert await store.hold_credit(BALANCE, HOLDS, 10, "reused", 60_000) is not None
+    assert await store.hold_credit(SPEND, 10, "reused", 60_000) is not None
+    assert await store.take_credit(SPEND, "reused", 10) is not None
+    assert await store.hold_credit(SPEND, 10, "reused", 60_000) is not None
 
-    again = await store.take_credit(BALANCE, HOLDS, "reused", 10)
+    again = await store.take_credit(SPEND, "reused", 10)
 
     assert again is not None and (again.balance, again.held) == (80, 0)
 
 
 async def test_credit_state_sums_only_the_live_credit_holds(store: Store) -> None:
     await top_up(store, 100)
-    assert await store.hold_credit(BALANCE, HOLDS, 10, "short", 100) is not None
-    assert await store.hold_credit(BALANCE, HOLDS, 20, "long", 60_000) is not None
-    assert await store.take_credit(BALANCE, HOLDS, "long", 5) is not None
-    assert await store.hold_credit(BALANCE, HOLDS, 30, "open", 60_000) is not None
+    assert await store.hold_credit(SPEND, 10, "short", 100) is not None
+    assert await store.hold_credit(SPEND, 20, "long", 60_000) is not None
+    assert await store.take_credit(SPEND, "long", 5) is not None
+    assert await store.hold_credit(SPEND, 30, "open", 60_000) is not None
 
-    live = await store.credit_state(BALANCE, HOLDS)
+    live = await store.credit_state(SPEND)
     await asyncio.sleep(0.2)
-    lapsed = await store.credit_state(BALANCE, HOLDS)
+    lapsed = await store.credit_state(SPEND)
 
     assert (live.balance, live.held) == (95, 40)
     assert (lapsed.balance, lapsed.held) == (95, 30)
@@ -819,11 +832,11 @@ async def test_credit_state_sums_only_the_live_credit_holds(store: Store) -> Non
 async def test_credit_amounts_the_scripts_cannot_keep_are_refused(store: Store) -> None:
     for amount in (-1, 2**53 + 1):
         with pytest.raises(ValueError):
-            await store.hold_credit(BALANCE, HOLDS, amount, "bad", 60_000)
+            await store.hold_credit(SPEND, amount, "bad", 60_000)
         with pytest.raises(ValueError):
-            await store.take_credit(BALANCE, HOLDS, "bad", amount)
+            await store.take_credit(SPEND, "bad", amount)
     with pytest.raises(ValueError):
-        await store.hold_credit(BALANCE, HOLDS, 1, "bad", 0)
+        await store.hold_credit(SPEND, 1, "bad", 0)
 
 
 async def test_a_take_leaves_the_hold_set_expiring(clean_redis_url: str, raw_redis: aioredis.Redis) -> None:
@@ -831,13 +844,13 @@ async def test_a_take_leaves_the_hold_set_expiring(clean_redis_url: str, raw_red
     store = RedisStore(clean_redis_url)
     try:
         await top_up(store, 10)
-        assert await store.hold_credit(BALANCE, HOLDS, 10, "only", 5_000) is not None
-        assert await store.take_credit(BALANCE, HOLDS, "only", 10) is not None
+        assert await store.hold_credit(SPEND, 10, "only", 5_000) is not None
+        assert await store.take_credit(SPEND, "only", 10) is not None
     finally:
         await store.close()
 
-    assert 0 < await raw_redis.pttl(HOLDS) <= 5_000
-    assert 59_000 < await raw_redis.pttl(BALANCE) <= 60_000
+    assert 0 < await raw_redis.pttl(SPEND.holds) <= 5_000
+    assert 119_000 < await raw_redis.pttl(SPEND.balance) <= 120_000  # the lapse, then the grace
 
 
 async def test_redis_and_upstash_backends_share_one_balance(
@@ -848,14 +861,160 @@ async def test_redis_and_upstash_backends_share_one_balance(
         await top_up(redis_store, 50)
         results = await asyncio.gather(
             *(
-                s.hold_credit(BALANCE, HOLDS, 10, f"{n}-{i}", 60_000)
+                s.hold_credit(SPEND, 10, f"{n}-{i}", 60_000)
                 for i in range(10)
                 for n, s in enumerate((redis_store, upstash_store))
             )
         )
         assert sum(state is not None for state in results) == 5
-        held = await upstash_store.hold_credit(BALANCE, HOLDS, 0, "probe", 60_000)
+        held = await upstash_store.hold_credit(SPEND, 0, "probe", 60_000)
         assert held is not None and (held.balance, held.held) == (50, 50)
+    finally:
+        await redis_store.close()
+        await upstash_store.close()
+
+
+# --- prepaid credit: the lapse -------------------------------------------------------------------
+
+
+async def test_a_top_up_records_its_lapse_and_the_wallet_is_due_only_once_it_passed(store: Store) -> None:
+    await top_up(store, 10, "soon", lapse_ms=300)
+    await top_up(store, 10, "later", lapse_ms=60_000)
+
+    before = await store.due_lapses(LAPSES, 10)
+    await asyncio.sleep(0.4)
+
+    assert before == []
+    assert await store.due_lapses(LAPSES, 10) == ["soon"]
+
+
+async def test_due_lapses_answers_the_longest_due_first_and_at_most_the_limit(store: Store) -> None:
+    for name, lapse_ms in (("third", 600), ("first", 100), ("second", 350)):
+        await top_up(store, 1, name, lapse_ms=lapse_ms)
+    await asyncio.sleep(0.8)
+
+    assert await store.due_lapses(LAPSES, 10) == ["first", "second", "third"]
+    assert await store.due_lapses(LAPSES, 2) == ["first", "second"]
+
+
+async def test_a_balance_past_its_lapse_spends_as_nothing_before_any_sweep(store: Store) -> None:
+    await top_up(store, 100, lapse_ms=300)
+    assert await store.hold_credit(SPEND, 40, "early", 60_000) is not None
+    await asyncio.sleep(0.4)
+
+    assert await store.hold_credit(SPEND, 1, "late", 60_000) is None
+    assert await store.take_credit(SPEND, "early", 40) is None
+    assert await store.take_credit(SPEND, "unheld", 1) is None
+    assert await store.credit_state(SPEND) == CreditState(0, 40, 0)
+    assert await store.lapse_credit(SPEND) == 100  # nothing was spent: all of it lapses
+
+
+async def test_the_state_counts_down_to_the_lapse_not_to_the_counters_backstop(store: Store) -> None:
+    await store.claim_then_put([], [], [credit("countdown", 10, 1_000, grace_ms=600_000)])
+
+    state = await store.credit_state(account("countdown"))
+
+    assert state.balance == 10 and 900 < state.ttl_ms <= 1_000
+
+
+async def test_lapse_credit_lapses_a_due_balance_once_with_its_holds(store: Store) -> None:
+    await top_up(store, 100, lapse_ms=400)
+    assert await store.hold_credit(SPEND, 30, "held", 60_000) is not None
+    assert await store.take_credit(SPEND, "spent", 20) is not None
+
+    early = await store.lapse_credit(SPEND)
+    await asyncio.sleep(0.5)
+    lapsed = await asyncio.gather(*(store.lapse_credit(SPEND) for _ in range(10)))
+
+    assert early is None  # not due: nothing changed
+    assert sorted(lapsed, key=lambda amount: amount is None) == [80] + [None] * 9
+    assert await store.credit_state(SPEND) == CreditState(0, 0, 0)
+    assert await store.due_lapses(LAPSES, 10) == []
+    await top_up(store, 5)  # a wallet whose credit lapsed starts again from its next top-up
+    state = await store.credit_state(SPEND)
+    assert (state.balance, state.held) == (5, 0)
+
+
+async def test_a_top_up_before_the_lapse_moves_it_and_the_sweep_finds_nothing_due(store: Store) -> None:
+    await top_up(store, 100, lapse_ms=400)
+    await asyncio.sleep(0.1)
+    await top_up(store, 1, lapse_ms=60_000)
+    await asyncio.sleep(0.4)  # past the first lapse time
+
+    assert await store.lapse_credit(SPEND) is None
+    assert await store.due_lapses(LAPSES, 10) == []
+    state = await store.credit_state(SPEND)
+    assert state.balance == 101 and 59_000 < state.ttl_ms <= 60_000
+
+
+async def test_a_top_up_after_the_lapse_starts_afresh_and_keeps_the_lapsed_credit_to_count(
+    store: Store,
+) -> None:
+    await top_up(store, 100, lapse_ms=300)
+    assert await store.hold_credit(SPEND, 30, "held", 60_000) is not None
+    await asyncio.sleep(0.4)  # lapsed, not swept
+
+    await top_up(store, 7)
+    await top_up(store, 10, "other", lapse_ms=100)
+    await asyncio.sleep(0.2)
+    await top_up(store, 1, "other")
+
+    state = await store.credit_state(SPEND)
+    assert (state.balance, state.held) == (7, 0)  # the lapsed 100 and its hold are gone
+    assert await store.drain_lapsed(LAPSED) == {"spend": 100, "other": 10}
+    assert await store.drain_lapsed(LAPSED) == {}  # each amount is answered once
+    assert await store.due_lapses(LAPSES, 10) == []
+
+
+async def test_a_lapse_that_found_nothing_left_adds_nothing_to_count(store: Store) -> None:
+    await top_up(store, 10, lapse_ms=300)
+    assert await store.take_credit(SPEND, "all", 10) is not None
+    await asyncio.sleep(0.4)
+
+    await top_up(store, 3)
+
+    assert await store.drain_lapsed(LAPSED) == {}
+    assert (await store.credit_state(SPEND)).balance == 3
+
+
+async def test_the_counter_backstop_ends_a_balance_no_sweeper_lapsed(store: Store) -> None:
+    await store.claim_then_put([], [], [credit("forgotten", 10, 50, grace_ms=100)])
+    await asyncio.sleep(0.25)  # past the lapse and the grace
+
+    assert await store.credit_state(account("forgotten")) == CreditState(0, 0, 0)
+    assert await store.due_lapses(LAPSES, 10) == ["forgotten"]
+    assert await store.lapse_credit(account("forgotten")) == 0  # the backstop took it, uncounted
+    assert await store.due_lapses(LAPSES, 10) == []
+
+
+async def test_a_top_up_keeps_the_balance_key_a_grace_period_past_the_lapse(
+    clean_redis_url: str, raw_redis: aioredis.Redis
+) -> None:
+    store = RedisStore(clean_redis_url)
+    try:
+        before_ms = int(time.time() * 1000)
+        await store.claim_then_put([], [], [credit("keys", 10, 60_000, grace_ms=30_000)])
+    finally:
+        await store.close()
+
+    assert 89_000 < await raw_redis.pttl(account("keys").balance) <= 90_000
+    lapses_at = await raw_redis.zscore(LAPSES, "keys")
+    assert lapses_at is not None and before_ms + 59_000 < lapses_at <= int(time.time() * 1000) + 60_000
+
+
+async def test_redis_and_upstash_backends_share_one_lapse_index(
+    clean_redis_url: str, upstash_url_and_token: tuple[str, str]
+) -> None:
+    redis_store, upstash_store = RedisStore(clean_redis_url), UpstashStore(*upstash_url_and_token)
+    try:
+        await top_up(redis_store, 10, "a", lapse_ms=100)
+        await top_up(upstash_store, 20, "b", lapse_ms=100)
+        await asyncio.sleep(0.2)
+        await top_up(redis_store, 1, "b")
+
+        assert await upstash_store.due_lapses(LAPSES, 10) == ["a"]
+        assert await upstash_store.lapse_credit(account("a")) == 10
+        assert await redis_store.drain_lapsed(LAPSED) == {"b": 20}
     finally:
         await redis_store.close()
         await upstash_store.close()
@@ -886,15 +1045,18 @@ OPERATIONS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "check_then_limit": lambda s: s.check_then_limit(["k"], [Bucket("b", 1, 1_000)]),
     "claim_then_put": lambda s: s.claim_then_put([Entry("k", "v", 1_000)]),
     "claim_then_put_credit": lambda s: s.claim_then_put(
-        [Entry("k", "v", 1_000)], [], [Credit("c", 1, 1_000)]
+        [Entry("k", "v", 1_000)], [], [credit("c", 1, 1_000)]
     ),
     "release": lambda s: s.release("k", "token"),
     "undo_claim": lambda s: s.undo_claim([Entry("k", "v", 1_000)], [Bucket("b", 1, 1_000)]),
     "hold": lambda s: s.hold([Hold("h", 1, 1)], "token", 1_000),
     "unhold": lambda s: s.unhold(["h"], "token"),
-    "credit_state": lambda s: s.credit_state("c", "h"),
-    "hold_credit": lambda s: s.hold_credit("c", "h", 1, "token", 1_000),
-    "take_credit": lambda s: s.take_credit("c", "h", "token", 1),
+    "credit_state": lambda s: s.credit_state(account("c")),
+    "hold_credit": lambda s: s.hold_credit(account("c"), 1, "token", 1_000),
+    "take_credit": lambda s: s.take_credit(account("c"), "token", 1),
+    "due_lapses": lambda s: s.due_lapses(LAPSES, 10),
+    "lapse_credit": lambda s: s.lapse_credit(account("c")),
+    "drain_lapsed": lambda s: s.drain_lapsed(LAPSED),
 }
 
 

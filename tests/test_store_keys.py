@@ -71,6 +71,9 @@ def test_the_key_strings_are_the_ones_a_running_store_holds() -> None:
     assert keys.fee_payer("solana:x", "https://f.example") == "x402gw:fee-payer:solana:x:https://f.example"
     assert keys.credit_balance("W1") == "x402gw:credit:W1"
     assert keys.credit_holds("W1") == "x402gw:credit-holds:W1"
+    assert keys.credit_lapses() == "x402gw:credit-lapses"
+    assert keys.credit_lapsed() == "x402gw:credit-lapsed"
+    assert keys.credit_sweep() == "x402gw:credit-sweep"
     assert keys.settlement(DIGEST) == f"x402:svm:settle:{DIGEST}"
     assert keys.settlement_reported(keys.settlement(DIGEST)) == f"x402:svm:settle:{DIGEST}:done"
 

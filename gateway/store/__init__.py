@@ -6,6 +6,7 @@ The backends import only ``gateway.store.base``, so opening one here makes no im
 from gateway.store.base import (
     Bucket,
     Credit,
+    CreditAccount,
     CreditState,
     Entry,
     Hold,
@@ -18,6 +19,7 @@ from gateway.store.base import (
 __all__ = [
     "Bucket",
     "Credit",
+    "CreditAccount",
     "CreditState",
     "Entry",
     "Hold",

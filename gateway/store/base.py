@@ -13,6 +13,9 @@ Semantics are shared by all backends and pinned by ``tests/test_store_contract.p
   ``take_credit``, ``credit_state``); a top-up is a ``Credit`` written by ``claim_then_put`` once
   its payment's claim is won, so a replayed top-up credits nothing. The balance is the operator's
   liability: every change is one atomic step on the store's clock, and no take overdraws it.
+  Each top-up also records when the balance lapses in a lapse index; past that time the balance
+  spends as nothing, and ``lapse_credit`` takes it out of the books (``due_lapses`` finds the
+  wallets due, ``drain_lapsed`` what top-ups found lapsed), so every lapse can be counted.
 * ``rate_limit`` is GCRA: up to ``limit`` requests in any ``period_ms`` window, with the
   allowance refilling evenly; one atomic decision per call, using the store's clock so that
   many gateway processes share one bucket exactly.
@@ -84,17 +87,44 @@ def checked_ttl(ttl_ms: int) -> int:
     return ttl_ms
 
 
-class Credit(msgspec.Struct, frozen=True):
-    """Add ``amount`` to the balance counter at ``key``, which then lapses ``ttl_ms`` after this
-    write (each top-up renews it)."""
+class CreditAccount(msgspec.Struct, frozen=True):
+    """Where one wallet's prepaid credit lives in the store."""
 
-    key: str
+    wallet: str
+    """Its member in the lapse index and its field in ``lapsed``."""
+    balance: str
+    """The balance counter (micro-USDC)."""
+    holds: str
+    """The hold set of its calls in flight."""
+    lapses: str
+    """The lapse index, shared by every wallet: a sorted set scoring each wallet by the time its
+    credit lapses (Unix ms on the store's clock)."""
+    lapsed: str
+    """Shared by every wallet: the credit a top-up found already lapsed, by wallet, kept until
+    the sweeper counts it (:meth:`Store.drain_lapsed`)."""
+
+
+class Credit(msgspec.Struct, frozen=True):
+    """Add ``amount`` to ``account``'s balance, which then lapses ``lapse_ms`` after this write
+    (each top-up renews it). The lapse time goes into the lapse index; the counter itself expires
+    ``grace_ms`` after it, a backstop should no sweeper ever lapse it (a silent, uncounted lapse:
+    the grace must outlast any sweeper outage)."""
+
+    account: CreditAccount
     amount: int
-    ttl_ms: int
+    lapse_ms: int
+    grace_ms: int
 
     def __post_init__(self) -> None:
         checked_amount(self.amount)
-        checked_ttl(self.ttl_ms)
+        checked_ttl(self.lapse_ms)
+        if isinstance(self.grace_ms, bool) or not isinstance(self.grace_ms, int) or self.grace_ms < 0:
+            raise ValueError("a credit's grace_ms must be a whole number of ms, 0 or more")
+
+    @property
+    def ttl_ms(self) -> int:
+        """The balance counter's TTL: the lapse, then the grace."""
+        return self.lapse_ms + self.grace_ms
 
 
 TAKEN_MARK = "taken:"
@@ -106,11 +136,11 @@ class CreditState(msgspec.Struct, frozen=True):
     """A prepaid balance as one atomic read saw it."""
 
     balance: int
-    """The counter's value (0 when absent or lapsed)."""
+    """The counter's value (0 when absent or past its lapse time, swept or not)."""
     held: int
     """The sum of the live holds at the holds key."""
     ttl_ms: int
-    """The balance's remaining lifetime in ms (0 when absent)."""
+    """The time left until the balance lapses, in ms (0 when it has none)."""
 
 
 class Lookup(msgspec.Struct, frozen=True):
@@ -153,9 +183,13 @@ class Store(Protocol):
         self, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
     ) -> int:
         """Atomically, in one round trip: set-if-absent each claim in order, stopping at the first
-        key that exists; only when all were set, write every put and add every credit (renewing
-        its balance's TTL). Returns how many claims were set (``len(claims)``: all of them, and
-        the puts and credits were written)."""
+        key that exists; only when all were set, write every put and add every credit. A credit
+        renews its balance: the wallet's lapse time in the index moves to ``lapse_ms`` from now,
+        and the counter's TTL to that plus ``grace_ms``; a balance already past its lapse time is
+        lapsed first (it, and its holds, are deleted and its amount added to the account's
+        ``lapsed`` for the sweeper to count), so a late top-up never revives lapsed credit.
+        Returns how many claims were set (``len(claims)``: all of them, and the puts and credits
+        were written)."""
 
     async def release(self, key: str, token: str) -> bool:
         """Delete ``key`` only while it still holds ``token``; True when this call deleted it. A
@@ -180,28 +214,41 @@ class Store(Protocol):
         """Drop ``token``'s hold at each key (one round trip; absent holds are ignored)."""
 
     async def hold_credit(
-        self, balance_key: str, holds_key: str, amount: int, token: str, ttl_ms: int
+        self, account: CreditAccount, amount: int, token: str, ttl_ms: int
     ) -> CreditState | None:
-        """Atomically, in one round trip: forget the lapsed holds at ``holds_key``; only when the
+        """Atomically, in one round trip: forget the lapsed holds of ``account``; only when the
         balance less the other live holds covers ``amount``, hold it under ``token`` (replacing
         that token's own hold), lapsing ``ttl_ms`` from now on the store's clock, and answer the
         state after the hold (``held`` includes it); else change nothing and answer None. The
-        holds never add up to more than the balance, however many callers race. ``unhold``
-        releases a credit hold like any other."""
+        holds never add up to more than the balance, however many callers race; a balance past
+        its lapse time covers nothing. ``unhold`` releases a credit hold like any other."""
 
-    async def take_credit(
-        self, balance_key: str, holds_key: str, token: str, amount: int
-    ) -> CreditState | None:
-        """Atomically, in one round trip: take ``amount`` from the balance (keeping its TTL) only
-        when the balance less the other live holds covers it, dropping ``token``'s hold if it is
-        live, and answer the state after; else take nothing and answer None. A lapsed or never
-        made hold takes only what is still free, so a take never overdraws the balance nor eats
-        into another caller's hold. A taken hold leaves a mark until it would have lapsed: a
-        repeated take of the token meanwhile takes nothing (None)."""
+    async def take_credit(self, account: CreditAccount, token: str, amount: int) -> CreditState | None:
+        """Atomically, in one round trip: take ``amount`` from the balance (keeping its lapse and
+        TTL) only when the balance less the other live holds covers it, dropping ``token``'s hold
+        if it is live, and answer the state after; else take nothing and answer None. A lapsed or
+        never made hold takes only what is still free, so a take never overdraws the balance nor
+        eats into another caller's hold; a balance past its lapse time has nothing to take. A
+        taken hold leaves a mark until it would have lapsed: a repeated take of the token
+        meanwhile takes nothing (None)."""
 
-    async def credit_state(self, balance_key: str, holds_key: str) -> CreditState:
-        """In one round trip: the balance at ``balance_key``, the sum of the live holds at
-        ``holds_key`` and the balance's remaining TTL."""
+    async def credit_state(self, account: CreditAccount) -> CreditState:
+        """In one round trip: the balance (0 past its lapse time), the sum of the live holds and
+        the time left until the balance lapses."""
+
+    async def due_lapses(self, lapses: str, limit: int) -> list[str]:
+        """The wallets of the lapse index at ``lapses`` whose lapse time has passed on the
+        store's clock, the longest due first, at most ``limit``."""
+
+    async def lapse_credit(self, account: CreditAccount) -> int | None:
+        """Atomically, in one round trip: when the wallet's lapse time (read now: a top-up may
+        have moved it) has passed, delete its balance and holds, drop it from the index and
+        answer the balance it had (0 when none was left); else change nothing and answer None.
+        Each lapse is answered once, however many sweepers race."""
+
+    async def drain_lapsed(self, lapsed: str) -> dict[str, int]:
+        """Atomically, in one round trip: the credit top-ups found lapsed (``lapsed`` of their
+        accounts), by wallet, deleted as it is read, so each amount is answered once."""
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         """Add each delta to its counter (no TTL) and return every counter's new value: one

@@ -28,8 +28,11 @@ fee_guard_in_flight  fee-guard:in-flight:{kind}:{id}  holds: token -> 1         
 fee_guard_funds      fee-guard:funds:{account}        holds: token -> amount      each hold's TTL
 facilitator_down     facilitator-down:{name}          1 while down                30 s
 fee_payer            fee-payer:{network}:{url}        the advertised fee payer    30 days
-credit_balance       credit:{wallet}                  micro-USDC (counter)        lapse after last top-up
+credit_balance       credit:{wallet}                  micro-USDC (counter)        lapse + grace after top-up
 credit_holds         credit-holds:{wallet}            holds: token -> amount      each hold's TTL
+credit_lapses        credit-lapses                    wallet -> lapse time (ms)   till the sweeper lapses it
+credit_lapsed        credit-lapsed                    wallet -> lapsed credit     till the sweeper counts it
+credit_sweep         credit-sweep                     the sweeping replica        one sweep, 60 s at most
 ===================  ===============================  ==========================  ==========================
 
 Under ``x402:svm:``, the internal facilitator's:
@@ -70,6 +73,9 @@ FACILITATOR_DOWN: Final = _GATEWAY + "facilitator-down:"
 FEE_PAYER: Final = _GATEWAY + "fee-payer:"
 CREDIT_BALANCE: Final = _GATEWAY + "credit:"
 CREDIT_HOLDS: Final = _GATEWAY + "credit-holds:"
+CREDIT_LAPSES: Final = _GATEWAY + "credit-lapses"
+CREDIT_LAPSED: Final = _GATEWAY + "credit-lapsed"
+CREDIT_SWEEP: Final = _GATEWAY + "credit-sweep"
 SETTLEMENT: Final = _FACILITATOR + "settle:"
 _REPORTED_TAIL: Final = ":done"
 
@@ -156,6 +162,23 @@ def credit_holds(wallet: str) -> str:
     return CREDIT_HOLDS + wallet
 
 
+def credit_lapses() -> str:
+    """The lapse index: every wallet with a balance, scored by when its credit lapses
+    (``gateway.credits``; swept by ``gateway.credit_lapse``)."""
+    return CREDIT_LAPSES
+
+
+def credit_lapsed() -> str:
+    """Credit a top-up found lapsed, by wallet, until the sweeper counts it
+    (``gateway.credit_lapse``)."""
+    return CREDIT_LAPSED
+
+
+def credit_sweep() -> str:
+    """The claim of the one replica sweeping lapsed credit (``gateway.credit_lapse``)."""
+    return CREDIT_SWEEP
+
+
 def settlement(message_hash: str) -> str:
     """The internal facilitator's record of one payment (``gateway.payments.local_facilitator``)."""
     return SETTLEMENT + message_hash
@@ -184,6 +207,9 @@ FAMILIES: Final[Mapping[Callable[..., str], str]] = {
     fee_payer: FEE_PAYER,
     credit_balance: CREDIT_BALANCE,
     credit_holds: CREDIT_HOLDS,
+    credit_lapses: CREDIT_LAPSES,
+    credit_lapsed: CREDIT_LAPSED,
+    credit_sweep: CREDIT_SWEEP,
     settlement: SETTLEMENT,
     settlement_reported: SETTLEMENT,
 }

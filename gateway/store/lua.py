@@ -16,6 +16,7 @@ from gateway.store.base import (
     TAKEN_MARK,
     Bucket,
     Credit,
+    CreditAccount,
     CreditState,
     Entry,
     Hold,
@@ -106,31 +107,76 @@ return {values, waits, 1}
 """
 )
 
-# KEYS: the claims, then the puts, then the credited balances; ARGV: how many claims, how many
-# credits, then value (a credit's amount) and ttl_ms per key. Reply: how many claims were set (all
-# of them: the puts and credits were written too). A script is not rolled back when a command in it
-# fails, so every balance is checked to be a counter before the first write: a failing INCRBY after
-# the claims would leave a payment claimed and its credit lost.
-CLAIM_THEN_PUT_SCRIPT = """
+# A wallet's lapse: its score in the lapse index is the Unix ms (store clock) its credit lapses
+# at. A balance whose wallet is in no index (written before the index) lapses by its TTL alone.
+_LAPSE_PRELUDE = (
+    _PRELUDE
+    + """
+local function now_ms(now) return math.floor(now / 1000) end
+-- The balance as spendable at at_ms (its text: exact past 2^53) and the ms left until it lapses:
+-- nothing once its lapse time has passed, whether or not the sweeper has lapsed it yet.
+local function live_balance(balance_key, index_key, wallet, at_ms)
+  local lapse = redis.call('ZSCORE', index_key, wallet)
+  local left = lapse and tonumber(lapse) - at_ms
+  if left and left <= 0 then return '0', 0 end
+  local balance = redis.call('GET', balance_key)
+  if not balance then return '0', 0 end
+  local ttl = redis.call('PTTL', balance_key)
+  if left and (ttl < 0 or left < ttl) then ttl = left end
+  return balance, ttl
+end
+-- Once the wallet's lapse time has passed: delete its balance and holds, drop it from the index
+-- and answer the balance it had (its text, '0' when none); nil while it is not due.
+local function lapse_if_due(balance_key, holds_key, index_key, wallet, at_ms)
+  local lapse = redis.call('ZSCORE', index_key, wallet)
+  if not lapse or tonumber(lapse) > at_ms then return nil end
+  local amount = redis.call('GET', balance_key) or '0'
+  redis.call('DEL', balance_key, holds_key)
+  redis.call('ZREM', index_key, wallet)
+  return amount
+end
+"""
+)
+
+# KEYS: the claims, then the puts, then per credit its balance, hold set, lapse index and lapsed
+# hash; ARGV: how many claims, how many credits, then value and ttl_ms per claim and put, then
+# amount, lapse_ms, ttl_ms and wallet per credit. Reply: how many claims were set (all of them:
+# the puts and credits were written too). A script is not rolled back when a command in it fails,
+# so every balance is checked to be a counter, and every index to be a sorted set, before the
+# first write: a failing INCRBY after the claims would leave a payment claimed and its credit lost.
+CLAIM_THEN_PUT_SCRIPT = (
+    _LAPSE_PRELUDE
+    + """
 local n, c = tonumber(ARGV[1]), tonumber(ARGV[2])
-for i = #KEYS - c + 1, #KEYS do
-  local balance = redis.call('GET', KEYS[i])
+local entries = #KEYS - 4 * c
+local first = 3 + 2 * entries
+for j = 0, c - 1 do
+  local k, a = entries + 4 * j, first + 4 * j
+  local balance = redis.call('GET', KEYS[k + 1])
   if balance and not string.match(balance, '^-?%d+$') then
     return redis.error_reply('ERR credit to a balance that is not a counter')
   end
+  redis.call('ZSCORE', KEYS[k + 3], ARGV[a + 3])
 end
 for i = 1, n do
   if not redis.call('SET', KEYS[i], ARGV[1 + 2 * i], 'NX', 'PX', ARGV[2 + 2 * i]) then return i - 1 end
 end
-for i = n + 1, #KEYS - c do
+for i = n + 1, entries do
   redis.call('SET', KEYS[i], ARGV[1 + 2 * i], 'PX', ARGV[2 + 2 * i])
 end
-for i = #KEYS - c + 1, #KEYS do
-  redis.call('INCRBY', KEYS[i], ARGV[1 + 2 * i])
-  redis.call('PEXPIRE', KEYS[i], ARGV[2 + 2 * i])
+local now = now_ms(now_us())
+for j = 0, c - 1 do
+  local k, a = entries + 4 * j, first + 4 * j
+  local wallet = ARGV[a + 3]
+  local gone = lapse_if_due(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], wallet, now)
+  if gone and gone ~= '0' then redis.call('HINCRBY', KEYS[k + 4], wallet, gone) end
+  redis.call('INCRBY', KEYS[k + 1], ARGV[a])
+  redis.call('PEXPIRE', KEYS[k + 1], ARGV[a + 2])
+  redis.call('ZADD', KEYS[k + 3], string.format('%d', now + tonumber(ARGV[a + 1])), wallet)
 end
 return n
 """
+)
 
 # KEYS: the n entries, then the r refund buckets, then the debt buckets. ARGV: n, r, the value per
 # entry, then limit and period_ms per bucket. Reply: 1.
@@ -182,10 +228,11 @@ return 1
 
 # A credit's holds are hold sets like the hold script's (so ``unhold`` drops them too): field
 # ``token``, valued "amount expires_us"; a taken hold leaves the field TAKEN_MARK .. token, valued
-# "0 expires_us". Every credit script answers {balance (its text: exact past 2^53), the live holds,
-# the balance's PTTL}.
+# "0 expires_us". Every credit script takes KEYS balance, hold set, lapse index and ARGV[1] the
+# wallet, and answers {balance (its text: exact past 2^53; '0' past its lapse time), the live
+# holds, the ms left until it lapses}.
 _CREDIT_PRELUDE = (
-    _PRELUDE
+    _LAPSE_PRELUDE
     + f"local TAKEN_MARK = '{TAKEN_MARK}'"
     + """
 -- The live holds at key: their sum leaving out token's own hold, token's expiry while its hold is
@@ -207,54 +254,87 @@ local function credit_holds(key, token, now, prune)
   end
   return others, own, taken
 end
-local function credit_state(balance_key, held)
-  return {redis.call('GET', balance_key) or '0', held, redis.call('PTTL', balance_key)}
-end
 """
 )
 
-# KEYS: the balance, its hold set. Reply: the credit state. Reads only.
+# Reply: the credit state. Reads only.
 CREDIT_STATE_SCRIPT = (
     _CREDIT_PRELUDE
     + """
-local held = credit_holds(KEYS[2], nil, now_us(), false)
-return credit_state(KEYS[1], held)
+local now = now_us()
+local held = credit_holds(KEYS[2], nil, now, false)
+local balance, left = live_balance(KEYS[1], KEYS[3], ARGV[1], now_ms(now))
+return {balance, held, left}
 """
 )
 
-# KEYS: the balance, its hold set. ARGV: token, amount, ttl_ms. Reply: the credit state after the
-# hold, or nil when the free balance does not cover it (nothing held).
+# ARGV: wallet, token, amount, ttl_ms. Reply: the credit state after the hold, or nil when the
+# free balance does not cover it (nothing held).
 HOLD_CREDIT_SCRIPT = (
     _CREDIT_PRELUDE
     + """
-local token, amount, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local token, amount, ttl = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_us()
 local others = credit_holds(KEYS[2], token, now, true)
-if tonumber(redis.call('GET', KEYS[1]) or '0') - others < amount then return false end
-redis.call('HSET', KEYS[2], token, ARGV[2] .. ' ' .. string.format('%d', now + ttl * 1000))
+local balance, left = live_balance(KEYS[1], KEYS[3], ARGV[1], now_ms(now))
+if tonumber(balance) - others < amount then return false end
+redis.call('HSET', KEYS[2], token, ARGV[3] .. ' ' .. string.format('%d', now + ttl * 1000))
 if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
-return credit_state(KEYS[1], others + amount)
+return {balance, others + amount, left}
 """
 )
 
-# KEYS: the balance, its hold set. ARGV: token, amount. Reply: the credit state after the take, or
-# nil when nothing was taken. The mark is written before the hold is deleted: a hold set emptied by
-# HDEL is deleted, and HSET would make it again without its TTL.
+# ARGV: wallet, token, amount. Reply: the credit state after the take, or nil when nothing was
+# taken. The mark is written before the hold is deleted: a hold set emptied by HDEL is deleted, and
+# HSET would make it again without its TTL.
 TAKE_CREDIT_SCRIPT = (
     _CREDIT_PRELUDE
     + """
-local token, amount = ARGV[1], tonumber(ARGV[2])
-local others, own, taken = credit_holds(KEYS[2], token, now_us(), true)
+local token, amount = ARGV[2], tonumber(ARGV[3])
+local now = now_us()
+local others, own, taken = credit_holds(KEYS[2], token, now, true)
 if taken and not own then return false end
-if tonumber(redis.call('GET', KEYS[1]) or '0') - others < amount then return false end
+local balance, left = live_balance(KEYS[1], KEYS[3], ARGV[1], now_ms(now))
+if tonumber(balance) - others < amount then return false end
 if own then
   redis.call('HSET', KEYS[2], TAKEN_MARK .. token, '0 ' .. own)
   redis.call('HDEL', KEYS[2], token)
 end
-if amount > 0 then redis.call('DECRBY', KEYS[1], ARGV[2]) end
-return credit_state(KEYS[1], others)
+if amount > 0 then
+  redis.call('DECRBY', KEYS[1], ARGV[3])
+  balance = redis.call('GET', KEYS[1])
+end
+return {balance, others, left}
 """
 )
+
+# KEYS: the balance, its hold set, the lapse index. ARGV: the wallet. Reply: the balance lapsed
+# (its text), or nil when the wallet is not due.
+LAPSE_CREDIT_SCRIPT = (
+    _LAPSE_PRELUDE
+    + """
+local gone = lapse_if_due(KEYS[1], KEYS[2], KEYS[3], ARGV[1], now_ms(now_us()))
+if not gone then return false end
+return gone
+"""
+)
+
+# KEYS[1]: the lapse index; ARGV[1]: the most wallets to answer. Reply: the wallets due, longest due
+# first.
+DUE_LAPSES_SCRIPT = (
+    _LAPSE_PRELUDE
+    + """
+local now = string.format('%d', now_ms(now_us()))
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+"""
+)
+
+# KEYS[1]: the lapsed hash. Reply: its fields and values, flat; it is deleted.
+DRAIN_LAPSED_SCRIPT = """
+local lapsed = redis.call('HGETALL', KEYS[1])
+redis.call('DEL', KEYS[1])
+return lapsed
+"""
 
 # KEYS[1]: the lock; ARGV[1]: the holder's token. Reply: 1 when deleted, else 0.
 RELEASE_SCRIPT = """
@@ -270,6 +350,9 @@ HOLD_SHA1 = hashlib.sha1(HOLD_SCRIPT.encode()).hexdigest()
 CREDIT_STATE_SHA1 = hashlib.sha1(CREDIT_STATE_SCRIPT.encode()).hexdigest()
 HOLD_CREDIT_SHA1 = hashlib.sha1(HOLD_CREDIT_SCRIPT.encode()).hexdigest()
 TAKE_CREDIT_SHA1 = hashlib.sha1(TAKE_CREDIT_SCRIPT.encode()).hexdigest()
+LAPSE_CREDIT_SHA1 = hashlib.sha1(LAPSE_CREDIT_SCRIPT.encode()).hexdigest()
+DUE_LAPSES_SHA1 = hashlib.sha1(DUE_LAPSES_SCRIPT.encode()).hexdigest()
+DRAIN_LAPSED_SHA1 = hashlib.sha1(DRAIN_LAPSED_SCRIPT.encode()).hexdigest()
 MAX_HOLD_AMOUNT = MAX_AMOUNT
 """Amounts and caps above this lose precision in Lua's doubles: caps are clamped to it."""
 
@@ -295,9 +378,12 @@ def claim_then_put_call(
     args = [str(len(claims)), str(len(credits))]
     for entry in entries:
         args += [entry.value, str(entry.ttl_ms)]
+    script_keys = [entry.key for entry in entries]
     for credit in credits:
-        args += [str(credit.amount), str(credit.ttl_ms)]
-    return [*(entry.key for entry in entries), *(credit.key for credit in credits)], args
+        account = credit.account
+        args += [str(credit.amount), str(credit.lapse_ms), str(credit.ttl_ms), account.wallet]
+        script_keys += [account.balance, account.holds, account.lapses, account.lapsed]
+    return script_keys, args
 
 
 def undo_claim_call(
@@ -327,8 +413,8 @@ def held_from_reply(reply: object) -> bool:
 
 
 def credit_state_from_reply(reply: object) -> CreditState:
-    """A credit script's ``{balance, held, pttl}`` (an absent balance's PTTL, -2, reads as 0);
-    anything else is garbage."""
+    """A credit script's ``{balance, held, ms left}`` (a negative time left reads as 0); anything
+    else is garbage."""
     if isinstance(reply, list) and len(reply) == 3:
         balance, held, ttl_ms = reply
         if (
@@ -345,23 +431,56 @@ def credit_state_from_reply(reply: object) -> CreditState:
     raise StoreUnavailable("state store answered a credit script with garbage")
 
 
+def credit_keys(account: CreditAccount) -> list[str]:
+    """KEYS of every credit script: the balance, its hold set and the lapse index."""
+    return [account.balance, account.holds, account.lapses]
+
+
 def hold_credit_call(
-    balance_key: str, holds_key: str, amount: int, token: str, ttl_ms: int
+    account: CreditAccount, amount: int, token: str, ttl_ms: int
 ) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of the hold-credit script (ValueError on an amount or TTL it cannot keep)."""
-    return [balance_key, holds_key], [token, str(checked_amount(amount)), str(checked_ttl(ttl_ms))]
+    args = [account.wallet, token, str(checked_amount(amount)), str(checked_ttl(ttl_ms))]
+    return credit_keys(account), args
 
 
-def take_credit_call(
-    balance_key: str, holds_key: str, token: str, amount: int
-) -> tuple[list[str], list[str]]:
+def take_credit_call(account: CreditAccount, token: str, amount: int) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of the take-credit script (ValueError on an amount it cannot keep)."""
-    return [balance_key, holds_key], [token, str(checked_amount(amount))]
+    return credit_keys(account), [account.wallet, token, str(checked_amount(amount))]
 
 
 def credit_change_from_reply(reply: object) -> CreditState | None:
     """The hold- or take-credit script's state after the change, or nil: nothing changed."""
     return None if reply is None else credit_state_from_reply(reply)
+
+
+def lapsed_from_reply(reply: object) -> int | None:
+    """The lapse-credit script's balance lapsed, or nil: not due; anything else is garbage."""
+    if reply is None:
+        return None
+    if isinstance(reply, str):
+        try:
+            return int(reply)
+        except ValueError:
+            pass
+    raise StoreUnavailable("state store answered the lapse-credit script with garbage")
+
+
+def wallets_from_reply(reply: object) -> list[str]:
+    """The due-lapses script's wallets; anything else is garbage."""
+    if isinstance(reply, list) and all(isinstance(wallet, str) for wallet in reply):
+        return list(reply)
+    raise StoreUnavailable("state store answered the due-lapses script with garbage")
+
+
+def drained_from_reply(reply: object) -> dict[str, int]:
+    """The drain-lapsed script's flat fields and values; anything else is garbage."""
+    if isinstance(reply, list) and len(reply) % 2 == 0 and all(isinstance(v, str) for v in reply):
+        try:
+            return {wallet: int(amount) for wallet, amount in zip(reply[0::2], reply[1::2], strict=True)}
+        except ValueError:
+            pass
+    raise StoreUnavailable("state store answered the drain-lapsed script with garbage")
 
 
 def undone_from_reply(reply: object) -> None:

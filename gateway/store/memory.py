@@ -14,6 +14,7 @@ from gateway.store.base import (
     TAKEN_MARK,
     Bucket,
     Credit,
+    CreditAccount,
     CreditState,
     Entry,
     Hold,
@@ -62,6 +63,10 @@ class MemoryStore:
         self._tats: dict[str, int] = {}
         self._holds: dict[str, dict[str, tuple[int, int]]] = {}
         """key -> token -> (amount, expires_us)."""
+        self._lapses: dict[str, dict[str, int]] = {}
+        """lapse index -> wallet -> lapses_us (the Redis backends keep Unix ms: the store's clock)."""
+        self._lapsed: dict[str, dict[str, int]] = {}
+        """lapsed key -> wallet -> credit a top-up found lapsed."""
         self._expiries: list[tuple[int, int, str]] = []
         """(expires_us, kind, key): kind 0 is a value, 1 a rate-limit bucket."""
 
@@ -151,8 +156,16 @@ class MemoryStore:
             self._set_value(entry.key, entry.value, entry.ttl_ms)
         for entry in puts:
             self._set_value(entry.key, entry.value, entry.ttl_ms)
+        now = _now_us()
         for credit in credits:
-            self._set_value(credit.key, str(int(self._live(credit.key) or 0) + credit.amount), credit.ttl_ms)
+            account = credit.account
+            gone = self._lapse_if_due(account, now)
+            if gone:
+                lapsed = self._lapsed.setdefault(account.lapsed, {})
+                lapsed[account.wallet] = lapsed.get(account.wallet, 0) + gone
+            balance = int(self._live(account.balance) or 0) + credit.amount
+            self._set_value(account.balance, str(balance), credit.ttl_ms)
+            self._lapses.setdefault(account.lapses, {})[account.wallet] = now + credit.lapse_ms * 1_000
         return len(claims)
 
     async def undo_claim(
@@ -201,51 +214,76 @@ class MemoryStore:
                 if not held:
                     del self._holds[key]
 
-    def _credit_state(self, balance_key: str, held: int, now: int) -> CreditState:
-        """The balance (kept as a value, like a window counter), ``held`` and the balance's TTL."""
-        entry = self._values.get(balance_key)
-        if entry is None or entry[1] <= now:
-            return CreditState(balance=0, held=held, ttl_ms=0)
-        return CreditState(balance=int(entry[0]), held=held, ttl_ms=-(-(entry[1] - now) // 1_000))
+    def _live_balance(self, account: CreditAccount, now: int) -> tuple[int, int]:
+        """The balance (kept as a value, like a window counter) as spendable at ``now``, and the
+        ms left until it lapses: nothing once its lapse time has passed, swept or not."""
+        lapses = self._lapses.get(account.lapses, {}).get(account.wallet)
+        entry = self._values.get(account.balance)
+        if (lapses is not None and lapses <= now) or entry is None or entry[1] <= now:
+            return 0, 0
+        ends = entry[1] if lapses is None else min(entry[1], lapses)
+        return int(entry[0]), -(-(ends - now) // 1_000)
+
+    def _lapse_if_due(self, account: CreditAccount, now: int) -> int | None:
+        """Once the wallet's lapse time has passed: delete its balance and holds, drop it from
+        the index and answer the balance it had; None while it is not due."""
+        index = self._lapses.get(account.lapses, {})
+        lapses = index.get(account.wallet)
+        if lapses is None or lapses > now:
+            return None
+        del index[account.wallet]
+        self._holds.pop(account.holds, None)
+        entry = self._values.pop(account.balance, None)
+        return int(entry[0]) if entry is not None and entry[1] > now else 0
 
     async def hold_credit(
-        self, balance_key: str, holds_key: str, amount: int, token: str, ttl_ms: int
+        self, account: CreditAccount, amount: int, token: str, ttl_ms: int
     ) -> CreditState | None:
         checked_amount(amount)
         checked_ttl(ttl_ms)
         now = _now_us()
-        others = sum(h[0] for t, h in self._live_holds(holds_key, now).items() if t != token)
-        after = self._credit_state(balance_key, others + amount, now)
-        if after.balance - others < amount:
+        others = sum(h[0] for t, h in self._live_holds(account.holds, now).items() if t != token)
+        balance, left = self._live_balance(account, now)
+        if balance - others < amount:
             return None
-        self._holds.setdefault(holds_key, {})[token] = (amount, now + ttl_ms * 1_000)
-        return after
+        self._holds.setdefault(account.holds, {})[token] = (amount, now + ttl_ms * 1_000)
+        return CreditState(balance=balance, held=others + amount, ttl_ms=left)
 
-    async def take_credit(
-        self, balance_key: str, holds_key: str, token: str, amount: int
-    ) -> CreditState | None:
+    async def take_credit(self, account: CreditAccount, token: str, amount: int) -> CreditState | None:
         checked_amount(amount)
         now = _now_us()
-        live = self._live_holds(holds_key, now)
+        live = self._live_holds(account.holds, now)
         own = live.get(token)
         if own is None and TAKEN_MARK + token in live:
             return None
         others = sum(h[0] for t, h in live.items() if t != token)
-        before = self._credit_state(balance_key, others, now)
-        if before.balance - others < amount:
+        balance, left = self._live_balance(account, now)
+        if balance - others < amount:
             return None
         if own is not None:
             del live[token]
             live[TAKEN_MARK + token] = (0, own[1])
-        if amount == 0:
-            return before
-        self._values[balance_key] = (str(before.balance - amount), self._values[balance_key][1])
-        return CreditState(balance=before.balance - amount, held=others, ttl_ms=before.ttl_ms)
+        if amount > 0:
+            balance -= amount
+            self._values[account.balance] = (str(balance), self._values[account.balance][1])
+        return CreditState(balance=balance, held=others, ttl_ms=left)
 
-    async def credit_state(self, balance_key: str, holds_key: str) -> CreditState:
+    async def credit_state(self, account: CreditAccount) -> CreditState:
         now = _now_us()
-        held = sum(amount for amount, expires in self._holds.get(holds_key, {}).values() if expires > now)
-        return self._credit_state(balance_key, held, now)
+        held = sum(amount for amount, expires in self._holds.get(account.holds, {}).values() if expires > now)
+        balance, left = self._live_balance(account, now)
+        return CreditState(balance=balance, held=held, ttl_ms=left)
+
+    async def due_lapses(self, lapses: str, limit: int) -> list[str]:
+        now = _now_us()
+        due = sorted((at, wallet) for wallet, at in self._lapses.get(lapses, {}).items() if at <= now)
+        return [wallet for _, wallet in due[:limit]]
+
+    async def lapse_credit(self, account: CreditAccount) -> int | None:
+        return self._lapse_if_due(account, _now_us())
+
+    async def drain_lapsed(self, lapsed: str) -> dict[str, int]:
+        return self._lapsed.pop(lapsed, {})
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         for key, delta in deltas.items():

@@ -16,13 +16,25 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from gateway.store.base import Bucket, Credit, CreditState, Entry, Hold, Lookup, StoreUnavailable
+from gateway.store.base import (
+    Bucket,
+    Credit,
+    CreditAccount,
+    CreditState,
+    Entry,
+    Hold,
+    Lookup,
+    StoreUnavailable,
+)
 from gateway.store.lua import (
     CHECK_THEN_LIMIT_SCRIPT,
     CLAIM_THEN_PUT_SCRIPT,
     CREDIT_STATE_SCRIPT,
+    DRAIN_LAPSED_SCRIPT,
+    DUE_LAPSES_SCRIPT,
     HOLD_CREDIT_SCRIPT,
     HOLD_SCRIPT,
+    LAPSE_CREDIT_SCRIPT,
     RELEASE_SCRIPT,
     TAKE_CREDIT_SCRIPT,
     UNDO_CLAIM_SCRIPT,
@@ -31,10 +43,13 @@ from gateway.store.lua import (
     claimed_from_reply,
     counters_from_reply,
     credit_change_from_reply,
+    credit_keys,
     credit_state_from_reply,
+    drained_from_reply,
     held_from_reply,
     hold_call,
     hold_credit_call,
+    lapsed_from_reply,
     lookup_from_reply,
     released_from_reply,
     take_credit_call,
@@ -42,6 +57,7 @@ from gateway.store.lua import (
     totals_from_replies,
     undo_claim_call,
     undone_from_reply,
+    wallets_from_reply,
 )
 
 T = TypeVar("T")
@@ -87,6 +103,9 @@ class RedisStore:
         self._credit_state = self._redis.register_script(CREDIT_STATE_SCRIPT)
         self._hold_credit = self._redis.register_script(HOLD_CREDIT_SCRIPT)
         self._take_credit = self._redis.register_script(TAKE_CREDIT_SCRIPT)
+        self._lapse_credit = self._redis.register_script(LAPSE_CREDIT_SCRIPT)
+        self._due_lapses = self._redis.register_script(DUE_LAPSES_SCRIPT)
+        self._drain_lapsed = self._redis.register_script(DRAIN_LAPSED_SCRIPT)
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
         """Await one command, turning every client failure into StoreUnavailable."""
@@ -145,22 +164,32 @@ class RedisStore:
             await self._call(pipe.execute())
 
     async def hold_credit(
-        self, balance_key: str, holds_key: str, amount: int, token: str, ttl_ms: int
+        self, account: CreditAccount, amount: int, token: str, ttl_ms: int
     ) -> CreditState | None:
-        script_keys, args = hold_credit_call(balance_key, holds_key, amount, token, ttl_ms)
+        script_keys, args = hold_credit_call(account, amount, token, ttl_ms)
         reply: Any = await self._call(self._hold_credit(keys=script_keys, args=args))
         return credit_change_from_reply(reply)
 
-    async def take_credit(
-        self, balance_key: str, holds_key: str, token: str, amount: int
-    ) -> CreditState | None:
-        script_keys, args = take_credit_call(balance_key, holds_key, token, amount)
+    async def take_credit(self, account: CreditAccount, token: str, amount: int) -> CreditState | None:
+        script_keys, args = take_credit_call(account, token, amount)
         reply: Any = await self._call(self._take_credit(keys=script_keys, args=args))
         return credit_change_from_reply(reply)
 
-    async def credit_state(self, balance_key: str, holds_key: str) -> CreditState:
-        reply: Any = await self._call(self._credit_state(keys=[balance_key, holds_key], args=[]))
+    async def credit_state(self, account: CreditAccount) -> CreditState:
+        reply: Any = await self._call(self._credit_state(keys=credit_keys(account), args=[account.wallet]))
         return credit_state_from_reply(reply)
+
+    async def due_lapses(self, lapses: str, limit: int) -> list[str]:
+        reply: Any = await self._call(self._due_lapses(keys=[lapses], args=[str(limit)]))
+        return wallets_from_reply(reply)
+
+    async def lapse_credit(self, account: CreditAccount) -> int | None:
+        reply: Any = await self._call(self._lapse_credit(keys=credit_keys(account), args=[account.wallet]))
+        return lapsed_from_reply(reply)
+
+    async def drain_lapsed(self, lapsed: str) -> dict[str, int]:
+        reply: Any = await self._call(self._drain_lapsed(keys=[lapsed], args=[]))
+        return drained_from_reply(reply)
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         if not deltas:

@@ -14,7 +14,16 @@ from typing import Any, TypeVar
 from upstash_redis.asyncio import Redis
 from upstash_redis.errors import UpstashError
 
-from gateway.store.base import Bucket, Credit, CreditState, Entry, Hold, Lookup, StoreUnavailable
+from gateway.store.base import (
+    Bucket,
+    Credit,
+    CreditAccount,
+    CreditState,
+    Entry,
+    Hold,
+    Lookup,
+    StoreUnavailable,
+)
 from gateway.store.lua import (
     CHECK_THEN_LIMIT_SCRIPT,
     CHECK_THEN_LIMIT_SHA1,
@@ -22,10 +31,16 @@ from gateway.store.lua import (
     CLAIM_THEN_PUT_SHA1,
     CREDIT_STATE_SCRIPT,
     CREDIT_STATE_SHA1,
+    DRAIN_LAPSED_SCRIPT,
+    DRAIN_LAPSED_SHA1,
+    DUE_LAPSES_SCRIPT,
+    DUE_LAPSES_SHA1,
     HOLD_CREDIT_SCRIPT,
     HOLD_CREDIT_SHA1,
     HOLD_SCRIPT,
     HOLD_SHA1,
+    LAPSE_CREDIT_SCRIPT,
+    LAPSE_CREDIT_SHA1,
     RELEASE_SCRIPT,
     RELEASE_SHA1,
     TAKE_CREDIT_SCRIPT,
@@ -37,10 +52,13 @@ from gateway.store.lua import (
     claimed_from_reply,
     counters_from_reply,
     credit_change_from_reply,
+    credit_keys,
     credit_state_from_reply,
+    drained_from_reply,
     held_from_reply,
     hold_call,
     hold_credit_call,
+    lapsed_from_reply,
     lookup_from_reply,
     released_from_reply,
     take_credit_call,
@@ -48,6 +66,7 @@ from gateway.store.lua import (
     totals_from_replies,
     undo_claim_call,
     undone_from_reply,
+    wallets_from_reply,
 )
 
 T = TypeVar("T")
@@ -136,23 +155,34 @@ class UpstashStore:
             await self._call(pipe.exec())
 
     async def hold_credit(
-        self, balance_key: str, holds_key: str, amount: int, token: str, ttl_ms: int
+        self, account: CreditAccount, amount: int, token: str, ttl_ms: int
     ) -> CreditState | None:
-        script_keys, args = hold_credit_call(balance_key, holds_key, amount, token, ttl_ms)
+        script_keys, args = hold_credit_call(account, amount, token, ttl_ms)
         reply = await self._call(self._script(HOLD_CREDIT_SCRIPT, HOLD_CREDIT_SHA1, script_keys, args))
         return credit_change_from_reply(reply)
 
-    async def take_credit(
-        self, balance_key: str, holds_key: str, token: str, amount: int
-    ) -> CreditState | None:
-        script_keys, args = take_credit_call(balance_key, holds_key, token, amount)
+    async def take_credit(self, account: CreditAccount, token: str, amount: int) -> CreditState | None:
+        script_keys, args = take_credit_call(account, token, amount)
         reply = await self._call(self._script(TAKE_CREDIT_SCRIPT, TAKE_CREDIT_SHA1, script_keys, args))
         return credit_change_from_reply(reply)
 
-    async def credit_state(self, balance_key: str, holds_key: str) -> CreditState:
-        script_keys = [balance_key, holds_key]
-        reply = await self._call(self._script(CREDIT_STATE_SCRIPT, CREDIT_STATE_SHA1, script_keys, []))
+    async def credit_state(self, account: CreditAccount) -> CreditState:
+        script_keys, args = credit_keys(account), [account.wallet]
+        reply = await self._call(self._script(CREDIT_STATE_SCRIPT, CREDIT_STATE_SHA1, script_keys, args))
         return credit_state_from_reply(reply)
+
+    async def due_lapses(self, lapses: str, limit: int) -> list[str]:
+        reply = await self._call(self._script(DUE_LAPSES_SCRIPT, DUE_LAPSES_SHA1, [lapses], [str(limit)]))
+        return wallets_from_reply(reply)
+
+    async def lapse_credit(self, account: CreditAccount) -> int | None:
+        script_keys, args = credit_keys(account), [account.wallet]
+        reply = await self._call(self._script(LAPSE_CREDIT_SCRIPT, LAPSE_CREDIT_SHA1, script_keys, args))
+        return lapsed_from_reply(reply)
+
+    async def drain_lapsed(self, lapsed: str) -> dict[str, int]:
+        reply = await self._call(self._script(DRAIN_LAPSED_SCRIPT, DRAIN_LAPSED_SHA1, [lapsed], []))
+        return drained_from_reply(reply)
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         if not deltas:
