@@ -1,9 +1,10 @@
 """Paid gateways as real ``x402-gateway serve`` subprocesses, and a client that pays them.
 
 The third parties live in the test process, on loopback, and every gateway process is pointed at
-the same ones: the recording provider (``Upstream``), the fake CDP facilitator (JWT-checked) and
-the LiteSVM chain's JSON-RPC server. :func:`paid_processes` starts ``count`` gateways with the
-env of :func:`tests.support.paid_fixtures.paid_env` plus the test's own (a shared
+the same ones: the recording provider (``Upstream``), the fake CDP facilitator (JWT-checked; none
+when they settle with their own fee payer) and the LiteSVM chain's JSON-RPC server.
+:func:`paid_processes` starts ``count`` gateways with the env of
+:func:`tests.support.paid_fixtures.paid_env` plus the test's own (a shared
 ``STATE_STORE_REST_URL`` makes them replicas) and always stops them.
 
 The event loop of the test serves the provider and the facilitator, so a test must never block
@@ -66,7 +67,8 @@ class PaidProcesses:
     chain: UsdcChain
     rpc: LiteSvmRpcServer
     upstream: Upstream
-    facilitator: CdpFacilitatorServer
+    facilitator: CdpFacilitatorServer | None
+    """None: the gateways settle with their own fee payer (``FACILITATOR_URL=internal``)."""
 
     async def requirements(
         self, replica: Replica, path: str = GET_BALANCE
@@ -93,9 +95,11 @@ class PaidProcesses:
         return build_payment_payload(requirements, tx, resource=resource, extensions=extensions)
 
     def settle_calls(self) -> int:
+        assert self.facilitator is not None
         return self.facilitator.count("settle")
 
     def verify_calls(self) -> int:
+        assert self.facilitator is not None
         return self.facilitator.count("verify")
 
     @property
@@ -110,7 +114,7 @@ async def paid_processes(
     chain: UsdcChain,
     rpc: LiteSvmRpcServer,
     upstream: Upstream,
-    facilitator: CdpFacilitatorServer,
+    facilitator: CdpFacilitatorServer | None,
     env: Mapping[str, str] | None = None,
     args: tuple[str, ...] = (),
 ) -> AsyncIterator[PaidProcesses]:
