@@ -16,3 +16,8 @@ CREDIT_SPENT = Counter(
     "Prepaid credit taken for calls served, in micro-USDC, by route (this process).",
     ["route"],
 )
+CREDIT_LAPSED = Counter(
+    "x402_credit_lapsed_micro_usdc_total",
+    "Prepaid credit lapsed unspent (CREDIT_LAPSE_DAYS after the wallet's last top-up), in micro-USDC"
+    " (this process: the replica that swept it).",
+)

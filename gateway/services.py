@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from gateway.config import INTERNAL, Settings
+from gateway.credit_lapse import CreditSweeper
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
 from gateway.metrics import Usage
 from gateway.payments.facilitator_health import FacilitatorHealth
@@ -63,6 +64,8 @@ class Services:
         self.usage = Usage(self.store, routes, lambda route: payment_methods(route, settings))
         self.request_log = RequestLog(settings.log_challenges)
         self._usage_flusher: asyncio.Task[None] | None = None
+        self.credit_sweeper = CreditSweeper(self.store) if settings.credits_enabled else None
+        """Lapses credit past its lapse time, logged and counted; one replica at a time sweeps."""
         self.fee_guard = FeeGuard(
             self.store,
             max_in_flight=settings.max_settlements_in_flight,
@@ -149,6 +152,8 @@ class Services:
         self.limiter.start()
         self.request_log.start()
         self.facilitator_health.start()
+        if self.credit_sweeper is not None:
+            self.credit_sweeper.start()
         for client in self._upstreams.values():
             client.open()
 
@@ -162,6 +167,8 @@ class Services:
         await self.request_log.stop()
         await self.limiter.stop()
         await self.facilitator_health.stop()
+        if self.credit_sweeper is not None:
+            await self.credit_sweeper.stop()
         for client in self._upstreams.values():
             await client.close()
         facilitators = [s.facilitator for s in self.settling] + [self.local_facilitator]

@@ -1,0 +1,228 @@
+"""Credit lapse, counted: credit past its lapse time is never spent, and the sweeper takes it out
+of the books once, with a log line and the Prometheus counter, on one replica at a time.
+
+Over the real stores (memory, Redis, Upstash REST over Redis), with lapses of a few hundred ms
+(the book's lapse in ms; ``CREDIT_LAPSE_DAYS`` stays the operator's knob).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+import pytest_asyncio
+from prometheus_client import REGISTRY
+
+from gateway.config import Settings
+from gateway.credit_lapse import CreditSweeper
+from gateway.credits import CreditBook, credit_account
+from gateway.logs import LOGGER_NAME
+from gateway.services import Services
+from gateway.store import Entry, Store, keys
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
+from gateway.store.upstash import UpstashStore
+from tests.support.adversarial_paid import captured_log_lines
+
+LAPSE_MS = 300
+PAST_THE_LAPSE_S = 0.45
+
+
+@pytest.fixture(autouse=True)
+def _upstash_server_started(upstash_url_and_token: tuple[str, str]) -> None:
+    """Start the session's Upstash REST server as an ordinary fixture dependency (see
+    tests/test_store_contract.py)."""
+
+
+@pytest_asyncio.fixture(params=["memory", "redis", "upstash"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    redis_url: str = request.getfixturevalue("clean_redis_url")
+    opened: Store = (
+        RedisStore(redis_url)
+        if request.param == "redis"
+        else UpstashStore(*request.getfixturevalue("upstash_url_and_token"))
+    )
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+LapseLines = Callable[[], list[tuple[str, str]]]
+
+
+@pytest.fixture
+def lapse_lines() -> Iterator[LapseLines]:
+    """The (wallet, amount) of each ``credit lapsed`` log line written so far in the test."""
+    logger = logging.getLogger(LOGGER_NAME)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        with captured_log_lines() as raw:
+            yield lambda: [
+                (line["wallet"], line["amount"])
+                for line in map(json.loads, raw)
+                if line["msg"] == "credit lapsed"
+            ]
+    finally:
+        logger.setLevel(level)
+
+
+def _book(store: Store, lapse_ms: int = LAPSE_MS) -> CreditBook:
+    return CreditBook(store, lapse_days=365, lapse_ms=lapse_ms, upstream_timeout_s=1.0)
+
+
+async def _fund(book: CreditBook, wallet: str, amount: int, payment: str) -> None:
+    """Credit ``wallet`` the way a top-up's delivery does (the claim-then-put round trip)."""
+    claim = Entry(f"delivered:{payment}", "1", 60_000)
+    assert await book.store.claim_then_put([claim], [], book.credits(wallet, amount)) == 1
+
+
+def _lapsed_total() -> float:
+    return REGISTRY.get_sample_value("x402_credit_lapsed_micro_usdc_total") or 0.0
+
+
+async def test_the_sweeper_lapses_due_credit_once_logged_and_counted(
+    store: Store, lapse_lines: LapseLines
+) -> None:
+    book = _book(store)
+    await _fund(book, "W-idle", 1_000, "p1")
+    await _fund(book, "W-spender", 500, "p2")
+    hold = await book.hold("W-spender", 200)
+    assert hold is not None and await book.take(hold) is not None
+    await _fund(_book(store, lapse_ms=60_000), "W-fresh", 70, "p3")
+    counted = _lapsed_total()
+    sweeper = CreditSweeper(store)
+
+    early = await sweeper.sweep()
+    await asyncio.sleep(PAST_THE_LAPSE_S)
+    swept = await sweeper.sweep()
+    again = await sweeper.sweep()
+
+    assert (early, swept, again) == (0, 1_300, 0)
+    assert _lapsed_total() - counted == 1_300
+    assert sorted(lapse_lines()) == [
+        ("W-idle", "1000"),
+        ("W-spender", "300"),
+    ]
+    assert (await book.balance("W-idle")).balance == 0
+    assert (await book.balance("W-fresh")).balance == 70
+    assert await store.due_lapses(keys.credit_lapses(), 10) == []
+
+
+async def test_credit_past_its_lapse_is_never_spent_even_before_the_sweep(store: Store) -> None:
+    book = _book(store)
+    await _fund(book, "W", 1_000, "p1")
+    in_flight = await book.hold("W", 100)
+    assert in_flight is not None
+    await asyncio.sleep(PAST_THE_LAPSE_S)
+
+    assert await book.hold("W", 1) is None
+    assert await book.take(in_flight) is None
+    balance = await book.balance("W")
+    assert (balance.balance, balance.expires_at) == (0, 0)
+
+
+async def test_a_top_up_before_the_lapse_moves_it_and_the_sweep_leaves_the_wallet(
+    store: Store, lapse_lines: LapseLines
+) -> None:
+    book = _book(store)
+    await _fund(book, "W", 1_000, "p1")
+    await asyncio.sleep(PAST_THE_LAPSE_S / 3)
+    await _fund(_book(store, lapse_ms=60_000), "W", 10, "p2")
+    await asyncio.sleep(PAST_THE_LAPSE_S)
+
+    assert await CreditSweeper(store).sweep() == 0
+    assert lapse_lines() == []
+    assert (await book.balance("W")).balance == 1_010
+
+
+async def test_a_top_up_after_the_lapse_but_before_the_sweep_gets_its_credit_and_the_lapse_is_counted(
+    store: Store, lapse_lines: LapseLines
+) -> None:
+    book = _book(store)
+    await _fund(book, "W", 1_000, "p1")
+    await asyncio.sleep(PAST_THE_LAPSE_S)
+    await _fund(_book(store, lapse_ms=60_000), "W", 10, "p2")
+    counted = _lapsed_total()
+
+    swept = await CreditSweeper(store).sweep()
+
+    assert swept == 1_000 and _lapsed_total() - counted == 1_000
+    assert lapse_lines() == [("W", "1000")]
+    assert (await book.balance("W")).balance == 10  # the lapsed credit never came back
+
+
+async def test_a_sweep_lapses_at_most_its_batch_and_the_next_one_the_rest(store: Store) -> None:
+    book = _book(store)
+    for n in range(5):
+        await _fund(book, f"W{n}", 10, f"p{n}")
+    await asyncio.sleep(PAST_THE_LAPSE_S)
+    sweeper = CreditSweeper(store, batch=3)
+
+    assert [await sweeper.sweep() for _ in range(3)] == [30, 20, 0]
+
+
+async def test_no_sweep_while_another_replica_holds_the_sweep(store: Store) -> None:
+    book = _book(store)
+    await _fund(book, "W", 1_000, "p1")
+    await asyncio.sleep(PAST_THE_LAPSE_S)
+    assert await store.claim(keys.credit_sweep(), "another replica", 60_000)
+
+    blocked = await CreditSweeper(store).sweep()
+    assert await store.release(keys.credit_sweep(), "another replica")
+    after = await CreditSweeper(store).sweep()
+
+    assert (blocked, after) == (0, 1_000)
+    assert await store.get(keys.credit_sweep()) is None  # a sweep frees its claim when done
+
+
+async def test_replicas_racing_to_sweep_lapse_each_balance_once(
+    clean_redis_url: str, lapse_lines: LapseLines
+) -> None:
+    """Many sweepers on one Redis, each with its own connections, as replicas have."""
+    stores = [RedisStore(clean_redis_url) for _ in range(8)]
+    try:
+        book = _book(stores[0])
+        for n in range(20):
+            await _fund(book, f"W{n}", n + 1, f"p{n}")
+        await asyncio.sleep(PAST_THE_LAPSE_S)
+
+        swept = await asyncio.gather(*(CreditSweeper(s).sweep() for s in stores))
+        # A late sweep, or two sweeps that still overlapped, find nothing left to lapse.
+        swept += await asyncio.gather(*(CreditSweeper(s).sweep() for s in stores))
+    finally:
+        for opened in stores:
+            await opened.close()
+
+    assert sum(swept) == sum(range(1, 21))
+    assert sorted(lapse_lines()) == sorted((f"W{n}", str(n + 1)) for n in range(20))
+
+
+async def test_the_apps_lifespan_runs_the_sweeper_only_while_credit_is_sold(clean_redis_url: str) -> None:
+    settings = Settings(base_url="https://gw.example", credits_enabled=True, credit_lapse_ms=LAPSE_MS)
+    store = RedisStore(clean_redis_url)
+    services = Services(settings, [], store)
+    book = _book(store)
+    await _fund(book, "W", 1_000, "p1")
+    await asyncio.sleep(PAST_THE_LAPSE_S)
+    checker = RedisStore(clean_redis_url)
+    try:
+        async with services.lifespan(object()):
+            for _ in range(200):  # the first sweep runs at start-up; give it up to 2 s
+                if not await checker.due_lapses(keys.credit_lapses(), 10):
+                    break
+                await asyncio.sleep(0.01)
+            swept = await checker.due_lapses(keys.credit_lapses(), 10) == []
+        assert swept
+        state = await checker.credit_state(credit_account("W"))
+        assert (state.balance, state.held) == (0, 0)
+        assert Services(Settings(base_url="https://gw.example"), [], MemoryStore()).credit_sweeper is None
+    finally:
+        await checker.close()
