@@ -139,6 +139,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     credit_lapse_ms: int = 0
     """The lapse in ms instead, when set: for tests, which cannot wait out days. No variable sets
     it."""
+    credit_kept_in_state_dir: bool = False
+    """The sandbox keeps the in-memory store's credit in its state directory (saved on exit,
+    restored on start), so credit is allowed there without Redis or Upstash. No variable sets it:
+    only ``x402-gateway sandbox`` does."""
 
     @property
     def persistent_store(self) -> bool:

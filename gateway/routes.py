@@ -803,7 +803,7 @@ def route_plan(routes: list[RouteSpec], settings: Settings) -> RoutePlan:
             f"(set it, or switch the group off with ROUTE_GROUPS, now {_shown_groups(chosen)})"
         )
     problems.extend(_uncovered_settlement(mounted, settings))
-    if settings.credits_enabled and not settings.persistent_store:
+    if settings.credits_enabled and not (settings.persistent_store or settings.credit_kept_in_state_dir):
         problems.append(
             "CREDITS_ENABLED needs a shared store that survives restarts (STATE_STORE_REST_URL=redis://... "
             "or an Upstash REST URL): prepaid credit is money the operator owes"

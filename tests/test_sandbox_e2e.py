@@ -195,8 +195,8 @@ def test_state_dir_keeps_the_wallet_balances_and_ports_so_printed_commands_work_
         assert _usdc(second, second.wallet) == start - price
         assert _usdc(second, second.pay_to) == price
         # Every command the first run printed works again, pasted as it was: the balance, two
-        # payments and a sign-in.
-        assert [line[1] for line in first.commands] == ["balance", "pay", "pay", "pay"]
+        # payments and a sign-in, then a top-up, a call on the credit it bought, and its balance.
+        assert [line[1] for line in first.commands] == ["balance", *["pay"] * 5, "credits"]
         outputs = []
         for line in first.commands:
             done = _run_printed(second, line)
@@ -208,8 +208,53 @@ def test_state_dir_keeps_the_wallet_balances_and_ports_so_printed_commands_work_
         )
         assert all(f" USDC to {second.pay_to}" in done.stderr for done in outputs[1:3])
         assert f"signed in as {second.wallet}" in outputs[3].stderr
+        assert f"paid 1.00 USDC to {second.pay_to}" in outputs[4].stderr
+        assert "paid from prepaid credit, no transaction: 0.999995 USDC" in outputs[5].stderr
+        assert "credit:         0.999995 USDC" in outputs[6].stdout.splitlines()
         scripted = json.loads(_balance(second, second.pay_to, "--json").stdout)
         assert scripted["usdc"] == start - _usdc(second, second.wallet) and scripted["lamports"] == 0
+
+
+def test_credit_bought_in_the_sandbox_is_spent_without_a_transaction_and_kept_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    with run_sandbox("--state-dir", str(state)) as first:
+        top_up, on_credit, balance = first.credit_commands
+        assert top_up[:4] == ["x402-gateway", "pay", "--top-up", "1"] and top_up[4] == first.url
+        assert on_credit == first.commands[1]  # the banner's first paid call, now on credit
+        assert balance == ["x402-gateway", "credits", first.url, "--keypair", str(first.key_file)]
+        start = _usdc(first, first.wallet)
+
+        bought = _run_printed(first, top_up)
+        spent = _run_printed(first, on_credit)
+        after = (_usdc(first, first.wallet), _usdc(first, first.pay_to))
+        first.process.send_signal(signal.SIGTERM)
+        assert first.process.wait(timeout=10) == 0
+
+    assert bought.returncode == 0, bought.stderr
+    assert f"paid 1.00 USDC to {first.pay_to}" in bought.stderr
+    assert spent.returncode == 0, spent.stderr
+    assert spent.stderr.splitlines() == [
+        f"signed in as {first.wallet}",
+        "paid from prepaid credit, no transaction: 0.999995 USDC of credit left (X-Credit-Balance: 999995)",
+    ]
+    assert after == (start - 1_000_000, 1_000_000)  # the top-up only: the call moved no USDC
+    assert (state / "sandbox-credit.json").stat().st_mode & 0o077 == 0
+
+    port = int(first.url.rsplit(":", 1)[1])
+    with run_sandbox("--state-dir", str(state), port=port, port_flag=False) as second:
+        shown = _run_printed(second, balance)
+        again = _run_printed(second, on_credit)
+        assert (_usdc(second, second.wallet), _usdc(second, second.pay_to)) == after
+
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[:2] == [
+        f"wallet:         {first.wallet}",
+        "credit:         0.999995 USDC",
+    ]
+    assert again.returncode == 0, again.stderr
+    assert "0.99999 USDC of credit left (X-Credit-Balance: 999990)" in again.stderr
 
 
 def test_a_kept_port_that_is_taken_fails_the_restart_with_one_line(

@@ -1,15 +1,34 @@
-"""What a sandbox state directory keeps, and which port each part takes on a restart (in-process;
-the restarts themselves are in test_sandbox_e2e.py)."""
+"""What a sandbox state directory keeps (its prepaid credit too), and which port each part takes on
+a restart (in-process; the restarts themselves are in test_sandbox_e2e.py)."""
 
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from gateway.config import load_settings
+from gateway.credits import CreditBook, credit_account
+from gateway.routes import load_routes, named_limits, route_plan
+from gateway.sandbox.credit import CreditKeepingStore, keep_credit, load_credit
 from gateway.sandbox.ports import PortChoice, check_free
-from gateway.sandbox.state import CONFIG_FILE_NAME, SandboxConfig, read_config, save_config
+from gateway.sandbox.state import (
+    CONFIG_FILE_NAME,
+    CREDIT_FILE_NAME,
+    CREDIT_VERSION,
+    CreditSnapshot,
+    KeptCredit,
+    SandboxConfig,
+    read_config,
+    read_credit,
+    save_config,
+    save_credit,
+)
+from gateway.store import Entry
+from tests.support.gateway_server import FULL_ENV
 
 
 def _config(version: int = 1) -> SandboxConfig:
@@ -70,3 +89,95 @@ def test_the_config_is_kept_private_and_refused_when_unreadable(tmp_path: Path) 
     (tmp_path / CONFIG_FILE_NAME).write_text("{", encoding="utf-8")
     with pytest.raises(OSError, match=f"cannot read {tmp_path / CONFIG_FILE_NAME}"):
         read_config(tmp_path)
+
+
+# --- prepaid credit -------------------------------------------------------------------------
+
+WALLET = "9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin"
+OTHER = "EbneCQKhz4kcoXntehtSQvpBRQBP8h1sGX353s8EhptM"
+DAY_MS = 86_400_000
+
+
+async def _top_up(store: CreditKeepingStore, wallet: str, amount: int, lapse_ms: int = 30 * DAY_MS) -> None:
+    """Credit ``wallet`` as a top-up's delivery does: its claim and its credit in one write."""
+    book = CreditBook(store, lapse_days=1, lapse_ms=lapse_ms, upstream_timeout_s=1.0)
+    claim = Entry(f"delivery:{wallet}:{amount}", "1", 60_000)
+    assert await store.claim_then_put([claim], (), book.credits(wallet, amount)) == 1
+
+
+async def test_credit_is_saved_private_and_restored_with_its_lapse_time(tmp_path: Path) -> None:
+    first = CreditKeepingStore()
+    await _top_up(first, WALLET, 1_000_000)
+    await _top_up(first, OTHER, 5)
+    book = CreditBook(first, lapse_days=1, upstream_timeout_s=1.0)
+    spent = await book.hold(WALLET, 2205)
+    assert spent is not None and await book.take(spent) is not None
+    held = await book.hold(WALLET, 1000)  # a call in flight at exit: its hold is not kept
+    assert held is not None
+    spent_all = await book.hold(OTHER, 5)
+    assert spent_all is not None and await book.take(spent_all) is not None  # nothing left to keep
+    before = await first.credit_state(credit_account(WALLET))
+
+    saved = await load_credit(tmp_path, first, 1.0)  # a start over an empty directory saves too
+    second = CreditKeepingStore()
+    await load_credit(tmp_path, second, 1.0)
+
+    assert list(saved.wallets) == [WALLET] and saved.wallets[WALLET].balance == 1_000_000 - 2205
+    assert (tmp_path / CREDIT_FILE_NAME).stat().st_mode & 0o077 == 0
+    after = await second.credit_state(credit_account(WALLET))
+    assert (after.balance, after.held) == (1_000_000 - 2205, 0)
+    assert abs(after.ttl_ms - before.ttl_ms) < 2_000  # the same lapse time, not a renewed one
+    assert (await second.credit_state(credit_account(OTHER))).balance == 0
+    assert second.credited == {WALLET}
+
+
+async def test_credit_that_lapsed_while_stopped_is_not_restored(tmp_path: Path) -> None:
+    now_ms = int(time.time() * 1000)
+    save_credit(
+        tmp_path,
+        CreditSnapshot(
+            version=CREDIT_VERSION,
+            wallets={
+                WALLET: KeptCredit(balance=700, lapses_at_ms=now_ms - 1),
+                OTHER: KeptCredit(balance=300, lapses_at_ms=now_ms + DAY_MS),
+            },
+        ),
+    )
+    store = CreditKeepingStore()
+
+    kept = await load_credit(tmp_path, store, 1.0)
+
+    assert list(kept.wallets) == [OTHER] and read_credit(tmp_path) == kept
+    assert (await store.credit_state(credit_account(WALLET))).balance == 0
+    assert (await store.credit_state(credit_account(OTHER))).balance == 300
+
+
+async def test_credit_is_saved_again_only_once_it_moved(tmp_path: Path) -> None:
+    store = CreditKeepingStore()
+    await _top_up(store, WALLET, 1_000)
+    saved = await keep_credit(tmp_path, store, None)
+    (tmp_path / CREDIT_FILE_NAME).write_text("{}", encoding="utf-8")  # a stand-in: untouched unless saved
+
+    assert await keep_credit(tmp_path, store, saved) == saved
+    assert (tmp_path / CREDIT_FILE_NAME).read_text(encoding="utf-8") == "{}"
+    await _top_up(store, WALLET, 1)
+    moved = await keep_credit(tmp_path, store, saved)
+    assert read_credit(tmp_path) == moved and moved.wallets[WALLET].balance == 1_001
+
+
+def test_an_unreadable_credit_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / CREDIT_FILE_NAME).write_text('{"version": 2, "wallets": {}}', encoding="utf-8")
+    with pytest.raises(OSError, match="version 2, expected 1"):
+        read_credit(tmp_path)
+
+
+def test_credit_on_the_memory_store_is_allowed_to_the_sandbox_only() -> None:
+    env = {**FULL_ENV, "GATEWAY_BASE_URL": "https://gw.example", "CREDITS_ENABLED": "true"}
+    settings = load_settings(env)
+    routes = load_routes(settings.routes_file, named_limits(settings))
+
+    refused = route_plan(routes, settings)
+    kept = route_plan(routes, msgspec.structs.replace(settings, credit_kept_in_state_dir=True))
+
+    assert [p for p in refused.problems if p.startswith("CREDITS_ENABLED needs")]
+    assert kept.problems == [] and [r.name for r in kept.mounted if r.group == "credits"]

@@ -32,6 +32,8 @@ def serve_env(config: SandboxConfig, snapshot: ChainSnapshot, *, port: int, rout
 
     Sandbox-only keys, printed on purpose: the internal facilitator's fee payer, the sample
     API's key, the internal routes' secret. Every Solana provider of ``routes`` is the chain.
+    Prepaid credit is left off: on this in-memory store only the sandbox itself may sell it (it
+    keeps the credit in its state directory), so ``serve`` would refuse it.
     """
     chain_url = config.url(config.chain_port)
     env = {

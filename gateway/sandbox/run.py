@@ -3,15 +3,17 @@
 Start-up order: the local chain (LiteSVM behind the JSON-RPC server, in a thread) with USDC at
 the mainnet address, a funded demo payer (key file written), payTo's token account and an
 airdropped facilitator wallet -> the asset-data sample (aiohttp, same loop) -> the gateway
-(internal facilitator, memory store, every provider pointed at the local chain) under
-``hypercorn.asyncio.serve``. SIGINT / SIGTERM stop it.
+(internal facilitator, memory store, every provider pointed at the local chain, prepaid credit
+on sale) under ``hypercorn.asyncio.serve``. SIGINT / SIGTERM stop it.
 
 Without ``--state-dir`` everything lives in a temporary directory removed on exit. With it, the
 directory keeps the demo wallet's key file, a snapshot of the chain (the keys of payTo and the
-fee payer, and every account the chain knows: balances, token accounts), and the ports and
-sample secrets (:mod:`gateway.sandbox.state`); the next run with the same directory restores
-them, so pasted commands keep working. The snapshot is written at start, every few seconds while
-payments land, and at exit. Transaction history, sign-in nonces and rate limits are not kept.
+fee payer, and every account the chain knows: balances, token accounts), the ports and sample
+secrets, and every wallet's prepaid credit (:mod:`gateway.sandbox.state`,
+:mod:`gateway.sandbox.credit`); the next run with the same directory restores them, so pasted
+commands keep working and credit bought stays. The snapshots are written at start, every few
+seconds while payments land or credit moves, and at exit. Transaction history, sign-in nonces
+and rate limits are not kept.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ from solders.pubkey import Pubkey
 from solders.token.associated import get_associated_token_address
 
 from gateway.config import Settings, load_settings
+from gateway.creditclient import CREDITS_PATH, TOP_UP_PATH
 from gateway.payclient import PayError, load_keypair, usdc_text
 from gateway.sandbox.chain import USDC_MAINNET_MINT, LiteSvmRpcServer, UsdcChain, setup_usdc_chain
+from gateway.sandbox.credit import CreditKeepingStore, keep_credit, load_credit
 from gateway.sandbox.environment import HOST_STATE_DIR_VARIABLE, routes_file, sdk_exports, serve_env
 from gateway.sandbox.ports import PortChoice, check_free
 from gateway.sandbox.state import (
@@ -50,6 +54,7 @@ from gateway.sandbox.state import (
     STATE_FILE_NAME,
     STATE_VERSION,
     ChainSnapshot,
+    CreditSnapshot,
     SandboxConfig,
     read_config,
     read_snapshot,
@@ -62,6 +67,7 @@ from gateway.x402.svm import TOKEN_PROGRAM
 from gateway.x402.types import USDC_DECIMALS
 
 DEMO_PAYER_USDC = 1_000  # whole USDC in the demo wallet
+DEMO_TOP_UP_USDC = 1  # the top-up the banner offers (routes.yaml sells 1, 5 and 20)
 FACILITATOR_LAMPORTS = 100 * 10**9
 STARTUP_TIMEOUT_S = 10.0
 AUTOSAVE_INTERVAL_S = 2.0
@@ -122,6 +128,8 @@ class SandboxParts:
     config: SandboxConfig
     state_dir: Path
     shown_state_dir: Path  # where the user sees state_dir: the host's path when it is mounted
+    store: CreditKeepingStore
+    credit: CreditSnapshot  # as last saved
     persistent: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -143,6 +151,7 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
     held = parts.chain.balance(parts.chain.payer_ata) or 0
     key_file = shlex.quote(str(parts.key_file))
     tail = f"--keypair {key_file} --rpc {parts.chain_url}"
+    kept_credit = "kept in the state directory" if parts.persistent else "forgotten on exit"
     if not parts.persistent:
         kept = "temporary, removed on exit; --state-dir keeps it"
     elif parts.shown_state_dir != parts.state_dir:
@@ -154,6 +163,10 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
         {"jsonrpc": "2.0", "id": 1, "method": "getAsset", "params": [{"id": str(parts.chain.mint)}]}
     )
     print_env = f"x402-gateway sandbox --print-env --state-dir {shlex.quote(str(parts.shown_state_dir))}"
+    rpc_call = (
+        f"x402-gateway pay POST {base}/v1/x402/solana/mainnet/provider_a/rpc/getBalance "
+        f"--data {shlex.quote(rpc_body)} {tail}"
+    )
     return "\n".join(
         [
             "x402-gateway sandbox: everything below is local and offline (sample data, test USDC).",
@@ -174,11 +187,18 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
             f"  x402-gateway balance {payer} --rpc {parts.chain_url}",
             "",
             "Try (a paid RPC call, a paid DAS call, a sign-in asset-data call):",
-            f"  x402-gateway pay POST {base}/v1/x402/solana/mainnet/provider_a/rpc/getBalance "
-            f"--data {shlex.quote(rpc_body)} {tail}",
+            f"  {rpc_call}",
             f"  x402-gateway pay POST {base}/v1/x402/solana/mainnet/provider_a/das/getAsset "
             f"--data {shlex.quote(das_body)} {tail}",
             f"  x402-gateway pay GET '{base}/v1/x402/tokens/assets/search?q=sol' {tail}",
+            "",
+            f"Prepaid credit ({kept_credit}): buy {DEMO_TOP_UP_USDC} USDC once "
+            f"(POST {TOP_UP_PATH}{DEMO_TOP_UP_USDC}); pay then signs in",
+            "and the call is paid from credit, with no transaction; credits reads the balance "
+            f"(GET {CREDITS_PATH}):",
+            f"  x402-gateway pay --top-up {DEMO_TOP_UP_USDC} {base} {tail}",
+            f"  {rpc_call}",
+            f"  x402-gateway credits {base} --keypair {key_file}",
             "",
             f"Rehearse check and serve (on port {parts.config.gateway_port + 1}) against this chain and "
             "sample API; the environment printed holds the sandbox's keys:",
@@ -231,13 +251,15 @@ def _start_chain(
 
 
 async def _autosave(parts: SandboxParts) -> None:
-    """Save the chain whenever a transaction has landed since the last save."""
+    """Save the chain whenever a transaction has landed since the last save, and the credit
+    whenever it moved."""
     saved = len(parts.rpc.sent)
     while True:
         await asyncio.sleep(AUTOSAVE_INTERVAL_S)
         if len(parts.rpc.sent) != saved:
             saved = len(parts.rpc.sent)
             await asyncio.to_thread(save_chain, parts.state_dir, parts.chain, parts.rpc)
+        parts.credit = await keep_credit(parts.state_dir, parts.store, parts.credit)
 
 
 def _port_choices(
@@ -320,11 +342,18 @@ async def run_sandbox(
         bound = (config.gateway_port, config.chain_port, config.assets_port)
         notes = [n for c, b in zip(choices, bound, strict=True) if (n := c.moved_note(b))]
         shown_dir = _shown_state_dir(state_dir, persistent, operator_env)
-        parts = SandboxParts(chain, rpc, assets, config, state_dir, shown_dir, persistent, notes)
         config_env = serve_env(config, snapshot, port=config.gateway_port, routes=routes_file(operator_env))
         config_env.update({k: operator_env[k] for k in PASSED_THROUGH if operator_env.get(k)})
-        settings = load_settings(config_env)
-        app = create_app(settings)
+        # Credit on the memory store, allowed for the sandbox only: it keeps the credit itself.
+        settings = msgspec.structs.replace(
+            load_settings(config_env), credits_enabled=True, credit_kept_in_state_dir=True
+        )
+        store = CreditKeepingStore()
+        credit = await load_credit(state_dir, store, settings.upstream_timeout_s)
+        parts = SandboxParts(
+            chain, rpc, assets, config, state_dir, shown_dir, store, credit, persistent, notes
+        )
+        app = create_app(settings, store=store)
 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -360,3 +389,4 @@ async def run_sandbox(
             shutil.rmtree(state_dir, ignore_errors=True)
         elif parts is not None:
             save_chain(state_dir, parts.chain, parts.rpc)
+            await keep_credit(state_dir, parts.store, None)

@@ -4,9 +4,12 @@
 * ``sandbox-state.json``: the chain (:class:`ChainSnapshot`), kept by :mod:`gateway.sandbox.run`;
 * ``sandbox-config.json``: the address and ports the banner's commands name, and the sample
   secrets (:class:`SandboxConfig`), so that those commands and ``sandbox --print-env`` stay true
-  after a restart on the same directory.
+  after a restart on the same directory;
+* ``sandbox-credit.json``: every wallet's prepaid credit and when it lapses
+  (:class:`CreditSnapshot`), kept by :mod:`gateway.sandbox.credit`: the sandbox sells credit on
+  its in-memory store, which forgets it on exit.
 
-Every file holds a key or a secret: each is written with mode 0600.
+Every file holds a key, a secret or money owed: each is written with mode 0600.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from solders.keypair import Keypair
 KEY_FILE_NAME = "demo-payer.json"
 STATE_FILE_NAME = "sandbox-state.json"
 CONFIG_FILE_NAME = "sandbox-config.json"
+CREDIT_FILE_NAME = "sandbox-credit.json"
 STATE_VERSION = 1
 CONFIG_VERSION = 1
+CREDIT_VERSION = 1
 
 _T = TypeVar("_T", bound=msgspec.Struct)
 
@@ -50,6 +55,20 @@ class SandboxConfig(msgspec.Struct, frozen=True):
 
     def url(self, port: int) -> str:
         return f"http://{self.host}:{port}"
+
+
+class KeptCredit(msgspec.Struct, frozen=True):
+    """One wallet's credit: its balance (micro-USDC) and when it lapses (Unix ms)."""
+
+    balance: int
+    lapses_at_ms: int
+
+
+class CreditSnapshot(msgspec.Struct, frozen=True):
+    """What ``--state-dir`` keeps of prepaid credit: each wallet that has some."""
+
+    version: int
+    wallets: dict[str, KeptCredit]
 
 
 def write_private(path: Path, data: bytes) -> None:
@@ -94,3 +113,11 @@ def read_config(state_dir: Path) -> SandboxConfig | None:
 
 def save_config(state_dir: Path, config: SandboxConfig) -> None:
     write_private(state_dir / CONFIG_FILE_NAME, msgspec.json.encode(config))
+
+
+def read_credit(state_dir: Path) -> CreditSnapshot | None:
+    return _read(state_dir / CREDIT_FILE_NAME, CreditSnapshot, CREDIT_VERSION)
+
+
+def save_credit(state_dir: Path, snapshot: CreditSnapshot) -> None:
+    write_private(state_dir / CREDIT_FILE_NAME, msgspec.json.encode(snapshot))

@@ -37,12 +37,19 @@ class Sandbox:
 
     @property
     def commands(self) -> list[list[str]]:
-        """The commands the banner prints to paste (``balance``, ``pay``), as argument lists."""
+        """The commands the banner prints to paste (``balance``, ``pay``, ``credits``), as
+        argument lists."""
         return [
             shlex.split(line)
             for line in self.banner.splitlines()
-            if re.match(r"^\s+x402-gateway (pay|balance) ", line)
+            if re.match(r"^\s+x402-gateway (pay|balance|credits) ", line)
         ]
+
+    @property
+    def credit_commands(self) -> list[list[str]]:
+        """The commands of the banner's prepaid-credit part: top-up, a call on credit, balance."""
+        part = self.banner.split("\nPrepaid credit", 1)[1].split("\n\n", 1)[0]
+        return [shlex.split(line) for line in part.splitlines() if line.startswith("  x402-gateway ")]
 
     @property
     def exports(self) -> dict[str, str]:

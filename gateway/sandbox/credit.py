@@ -1,0 +1,100 @@
+"""Prepaid credit in the sandbox: sold on its in-memory store, kept in its state directory.
+
+A gateway sells credit only on a store that outlives it (credit is money owed); the sandbox's
+store is the in-memory one, so the sandbox keeps the credit itself: on start it restores every
+wallet's balance with the lapse time it had, and it saves them on exit and whenever they changed
+(:func:`keep_credit`, beside the chain's autosave) to ``sandbox-credit.json``
+(:mod:`gateway.sandbox.state`). Calls in flight at exit hold credit they never took: holds are not
+kept, so what they held is the wallet's again.
+
+Only the store's public interface is used: :class:`CreditKeepingStore` learns which wallets were
+ever credited from the credits it writes (a top-up's delivery, a restore), and reads each one's
+balance and time to lapse as the gateway does (``credit_state``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.credits import CreditBook, credit_account
+from gateway.sandbox.state import (
+    CREDIT_VERSION,
+    CreditSnapshot,
+    KeptCredit,
+    read_credit,
+    save_credit,
+)
+from gateway.store import Credit, Entry
+from gateway.store.memory import MemoryStore
+
+
+class CreditKeepingStore(MemoryStore):
+    """The memory store, knowing every wallet it ever credited (to save their credit on exit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.credited: set[str] = set()
+
+    async def claim_then_put(
+        self, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
+    ) -> int:
+        done = await super().claim_then_put(claims, puts, credits)
+        if done == len(claims):
+            self.credited.update(credit.account.wallet for credit in credits)
+        return done
+
+
+async def snapshot_credit(store: CreditKeepingStore) -> CreditSnapshot:
+    """Every credited wallet that still has credit, with when it lapses."""
+    now_ms = int(time.time() * 1000)
+    kept: dict[str, KeptCredit] = {}
+    for wallet in sorted(store.credited):
+        state = await store.credit_state(credit_account(wallet))
+        if state.balance > 0 and state.ttl_ms > 0:
+            kept[wallet] = KeptCredit(balance=state.balance, lapses_at_ms=now_ms + state.ttl_ms)
+    return CreditSnapshot(version=CREDIT_VERSION, wallets=kept)
+
+
+async def restore_credit(
+    store: CreditKeepingStore, snapshot: CreditSnapshot, upstream_timeout_s: float
+) -> int:
+    """Credit each wallet of ``snapshot`` as a top-up would, lapsing when it lapsed before (credit
+    whose lapse time passed while the sandbox was stopped is not restored); how many were."""
+    now_ms = int(time.time() * 1000)
+    restored = 0
+    for wallet, kept in snapshot.wallets.items():
+        left_ms = kept.lapses_at_ms - now_ms
+        if kept.balance <= 0 or left_ms <= 0:
+            continue
+        book = CreditBook(store, lapse_days=1, lapse_ms=left_ms, upstream_timeout_s=upstream_timeout_s)
+        await store.claim_then_put((), (), book.credits(wallet, kept.balance))
+        restored += 1
+    return restored
+
+
+async def load_credit(
+    state_dir: Path, store: CreditKeepingStore, upstream_timeout_s: float
+) -> CreditSnapshot:
+    """Restore the credit ``state_dir`` kept into ``store`` (OSError if its file is unreadable);
+    what the store holds now, to compare later saves with."""
+    kept = read_credit(state_dir)
+    if kept is not None:
+        await restore_credit(store, kept, upstream_timeout_s)
+    return await keep_credit(state_dir, store, None)
+
+
+async def keep_credit(
+    state_dir: Path, store: CreditKeepingStore, saved: CreditSnapshot | None
+) -> CreditSnapshot:
+    """Save the store's credit to ``state_dir`` unless it is what was ``saved`` last; what it holds."""
+    now = await snapshot_credit(store)
+    if saved is None or _balances(now) != _balances(saved):
+        save_credit(state_dir, now)
+    return now
+
+
+def _balances(snapshot: CreditSnapshot) -> dict[str, int]:
+    """The balances alone: a lapse time read again differs by the milliseconds between reads."""
+    return {wallet: kept.balance for wallet, kept in snapshot.wallets.items()}
