@@ -288,7 +288,7 @@ def test_probes_and_scrape_path_are_routes_of_the_route_table() -> None:
 def test_service_hpa_and_pdb_target_the_deployments_pods() -> None:
     deployment = _k8s("Deployment")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    service = _k8s("Service")
+    service = _k8s("Service", "x402-gateway")
     assert service["spec"]["selector"].items() <= labels.items()
     port_names = {p["name"] for p in _container()["ports"]}
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
@@ -308,7 +308,7 @@ def test_service_hpa_and_pdb_target_the_deployments_pods() -> None:
 
 def test_deployment_sets_only_gateway_variables_and_every_secret_from_the_secret() -> None:
     container = _container()
-    secret_name = _k8s("Secret")["metadata"]["name"]
+    secret_name = _k8s("Secret", "x402-gateway")["metadata"]["name"]
     config_name = _k8s("ConfigMap", "x402-gateway-config")["metadata"]["name"]
     assert container["envFrom"] == [{"configMapRef": {"name": config_name}}]
     from_secret = {}
@@ -338,7 +338,7 @@ def test_configmap_holds_only_non_secret_gateway_variables_that_load() -> None:
 
 
 def test_secret_template_lists_the_referenced_keys_without_values() -> None:
-    secret = _k8s("Secret")
+    secret = _k8s("Secret", "x402-gateway")
     values = {**secret.get("data", {}), **secret.get("stringData", {})}
     assert set(values) == SECRET_STORE_VARS
     assert all(value == "" for value in values.values()), "the Secret template must hold no value"
@@ -383,6 +383,59 @@ def test_routes_file_points_at_the_mounted_routes_configmap() -> None:
             assert "subPath" not in mount
             return
     pytest.fail("the routes ConfigMap is not mounted")
+
+
+def _redis_flags(argv: list[str]) -> dict[str, str]:
+    """The ``--name value`` options of a redis-server command line."""
+    return {argv[i][2:]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+
+
+STORE_KEEPS_EVERY_WRITE = {"appendonly": "yes", "appendfsync": "everysec", "maxmemory-policy": "noeviction"}
+"""Customers' prepaid credit lives in the store: every write is appended to a file synced each
+second, and no key is ever evicted to make room."""
+
+
+def test_kubernetes_redis_keeps_every_write_on_a_persistent_volume() -> None:
+    redis = _k8s("StatefulSet", "x402-gateway-redis")
+    pod = redis["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    args = container["args"]
+    assert args[0] == "redis-server"
+    flags = _redis_flags(args)
+    assert STORE_KEEPS_EVERY_WRITE.items() <= flags.items()
+    assert redis["spec"]["replicas"] == 1  # one writer
+    # The data directory is a volume claimed from a template: it outlives the pod.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    claims = {t["metadata"]["name"]: t for t in redis["spec"]["volumeClaimTemplates"]}
+    assert mounts[flags["dir"]] in claims
+    assert claims[mounts[flags["dir"]]]["spec"]["resources"]["requests"]["storage"]
+    assert not {v["name"] for v in pod["spec"].get("volumes", [])} & set(claims)
+    # The password comes from its own Secret, whose template holds no value.
+    env = {e["name"]: e for e in container["env"]}
+    assert "value" not in env["REDISCLI_AUTH"]
+    ref = env["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"]
+    assert args[args.index("--requirepass") + 1] == "$(REDISCLI_AUTH)"
+    assert _k8s("Secret", ref["name"])["stringData"] == {ref["key"]: ""}
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_kubernetes_redis_is_reached_by_its_service_and_only_by_the_gateway() -> None:
+    redis = _k8s("StatefulSet", "x402-gateway-redis")
+    labels = redis["spec"]["template"]["metadata"]["labels"]
+    assert redis["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    service = _k8s("Service", redis["spec"]["serviceName"])
+    assert service["spec"]["selector"].items() <= labels.items()
+    (container,) = redis["spec"]["template"]["spec"]["containers"]
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= {p["name"] for p in container["ports"]}
+    gateway_labels = _k8s("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert not service["spec"]["selector"].items() <= gateway_labels.items()
+    policy = _k8s("NetworkPolicy", "x402-gateway-redis")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    (rule,) = policy["spec"]["ingress"]
+    (peer,) = rule["from"]
+    assert peer["podSelector"]["matchLabels"].items() <= gateway_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
 
 
 # --- compose --------------------------------------------------------------------------------
@@ -431,6 +484,15 @@ def test_compose_mounts_files_that_exist() -> None:
             source = volume.split(":", 1)[0]
             if source.startswith("."):
                 assert (DEPLOY / source).exists(), f"{name} mounts missing {source}"
+
+
+def test_compose_redis_keeps_every_write_on_a_named_volume() -> None:
+    compose = _compose()
+    redis = compose["services"]["redis"]
+    flags = _redis_flags(shlex.split(redis["command"][-1]))
+    assert STORE_KEEPS_EVERY_WRITE.items() <= flags.items()
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in redis["volumes"]}
+    assert mounts[flags["dir"]] in compose["volumes"]  # a named volume, not the container's layer
 
 
 def test_compose_gateways_set_only_gateway_variables_and_interpolate_every_secret() -> None:
@@ -564,7 +626,7 @@ def test_nginx_reuses_idle_connections_only_while_the_gateway_keeps_them() -> No
 
 def test_the_ingress_routes_every_public_route_and_never_the_internal_facilitator() -> None:
     ingress = _k8s("Ingress")
-    service = _k8s("Service")
+    service = _k8s("Service", "x402-gateway")
     port_names = {p["name"] for p in service["spec"]["ports"]}
     for rule in ingress["spec"]["rules"]:
         for entry in rule["http"]["paths"]:
