@@ -30,7 +30,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from solders.keypair import Keypair
 
-from gateway import metrics, readiness, upstream_metrics
+from gateway import credit_metrics, metrics, readiness, upstream_metrics
 from gateway.config import (
     GATEWAY_VARIABLES,
     PACKAGED_ROUTES_FILE,
@@ -1049,6 +1049,33 @@ def test_dashboard_shows_routes_statuses_latency_quantiles_and_payments() -> Non
     assert any(
         v["name"] == "datasource" and v["type"] == "datasource" for v in dashboard["templating"]["list"]
     )
+
+
+def _credit_series() -> set[str]:
+    """The series of every counter in gateway/credit_metrics.py."""
+    counters = [c for c in vars(credit_metrics).values() if isinstance(c, credit_metrics.Counter)]
+    return {f"{family.name}_total" for counter in counters for family in counter.describe()}
+
+
+def test_dashboard_shows_credit_sold_spent_per_route_and_lapsed_beside_revenue() -> None:
+    exprs = _panel_exprs()
+    joined = "\n".join(exprs)
+    credit = _credit_series()
+    assert {
+        "x402_credit_sold_micro_usdc_total",
+        "x402_credit_spent_micro_usdc_total",
+        "x402_credit_lapsed_micro_usdc_total",
+    } <= credit
+    # Every credit series the dashboard queries is one gateway/credit_metrics.py counts, and it
+    # shows every one of them.
+    named = set(re.findall(r"\bx402_credit_[a-z0-9_]+", joined))
+    assert named == credit
+    assert "sum by (route) (increase(x402_credit_spent_micro_usdc_total" in joined
+    # Credit sold, spent and lapsed in one panel with settled revenue, in USDC.
+    panels = [[t["expr"] for t in p.get("targets", [])] for p in _grafana()["panels"]]
+    beside = [e for e in panels if all(s in " ".join(e) for s in (*credit, "x402_revenue_micro_usdc_total"))]
+    assert beside and all(expr.endswith("/ 1e6") for expr in beside[0])
+    assert any(p["type"] == "row" and "credit" in p["title"].lower() for p in _grafana()["panels"])
 
 
 def test_prometheus_scrapes_each_gateway_replica_at_the_metrics_path() -> None:
