@@ -34,6 +34,12 @@ if TYPE_CHECKING:
 HOLD_MARGIN_MS = 30_000
 """How much longer than the upstream timeout a hold lives: nothing renews it, so it must outlast
 the call it pays for, and no more (a dead process's hold frees the credit soon after)."""
+TAKE_WINDOW_SHARE = 3
+"""A take may still land during the first third of the time its store client waits for it (on
+the store's clock, counted from its hold's); the other two thirds are for the answer to travel.
+Past that a take that waited out a stalled store takes nothing, so the client never gives up on a
+take that may still land."""
+IN_PROCESS_TAKE_WINDOW_US = 500_000
 DAY_MS = 86_400_000
 LAPSE_GRACE_MS = 30 * DAY_MS
 """How much longer than the lapse a balance's counter lives in the store: a backstop that deletes
@@ -58,6 +64,10 @@ class CreditHold:
     wallet: str
     token: str
     amount: int
+    store_clock_us: int = 0
+    """The store's clock when the hold was made."""
+    local_clock_s: float = 0.0
+    """This process's monotonic clock when it heard of the hold (at or after the store made it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +107,27 @@ class CreditBook:
         """Hold ``amount`` of ``wallet``'s credit; None when its free credit does not cover it."""
         token = secrets.token_hex(8)
         state = await self.store.hold_credit(credit_account(wallet), amount, token, self.hold_ttl_ms)
-        return CreditHold(wallet, token, amount) if state is not None else None
+        if state is None:
+            return None
+        return CreditHold(wallet, token, amount, state.at_us, time.monotonic())
 
     async def take(self, hold: CreditHold) -> Balance | None:
         """Take the held amount (the provider answered); None when nothing could be taken (the
-        hold lapsed and the rest of the credit is spent or held, or the credit itself lapsed)."""
-        state = await self.store.take_credit(credit_account(hold.wallet), hold.token, hold.amount)
+        hold lapsed and the rest of the credit is spent or held, or the credit itself lapsed).
+
+        ``StoreUnavailable`` means nothing was taken, for certain: the take carries a deadline on
+        the store's clock (the hold's time plus the time since, plus a share of the store
+        client's timeout, :data:`TAKE_WINDOW_SHARE`), so a take queued behind a stalled store
+        cannot land once this call gave up on it; the answer is then withheld, and the hold
+        lapses by itself. The hold's time was read before this process heard of it, so the
+        deadline errs early: a take that is merely slow is refused, never one that is lost."""
+        limit = self.store.timeout_s
+        window_us = IN_PROCESS_TAKE_WINDOW_US
+        if limit is not None:
+            window_us = int(limit * 1_000_000) // TAKE_WINDOW_SHARE
+        elapsed_us = int((time.monotonic() - hold.local_clock_s) * 1_000_000)
+        not_after = hold.store_clock_us + elapsed_us + window_us
+        state = await self.store.take_credit(credit_account(hold.wallet), hold.token, hold.amount, not_after)
         return self._balance(hold.wallet, state) if state is not None else None
 
     async def release(self, hold: CreditHold) -> None:

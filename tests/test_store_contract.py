@@ -25,6 +25,7 @@ from gateway.store import (
     RateDecision,
     Store,
     StoreUnavailable,
+    TakeTooLate,
     open_store,
 )
 from gateway.store.lua import CHECK_THEN_LIMIT_SCRIPT, check_then_limit_call
@@ -413,7 +414,7 @@ async def test_scripts_load_on_a_server_that_lacks_them(
         assert not (await limit_once(store, "rl:noscript", 1, 60_000)).allowed
         assert await store.claim("lock:noscript", "holder", 60_000)
         assert await store.release("lock:noscript", "holder")
-        assert await store.credit_state(account("noscript")) == CreditState(0, 0, 0)
+        assert _fields(await store.credit_state(account("noscript"))) == (0, 0, 0)
         assert await store.hold_credit(account("noscript"), 1, "t", 60_000) is None
         assert await store.take_credit(account("noscript"), "t", 1) is None
         assert await store.due_lapses(LAPSES, 10) == []
@@ -628,7 +629,7 @@ async def test_a_balance_lapses_after_its_ttl(store: Store) -> None:
     await store.claim_then_put([], [], [credit("lapse", 10, 100)])
     await asyncio.sleep(0.2)
 
-    assert await store.credit_state(account("lapse")) == CreditState(0, 0, 0)
+    assert _fields(await store.credit_state(account("lapse"))) == (0, 0, 0)
     await store.claim_then_put([], [], [credit("lapse", 3)])
     assert (await store.credit_state(account("lapse"))).balance == 3
 
@@ -644,7 +645,7 @@ async def test_credit_state_sums_only_the_live_holds(store: Store) -> None:
 
     assert (live.balance, live.held) == (100, 30) and 59_000 < live.ttl_ms <= 60_000
     assert (lapsed.balance, lapsed.held) == (100, 20)
-    assert await store.credit_state(account("none")) == CreditState(0, 0, 0)
+    assert _fields(await store.credit_state(account("none"))) == (0, 0, 0)
 
 
 def test_a_credit_refuses_a_negative_or_imprecise_amount_and_a_lapse_that_would_delete_it() -> None:
@@ -717,7 +718,7 @@ async def test_holding_again_under_the_same_token_replaces_the_credit_hold(store
 async def test_nothing_is_held_against_an_absent_or_lapsed_balance(store: Store) -> None:
     assert await store.hold_credit(SPEND, 1, "none", 60_000) is None
     zero = await store.hold_credit(SPEND, 0, "free", 60_000)
-    assert zero == CreditState(0, 0, 0)
+    assert _fields(zero) == (0, 0, 0)
 
     await top_up(store, 10, lapse_ms=100)
     await asyncio.sleep(0.2)
@@ -746,6 +747,23 @@ async def test_a_credit_hold_lapses_by_itself(store: Store) -> None:
 
     after = await store.hold_credit(SPEND, 10, "next", 60_000)
     assert after is not None and (after.balance, after.held) == (10, 10)
+
+
+async def test_a_take_past_its_deadline_takes_nothing_and_says_so(store: Store) -> None:
+    """A take queued behind a stalled store lands late: past its deadline (on the store's own
+    clock, counted from the hold's) it changes nothing, and its caller hears an outage."""
+    await top_up(store, 100)
+    held = await store.hold_credit(SPEND, 30, "late", 60_000)
+    assert held is not None and held.at_us > 0
+
+    with pytest.raises(TakeTooLate):
+        await store.take_credit(SPEND, "late", 30, not_after_us=held.at_us - 1)
+    after_late = await store.credit_state(SPEND)
+    in_time = await store.take_credit(SPEND, "late", 30, not_after_us=after_late.at_us + 60_000_000)
+
+    assert (after_late.balance, after_late.held) == (100, 30)  # nothing taken, the hold stands
+    assert in_time is not None and (in_time.balance, in_time.held) == (70, 0)
+    assert isinstance(TakeTooLate(""), StoreUnavailable)  # an outage to every caller
 
 
 async def test_a_take_after_its_hold_lapsed_takes_only_what_is_still_free(store: Store) -> None:
@@ -788,7 +806,7 @@ async def test_a_take_of_a_held_token_is_refused_when_the_balance_lapsed(store: 
     await asyncio.sleep(0.25)
 
     assert await store.take_credit(SPEND, "held", 10) is None
-    assert await store.credit_state(SPEND) == CreditState(0, 10, 0)
+    assert _fields(await store.credit_state(SPEND)) == (0, 10, 0)
 
 
 async def test_concurrent_takes_of_one_token_take_once(store: Store) -> None:
@@ -905,7 +923,7 @@ async def test_a_balance_past_its_lapse_spends_as_nothing_before_any_sweep(store
     assert await store.hold_credit(SPEND, 1, "late", 60_000) is None
     assert await store.take_credit(SPEND, "early", 40) is None
     assert await store.take_credit(SPEND, "unheld", 1) is None
-    assert await store.credit_state(SPEND) == CreditState(0, 40, 0)
+    assert _fields(await store.credit_state(SPEND)) == (0, 40, 0)
     assert await store.lapse_credit(SPEND) == 100  # nothing was spent: all of it lapses
 
 
@@ -928,7 +946,7 @@ async def test_lapse_credit_lapses_a_due_balance_once_with_its_holds(store: Stor
 
     assert early is None  # not due: nothing changed
     assert sorted(lapsed, key=lambda amount: amount is None) == [80] + [None] * 9
-    assert await store.credit_state(SPEND) == CreditState(0, 0, 0)
+    assert _fields(await store.credit_state(SPEND)) == (0, 0, 0)
     assert await store.due_lapses(LAPSES, 10) == []
     await top_up(store, 5)  # a wallet whose credit lapsed starts again from its next top-up
     state = await store.credit_state(SPEND)
@@ -981,7 +999,7 @@ async def test_the_counter_backstop_ends_a_balance_no_sweeper_lapsed(store: Stor
     await store.claim_then_put([], [], [credit("forgotten", 10, 50, grace_ms=100)])
     await asyncio.sleep(0.25)  # past the lapse and the grace
 
-    assert await store.credit_state(account("forgotten")) == CreditState(0, 0, 0)
+    assert _fields(await store.credit_state(account("forgotten"))) == (0, 0, 0)
     assert await store.due_lapses(LAPSES, 10) == ["forgotten"]
     assert await store.lapse_credit(account("forgotten")) == 0  # the backstop took it, uncounted
     assert await store.due_lapses(LAPSES, 10) == []
@@ -1180,3 +1198,8 @@ async def test_rate_limits_above_1000_per_second_keep_their_value() -> None:
     for _ in range(2_500):
         allowed += (await limit_once(store, "fast", 2_000, 100)).allowed
     assert 2_000 <= allowed < 2_500
+
+
+def _fields(state: CreditState) -> tuple[int, int, int]:
+    """A state's balance, held amount and time left, without the store clock it was read at."""
+    return state.balance, state.held, state.ttl_ms

@@ -14,6 +14,7 @@ from gateway.store.base import (
     RateDecision,
     Store,
     StoreUnavailable,
+    TakeTooLate,
 )
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "RateDecision",
     "Store",
     "StoreUnavailable",
+    "TakeTooLate",
     "open_store",
 ]
 

@@ -141,6 +141,14 @@ class CreditState(msgspec.Struct, frozen=True):
     """The sum of the live holds at the holds key."""
     ttl_ms: int
     """The time left until the balance lapses, in ms (0 when it has none)."""
+    at_us: int = 0
+    """The store's clock when the state was read or changed (µs): a take's deadline is counted
+    from a hold's."""
+
+
+class TakeTooLate(StoreUnavailable):
+    """A take reached the store after its deadline, when its caller may have given up waiting:
+    nothing was taken, exactly as if the store had not answered."""
 
 
 class Lookup(msgspec.Struct, frozen=True):
@@ -160,6 +168,10 @@ class Lookup(msgspec.Struct, frozen=True):
 
 class Store(Protocol):
     """Shared state: replay claims, cached values, rate limits and counters."""
+
+    timeout_s: float | None
+    """How long the client waits for one command before it raises ``StoreUnavailable`` (None:
+    in-process, never waited for)."""
 
     async def claim(self, key: str, value: str, ttl_ms: int) -> bool:
         """Set ``key`` to ``value`` only if absent; True when this call set it."""
@@ -223,14 +235,18 @@ class Store(Protocol):
         holds never add up to more than the balance, however many callers race; a balance past
         its lapse time covers nothing. ``unhold`` releases a credit hold like any other."""
 
-    async def take_credit(self, account: CreditAccount, token: str, amount: int) -> CreditState | None:
-        """Atomically, in one round trip: take ``amount`` from the balance (keeping its lapse and
-        TTL) only when the balance less the other live holds covers it, dropping ``token``'s hold
-        if it is live, and answer the state after; else take nothing and answer None. A lapsed or
-        never made hold takes only what is still free, so a take never overdraws the balance nor
-        eats into another caller's hold; a balance past its lapse time has nothing to take. A
-        taken hold leaves a mark until it would have lapsed: a repeated take of the token
-        meanwhile takes nothing (None)."""
+    async def take_credit(
+        self, account: CreditAccount, token: str, amount: int, not_after_us: int | None = None
+    ) -> CreditState | None:
+        """Atomically, in one round trip, and only while the store's clock is at most
+        ``not_after_us`` (else nothing changes and :class:`TakeTooLate` is raised, so a take that
+        waited out a stalled store never lands after its caller gave up): take ``amount`` from
+        the balance (keeping its lapse and TTL) only when the balance less the other live holds
+        covers it, dropping ``token``'s hold if it is live, and answer the state after; else take
+        nothing and answer None. A lapsed or never made hold takes only what is still free, so a
+        take never overdraws the balance nor eats into another caller's hold; a balance past its
+        lapse time has nothing to take. A taken hold leaves a mark until it would have lapsed: a
+        repeated take of the token meanwhile takes nothing (None)."""
 
     async def credit_state(self, account: CreditAccount) -> CreditState:
         """In one round trip: the balance (0 past its lapse time), the sum of the live holds and

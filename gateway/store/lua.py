@@ -23,6 +23,7 @@ from gateway.store.base import (
     Lookup,
     RateDecision,
     StoreUnavailable,
+    TakeTooLate,
     checked_amount,
     checked_ttl,
 )
@@ -264,7 +265,7 @@ CREDIT_STATE_SCRIPT = (
 local now = now_us()
 local held = credit_holds(KEYS[2], nil, now, false)
 local balance, left = live_balance(KEYS[1], KEYS[3], ARGV[1], now_ms(now))
-return {balance, held, left}
+return {balance, held, left, now}
 """
 )
 
@@ -280,18 +281,20 @@ local balance, left = live_balance(KEYS[1], KEYS[3], ARGV[1], now_ms(now))
 if tonumber(balance) - others < amount then return false end
 redis.call('HSET', KEYS[2], token, ARGV[3] .. ' ' .. string.format('%d', now + ttl * 1000))
 if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
-return {balance, others + amount, left}
+return {balance, others + amount, left, now}
 """
 )
 
-# ARGV: wallet, token, amount. Reply: the credit state after the take, or nil when nothing was
-# taken. The mark is written before the hold is deleted: a hold set emptied by HDEL is deleted, and
-# HSET would make it again without its TTL.
+# ARGV: wallet, token, amount, the deadline on the store's clock (µs; empty: none). Reply: the
+# credit state after the take, nil when nothing was taken, or 'late' past the deadline. The mark
+# is written before the hold is deleted: a hold set emptied by HDEL is deleted, and HSET would
+# make it again without its TTL.
 TAKE_CREDIT_SCRIPT = (
     _CREDIT_PRELUDE
     + """
 local token, amount = ARGV[2], tonumber(ARGV[3])
 local now = now_us()
+if ARGV[4] ~= '' and now > tonumber(ARGV[4]) then return 'late' end
 local others, own, taken = credit_holds(KEYS[2], token, now, true)
 if taken and not own then return false end
 local balance, left = live_balance(KEYS[1], KEYS[3], ARGV[1], now_ms(now))
@@ -304,7 +307,7 @@ if amount > 0 then
   redis.call('DECRBY', KEYS[1], ARGV[3])
   balance = redis.call('GET', KEYS[1])
 end
-return {balance, others, left}
+return {balance, others, left, now}
 """
 )
 
@@ -413,19 +416,15 @@ def held_from_reply(reply: object) -> bool:
 
 
 def credit_state_from_reply(reply: object) -> CreditState:
-    """A credit script's ``{balance, held, ms left}`` (a negative time left reads as 0); anything
-    else is garbage."""
-    if isinstance(reply, list) and len(reply) == 3:
-        balance, held, ttl_ms = reply
-        if (
-            isinstance(balance, str)
-            and isinstance(held, int)
-            and not isinstance(held, bool)
-            and isinstance(ttl_ms, int)
-            and not isinstance(ttl_ms, bool)
+    """A credit script's ``{balance, held, ms left, store clock}`` (a negative time left reads as
+    0); anything else is garbage."""
+    if isinstance(reply, list) and len(reply) == 4:
+        balance, held, ttl_ms, at_us = reply
+        if isinstance(balance, str) and all(
+            isinstance(n, int) and not isinstance(n, bool) for n in (held, ttl_ms, at_us)
         ):
             try:
-                return CreditState(balance=int(balance), held=held, ttl_ms=max(ttl_ms, 0))
+                return CreditState(balance=int(balance), held=held, ttl_ms=max(ttl_ms, 0), at_us=at_us)
             except ValueError:
                 pass
     raise StoreUnavailable("state store answered a credit script with garbage")
@@ -444,13 +443,19 @@ def hold_credit_call(
     return credit_keys(account), args
 
 
-def take_credit_call(account: CreditAccount, token: str, amount: int) -> tuple[list[str], list[str]]:
+def take_credit_call(
+    account: CreditAccount, token: str, amount: int, not_after_us: int | None
+) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of the take-credit script (ValueError on an amount it cannot keep)."""
-    return credit_keys(account), [account.wallet, token, str(checked_amount(amount))]
+    deadline = "" if not_after_us is None else str(not_after_us)
+    return credit_keys(account), [account.wallet, token, str(checked_amount(amount)), deadline]
 
 
 def credit_change_from_reply(reply: object) -> CreditState | None:
-    """The hold- or take-credit script's state after the change, or nil: nothing changed."""
+    """The hold- or take-credit script's state after the change, or nil: nothing changed; a take
+    past its deadline ('late') raises :class:`TakeTooLate`."""
+    if reply in ("late", b"late"):
+        raise TakeTooLate("the take reached the store after its deadline: nothing was taken")
     return None if reply is None else credit_state_from_reply(reply)
 
 

@@ -20,6 +20,7 @@ from gateway.store.base import (
     Hold,
     Lookup,
     RateDecision,
+    TakeTooLate,
     checked_amount,
     checked_ttl,
 )
@@ -56,6 +57,8 @@ class MemoryStore:
     Every write also records its expiry in a heap, and each write first drops what has expired,
     so memory stays bounded (one bucket per client IP) without a sweep that stalls the loop.
     """
+
+    timeout_s: float | None = None
 
     def __init__(self) -> None:
         self._values: dict[str, tuple[str, int]] = {}
@@ -247,11 +250,15 @@ class MemoryStore:
         if balance - others < amount:
             return None
         self._holds.setdefault(account.holds, {})[token] = (amount, now + ttl_ms * 1_000)
-        return CreditState(balance=balance, held=others + amount, ttl_ms=left)
+        return CreditState(balance=balance, held=others + amount, ttl_ms=left, at_us=now)
 
-    async def take_credit(self, account: CreditAccount, token: str, amount: int) -> CreditState | None:
+    async def take_credit(
+        self, account: CreditAccount, token: str, amount: int, not_after_us: int | None = None
+    ) -> CreditState | None:
         checked_amount(amount)
         now = _now_us()
+        if not_after_us is not None and now > not_after_us:
+            raise TakeTooLate("the take reached the store after its deadline: nothing was taken")
         live = self._live_holds(account.holds, now)
         own = live.get(token)
         if own is None and TAKEN_MARK + token in live:
@@ -266,13 +273,13 @@ class MemoryStore:
         if amount > 0:
             balance -= amount
             self._values[account.balance] = (str(balance), self._values[account.balance][1])
-        return CreditState(balance=balance, held=others, ttl_ms=left)
+        return CreditState(balance=balance, held=others, ttl_ms=left, at_us=now)
 
     async def credit_state(self, account: CreditAccount) -> CreditState:
         now = _now_us()
         held = sum(amount for amount, expires in self._holds.get(account.holds, {}).values() if expires > now)
         balance, left = self._live_balance(account, now)
-        return CreditState(balance=balance, held=held, ttl_ms=left)
+        return CreditState(balance=balance, held=held, ttl_ms=left, at_us=now)
 
     async def due_lapses(self, lapses: str, limit: int) -> list[str]:
         now = _now_us()

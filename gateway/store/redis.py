@@ -75,6 +75,7 @@ class RedisStore:
         health_check_interval_s: int = 15,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
+        self.timeout_s: float | None = timeout_s
         try:
             # A blocking pool: past max_connections a command waits up to timeout_s for a free
             # connection. The default pool raises at once (redis-py caps it at 100), which turned a
@@ -170,8 +171,10 @@ class RedisStore:
         reply: Any = await self._call(self._hold_credit(keys=script_keys, args=args))
         return credit_change_from_reply(reply)
 
-    async def take_credit(self, account: CreditAccount, token: str, amount: int) -> CreditState | None:
-        script_keys, args = take_credit_call(account, token, amount)
+    async def take_credit(
+        self, account: CreditAccount, token: str, amount: int, not_after_us: int | None = None
+    ) -> CreditState | None:
+        script_keys, args = take_credit_call(account, token, amount, not_after_us)
         reply: Any = await self._call(self._take_credit(keys=script_keys, args=args))
         return credit_change_from_reply(reply)
 

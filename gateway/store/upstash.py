@@ -78,6 +78,7 @@ class UpstashStore:
     def __init__(self, url: str, token: str, *, timeout_s: float = 2.0) -> None:
         self._redis = Redis(url, token, rest_retries=0, allow_telemetry=False)
         self._timeout_s = timeout_s
+        self.timeout_s: float | None = timeout_s
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
         """Await one request with a deadline, turning every failure into StoreUnavailable.
@@ -161,8 +162,10 @@ class UpstashStore:
         reply = await self._call(self._script(HOLD_CREDIT_SCRIPT, HOLD_CREDIT_SHA1, script_keys, args))
         return credit_change_from_reply(reply)
 
-    async def take_credit(self, account: CreditAccount, token: str, amount: int) -> CreditState | None:
-        script_keys, args = take_credit_call(account, token, amount)
+    async def take_credit(
+        self, account: CreditAccount, token: str, amount: int, not_after_us: int | None = None
+    ) -> CreditState | None:
+        script_keys, args = take_credit_call(account, token, amount, not_after_us)
         reply = await self._call(self._script(TAKE_CREDIT_SCRIPT, TAKE_CREDIT_SHA1, script_keys, args))
         return credit_change_from_reply(reply)
 

@@ -217,19 +217,11 @@ async def on_private_redis(
         await store.close()
 
 
-LATE_TAKE = (
-    "the take is sent, the store stalls (SIGSTOP) and the gateway gives up after its store timeout "
-    "(503), but the server still holds the command: when it resumes it runs the take, and the "
-    "credit is gone for a call that was never answered. The take needs a deadline on the store's "
-    "clock past which it does nothing (gateway/store, gateway/credits.py)"
-)
-
-
 @pytest.mark.parametrize(
     "when",
     [
         "before the hold",
-        pytest.param("while the provider answers", marks=pytest.mark.xfail(strict=True, reason=LATE_TAKE)),
+        "while the provider answers",  # the take waits out the stall, then lands past its deadline
     ],
 )
 async def test_a_store_stopped_during_a_call_on_credit_serves_nothing_and_takes_nothing(
