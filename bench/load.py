@@ -10,7 +10,10 @@ before the clock starts:
   builder (``gateway.x402.svm_payer``) against a fixed blockhash and the mint's decimals, each
   with its own memo so every transaction signature differs and replay protection never refuses;
 * ``siwx``: one fresh SIGN-IN-WITH-X header per request, signed (``gateway.x402.siwx_signer``)
-  over a challenge fetched from the server just before the run (nonces live 300 s).
+  over a challenge fetched from the server just before the run (nonces live 300 s); on a paid
+  route (a POST with its body) each sign-in spends the wallet's prepaid credit. With ``top_up``
+  (a top-up route's path) the wallet is a fresh one that first buys credit there with one exact
+  payment, so every run starts from a wallet with no calls behind it.
 
 When ``cpu_pids`` are given (the server's worker processes), the CPU time they spent during the
 measured phase is reported, in total and per request, so a reader can tell whether the server or
@@ -142,20 +145,42 @@ def paid_calls(job: dict[str, Any], count: int) -> list[Call]:
     return calls
 
 
+async def buy_credit(session: aiohttp.ClientSession, job: dict[str, Any], seed: str) -> None:
+    """Pay the top-up route ``job["top_up"]`` once from the wallet of ``seed``: it holds credit."""
+    url = job["url"] + job["top_up"]
+    async with session.post(url) as resp:
+        await resp.read()
+        challenge = json.loads(base64.b64decode(resp.headers["payment-required"]))
+    buy = {"accepted": challenge["accepts"][0], "resource": challenge.get("resource"), "payer_seed": seed}
+    call = paid_calls({**buy, "path": job["top_up"], "body": ""}, 1)[0]
+    async with session.post(url, headers=call.headers) as resp:
+        answer = await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"top-up refused: {resp.status} {answer[:300]!r}")
+
+
 async def siwx_calls(session: aiohttp.ClientSession, job: dict[str, Any], count: int) -> list[Call]:
-    """Fetch ``count`` challenges (fresh nonces) and sign each with one wallet."""
-    signer = Keypair.from_seed(hashlib.sha256(job.get("wallet_seed", "bench-wallet").encode()).digest())
+    """Fetch ``count`` challenges (fresh nonces) and sign each with one wallet. A job with a
+    ``method`` and ``body`` (a paid route's POST) asks and calls with them: its sign-ins spend
+    prepaid credit."""
+    seed = job.get("wallet_seed", "bench-wallet")
+    if job.get("top_up"):
+        seed = f"{seed}-{os.urandom(8).hex()}"
+        await buy_credit(session, job, seed)
+    signer = Keypair.from_seed(hashlib.sha256(seed.encode()).digest())
     url = job["url"] + job["path"]
+    method, body = job.get("method", "GET"), job.get("body", "").encode()
+    headers = {"content-type": "application/json"} if body else {}
     queue = iter(range(count))
     signed: list[Call] = []
 
     async def fetch() -> None:
         for _ in queue:
-            async with session.get(url) as resp:
+            async with session.request(method, url, data=body or None, headers=headers) as resp:
                 await resp.read()
                 required = json.loads(base64.b64decode(resp.headers["payment-required"]))
             value = sign_in(required["extensions"]["sign-in-with-x"], signer)
-            signed.append(Call("GET", job["path"], {"sign-in-with-x": value}, b""))
+            signed.append(Call(method, job["path"], {**headers, "sign-in-with-x": value}, body))
 
     await asyncio.gather(*(fetch() for _ in range(min(32, count) or 1)))
     return signed
