@@ -20,7 +20,8 @@ Scenarios: (a) the 402 challenge path at c=64 and c=32, (b) the paid path with a
 exact payment per request and its latency added over calling the provider directly, (c) the
 SIWX path, (d) one worker against two on Redis (throughput and CPU per request), (e) each
 gateway worker's resident memory after warm-up and after M more requests, (f) settlement at the
-chain's pace and (g) the paid path with realistic waits (bench/settlement_pace.py). Every run is bounded
+chain's pace and (g) the paid path with realistic waits (bench/settlement_pace.py), (h) calls
+paid from prepaid credit beside calls paid one by one (bench/credit.py). Every run is bounded
 in count and time; the whole benchmark stops by itself, prints one ratio line per target and a
 markdown report, also written to bench/results.md. ``--profile DIR`` adds py-spy runs of the
 gateway (after, and separate from, the measured ones) and writes their collapsed stacks and
@@ -60,6 +61,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.apps import PEER_PATH  # noqa: E402
+from bench.credit import credit_report, credit_summary, run_credit  # noqa: E402
 from bench.flame import render  # noqa: E402
 from bench.load import machine_busy_s  # noqa: E402
 from bench.settlement_pace import pace_report, pace_summary, run_pace_scenarios  # noqa: E402
@@ -533,13 +535,13 @@ def verify_body(challenge: dict[str, Any]) -> str:
     return json.dumps(request)
 
 
-SCENARIOS = "abcdefg"
+SCENARIOS = "abcdefgh"
 
 
 def run_scenarios(
     bench: Bench, servers: dict[str, Server], stubs: dict[str, Server], only: str = SCENARIOS
 ) -> None:
-    """Scenarios (a) to (e), or those named in ``only``; (e) soaks whatever ran before it."""
+    """Scenarios (a) to (h), or those named in ``only``; (e) soaks whatever ran before it."""
     gateways = [(name, servers[name]) for name in (*GATEWAYS, LOGS) if name in servers]
 
     for name in GATEWAYS:
@@ -558,6 +560,8 @@ def run_scenarios(
         run_rss(bench, servers, challenges)
     if "f" in only or "g" in only:
         run_pace_scenarios(bench, servers, stubs, only)
+    if "h" in only:
+        run_credit(bench, servers, stubs)
 
 
 def run_challenges(bench: Bench, servers: dict[str, Server], gateways: list[tuple[str, Server]]) -> None:
@@ -911,6 +915,7 @@ def summary(bench: Bench) -> list[str]:
                 f"({grow_kib * 1024 / n:.0f} B/request) | {target} |"
             )
     lines += pace_summary(bench)
+    lines += credit_summary(bench)
     noisy = [row for row in bench.rows if row.result["foreign_cpu_pct"] > FOREIGN_CPU_LIMIT * 100]
     if noisy:
         lines.append("")
@@ -1026,6 +1031,7 @@ def report(bench: Bench, routes: int) -> str:
         "",
         *table(bench, "soak", None),
         *pace_report(bench),
+        *credit_report(bench),
     ]
     if bench.notes:
         out += ["", "## Notes", "", *[f"- {n}" for n in bench.notes]]

@@ -1,0 +1,179 @@
+"""Scenario (h) of bench/run.py: calls paid from prepaid credit, beside calls paid one by one.
+
+A gateway with credit on (``CREDITS_ENABLED=true``), as operators run it (``x402-gateway serve
+--workers 1``, pinned like the others) on the run's Redis (a database of its own), with the
+zero-latency provider and facilitator stubs. Before the clock starts, each measured run's wallet
+(a fresh one, so every round starts from a wallet with no calls behind it) buys credit with a
+real top-up (an exact payment of ``POST /v1/x402/credits/top-up/1``, which the stub facilitator
+settles and the gateway books); then the load generator fetches the paid route's 402 once per
+call and signs the sign-in challenge it carries (``bench.load`` kind ``siwx`` with a POST body
+and ``top_up``). Each call is one fresh SIGN-IN-WITH-X spending the route's credit price: the
+nonce claimed, the price held, the provider called, the hold taken. Within a run the wallet's
+calls follow one another as a busy client's do.
+
+In the same interleaved rounds, at c=1 and at c=32: the provider called directly, and the same
+route paid per call with a unique exact payment, on this gateway and on the run's Redis gateway
+(credit off). Targets:
+
+* latency added over calling the provider directly, p50 at c=1: at most 2 ms;
+* req/s at c=32, paid from credit / paid per call (exact) on the same gateway: at least 3x.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench.run import Bench, Server
+
+CREDIT = "credit"
+FROM_CREDIT = "gateway, credit on: paid from credit"
+EXACT_CREDIT_ON = "gateway, credit on: paid per call (exact)"
+EXACT_CREDIT_OFF = "gateway, Redis store: paid per call (exact)"
+DIRECT = "direct to provider"
+WALLET_SEED = "bench-credit-wallet"
+"""Each measured run's wallet is a fresh one derived from it: it buys credit, then signs in."""
+TOP_UP_PATH = "/v1/x402/credits/top-up/1"
+"""What each run's wallet buys first: 1 USDC of credit, 200,000 calls of getBalance (5 each)."""
+REDIS_DATABASE = 8
+"""A database of the run's Redis server that no other scenario uses."""
+ADDED_TARGET_MS = 2.0
+SPEEDUP_TARGET = 3.0
+
+
+def credit_job(url: str, c: int, counts: tuple[int, int]) -> dict[str, Any]:
+    """One fresh sign-in per call of the paid route, over challenges fetched before the clock."""
+    from bench.run import PAID_PATH, RPC_BODY
+
+    warmup, count = counts
+    return {
+        "kind": "siwx",
+        "url": url,
+        "path": PAID_PATH,
+        "method": "POST",
+        "body": RPC_BODY,
+        "wallet_seed": WALLET_SEED,
+        "top_up": TOP_UP_PATH,
+        "concurrency": c,
+        "warmup": warmup,
+        "count": count,
+        "expect": 200,
+    }
+
+
+def run_credit(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]) -> None:
+    from bench.run import (
+        PAID_PATH,
+        PROVIDER_PATH,
+        REDIS,
+        RPC_BODY,
+        SERVER_CPU,
+        bench_routes_file,
+        challenge_of,
+        gateway_env,
+        paid_job,
+        static_job,
+    )
+    from bench.settlement_pace import GATEWAY_ARGS, _redis, _server, started
+
+    p = bench.profile
+    print("(h) paid from credit: a fresh sign-in per call, beside exact payments", flush=True)
+    gateway = _server("credit gateway", GATEWAY_ARGS, SERVER_CPU if bench.pin else None, hypercorn=True)
+    with tempfile.TemporaryDirectory(prefix="x402-bench-credit-routes-") as tmp:
+        env = gateway_env(gateway.port, stubs, bench_routes_file(Path(tmp)), "WARNING")
+        env.update(CREDITS_ENABLED="true", STATE_STORE_REST_URL=_redis(servers, REDIS_DATABASE))
+        gateway.env = env
+        with started(bench, [gateway], ["/healthz"]):
+            plain = servers[REDIS]
+            challenges = {
+                name: challenge_of(server.url + PAID_PATH)
+                for name, server in (("on", gateway), ("off", plain))
+            }
+            provider = stubs["provider"]
+            for conc, counts in ((1, p.paid_latency), (p.concurrency, p.paid_throughput)):
+                specs = [
+                    (
+                        static_job(provider.url, "POST", PROVIDER_PATH, RPC_BODY, conc, counts, 200),
+                        CREDIT,
+                        DIRECT,
+                        None,
+                    ),
+                    (credit_job(gateway.url, conc, counts), CREDIT, FROM_CREDIT, gateway),
+                    (
+                        paid_job(gateway.url, PAID_PATH, challenges["on"], conc, counts),
+                        CREDIT,
+                        EXACT_CREDIT_ON,
+                        gateway,
+                    ),
+                    (
+                        paid_job(plain.url, PAID_PATH, challenges["off"], conc, counts),
+                        CREDIT,
+                        EXACT_CREDIT_OFF,
+                        plain,
+                    ),
+                ]
+                bench.load_rounds(specs, p.rounds)
+
+
+# --- report (called by bench/run.py) ----------------------------------------------------------
+
+
+def _verdict(ok: bool, *rows: dict[str, Any]) -> str:
+    found = "met" if ok else "**NOT met**"
+    return found + (" (disturbed measurement)" if any(r["foreign_cpu_pct"] > 5 for r in rows) else "")
+
+
+def credit_summary(bench: Bench) -> list[str]:
+    """The summary table's lines for (h), one per target (nothing when it did not run)."""
+    c = bench.profile.concurrency
+    direct, credit1 = bench.find(CREDIT, DIRECT, 1), bench.find(CREDIT, FROM_CREDIT, 1)
+    credit_c, exact_c = bench.find(CREDIT, FROM_CREDIT, c), bench.find(CREDIT, EXACT_CREDIT_ON, c)
+    if direct is None or credit1 is None or credit_c is None or exact_c is None:
+        return []
+    added = credit1["p50_ms"] - direct["p50_ms"]
+    added99 = credit1["p99_ms"] - direct["p99_ms"]
+    speedup = credit_c["rps"] / exact_c["rps"]
+    lines = [
+        f"| paid from credit (h): latency added over the provider, p50 / p99 (c=1) "
+        f"| {added:.3f} / {added99:.3f} ms "
+        f"| p50 <= {ADDED_TARGET_MS:.0f} ms: {_verdict(added <= ADDED_TARGET_MS, credit1, direct)} |",
+        f"| paid from credit (h): req/s from credit / per call (exact), same gateway on Redis (c={c}) "
+        f"| {speedup:.2f} ({credit_c['rps']:.0f} vs {exact_c['rps']:.0f}) "
+        f"| >= {SPEEDUP_TARGET:.0f}x: {_verdict(speedup >= SPEEDUP_TARGET, credit_c, exact_c)} |",
+    ]
+    exact1 = bench.find(CREDIT, EXACT_CREDIT_ON, 1)
+    if exact1 is not None:
+        lines.append(
+            f"| paid from credit (h): latency added over the provider, p50, per call (exact), same gateway "
+            f"(c=1) | {exact1['p50_ms'] - direct['p50_ms']:.3f} ms | |"
+        )
+    off = bench.find(CREDIT, EXACT_CREDIT_OFF, c)
+    if off is not None:
+        lines.append(
+            f"| paid from credit (h): req/s per call (exact), credit on / credit off (c={c}) "
+            f"| {exact_c['rps'] / off['rps']:.2f} | |"
+        )
+    return lines
+
+
+def credit_report(bench: Bench) -> list[str]:
+    """The report's section for (h) (nothing when it did not run)."""
+    from bench.run import table
+
+    if bench.find(CREDIT, FROM_CREDIT, 1) is None:
+        return []
+    return [
+        "",
+        "## (h) paid from credit",
+        "",
+        "`x402-gateway serve --workers 1` with `CREDITS_ENABLED=true` on Redis (its own database), the "
+        "zero-latency stubs. One wallet buys credit with a top-up before the clock starts; each call "
+        "from credit carries a fresh SIGN-IN-WITH-X signed over the paid route's 402 (fetched before the "
+        "clock): the nonce claimed, the credit price held, the provider called, the hold taken. Each call "
+        "per call (exact) carries a unique exact payment, on the same gateway and on the run's Redis "
+        "gateway (credit off). Added latency is over `direct to provider` at the same concurrency.",
+        "",
+        *table(bench, CREDIT, DIRECT),
+    ]
