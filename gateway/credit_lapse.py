@@ -23,6 +23,7 @@ import contextlib
 import logging
 import secrets
 
+from gateway.background import cancel_and_wait
 from gateway.credit_metrics import CREDIT_LAPSED
 from gateway.credits import credit_account
 from gateway.logs import log_event
@@ -70,10 +71,7 @@ class CreditSweeper:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import msgspec
 
 from gateway.asgi import Scope
+from gateway.background import cancel_and_wait
 from gateway.clientip import client_ip
 from gateway.config import IpNetwork
 from gateway.errors import ErrorCode, GatewayError
@@ -159,10 +160,8 @@ class RateLimiter:
         """Stop the background sync after one last exchange of counts."""
         if self._sync is None:
             return
-        self._sync.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._sync
-        self._sync = None
+        task, self._sync = self._sync, None
+        await cancel_and_wait(task)
         if self.challenge_limit is not None:
             with contextlib.suppress(StoreUnavailable):
                 await self.challenge_limit.sync()

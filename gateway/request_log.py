@@ -11,13 +11,13 @@ keeps its own line: payments, refused payments and sign-ins, sign-ins, errors, a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
 import msgspec
 
 from gateway.asgi import Scope
+from gateway.background import cancel_and_wait
 from gateway.config import CHALLENGE_LOG_MODES
 from gateway.context import RequestContext
 from gateway.logs import get_logger, log_struct
@@ -115,9 +115,6 @@ class RequestLog:
 
     async def stop(self) -> None:
         """Stop the periodic summaries and write the last one, so no count is lost."""
-        if self._summaries is not None:
-            self._summaries.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._summaries
-            self._summaries = None
+        task, self._summaries = self._summaries, None
+        await cancel_and_wait(task)
         self.summarize()

@@ -7,10 +7,10 @@ lives inside the running event loop and exactly once per upstream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from gateway.background import cancel_and_wait
 from gateway.config import INTERNAL, Settings
 from gateway.credit_lapse import CreditSweeper
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
@@ -158,11 +158,8 @@ class Services:
             client.open()
 
     async def stop(self) -> None:
-        if self._usage_flusher is not None:
-            self._usage_flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._usage_flusher
-            self._usage_flusher = None
+        task, self._usage_flusher = self._usage_flusher, None
+        await cancel_and_wait(task)
         await self.usage.flush()
         await self.request_log.stop()
         await self.limiter.stop()

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
+from gateway.background import cancel_and_wait
 from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SignatureStatus, SolanaRpc
 
 MAX_SIGNATURES_PER_CALL = 256
@@ -74,10 +75,7 @@ class ConfirmationWatcher:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     def _start(self) -> None:
         self._wake.set()

@@ -15,6 +15,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
+from gateway.background import cancel_and_wait
 from gateway.store import Store, StoreUnavailable, keys
 
 Probe = Callable[[], Awaitable[object]]
@@ -87,10 +88,7 @@ class FacilitatorHealth:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

@@ -1,0 +1,17 @@
+"""Background tasks of the app's lifespan (flushers, sweepers, watchers): stopped one way."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` (if any) and wait until it has stopped, so nothing it does outlives the
+    caller's shutdown; its cancellation is expected and swallowed."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
