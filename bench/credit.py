@@ -169,11 +169,12 @@ def credit_report(bench: Bench) -> list[str]:
         "## (h) paid from credit",
         "",
         "`x402-gateway serve --workers 1` with `CREDITS_ENABLED=true` on Redis (its own database), the "
-        "zero-latency stubs. One wallet buys credit with a top-up before the clock starts; each call "
-        "from credit carries a fresh SIGN-IN-WITH-X signed over the paid route's 402 (fetched before the "
-        "clock): the nonce claimed, the credit price held, the provider called, the hold taken. Each call "
-        "per call (exact) carries a unique exact payment, on the same gateway and on the run's Redis "
-        "gateway (credit off). Added latency is over `direct to provider` at the same concurrency.",
+        "zero-latency stubs. Before the clock starts, each measured run's wallet (a fresh one) buys credit "
+        "with a top-up and fetches the paid route's 402 once per call; each call from credit carries a "
+        "fresh SIGN-IN-WITH-X signed over one of them: the nonce claimed, the credit price held, the "
+        "provider called, the hold taken. The per-call (exact) rows carry a unique exact payment per "
+        "call, on the same gateway and on the run's Redis gateway (credit off). Added latency is over "
+        "`direct to provider` at the same concurrency.",
         "",
         *table(bench, CREDIT, DIRECT),
     ]
