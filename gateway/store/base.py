@@ -127,9 +127,14 @@ class Credit(msgspec.Struct, frozen=True):
         return self.lapse_ms + self.grace_ms
 
 
-TAKEN_MARK = "taken:"
-"""A taken credit hold leaves the field ``TAKEN_MARK + token`` (amount 0, lapsing when the hold
-would have) in its hold set, so a repeated take of that token takes nothing."""
+TAKEN_MARK = ":taken:"
+
+
+def taken_mark(account: CreditAccount, token: str) -> str:
+    """The key a taken credit hold leaves (lapsing when the hold would have), so a repeated take of
+    that token takes nothing. A key of its own, never a field of the hold set: every hold and take
+    reads the whole set, which must hold only the calls in flight, however busy the wallet."""
+    return account.holds + TAKEN_MARK + token
 
 
 class CreditState(msgspec.Struct, frozen=True):

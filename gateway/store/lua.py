@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 from gateway.store.base import (
     MAX_AMOUNT,
-    TAKEN_MARK,
     Bucket,
     Credit,
     CreditAccount,
@@ -26,6 +25,7 @@ from gateway.store.base import (
     TakeTooLate,
     checked_amount,
     checked_ttl,
+    taken_mark,
 )
 
 # Time is in microseconds (exact in Lua's doubles) so limits above 1000/s keep their value. A
@@ -228,19 +228,17 @@ return 1
 )
 
 # A credit's holds are hold sets like the hold script's (so ``unhold`` drops them too): field
-# ``token``, valued "amount expires_us"; a taken hold leaves the field TAKEN_MARK .. token, valued
-# "0 expires_us". Every credit script takes KEYS balance, hold set, lapse index and ARGV[1] the
+# ``token``, valued "amount expires_us"; a taken hold leaves a key of its own (see the take). Every
+# credit script takes KEYS balance, hold set, lapse index and ARGV[1] the
 # wallet, and answers {balance (its text: exact past 2^53; '0' past its lapse time), the live
 # holds, the ms left until it lapses}.
 _CREDIT_PRELUDE = (
     _LAPSE_PRELUDE
-    + f"local TAKEN_MARK = '{TAKEN_MARK}'"
     + """
--- The live holds at key: their sum leaving out token's own hold, token's expiry while its hold is
--- live (else nil), and whether token's hold was taken. Lapsed holds are deleted when prune is set.
+-- The live holds at key: their sum leaving out token's own hold, and token's expiry while its
+-- hold is live (else nil). Lapsed holds are deleted when prune is set.
 local function credit_holds(key, token, now, prune)
-  local others, own, taken = 0, nil, false
-  local mark = token and TAKEN_MARK .. token
+  local others, own = 0, nil
   local fields = redis.call('HGETALL', key)
   for f = 1, #fields, 2 do
     local amount, expires = string.match(fields[f + 1], '^(%d+) (%d+)$')
@@ -249,11 +247,10 @@ local function credit_holds(key, token, now, prune)
     elseif fields[f] == token then
       own = expires
     else
-      if fields[f] == mark then taken = true end
       others = others + tonumber(amount)
     end
   end
-  return others, own, taken
+  return others, own
 end
 """
 )
@@ -286,21 +283,20 @@ return {balance, others + amount, left, now}
 )
 
 # ARGV: wallet, token, amount, the deadline on the store's clock (µs; empty: none). Reply: the
-# credit state after the take, nil when nothing was taken, or 'late' past the deadline. The mark
-# is written before the hold is deleted: a hold set emptied by HDEL is deleted, and HSET would
-# make it again without its TTL.
+# credit state after the take, nil when nothing was taken, or 'late' past the deadline. KEYS[4]:
+# the token's taken mark, set while its hold would have lived.
 TAKE_CREDIT_SCRIPT = (
     _CREDIT_PRELUDE
     + """
 local token, amount = ARGV[2], tonumber(ARGV[3])
 local now = now_us()
 if ARGV[4] ~= '' and now > tonumber(ARGV[4]) then return 'late' end
-local others, own, taken = credit_holds(KEYS[2], token, now, true)
-if taken and not own then return false end
+local others, own = credit_holds(KEYS[2], token, now, true)
+if not own and redis.call('EXISTS', KEYS[4]) == 1 then return false end
 local balance, left = live_balance(KEYS[1], KEYS[3], ARGV[1], now_ms(now))
 if tonumber(balance) - others < amount then return false end
 if own then
-  redis.call('HSET', KEYS[2], TAKEN_MARK .. token, '0 ' .. own)
+  redis.call('SET', KEYS[4], '1', 'PX', math.max(1, math.floor((tonumber(own) - now) / 1000)))
   redis.call('HDEL', KEYS[2], token)
 end
 if amount > 0 then
@@ -448,7 +444,8 @@ def take_credit_call(
 ) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of the take-credit script (ValueError on an amount it cannot keep)."""
     deadline = "" if not_after_us is None else str(not_after_us)
-    return credit_keys(account), [account.wallet, token, str(checked_amount(amount)), deadline]
+    script_keys = [*credit_keys(account), taken_mark(account, token)]
+    return script_keys, [account.wallet, token, str(checked_amount(amount)), deadline]
 
 
 def credit_change_from_reply(reply: object) -> CreditState | None:

@@ -11,7 +11,6 @@ import time
 from collections.abc import Mapping, Sequence
 
 from gateway.store.base import (
-    TAKEN_MARK,
     Bucket,
     Credit,
     CreditAccount,
@@ -23,6 +22,7 @@ from gateway.store.base import (
     TakeTooLate,
     checked_amount,
     checked_ttl,
+    taken_mark,
 )
 
 
@@ -259,9 +259,10 @@ class MemoryStore:
         now = _now_us()
         if not_after_us is not None and now > not_after_us:
             raise TakeTooLate("the take reached the store after its deadline: nothing was taken")
+        mark = taken_mark(account, token)
         live = self._live_holds(account.holds, now)
         own = live.get(token)
-        if own is None and TAKEN_MARK + token in live:
+        if own is None and self._live(mark) is not None:
             return None
         others = sum(h[0] for t, h in live.items() if t != token)
         balance, left = self._live_balance(account, now)
@@ -269,7 +270,7 @@ class MemoryStore:
             return None
         if own is not None:
             del live[token]
-            live[TAKEN_MARK + token] = (0, own[1])
+            self._set_value(mark, "1", max(1, (own[1] - now) // 1_000))
         if amount > 0:
             balance -= amount
             self._values[account.balance] = (str(balance), self._values[account.balance][1])
