@@ -88,10 +88,12 @@ async def load_credit(
 async def keep_credit(
     state_dir: Path, store: CreditKeepingStore, saved: CreditSnapshot | None
 ) -> CreditSnapshot:
-    """Save the store's credit to ``state_dir`` unless it is what was ``saved`` last; what it holds."""
+    """Save the store's credit to ``state_dir`` unless its balances are what was ``saved`` last;
+    what the file holds now (``saved`` itself when nothing moved)."""
     now = await snapshot_credit(store)
-    if saved is None or _balances(now) != _balances(saved):
-        save_credit(state_dir, now)
+    if saved is not None and _balances(now) == _balances(saved):
+        return saved
+    save_credit(state_dir, now)
     return now
 
 
