@@ -229,6 +229,26 @@ async def test_concurrent_settles_of_one_payment_broadcast_once(
     assert usdc_chain.balance(usdc_chain.pay_to_ata) == 10_000
 
 
+async def test_concurrent_settles_of_a_payment_that_spends_the_whole_balance_broadcast_once(
+    make_usdc_chain: Callable[..., UsdcChain],
+    solana_rpc_server: LiteSvmRpcServer,
+    make_local_facilitator: MakeFacilitator,
+) -> None:
+    """The payer holds exactly the amount: the settle that waited for its turn found the funds
+    moved by the one that landed the very same payment. It answers for that one
+    (duplicate_settlement), never as if this payment could not be afforded."""
+    chain = make_usdc_chain(payer_amount=10_000)
+    store = MemoryStore()
+    facilitators = [make_local_facilitator(chain, store) for _ in range(4)]
+    req = exact_requirements(chain)
+    payload = await pay(solana_rpc_server, chain, req)
+    answers = await asyncio.gather(*(f.settle(payload, req) for f in facilitators))
+    assert sum(a.success for a in answers) == 1
+    assert {a.errorReason for a in answers if not a.success} == {"duplicate_settlement"}
+    assert len(solana_rpc_server.sent) == 1
+    assert chain.balance(chain.pay_to_ata) == 10_000
+
+
 async def test_confirmation_timeout_is_pending_and_reconciles_without_rebroadcast(
     usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer, make_local_facilitator: MakeFacilitator
 ) -> None:

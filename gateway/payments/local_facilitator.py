@@ -305,6 +305,11 @@ class LocalFacilitator:
         funds = self._funds(parties[1].id, requirements)
         turn = await self._guard.take_turn(token, parties, standing, wait_s=self._payer_wait_s, funds=funds)
         if not turn.admitted:
+            # A concurrent settle of this very payment may have held the place and landed it
+            # meanwhile (its funds moved, so this one looked unaffordable): answer for that one.
+            record = await self._load_key(key)
+            if record is not None:
+                return await self._resume(key, record)
             SETTLEMENTS_HELD_BACK.labels(turn.outcome).inc()
             reason, message = _HELD_BACK[turn.outcome]
             return self._failure(network, reason, message, payer)
