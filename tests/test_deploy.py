@@ -852,6 +852,7 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_images_install_steps_in_a_fresh_venv_land_exactly_the_pins(tmp_path: Path) -> None:
     """No container engine here: the build stage's COPY and pip steps, run as written (its venv

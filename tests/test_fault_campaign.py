@@ -309,6 +309,7 @@ async def test_paid_rpc_store_lost_after_the_claim_settles_nothing_without_its_w
 # --- the process is told to stop mid-request ------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_sigterm_during_a_paid_request_finishes_it_or_settles_nothing(
     usdc_chain: UsdcChain,
     solana_rpc_server: LiteSvmRpcServer,
@@ -347,6 +348,7 @@ async def test_sigterm_during_a_paid_request_finishes_it_or_settles_nothing(
     assert running.upstream_calls == 1
 
 
+@pytest.mark.slow
 async def test_sigterm_past_the_graceful_timeout_mid_settle_leaves_the_payment_to_reconcile_on_a_replica(
     clean_redis_url: str,
     usdc_chain: UsdcChain,

@@ -82,6 +82,8 @@ from tests.support.upstream import Upstream
 
 T = TypeVar("T")
 
+pytestmark = pytest.mark.slow
+
 PROVIDER_KEY = "fuzz-provider-key-7f3a9c2e51"
 ASSET_API_KEY = "fuzz-asset-key-0b8d44e6a2"
 SIWX_SECRET = "fuzz-siwx-secret-5d2c8b7e9f0a1c3d4e5f60718293a4b5"

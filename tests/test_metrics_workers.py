@@ -8,6 +8,7 @@ import json
 import re
 
 import aiohttp
+import pytest
 from solders.keypair import Keypair
 
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
@@ -22,6 +23,8 @@ from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PROVIDER_PRICE,
 from tests.support.paid_processes import Replica, paid_processes
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream, static
+
+pytestmark = pytest.mark.slow
 
 BATCH = 20
 ROUTE = "solana.mainnet.provider_a.rpc.getBalance"

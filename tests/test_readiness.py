@@ -86,6 +86,7 @@ async def test_not_ready_naming_the_store_when_redis_goes_down(
     assert (await paid.get("/healthz")).status == 200
 
 
+@pytest.mark.slow  # waits out the facilitator check's time to live
 async def test_not_ready_naming_the_facilitator_when_it_stops(
     start_paid_gateway: StartPaidGateway, clean_redis_url: str
 ) -> None:

@@ -34,7 +34,10 @@ from tests.support.redis_server import start_redis_server
 from tests.support.solana_rpc_server import LiteSvmRpcServer, setup_usdc_chain
 from tests.support.upstream import ASSET_API_KEY, Upstream
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402"),
+]
 
 REPLICAS = 3
 BASE_URL = "http://gateway.replicas.test"

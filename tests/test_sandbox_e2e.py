@@ -33,6 +33,8 @@ from tests.support.gateway_process import clean_env, command, kill_group, read_o
 from tests.support.ports import free_port
 from tests.support.sandbox_process import Sandbox, banner_value, run_sandbox
 
+pytestmark = pytest.mark.slow
+
 ROOT_URL = "http://127.0.0.1"
 
 

@@ -14,10 +14,13 @@ from collections import Counter
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from gateway.store import Bucket
 from gateway.store.redis import MAX_CONNECTIONS, RedisStore
 from tests.support.gateway_process import GatewayProcess, serve
+
+pytestmark = pytest.mark.slow
 
 LIMIT = 200
 PROCESSES = 4
