@@ -16,7 +16,7 @@ import pytest
 from gateway import solana_rpc
 from gateway.solana_rpc import RpcUnavailable, SolanaRpc
 
-PAUSE_S = 0.05
+PAUSE_S = 0.01
 
 
 @asynccontextmanager
