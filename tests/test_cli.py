@@ -358,7 +358,9 @@ def test_help_texts_describe_every_option_without_markup() -> None:
         assert described in serve_help
 
 
-def test_serve_with_every_group_off_answers_the_public_routes_and_stops_on_sigterm() -> None:
+def test_serve_with_every_group_off_warns_of_each_answers_the_public_routes_and_stops_on_sigterm() -> None:
+    """One process for both halves: what it serves, and what it said at start-up (it is never
+    ready, having nothing to sell)."""
     with serve(SERVICE_ONLY) as gateway:
         health = _request(f"{gateway.url}/healthz")
         catalog = _request(f"{gateway.url}/v1/catalog")
@@ -366,6 +368,7 @@ def test_serve_with_every_group_off_answers_the_public_routes_and_stops_on_sigte
         head = _request(f"{gateway.url}/healthz", "HEAD")
 
         exit_code = gateway.terminate()
+        lines = _json_lines(gateway.stdout())
 
     assert (health[0], json.loads(health[2])) == (
         200,
@@ -376,13 +379,6 @@ def test_serve_with_every_group_off_answers_the_public_routes_and_stops_on_sigte
     assert preflight[0] == 204 and preflight[1]["access-control-allow-origin"] == "*"
     assert head[0] == 200 and head[2] == b"" and head[1]["content-length"] == health[1]["content-length"]
     assert exit_code == 0
-
-
-def test_serve_start_up_warns_of_each_group_switched_off_and_never_says_ready_with_nothing_to_sell() -> None:
-    with serve(SERVICE_ONLY) as gateway:
-        _request(f"{gateway.url}/healthz")
-        gateway.terminate()
-        lines = _json_lines(gateway.stdout())
 
     messages = [line["msg"] for line in lines]
     assert any(msg.startswith("state store: in-memory") for msg in messages)
