@@ -215,29 +215,17 @@ async def test_duplicate_guard_is_shared_between_processes_through_the_store(
     assert (record.state, record.signature) == ("settled", solana_rpc_server.sent[0])
 
 
+@pytest.mark.parametrize("payer_amount", [1_000_000_000, 10_000], ids=["funded", "exactly the amount"])
 async def test_concurrent_settles_of_one_payment_broadcast_once(
-    usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer, make_local_facilitator: MakeFacilitator
-) -> None:
-    store = MemoryStore()
-    facilitators = [make_local_facilitator(usdc_chain, store) for _ in range(4)]
-    req = exact_requirements(usdc_chain)
-    payload = await pay(solana_rpc_server, usdc_chain, req)
-    answers = await asyncio.gather(*(f.settle(payload, req) for f in facilitators))
-    assert sum(a.success for a in answers) == 1
-    assert {a.errorReason for a in answers if not a.success} == {"duplicate_settlement"}
-    assert len(solana_rpc_server.sent) == 1
-    assert usdc_chain.balance(usdc_chain.pay_to_ata) == 10_000
-
-
-async def test_concurrent_settles_of_a_payment_that_spends_the_whole_balance_broadcast_once(
     make_usdc_chain: Callable[..., UsdcChain],
     solana_rpc_server: LiteSvmRpcServer,
     make_local_facilitator: MakeFacilitator,
+    payer_amount: int,
 ) -> None:
-    """The payer holds exactly the amount: the settle that waited for its turn found the funds
-    moved by the one that landed the very same payment. It answers for that one
-    (duplicate_settlement), never as if this payment could not be afforded."""
-    chain = make_usdc_chain(payer_amount=10_000)
+    """Holding exactly the amount, a settle that waited for its turn finds the funds moved by the
+    one that landed this very payment: it answers for that one (duplicate_settlement), never as
+    if the payment could not be afforded."""
+    chain = make_usdc_chain(payer_amount=payer_amount)
     store = MemoryStore()
     facilitators = [make_local_facilitator(chain, store) for _ in range(4)]
     req = exact_requirements(chain)
