@@ -93,12 +93,6 @@ async def serve_routes() -> AsyncIterator[ServeRoutes]:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        yield session
-
-
-@pytest_asyncio.fixture(loop_scope="session")
 async def facilitator(usdc_chain: UsdcChain, make_local_facilitator: MakeFacilitator) -> LocalFacilitator:
     return make_local_facilitator(usdc_chain)
 

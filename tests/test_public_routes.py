@@ -67,12 +67,6 @@ async def bare_gateway() -> AsyncIterator[RunningGateway]:
         yield running
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def _json(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
     async with http.get(url) as response:
         return response.status, await response.json()

@@ -42,6 +42,7 @@ def asset_api(asset_api_server: Upstream) -> Iterator[Upstream]:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    """An HTTP client for the test, closed after it."""
-    async with aiohttp.ClientSession() as session:
+    """An HTTP client for the test, closed after it; a request that hangs fails in 30 s, not at
+    the suite's timeout."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         yield session
