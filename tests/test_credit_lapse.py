@@ -25,7 +25,7 @@ from gateway.store import Entry, Store, keys
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
-from tests.support.adversarial_paid import captured_log_lines
+from tests.support.log_capture import captured_log_lines
 
 LAPSE_MS = 300
 PAST_THE_LAPSE_S = 0.45

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -21,7 +20,6 @@ from x402.mechanisms.svm.exact import register_exact_svm_facilitator
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
 from gateway.x402.types import SOLANA_MAINNET
-from tests.support.adversarial_paid import captured_log_lines
 from tests.support.cdp_facilitator import (
     Fault,
     ReferenceBackend,
@@ -573,13 +571,6 @@ async def test_paid_rpc_store_outage_still_answers_a_challenge_and_keeps_the_ip_
 
 
 # --- secrets ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def log_lines() -> Iterator[list[str]]:
-    """Every gateway log line of the test, as rendered for stdout."""
-    with captured_log_lines() as lines:
-        yield lines
 
 
 async def test_paid_rpc_logs_carry_the_settlement_but_no_secret(

@@ -22,9 +22,9 @@ from gateway.logs import LOGGER_NAME
 from gateway.request_log import RequestLog
 from gateway.vocabulary import Outcome
 from gateway.x402.siwx_signer import sign_in
-from tests.support.adversarial_paid import captured_log_lines
 from tests.support.gateway_process import serve
 from tests.support.gateway_server import FULL_ENV, PAID_GROUPS, PAY_TO
+from tests.support.log_capture import captured_log_lines
 from tests.support.paid_fixtures import GET_BALANCE, PaidGateway, Reply, StartPaidGateway, balance_body
 from tests.support.upstream import Upstream, static
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,6 @@ from solders.pubkey import Pubkey
 from yarl import URL
 
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
-from gateway.logs import LOGGER_NAME, JsonFormatter
 from gateway.routes import RateLimitSpec, RouteSpec, load_routes, named_limits
 from gateway.store.upstash import UpstashStore
 from gateway.x402.headers import encode_header
@@ -84,23 +82,6 @@ def _mints(n: int) -> list[str]:
 async def gw(asset_api_server: Upstream) -> AsyncIterator[RunningGateway]:
     async with run_gateway(_env(asset_api_server.url)) as gateway:
         yield gateway
-
-
-@pytest.fixture
-def log_lines() -> Iterator[list[str]]:
-    """Every gateway log line of the test, formatted as it would reach stdout."""
-    lines: list[str] = []
-    formatter = JsonFormatter()
-
-    class Capture(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(formatter.format(record))
-
-    handler = Capture()
-    logger = logging.getLogger(LOGGER_NAME)
-    logger.addHandler(handler)
-    yield lines
-    logger.removeHandler(handler)
 
 
 # --- a client that signs in the way a wallet does -------------------------------------------

@@ -23,10 +23,10 @@ from tests.support.adversarial_paid import (
     LateConfirmationBackend,
     Money,
     another_client_signature,
-    captured_log_lines,
 )
 from tests.support.cdp_facilitator import CdpCredentials, FacilitatorBackend, ReferenceBackend
 from tests.support.facilitator_fixtures import StartFacilitator
+from tests.support.log_capture import captured_log_lines
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     GET_BALANCE_PROVIDER_PRICE,

@@ -9,18 +9,14 @@
 * :class:`LateConfirmationBackend`: the reference facilitator (real verify, broadcast and
   reconciliation on LiteSVM) whose first settlement is broadcast at once but confirmed only when
   the test releases it, so a gateway can be stopped or killed between broadcast and answer.
-* :func:`captured_log_lines`: the gateway's log lines, as written to stdout, while it is open.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import logging
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import msgspec
@@ -34,7 +30,6 @@ from x402 import InMemoryPendingSettlementStore, x402FacilitatorSync
 from x402.mechanisms.svm import FacilitatorKeypairSigner
 from x402.mechanisms.svm.exact import ExactSvmFacilitatorScheme
 
-from gateway.logs import LOGGER_NAME, JsonFormatter
 from gateway.x402.svm import decode_transaction, encode_transaction
 from gateway.x402.svm_payer import transfer_checked_instruction
 from gateway.x402.types import SOLANA_MAINNET, PaymentPayload
@@ -196,25 +191,3 @@ class LateConfirmationBackend(ReferenceBackend):
     def close(self) -> None:
         self.signer.release.set()
         super().close()
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.setFormatter(JsonFormatter())
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(self.format(record))
-
-
-@contextmanager
-def captured_log_lines() -> Iterator[list[str]]:
-    """Every gateway log line (of an in-process gateway) while open, as rendered for stdout."""
-    handler = _Lines()
-    logger = logging.getLogger(LOGGER_NAME)
-    logger.addHandler(handler)
-    try:
-        yield handler.lines
-    finally:
-        logger.removeHandler(handler)

@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from tests.support.log_capture import captured_log_lines
 from tests.support.upstream import Upstream, asset_data
 
 
@@ -46,3 +47,10 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
     the suite's timeout."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         yield session
+
+
+@pytest.fixture
+def log_lines() -> Iterator[list[str]]:
+    """Every log line of the test's in-process gateways, as rendered for stdout."""
+    with captured_log_lines() as lines:
+        yield lines
