@@ -24,13 +24,12 @@ import aiohttp
 import base58
 import pytest
 import pytest_asyncio
-from multidict import CIMultiDictProxy
 from solders.keypair import Keypair
 from yarl import URL
 
 from gateway.x402.siwx_signer import sign_in
 from tests.support.gateway_server import RunningGateway, run_gateway
-from tests.support.paid_fixtures import PaidGateway, StartPaidGateway
+from tests.support.paid_fixtures import PaidGateway, Reply, StartPaidGateway
 from tests.support.solana_rpc_server import UsdcChain
 from tests.support.upstream import Upstream, static
 
@@ -127,16 +126,6 @@ def mints(count: int, offset: int = 0) -> list[str]:
 
 
 @dataclass
-class Answer:
-    status: int
-    headers: CIMultiDictProxy[str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-@dataclass
 class Gateway:
     running: RunningGateway
     providers: Upstream
@@ -150,16 +139,16 @@ class Gateway:
         *,
         body: Any = None,
         headers: Mapping[str, str] | None = None,
-    ) -> Answer:
+    ) -> Reply:
         data = json.dumps(body).encode() if body is not None and not isinstance(body, bytes) else body
         all_headers = dict(headers or {})
         if data is not None:
             all_headers.setdefault("content-type", "application/json")
         url = URL(self.running.url + target, encoded=True)
         async with self.http.request(method, url, data=data, headers=all_headers) as response:
-            return Answer(response.status, response.headers, await response.read())
+            return Reply(response.status, response.headers, await response.read())
 
-    async def signed_in(self, method: str, target: str, body: Any = None) -> tuple[Answer, Answer]:
+    async def signed_in(self, method: str, target: str, body: Any = None) -> tuple[Reply, Reply]:
         """The unsigned 402, then the same request signed in with a fresh wallet."""
         first = await self.request(method, target, body=body)
         assert first.status == 402, first.body

@@ -9,7 +9,6 @@ import asyncio
 import base64
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -17,7 +16,6 @@ import msgspec
 import pytest
 import pytest_asyncio
 from aiohttp import web
-from multidict import CIMultiDictProxy
 from nacl.signing import SigningKey
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
@@ -31,6 +29,7 @@ from gateway.x402.siwx import SiwxIssuer
 from gateway.x402.siwx_signer import Signer, sign_in, sign_payload, signer_address
 from gateway.x402.types import SOLANA_DEVNET, SOLANA_MAINNET, SiwxExtension
 from tests.support.gateway_server import RunningGateway, run_gateway
+from tests.support.paid_fixtures import Reply
 from tests.support.ports import refusing_port
 from tests.support.upstash_rest import UpstashRestServer
 from tests.support.upstream import ASSET_API_KEY, Upstream, static
@@ -45,16 +44,6 @@ TIMEOUT_S = 0.5
 MAX_BODY = 16384  # 250 mints fit; the 413 case is larger
 LIMITS = named_limits(Settings(base_url="https://gw.example.com"))
 """The named limits at their defaults (rpc 50/s, das 10/s, tokens 30/min, challenge 120/min, wallet 5/s)."""
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: CIMultiDictProxy[str]
-    body: bytes
-
-    def json(self) -> Any:
-        return msgspec.json.decode(self.body)
 
 
 def _env(api_url: str, **extra: str) -> dict[str, str]:

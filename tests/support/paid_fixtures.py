@@ -80,12 +80,14 @@ def balance_body(account: str = ACCOUNT, request_id: int | str = 1) -> dict[str,
 
 @dataclass
 class Reply:
+    """One HTTP answer; its JSON is decoded strictly (no NaN, no numbers out of range)."""
+
     status: int
     headers: CIMultiDictProxy[str]
     body: bytes
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        return msgspec.json.decode(self.body)
 
     @property
     def error_code(self) -> str | None:
@@ -95,7 +97,7 @@ class Reply:
         return error.get("code") if isinstance(error, dict) else error
 
     def header_json(self, name: str) -> Any:
-        return json.loads(base64.b64decode(self.headers[name], validate=True))
+        return msgspec.json.decode(base64.b64decode(self.headers[name], validate=True))
 
 
 def assert_answered(reply: Reply, transaction: str | None = None) -> None:
