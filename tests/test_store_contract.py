@@ -835,14 +835,17 @@ async def test_a_token_held_again_after_its_take_can_be_taken_again(store: Store
 
 
 async def test_credit_state_sums_only_the_live_credit_holds(store: Store) -> None:
+    """The short hold lives 1.5 s: long enough that a loaded runner reads it live (100 ms was
+    not, over Upstash REST in CI)."""
     await top_up(store, 100)
-    assert await store.hold_credit(SPEND, 10, "short", 100) is not None
+    held_at = time.monotonic()
+    assert await store.hold_credit(SPEND, 10, "short", 1_500) is not None
     assert await store.hold_credit(SPEND, 20, "long", 60_000) is not None
     assert await store.take_credit(SPEND, "long", 5) is not None
     assert await store.hold_credit(SPEND, 30, "open", 60_000) is not None
 
     live = await store.credit_state(SPEND)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(max(0.0, held_at + 1.6 - time.monotonic()))
     lapsed = await store.credit_state(SPEND)
 
     assert (live.balance, live.held) == (95, 40)
