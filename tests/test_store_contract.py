@@ -304,10 +304,11 @@ async def test_holding_again_under_the_same_token_replaces_the_hold(store: Store
 
 
 async def test_a_hold_lapses_by_itself(store: Store) -> None:
-    assert await store.hold([Hold("held:lapse", 1, 1)], "dead-process", 150)
+    held_at = time.monotonic()
+    assert await store.hold([Hold("held:lapse", 1, 1)], "dead-process", 1_000)
     assert not await store.hold([Hold("held:lapse", 1, 1)], "next", 60_000)
 
-    await asyncio.sleep(0.25)
+    await asyncio.sleep(max(0.0, held_at + 1.1 - time.monotonic()))
 
     assert await store.hold([Hold("held:lapse", 1, 1)], "next", 60_000)
 
@@ -638,11 +639,12 @@ async def test_a_balance_lapses_after_its_ttl(store: Store) -> None:
 
 async def test_credit_state_sums_only_the_live_holds(store: Store) -> None:
     await store.claim_then_put([], [], [credit("s", 100)])
-    assert await store.hold([Hold("credit:s:holds", 10, 100)], "short", 100)
+    held_at = time.monotonic()
+    assert await store.hold([Hold("credit:s:holds", 10, 100)], "short", 1_000)
     assert await store.hold([Hold("credit:s:holds", 20, 100)], "long", 60_000)
 
     live = await store.credit_state(account("s"))
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(max(0.0, held_at + 1.1 - time.monotonic()))
     lapsed = await store.credit_state(account("s"))
 
     assert (live.balance, live.held) == (100, 30) and 59_000 < live.ttl_ms <= 60_000
@@ -742,10 +744,11 @@ async def test_exactly_the_balance_of_many_concurrent_credit_holds_win(store: St
 
 async def test_a_credit_hold_lapses_by_itself(store: Store) -> None:
     await top_up(store, 10)
-    assert await store.hold_credit(SPEND, 10, "dead-process", 100) is not None
+    held_at = time.monotonic()
+    assert await store.hold_credit(SPEND, 10, "dead-process", 1_000) is not None
     assert await store.hold_credit(SPEND, 1, "next", 60_000) is None
 
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(max(0.0, held_at + 1.1 - time.monotonic()))
 
     after = await store.hold_credit(SPEND, 10, "next", 60_000)
     assert after is not None and (after.balance, after.held) == (10, 10)
