@@ -21,6 +21,7 @@ import yaml
 
 from gateway import yaml_document
 from gateway.config import GATEWAY_VARIABLES, UPSTREAM_VARIABLE, ConfigError, Settings
+from gateway.pricing import credit_price
 from gateway.settlement_cost import lamports_covered, worst_case_lamports
 from gateway.validation import InvalidInput, SchemaError, check_schema, compile_schema
 from gateway.vocabulary import (
@@ -857,7 +858,7 @@ def payment_methods(route: RouteSpec, settings: Settings) -> tuple[str, ...]:
     prepaid credit while credit is on (never on a top-up: credit does not buy credit)."""
     if route.access not in PAYMENT_METHODS:
         return ()
-    if settings.credits_enabled and route.paid and not HANDLERS[route.handler].sells_credit:
+    if settings.credits_enabled and credit_price(route) is not None:
         return (route.access, CREDIT_METHOD)
     return (route.access,)
 
