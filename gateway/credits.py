@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from gateway.credit_metrics import CREDIT_SOLD
 from gateway.logs import log_event
-from gateway.store import Credit, CreditAccount, CreditState, Store, keys
+from gateway.store import Credit, CreditAccount, CreditHoldOrder, CreditState, Store, keys
 
 if TYPE_CHECKING:
     from gateway.services import Services
@@ -103,13 +103,21 @@ class CreditBook:
         """What the delivery of a top-up of ``amount`` by ``wallet`` adds, in the same round trip."""
         return [Credit(credit_account(wallet), amount, self.lapse_ms, self.grace_ms)]
 
+    def order(self, wallet: str, amount: int) -> CreditHoldOrder:
+        """A hold of ``amount`` of ``wallet``'s credit under a fresh token, for the store to make
+        (alone, :meth:`hold`, or with a sign-in's other checks, ``SignInGate.admit``)."""
+        return CreditHoldOrder(credit_account(wallet), amount, secrets.token_hex(8), self.hold_ttl_ms)
+
+    @staticmethod
+    def held(order: CreditHoldOrder, state: CreditState) -> CreditHold:
+        """The hold ``order`` became, as the store answered it with ``state``."""
+        return CreditHold(order.account.wallet, order.token, order.amount, state.at_us, time.monotonic())
+
     async def hold(self, wallet: str, amount: int) -> CreditHold | None:
         """Hold ``amount`` of ``wallet``'s credit; None when its free credit does not cover it."""
-        token = secrets.token_hex(8)
-        state = await self.store.hold_credit(credit_account(wallet), amount, token, self.hold_ttl_ms)
-        if state is None:
-            return None
-        return CreditHold(wallet, token, amount, state.at_us, time.monotonic())
+        order = self.order(wallet, amount)
+        state = await self.store.hold_credit(order.account, order.amount, order.token, order.ttl_ms)
+        return None if state is None else self.held(order, state)
 
     async def take(self, hold: CreditHold) -> Balance | None:
         """Take the held amount (the provider answered); None when nothing could be taken (the

@@ -2,10 +2,11 @@
 
 The sign-in's signature, times and resource are checked by :class:`gateway.x402.siwx.SiwxIssuer`;
 this core decides, in one store round trip, whether a verified sign-in may reach the upstream:
-its nonce unused, then the wallet's and the client IP's own buckets, then the budget every
-wallet shares (the asset-data key), and only then the nonce recorded as used. A sign-in refused
-by a limit spends nothing shared and keeps its nonce, to be sent again once the limit allows.
-Every expected result is a value; only an outage (``StoreUnavailable``) raises.
+its nonce unused, then (for a call paid from prepaid credit) the wallet's free credit covering
+the call's price, then the wallet's and the client IP's own buckets, then the budget every
+wallet shares, and only then the nonce recorded as used and the price held. A sign-in refused
+by its credit or a limit spends nothing shared and keeps its nonce, to be sent again once it
+may. Every expected result is a value; only an outage (``StoreUnavailable``) raises.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ from dataclasses import dataclass
 
 from gateway.rate_limiter import Limited, RateLimiter
 from gateway.routes import RateLimitSpec
-from gateway.store import Entry, Store, StoreUnavailable, keys
+from gateway.store import CreditHoldOrder, CreditState, Entry, Store, StoreUnavailable, keys
 from gateway.x402.siwx import VerifiedSignIn
 
 
 @dataclass(frozen=True, slots=True)
 class Admitted:
-    """The nonce is now used and every bucket charged: call the upstream."""
+    """The nonce is now used, every bucket charged and the credit ordered held: call the upstream."""
+
+    held: CreditState | None = None
+    """The wallet's credit after the hold, when one was ordered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +33,12 @@ class Replayed:
     """The nonce was used already: a replayed sign-in."""
 
 
-Admission = Admitted | Replayed | Limited
+@dataclass(frozen=True, slots=True)
+class Uncovered:
+    """The wallet's free credit does not cover the hold ordered: nothing was spent or held."""
+
+
+Admission = Admitted | Replayed | Limited | Uncovered
 """``Limited``: a bucket refused the sign-in; nothing shared was spent."""
 
 
@@ -41,18 +50,23 @@ class SignInGate:
         self.limiter = limiter
         self.limits = tuple(limits)
 
-    async def admit(self, signed: VerifiedSignIn, client_ip: str) -> Admission:
-        """Use the nonce once across every replica, for as long as it could still verify."""
+    async def admit(
+        self, signed: VerifiedSignIn, client_ip: str, hold: CreditHoldOrder | None = None
+    ) -> Admission:
+        """Use the nonce once across every replica, for as long as it could still verify, and make
+        ``hold`` (the signed-in wallet's credit) in the same atomic step."""
         key = keys.sign_in_nonce(signed.nonce)
         plan = self.limiter.plan(self.limits, wallet=signed.address, ip=client_ip)
         found = await self.store.check_then_limit(
-            [key], plan.buckets, [Entry(key, signed.address, signed.replay_ttl_ms)]
+            [key], plan.buckets, [Entry(key, signed.address, signed.replay_ttl_ms)], hold
         )
         if found.values[0] is not None:
             return Replayed()
         limited = plan.refusal(found.decisions)
         if limited is not None:
             return limited
-        if not found.written:
-            raise StoreUnavailable("state store neither refused nor recorded the sign-in")
-        return Admitted()
+        if found.written and (hold is None or found.held is not None):
+            return Admitted(found.held)
+        if hold is not None and not found.written and not found.decisions:
+            return Uncovered()
+        raise StoreUnavailable("state store neither refused nor recorded the sign-in")

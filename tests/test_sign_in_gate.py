@@ -11,9 +11,10 @@ import pytest
 import pytest_asyncio
 from solders.keypair import Keypair
 
+from gateway.credits import CreditBook
 from gateway.rate_limiter import RateLimiter
 from gateway.routes import RateLimitSpec
-from gateway.sign_in import Admitted, Limited, Replayed, SignInGate
+from gateway.sign_in import Admitted, Limited, Replayed, SignInGate, Uncovered
 from gateway.store import Store, keys
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
@@ -102,3 +103,26 @@ async def test_a_sign_in_refused_by_a_limit_keeps_its_nonce_and_spends_nothing_s
     assert await store.get(keys.sign_in_nonce(refused.nonce)) is None
     others = [await gate.admit(_signed(), ip) for ip in (FLOODER, OTHERS[2])]
     assert all(isinstance(a, Admitted) for a in others)  # the key's last two slots were untouched
+
+
+async def test_a_sign_in_paid_from_credit_holds_its_price_in_the_same_step(store: Store) -> None:
+    """The credit is checked before any bucket: a wallet short of it spends nothing shared and
+    keeps its nonce; one that has it is admitted with the price held."""
+    gate = _gate(store)
+    wallet = Keypair()
+    signed = _signed(wallet)
+    book = CreditBook(store, lapse_days=1, upstream_timeout_s=1.0)
+
+    short = [await gate.admit(signed, FLOODER, book.order(signed.address, 5)) for _ in range(10)]
+
+    assert all(isinstance(a, Uncovered) for a in short)
+    assert await store.get(keys.sign_in_nonce(signed.nonce)) is None
+    assert isinstance(await gate.admit(_signed(), FLOODER), Admitted)  # the IP's share is untouched
+    assert await store.claim_then_put([], [], book.credits(signed.address, 5)) == 0
+    order = book.order(signed.address, 5)
+    admitted = await gate.admit(signed, FLOODER, order)
+    assert isinstance(admitted, Admitted) and admitted.held is not None
+    assert (admitted.held.balance, admitted.held.held) == (5, 5)
+    assert isinstance(await gate.admit(signed, FLOODER, book.order(signed.address, 0)), Replayed)
+    state = await book.balance(signed.address)
+    assert (state.balance, state.held) == (5, 5)

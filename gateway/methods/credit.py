@@ -4,11 +4,13 @@ sign-in-with-x) instead of paying, and the call's credit price is taken from its
 Beside ``exact`` on a paid route, its part of the 402 is the ``sign-in-with-x`` extension, bound
 to the route (the signed resource is the route's URL, so a sign-in cannot be moved to another
 route, and its nonce is used once). A sign-in is checked like any other (signature, times,
-resource, nonce once, the route's per-wallet and shared limits), then the price is held against
-the wallet's balance (:class:`gateway.credits.CreditBook`): a wallet whose free credit does not
-cover it is refused with ``insufficient_credit`` and the route's full 402, so a client pays per
-call instead. The hold is taken once the provider answered and released when it did not; a
-process that dies in between leaves a hold that lapses by itself, so nothing is taken.
+resource), then one atomic store step finds its nonce unused, the wallet's free credit covering
+the call's credit price, and the route's per-wallet and shared limits allowing it, and only then
+uses the nonce and holds the price (:class:`gateway.sign_in.SignInGate` with a hold ordered by
+:class:`gateway.credits.CreditBook`): a wallet whose free credit does not cover it is refused
+with ``insufficient_credit`` and the route's full 402, so a client pays per call instead. The
+hold is taken once the provider answered and released when it did not; a process that dies in
+between leaves a hold that lapses by itself, so nothing is taken.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from gateway.payments import Delivered, Refused, Settled, StoredResponse
 from gateway.pricing import credit_price
 from gateway.rate_limiter import Limited
 from gateway.routes import RouteSpec
-from gateway.sign_in import Replayed, SignInGate
+from gateway.sign_in import Admitted as SignedIn
+from gateway.sign_in import Replayed, SignInGate, Uncovered
 from gateway.store import StoreUnavailable
 from gateway.validation import RequestValidator
 from gateway.vocabulary import CREDIT_METHOD, PAYMENT_METHODS, Outcome
@@ -90,21 +93,22 @@ class CreditMethod:
             return Checked(Refused(refused.reason.value, str(refused)))
         wallet = signed.address
         body = self.validator.body(await incoming.read_body())
-        # The credit first: a wallet without enough of it (any throwaway key signs in for free)
-        # is refused before it spends a nonce or any bucket other clients share.
-        hold = await self.book.hold(wallet, self.price)
-        if hold is None:
-            short = Refused(INSUFFICIENT_CREDIT, "the wallet's credit does not cover this call", wallet)
-            return Checked(short, wallet)
-        match await self.gate.admit(signed, incoming.client_ip):
+        # The credit is checked before any bucket, in the same round trip as the nonce: a wallet
+        # without enough of it (any throwaway key signs in for free) spends no nonce and no
+        # bucket other clients share.
+        order = self.book.order(wallet, self.price)
+        match await self.gate.admit(signed, incoming.client_ip, order):
+            case SignedIn(held=held) if held is not None:
+                return Checked(Admitted(self.book.held(order, held), body, str(self.price)), wallet)
             case Replayed():
-                await self._release(hold)
                 replayed = Refused(SiwxReason.REPLAYED.value, "this sign-in was used already", wallet)
                 return Checked(replayed, wallet)
             case Limited() as limited:
-                await self._release(hold)
                 return Checked(limited, wallet)
-        return Checked(Admitted(hold, body, str(self.price)), wallet)
+            case Uncovered():
+                short = Refused(INSUFFICIENT_CREDIT, "the wallet's credit does not cover this call", wallet)
+                return Checked(short, wallet)
+        raise StoreUnavailable("state store admitted a sign-in without holding its credit")
 
     async def finish(self, grant: CreditHold, answer: Answer) -> Settled:
         """Take the held price; a hold that lapsed meanwhile is taken only if the credit still

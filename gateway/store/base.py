@@ -9,13 +9,14 @@ Semantics are shared by all backends and pinned by ``tests/test_store_contract.p
   (what it must not find, then its buckets, then its claims; once settled, its delivery claim,
   then its records), atomically; ``undo_claim`` takes back a claim whose payment was refused,
   with the shared spends it made and the refusal it costs, in one round trip too.
-* Prepaid credit is a wallet's balance counter plus holds against it (``hold_credit``,
-  ``take_credit``, ``credit_state``); a top-up is a ``Credit`` written by ``claim_then_put`` once
-  its payment's claim is won, so a replayed top-up credits nothing. The balance is the operator's
-  liability: every change is one atomic step on the store's clock, and no take overdraws it.
-  Each top-up also records when the balance lapses in a lapse index; past that time the balance
-  spends as nothing, and ``lapse_credit`` takes it out of the books (``due_lapses`` finds the
-  wallets due, ``drain_lapsed`` what top-ups found lapsed), so every lapse can be counted.
+* Prepaid credit is a wallet's balance counter plus holds against it (``hold_credit``, or a
+  ``CreditHoldOrder`` made by ``check_then_limit`` with its other checks; ``take_credit``,
+  ``credit_state``); a top-up is a ``Credit`` written by ``claim_then_put`` once its payment's
+  claim is won, so a replayed top-up credits nothing. The balance is the operator's liability:
+  every change is one atomic step on the store's clock, and no take overdraws it. Each top-up
+  also records when the balance lapses in a lapse index; past that time the balance spends as
+  nothing, and ``lapse_credit`` takes it out of the books (``due_lapses`` finds the wallets due,
+  ``drain_lapsed`` what top-ups found lapsed), so every lapse can be counted.
 * ``rate_limit`` is GCRA: up to ``limit`` requests in any ``period_ms`` window, with the
   allowance refilling evenly; one atomic decision per call, using the store's clock so that
   many gateway processes share one bucket exactly.
@@ -127,6 +128,20 @@ class Credit(msgspec.Struct, frozen=True):
         return self.lapse_ms + self.grace_ms
 
 
+class CreditHoldOrder(msgspec.Struct, frozen=True):
+    """Hold ``amount`` of ``account``'s credit under ``token``, lapsing ``ttl_ms`` after it is made
+    (on the store's clock): nothing renews a hold, so a holder that dies frees it by itself."""
+
+    account: CreditAccount
+    amount: int
+    token: str
+    ttl_ms: int
+
+    def __post_init__(self) -> None:
+        checked_amount(self.amount)
+        checked_ttl(self.ttl_ms)
+
+
 TAKEN_MARK = ":taken:"
 
 
@@ -158,12 +173,15 @@ class TakeTooLate(StoreUnavailable):
 
 class Lookup(msgspec.Struct, frozen=True):
     """What :meth:`Store.check_then_limit` found: the values at the checked keys, a decision
-    per bucket taken (none when a checked key was present; the last one refused, if any did),
-    and whether the puts were written (every key absent, every bucket allowed)."""
+    per bucket taken (none when a checked key was present or the credit ordered held did not
+    cover it; the last one refused, if any did), whether the puts were written (every key
+    absent, the credit covered, every bucket allowed), and the credit's state after the hold
+    when one was ordered and made."""
 
     values: list[str | None]
     decisions: list[RateDecision]
     written: bool = False
+    held: CreditState | None = None
 
     @property
     def refused(self) -> RateDecision | None:
@@ -188,13 +206,20 @@ class Store(Protocol):
         """Set ``key`` unconditionally with a TTL."""
 
     async def check_then_limit(
-        self, keys: Sequence[str], buckets: Sequence[Bucket], puts: Sequence[Entry] = ()
+        self,
+        keys: Sequence[str],
+        buckets: Sequence[Bucket],
+        puts: Sequence[Entry] = (),
+        hold: CreditHoldOrder | None = None,
     ) -> Lookup:
-        """Atomically, in one round trip: the values at ``keys``; only when every one is absent,
-        one GCRA decision per bucket in order, stopping at the first refusal (so nothing already
-        used, and no later bucket, is charged for a request that will be refused); and only when
-        every bucket allowed it too, write every put. A put on a checked key is therefore a claim:
-        exactly one of many concurrent callers writes it."""
+        """Atomically, in one round trip: the values at ``keys``; only when every one is absent
+        (and, with a ``hold``, only when the account's free credit covers it, as ``hold_credit``
+        decides), one GCRA decision per bucket in order, stopping at the first refusal (so
+        nothing already used, and no later bucket, is charged for a request that will be
+        refused); and only when every bucket allowed it too, write every put and make the hold.
+        A put on a checked key is therefore a claim: exactly one of many concurrent callers
+        writes it. Credit that does not cover the hold leaves ``written`` false with no decision
+        and nothing changed (lapsed holds aside, forgotten)."""
 
     async def claim_then_put(
         self, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
@@ -238,7 +263,8 @@ class Store(Protocol):
         that token's own hold), lapsing ``ttl_ms`` from now on the store's clock, and answer the
         state after the hold (``held`` includes it); else change nothing and answer None. The
         holds never add up to more than the balance, however many callers race; a balance past
-        its lapse time covers nothing. ``unhold`` releases a credit hold like any other."""
+        its lapse time covers nothing. ``unhold`` releases a credit hold like any other. This is
+        ``check_then_limit`` with nothing else to check."""
 
     async def take_credit(
         self, account: CreditAccount, token: str, amount: int, not_after_us: int | None = None

@@ -16,6 +16,7 @@ from gateway.store.base import (
     Bucket,
     Credit,
     CreditAccount,
+    CreditHoldOrder,
     CreditState,
     Entry,
     Hold,
@@ -24,7 +25,6 @@ from gateway.store.base import (
     StoreUnavailable,
     TakeTooLate,
     checked_amount,
-    checked_ttl,
     taken_mark,
 )
 
@@ -73,40 +73,6 @@ local function debt(key, limit, period_ms, now)
   set_tat(key, tat + interval_us(limit, period_ms), now)
 end
 """
-
-# KEYS: the n checked keys, then the m buckets, then the puts. ARGV: n, m, now in microseconds or
-# "" (only the differential test against memory.gcra() passes a clock: the gateway always uses the
-# server's), then limit, period_ms and guard (1 or 0) per bucket, then value and ttl_ms per put.
-# Reply: {values (nil where absent), retry_after_ms per bucket taken (0: allowed), 1 if the puts
-# were written else 0}.
-CHECK_THEN_LIMIT_SCRIPT = (
-    _PRELUDE
-    + """
-local n, m = tonumber(ARGV[1]), tonumber(ARGV[2])
-local values, found = {}, false
-for i = 1, n do
-  values[i] = redis.call('GET', KEYS[i])
-  if values[i] then found = true end
-end
-local waits = {}
-if found then return {values, waits, 0} end
-if m > 0 then
-  local now = tonumber(ARGV[3]) or now_us()
-  for j = 1, m do
-    local at = 1 + 3 * j
-    local wait = gcra(KEYS[n + j], tonumber(ARGV[at]), tonumber(ARGV[at + 1]), now, ARGV[at + 2] == '1')
-    waits[j] = wait
-    if wait > 0 then return {values, waits, 0} end
-  end
-end
-local first = 4 + 3 * m
-for k = n + m + 1, #KEYS do
-  local arg = first + 2 * (k - n - m - 1)
-  redis.call('SET', KEYS[k], ARGV[arg], 'PX', ARGV[arg + 1])
-end
-return {values, waits, 1}
-"""
-)
 
 # A wallet's lapse: its score in the lapse index is the Unix ms (store clock) its credit lapses
 # at. A balance whose wallet is in no index (written before the index) lapses by its TTL alone.
@@ -266,19 +232,56 @@ return {balance, held, left, now}
 """
 )
 
-# ARGV: wallet, token, amount, ttl_ms. Reply: the credit state after the hold, or nil when the
-# free balance does not cover it (nothing held).
-HOLD_CREDIT_SCRIPT = (
+# KEYS: the n checked keys, then the m buckets, then the puts, then (with a credit hold) the
+# balance, its hold set and the lapse index. ARGV: n, m, now in microseconds or "" (only the
+# differential test against memory.gcra() passes a clock: the gateway always uses the server's),
+# '1' with a credit hold else '', then limit, period_ms and guard (1 or 0) per bucket, then value
+# and ttl_ms per put, then (with a hold) wallet, token, amount and ttl_ms. Reply: {values (nil
+# where absent), retry_after_ms per bucket taken (0: allowed), 1 if the puts were written (and
+# the hold made) else 0, and with a hold made the credit state after it}. The credit is checked
+# before any bucket, so a wallet whose credit does not cover the hold spends nothing shared.
+CHECK_THEN_LIMIT_SCRIPT = (
     _CREDIT_PRELUDE
     + """
-local token, amount, ttl = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local now = now_us()
-local others = credit_holds(KEYS[2], token, now, true)
-local balance, left = live_balance(KEYS[1], KEYS[3], ARGV[1], now_ms(now))
-if tonumber(balance) - others < amount then return false end
-redis.call('HSET', KEYS[2], token, ARGV[3] .. ' ' .. string.format('%d', now + ttl * 1000))
-if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
-return {balance, others + amount, left, now}
+local n, m, ordered = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4] == '1'
+local values, found = {}, false
+for i = 1, n do
+  values[i] = redis.call('GET', KEYS[i])
+  if values[i] then found = true end
+end
+local waits = {}
+if found then return {values, waits, 0} end
+local last_put, held, hold_at, expires = #KEYS, nil, 0, ''
+if ordered then
+  last_put = #KEYS - 3
+  hold_at = 5 + 3 * m + 2 * (last_put - n - m)
+  local clock = now_us()
+  local others = credit_holds(KEYS[last_put + 2], ARGV[hold_at + 1], clock, true)
+  local balance, left = live_balance(KEYS[last_put + 1], KEYS[last_put + 3], ARGV[hold_at], now_ms(clock))
+  local amount = tonumber(ARGV[hold_at + 2])
+  if tonumber(balance) - others < amount then return {values, waits, 0} end
+  held = {balance, others + amount, left, clock}
+  expires = string.format('%d', clock + tonumber(ARGV[hold_at + 3]) * 1000)
+end
+if m > 0 then
+  local now = tonumber(ARGV[3]) or now_us()
+  for j = 1, m do
+    local at = 2 + 3 * j
+    local wait = gcra(KEYS[n + j], tonumber(ARGV[at]), tonumber(ARGV[at + 1]), now, ARGV[at + 2] == '1')
+    waits[j] = wait
+    if wait > 0 then return {values, waits, 0} end
+  end
+end
+local first = 5 + 3 * m
+for k = n + m + 1, last_put do
+  local arg = first + 2 * (k - n - m - 1)
+  redis.call('SET', KEYS[k], ARGV[arg], 'PX', ARGV[arg + 1])
+end
+if not held then return {values, waits, 1} end
+local holds, ttl = KEYS[last_put + 2], tonumber(ARGV[hold_at + 3])
+redis.call('HSET', holds, ARGV[hold_at + 1], ARGV[hold_at + 2] .. ' ' .. expires)
+if redis.call('PTTL', holds) < ttl then redis.call('PEXPIRE', holds, ttl) end
+return {values, waits, 1, held}
 """
 )
 
@@ -347,7 +350,6 @@ RELEASE_SHA1 = hashlib.sha1(RELEASE_SCRIPT.encode()).hexdigest()
 UNDO_CLAIM_SHA1 = hashlib.sha1(UNDO_CLAIM_SCRIPT.encode()).hexdigest()
 HOLD_SHA1 = hashlib.sha1(HOLD_SCRIPT.encode()).hexdigest()
 CREDIT_STATE_SHA1 = hashlib.sha1(CREDIT_STATE_SCRIPT.encode()).hexdigest()
-HOLD_CREDIT_SHA1 = hashlib.sha1(HOLD_CREDIT_SCRIPT.encode()).hexdigest()
 TAKE_CREDIT_SHA1 = hashlib.sha1(TAKE_CREDIT_SCRIPT.encode()).hexdigest()
 LAPSE_CREDIT_SHA1 = hashlib.sha1(LAPSE_CREDIT_SCRIPT.encode()).hexdigest()
 DUE_LAPSES_SHA1 = hashlib.sha1(DUE_LAPSES_SCRIPT.encode()).hexdigest()
@@ -357,16 +359,25 @@ MAX_HOLD_AMOUNT = MAX_AMOUNT
 
 
 def check_then_limit_call(
-    keys: Sequence[str], buckets: Sequence[Bucket], puts: Sequence[Entry] = (), now_us: int | None = None
+    keys: Sequence[str],
+    buckets: Sequence[Bucket],
+    puts: Sequence[Entry] = (),
+    now_us: int | None = None,
+    hold: CreditHoldOrder | None = None,
 ) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of the check-then-limit script (``now_us`` only for tests: else the server's
     clock)."""
-    args = [str(len(keys)), str(len(buckets)), "" if now_us is None else str(now_us)]
+    clock = "" if now_us is None else str(now_us)
+    args = [str(len(keys)), str(len(buckets)), clock, "" if hold is None else "1"]
     for bucket in buckets:
         args += [str(bucket.limit), str(bucket.period_ms), "1" if bucket.guard else "0"]
     for entry in puts:
         args += [entry.value, str(entry.ttl_ms)]
-    return [*keys, *(bucket.key for bucket in buckets), *(entry.key for entry in puts)], args
+    script_keys = [*keys, *(bucket.key for bucket in buckets), *(entry.key for entry in puts)]
+    if hold is not None:
+        script_keys += credit_keys(hold.account)
+        args += [hold.account.wallet, hold.token, str(hold.amount), str(hold.ttl_ms)]
+    return script_keys, args
 
 
 def claim_then_put_call(
@@ -431,14 +442,6 @@ def credit_keys(account: CreditAccount) -> list[str]:
     return [account.balance, account.holds, account.lapses]
 
 
-def hold_credit_call(
-    account: CreditAccount, amount: int, token: str, ttl_ms: int
-) -> tuple[list[str], list[str]]:
-    """KEYS and ARGV of the hold-credit script (ValueError on an amount or TTL it cannot keep)."""
-    args = [account.wallet, token, str(checked_amount(amount)), str(checked_ttl(ttl_ms))]
-    return credit_keys(account), args
-
-
 def take_credit_call(
     account: CreditAccount, token: str, amount: int, not_after_us: int | None
 ) -> tuple[list[str], list[str]]:
@@ -491,23 +494,25 @@ def undone_from_reply(reply: object) -> None:
         raise StoreUnavailable("state store answered the undo-claim script with garbage")
 
 
-def lookup_from_reply(keys: Sequence[str], reply: object) -> Lookup:
-    """The check-then-limit script's ``{values, waits, written}``; anything else is garbage."""
+def lookup_from_reply(keys: Sequence[str], reply: object, hold_ordered: bool = False) -> Lookup:
+    """The check-then-limit script's ``{values, waits, written}``, with the credit state after the
+    hold when one was ordered and made; anything else is garbage."""
     if (
         isinstance(reply, list)
-        and len(reply) == 3
+        and len(reply) == (4 if hold_ordered and reply[2:3] == [1] else 3)
         and isinstance(reply[0], list)
         and isinstance(reply[1], list)
         and reply[2] in (0, 1)
         and not isinstance(reply[2], bool)
     ):
-        raw_values, waits, written = reply
+        raw_values, waits, written = reply[:3]
         values = [text_from_reply(v) for v in raw_values]
+        held = credit_state_from_reply(reply[3]) if len(reply) == 4 else None
         # Lua drops trailing nils from a table: absent keys at the end are simply missing.
         if len(values) <= len(keys) and all(isinstance(w, int) and not isinstance(w, bool) for w in waits):
             values += [None] * (len(keys) - len(values))
             decisions = [RateDecision(allowed=w == 0, retry_after_ms=w) for w in waits]
-            return Lookup(values=values, decisions=decisions, written=written == 1)
+            return Lookup(values=values, decisions=decisions, written=written == 1, held=held)
     raise StoreUnavailable("state store answered the check-then-limit script with garbage")
 
 

@@ -14,6 +14,7 @@ from gateway.store.base import (
     Bucket,
     Credit,
     CreditAccount,
+    CreditHoldOrder,
     CreditState,
     Entry,
     Hold,
@@ -21,7 +22,6 @@ from gateway.store.base import (
     RateDecision,
     TakeTooLate,
     checked_amount,
-    checked_ttl,
     taken_mark,
 )
 
@@ -136,19 +136,31 @@ class MemoryStore:
         return decision
 
     async def check_then_limit(
-        self, keys: Sequence[str], buckets: Sequence[Bucket], puts: Sequence[Entry] = ()
+        self,
+        keys: Sequence[str],
+        buckets: Sequence[Bucket],
+        puts: Sequence[Entry] = (),
+        hold: CreditHoldOrder | None = None,
     ) -> Lookup:
         values = [self._live(key) for key in keys]
         decisions: list[RateDecision] = []
         if any(value is not None for value in values):
             return Lookup(values=values, decisions=decisions)
+        held = None
+        if hold is not None:
+            held = self._credit_cover(hold.account, hold.token, hold.amount)
+            if held is None:
+                return Lookup(values=values, decisions=decisions)
         for bucket in buckets:
             decisions.append(self._gcra(bucket))
             if not decisions[-1].allowed:
                 return Lookup(values=values, decisions=decisions)
         for entry in puts:
             self._set_value(entry.key, entry.value, entry.ttl_ms)
-        return Lookup(values=values, decisions=decisions, written=True)
+        if hold is not None and held is not None:
+            expires = held.at_us + hold.ttl_ms * 1_000
+            self._holds.setdefault(hold.account.holds, {})[hold.token] = (hold.amount, expires)
+        return Lookup(values=values, decisions=decisions, written=True, held=held)
 
     async def claim_then_put(
         self, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
@@ -239,18 +251,21 @@ class MemoryStore:
         entry = self._values.pop(account.balance, None)
         return int(entry[0]) if entry is not None and entry[1] > now else 0
 
-    async def hold_credit(
-        self, account: CreditAccount, amount: int, token: str, ttl_ms: int
-    ) -> CreditState | None:
-        checked_amount(amount)
-        checked_ttl(ttl_ms)
+    def _credit_cover(self, account: CreditAccount, token: str, amount: int) -> CreditState | None:
+        """The credit state once ``token`` holds ``amount``, when the free credit covers it (the
+        lapsed holds forgotten); None when it does not. Holds nothing itself."""
         now = _now_us()
         others = sum(h[0] for t, h in self._live_holds(account.holds, now).items() if t != token)
         balance, left = self._live_balance(account, now)
         if balance - others < amount:
             return None
-        self._holds.setdefault(account.holds, {})[token] = (amount, now + ttl_ms * 1_000)
         return CreditState(balance=balance, held=others + amount, ttl_ms=left, at_us=now)
+
+    async def hold_credit(
+        self, account: CreditAccount, amount: int, token: str, ttl_ms: int
+    ) -> CreditState | None:
+        order = CreditHoldOrder(account, amount, token, ttl_ms)
+        return (await self.check_then_limit([], [], hold=order)).held
 
     async def take_credit(
         self, account: CreditAccount, token: str, amount: int, not_after_us: int | None = None

@@ -20,6 +20,7 @@ from gateway.store.base import (
     Bucket,
     Credit,
     CreditAccount,
+    CreditHoldOrder,
     CreditState,
     Entry,
     Hold,
@@ -32,7 +33,6 @@ from gateway.store.lua import (
     CREDIT_STATE_SCRIPT,
     DRAIN_LAPSED_SCRIPT,
     DUE_LAPSES_SCRIPT,
-    HOLD_CREDIT_SCRIPT,
     HOLD_SCRIPT,
     LAPSE_CREDIT_SCRIPT,
     RELEASE_SCRIPT,
@@ -48,7 +48,6 @@ from gateway.store.lua import (
     drained_from_reply,
     held_from_reply,
     hold_call,
-    hold_credit_call,
     lapsed_from_reply,
     lookup_from_reply,
     released_from_reply,
@@ -102,7 +101,6 @@ class RedisStore:
         self._undo_claim = self._redis.register_script(UNDO_CLAIM_SCRIPT)
         self._hold = self._redis.register_script(HOLD_SCRIPT)
         self._credit_state = self._redis.register_script(CREDIT_STATE_SCRIPT)
-        self._hold_credit = self._redis.register_script(HOLD_CREDIT_SCRIPT)
         self._take_credit = self._redis.register_script(TAKE_CREDIT_SCRIPT)
         self._lapse_credit = self._redis.register_script(LAPSE_CREDIT_SCRIPT)
         self._due_lapses = self._redis.register_script(DUE_LAPSES_SCRIPT)
@@ -128,11 +126,15 @@ class RedisStore:
         await self._call(self._redis.set(key, value, px=ttl_ms))
 
     async def check_then_limit(
-        self, keys: Sequence[str], buckets: Sequence[Bucket], puts: Sequence[Entry] = ()
+        self,
+        keys: Sequence[str],
+        buckets: Sequence[Bucket],
+        puts: Sequence[Entry] = (),
+        hold: CreditHoldOrder | None = None,
     ) -> Lookup:
-        script_keys, args = check_then_limit_call(keys, buckets, puts)
+        script_keys, args = check_then_limit_call(keys, buckets, puts, hold=hold)
         reply: Any = await self._call(self._check_then_limit(keys=script_keys, args=args))
-        return lookup_from_reply(keys, reply)
+        return lookup_from_reply(keys, reply, hold is not None)
 
     async def claim_then_put(
         self, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
@@ -167,9 +169,8 @@ class RedisStore:
     async def hold_credit(
         self, account: CreditAccount, amount: int, token: str, ttl_ms: int
     ) -> CreditState | None:
-        script_keys, args = hold_credit_call(account, amount, token, ttl_ms)
-        reply: Any = await self._call(self._hold_credit(keys=script_keys, args=args))
-        return credit_change_from_reply(reply)
+        order = CreditHoldOrder(account, amount, token, ttl_ms)
+        return (await self.check_then_limit([], [], hold=order)).held
 
     async def take_credit(
         self, account: CreditAccount, token: str, amount: int, not_after_us: int | None = None

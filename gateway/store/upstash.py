@@ -18,6 +18,7 @@ from gateway.store.base import (
     Bucket,
     Credit,
     CreditAccount,
+    CreditHoldOrder,
     CreditState,
     Entry,
     Hold,
@@ -35,8 +36,6 @@ from gateway.store.lua import (
     DRAIN_LAPSED_SHA1,
     DUE_LAPSES_SCRIPT,
     DUE_LAPSES_SHA1,
-    HOLD_CREDIT_SCRIPT,
-    HOLD_CREDIT_SHA1,
     HOLD_SCRIPT,
     HOLD_SHA1,
     LAPSE_CREDIT_SCRIPT,
@@ -57,7 +56,6 @@ from gateway.store.lua import (
     drained_from_reply,
     held_from_reply,
     hold_call,
-    hold_credit_call,
     lapsed_from_reply,
     lookup_from_reply,
     released_from_reply,
@@ -107,13 +105,17 @@ class UpstashStore:
         await self._call(self._redis.set(key, value, px=ttl_ms))
 
     async def check_then_limit(
-        self, keys: Sequence[str], buckets: Sequence[Bucket], puts: Sequence[Entry] = ()
+        self,
+        keys: Sequence[str],
+        buckets: Sequence[Bucket],
+        puts: Sequence[Entry] = (),
+        hold: CreditHoldOrder | None = None,
     ) -> Lookup:
-        script_keys, args = check_then_limit_call(keys, buckets, puts)
+        script_keys, args = check_then_limit_call(keys, buckets, puts, hold=hold)
         reply = await self._call(
             self._script(CHECK_THEN_LIMIT_SCRIPT, CHECK_THEN_LIMIT_SHA1, script_keys, args)
         )
-        return lookup_from_reply(keys, reply)
+        return lookup_from_reply(keys, reply, hold is not None)
 
     async def claim_then_put(
         self, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
@@ -158,9 +160,8 @@ class UpstashStore:
     async def hold_credit(
         self, account: CreditAccount, amount: int, token: str, ttl_ms: int
     ) -> CreditState | None:
-        script_keys, args = hold_credit_call(account, amount, token, ttl_ms)
-        reply = await self._call(self._script(HOLD_CREDIT_SCRIPT, HOLD_CREDIT_SHA1, script_keys, args))
-        return credit_change_from_reply(reply)
+        order = CreditHoldOrder(account, amount, token, ttl_ms)
+        return (await self.check_then_limit([], [], hold=order)).held
 
     async def take_credit(
         self, account: CreditAccount, token: str, amount: int, not_after_us: int | None = None
