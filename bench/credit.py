@@ -13,10 +13,17 @@ calls follow one another as a busy client's do.
 
 In the same interleaved rounds, at c=1 and at c=32: the provider called directly, and the same
 route paid per call with a unique exact payment, on this gateway and on the run's Redis gateway
-(credit off). Targets:
+(credit off). Then the same comparison at c=32 where per-call payments settle as they do for
+real: a second credit gateway in front of scenario (g)'s stubs (the provider answers in 50 ms,
+the facilitator verifies in 30 ms and settles in 700 ms, a transaction's landing and
+confirmation). Targets:
 
 * latency added over calling the provider directly, p50 at c=1: at most 2 ms;
-* req/s at c=32, paid from credit / paid per call (exact) on the same gateway: at least 3x.
+* req/s at c=32, paid from credit / paid per call (exact) on the same gateway: at least 3x, read
+  twice: against a facilitator that settles in no time (what the gateway's own work allows:
+  both paths share the answer's two writes and the provider's round trip, and a per-call
+  payment adds two facilitator round trips and one store round trip to credit's two) and
+  against one that settles at a chain's pace (what a client of per-call payments gets).
 """
 
 from __future__ import annotations
@@ -39,6 +46,11 @@ TOP_UP_PATH = "/v1/x402/credits/top-up/1"
 """What each run's wallet buys first: 1 USDC of credit, 200,000 calls of getBalance (5 each)."""
 REDIS_DATABASE = 8
 """A database of the run's Redis server that no other scenario uses."""
+WAITS_REDIS_DATABASE = 9
+"""The database of the credit gateway in front of the stubs with realistic waits."""
+WAITS = "credit, realistic waits"
+FROM_CREDIT_WAITS = "credit gateway, realistic waits: paid from credit"
+EXACT_WAITS = "credit gateway, realistic waits: paid per call (exact)"
 ADDED_TARGET_MS = 2.0
 SPEEDUP_TARGET = 3.0
 
@@ -115,6 +127,37 @@ def run_credit(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server
                     ),
                 ]
                 bench.load_rounds(specs, p.rounds)
+    run_credit_with_waits(bench, servers, stubs)
+
+
+def run_credit_with_waits(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]) -> None:
+    """From credit against per call (exact) at c=32, where the provider and the facilitator take
+    the time they take for real (scenario (g)'s stubs)."""
+    from bench.run import PAID_PATH, SERVER_CPU, bench_routes_file, challenge_of, gateway_env, paid_job
+    from bench.settlement_pace import GATEWAY_ARGS, _redis, _server, started, waits_stubs
+
+    p = bench.profile
+    c = p.concurrency
+    print(f"(h) paid from credit beside exact payments that settle at a chain's pace (c={c})", flush=True)
+    provider, facilitator = waits_stubs(bench)
+    cpus = SERVER_CPU if bench.pin else None
+    gateway = _server("credit gateway, waits", GATEWAY_ARGS, cpus, hypercorn=True)
+    waiting = {"provider": provider, "asset": stubs["asset"], "facilitator": facilitator}
+    with tempfile.TemporaryDirectory(prefix="x402-bench-credit-waits-") as tmp:
+        env = gateway_env(gateway.port, waiting, bench_routes_file(Path(tmp)), "WARNING")
+        env.update(CREDITS_ENABLED="true", STATE_STORE_REST_URL=_redis(servers, WAITS_REDIS_DATABASE))
+        gateway.env = env
+        with started(bench, [provider, facilitator, gateway], ["/", "/", "/healthz"]):
+            challenge = challenge_of(gateway.url + PAID_PATH)
+            # Per call, each request takes the physical limit (about 0.8 s): a few of them per
+            # client keep the run short; from credit, each takes the provider's 50 ms.
+            exact_counts = (c, 8 * c) if p.name != "quick" else (c, 3 * c)
+            credit_counts = (c, 60 * c) if p.name != "quick" else (c, 20 * c)
+            specs = [
+                (credit_job(gateway.url, c, credit_counts), WAITS, FROM_CREDIT_WAITS, gateway),
+                (paid_job(gateway.url, PAID_PATH, challenge, c, exact_counts), WAITS, EXACT_WAITS, gateway),
+            ]
+            bench.load_rounds(specs, p.rounds)
 
 
 # --- report (called by bench/run.py) ----------------------------------------------------------
@@ -155,6 +198,14 @@ def credit_summary(bench: Bench) -> list[str]:
             f"| paid from credit (h): req/s per call (exact), credit on / credit off (c={c}) "
             f"| {exact_c['rps'] / off['rps']:.2f} | |"
         )
+    credit_w, exact_w = bench.find(WAITS, FROM_CREDIT_WAITS, c), bench.find(WAITS, EXACT_WAITS, c)
+    if credit_w is not None and exact_w is not None:
+        speedup_w = credit_w["rps"] / exact_w["rps"]
+        lines.append(
+            f"| paid from credit (h): req/s from credit / per call (exact), realistic waits, Redis (c={c}) "
+            f"| {speedup_w:.1f} ({credit_w['rps']:.0f} vs {exact_w['rps']:.0f}) "
+            f"| >= {SPEEDUP_TARGET:.0f}x: {_verdict(speedup_w >= SPEEDUP_TARGET, credit_w, exact_w)} |"
+        )
     return lines
 
 
@@ -177,4 +228,10 @@ def credit_report(bench: Bench) -> list[str]:
         "`direct to provider` at the same concurrency.",
         "",
         *table(bench, CREDIT, DIRECT),
+        "",
+        "The same at c=32 in front of scenario (g)'s stubs (the provider answers in 50 ms, the "
+        "facilitator verifies in 30 ms and settles in 700 ms), on a second credit gateway (Redis, its own "
+        "database): each per-call payment waits for its settlement, each call from credit for the provider.",
+        "",
+        *table(bench, WAITS, None),
     ]

@@ -607,9 +607,20 @@ def _statuses(answers: Sequence[Answer]) -> dict[str, int]:
     return {str(k): v for k, v in sorted(Counter(a.status for a in answers).items())}
 
 
+def waits_stubs(bench: Bench) -> tuple[Server, Server]:
+    """The provider and the facilitator with realistic waits (not yet started), on the load
+    generator's CPU."""
+    from bench.run import CLIENT_CPU
+
+    client_cpus = CLIENT_CPU if bench.pin else None
+    stub = ("bench.settlement_pace", "stub")
+    provider = _server("waits provider", (*stub, "provider", "{port}"), client_cpus, hypercorn=False)
+    facilitator = _server("waits facilitator", (*stub, "facilitator", "{port}"), client_cpus, hypercorn=False)
+    return provider, facilitator
+
+
 def run_waits(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]) -> None:
     from bench.run import (
-        CLIENT_CPU,
         PAID_PATH,
         PAY_TO,
         PROVIDER_PATH,
@@ -631,11 +642,8 @@ def run_waits(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]
         f"(physical limit {limit:.0f} ms)",
         flush=True,
     )
-    client_cpus = CLIENT_CPU if bench.pin else None
     server_cpus = SERVER_CPU if bench.pin else None
-    stub = ("bench.settlement_pace", "stub")
-    provider = _server("waits provider", (*stub, "provider", "{port}"), client_cpus, hypercorn=False)
-    facilitator = _server("waits facilitator", (*stub, "facilitator", "{port}"), client_cpus, hypercorn=False)
+    provider, facilitator = waits_stubs(bench)
     gateway = _server("waits gateway", GATEWAY_ARGS, server_cpus, hypercorn=True)
     serve = ("bench.serve", "--port", "{port}")
     peer = _server(PEER_WAITS, (*serve, "bench.apps:peer_app()"), server_cpus, hypercorn=True)
