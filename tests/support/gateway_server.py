@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pickle
 import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -16,8 +17,9 @@ from starlette.applications import Starlette
 
 from gateway.app import create_app
 from gateway.config import Settings, load_settings
-from gateway.routes import RouteSpec
+from gateway.routes import RouteSpec, load_routes, named_limits
 from gateway.store import Store
+from gateway.vocabulary import ACCESS_MODES, HANDLERS
 from tests.support.cdp_facilitator import make_ed25519_credentials
 from tests.support.ports import bound_socket
 
@@ -89,6 +91,34 @@ async def run_app(app: Any, sock: socket.socket | None = None) -> AsyncIterator[
         await asyncio.wait_for(task, 10)
 
 
+_ROUTE_TABLES: dict[tuple[Any, ...], bytes] = {}
+"""Route tables already loaded in this worker, pickled, by everything a load depends on."""
+
+
+def routes_of(settings: Settings) -> list[RouteSpec]:
+    """What ``create_app`` would load from ``settings.routes_file``, loading each table once.
+
+    A load is what the gateway does at start-up: a YAML parse and a check of every schema and
+    example, some 15 ms, and most in-process gateways of the suite load the same packaged table.
+    The key is the file's bytes, the named limits (the environment's part of the load) and the
+    words routes.yaml may use (a test registers a payment method of its own), so an edited or
+    different table, or one read under other words, loads afresh. Each caller gets its own copy
+    (unpickled), so no test sees another's changes to a route's schemas. A table that does not
+    load is never kept: ``load_routes`` raises its error each time, as ``create_app`` would.
+    """
+    path, limits = settings.routes_file, named_limits(settings)
+    try:
+        text = path.read_bytes()
+    except OSError:
+        return load_routes(path, limits)
+    words = (tuple(ACCESS_MODES.items()), tuple(HANDLERS.items()))
+    key = (str(path), text, tuple(sorted(limits.items())), words)
+    kept = _ROUTE_TABLES.get(key)
+    if kept is None:
+        kept = _ROUTE_TABLES[key] = pickle.dumps(load_routes(path, limits))
+    return list(pickle.loads(kept))
+
+
 @asynccontextmanager
 async def run_gateway(
     env: Mapping[str, str], routes: list[RouteSpec] | None = None, store: Store | None = None
@@ -98,7 +128,7 @@ async def run_gateway(
     full = {"GATEWAY_BASE_URL": f"http://127.0.0.1:{sock.getsockname()[1]}", **env}
     try:
         settings = load_settings(full)
-        app = create_app(settings, routes, store)
+        app = create_app(settings, routes_of(settings) if routes is None else routes, store)
     except BaseException:
         sock.close()
         raise
