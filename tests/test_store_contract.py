@@ -34,6 +34,7 @@ from gateway.store.lua import CHECK_THEN_LIMIT_SCRIPT, check_then_limit_call
 from gateway.store.memory import MemoryStore, gcra
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
+from tests.support.polling import read_until
 from tests.support.ports import refusing_port
 
 StoreFactory = Callable[[], Store]
@@ -88,9 +89,9 @@ async def test_claim_can_be_taken_again_after_its_ttl(store: Store) -> None:
     assert await store.claim("claim:ttl", "first", 150)
     assert not await store.claim("claim:ttl", "second", 150)
 
-    await asyncio.sleep(0.25)
+    third = await read_until(lambda: store.claim("claim:ttl", "third", 150), bool, time.monotonic() + 0.25)
 
-    assert await store.claim("claim:ttl", "third", 150)
+    assert third
     assert await store.get("claim:ttl") == "third"
 
 
@@ -107,8 +108,7 @@ async def test_release_by_a_former_holder_leaves_the_new_holders_lock(store: Sto
     """The first holder's lock expired and another settlement took it: the late release of the
     first must not let a third one in beside the second."""
     assert await store.claim("lock:b", "first", 100)
-    await asyncio.sleep(0.15)
-    assert await store.claim("lock:b", "second", 10_000)
+    assert await read_until(lambda: store.claim("lock:b", "second", 10_000), bool, time.monotonic() + 0.15)
 
     assert not await store.release("lock:b", "first")
 
@@ -134,9 +134,11 @@ async def test_put_overwrites_and_expires_after_its_ttl(store: Store) -> None:
     await store.put("value:k", "two", 150)
     assert await store.get("value:k") == "two"
 
-    await asyncio.sleep(0.25)
+    expired = await read_until(
+        lambda: store.get("value:k"), lambda value: value is None, time.monotonic() + 0.25
+    )
 
-    assert await store.get("value:k") is None
+    assert expired is None
 
 
 # --- counters ------------------------------------------------------------------------------------
@@ -275,6 +277,18 @@ async def test_undo_claim_deletes_only_what_still_holds_its_value(store: Store) 
 
 # --- holds: what is in flight against a cap -----------------------------------------------------
 
+LIVE_FOR_MS = (250, 1_000, 4_000)
+"""Lifetimes, shortest first, of a hold a test reads live and then waits out. The test takes the
+next only when its live read found the hold gone and came too late to tell (``read_late``): a
+loaded runner took more than 150 ms between two steps in CI. So a quick runner waits out a
+quarter of a second, and a slow one still reads the hold live."""
+
+
+def read_late(started: float, lifetime_ms: int) -> bool:
+    """Whether a lifetime that began after ``started`` (``time.monotonic()``) may be over by now,
+    give or take the store clock's millisecond."""
+    return time.monotonic() - started >= lifetime_ms / 1000 - 0.005
+
 
 async def test_holds_fit_their_cap_and_a_refused_hold_changes_nothing(store: Store) -> None:
     balance = Hold("held:account", 40, 100)
@@ -304,13 +318,17 @@ async def test_holding_again_under_the_same_token_replaces_the_hold(store: Store
 
 
 async def test_a_hold_lapses_by_itself(store: Store) -> None:
-    held_at = time.monotonic()
-    assert await store.hold([Hold("held:lapse", 1, 1)], "dead-process", 1_000)
-    assert not await store.hold([Hold("held:lapse", 1, 1)], "next", 60_000)
+    for lifetime_ms in LIVE_FOR_MS:
+        key = f"held:lapse:{lifetime_ms}"
+        held_at = time.monotonic()
+        assert await store.hold([Hold(key, 1, 1)], "dead-process", lifetime_ms)
+        refused = not await store.hold([Hold(key, 1, 1)], "next", 60_000)
+        if refused or not read_late(held_at, lifetime_ms):
+            break
+    assert refused
 
-    await asyncio.sleep(max(0.0, held_at + 1.1 - time.monotonic()))
-
-    assert await store.hold([Hold("held:lapse", 1, 1)], "next", 60_000)
+    lapsed_by = held_at + lifetime_ms / 1000 + 0.1
+    assert await read_until(lambda: store.hold([Hold(key, 1, 1)], "next", 60_000), bool, lapsed_by)
 
 
 async def test_exactly_the_cap_of_many_concurrent_holds_win(store: Store) -> None:
@@ -528,9 +546,11 @@ async def test_exactly_one_of_many_concurrent_check_then_limit_claims_wins(store
 
 async def test_check_then_limit_puts_expire_after_their_ttl(store: Store) -> None:
     assert (await store.check_then_limit(["short"], [], [Entry("short", "1", 50)])).written
-    await asyncio.sleep(0.15)
+    expired = await read_until(
+        lambda: store.get("short"), lambda value: value is None, time.monotonic() + 0.15
+    )
 
-    assert await store.get("short") is None
+    assert expired is None
 
 
 async def test_claim_then_put_sets_claims_in_order_and_puts_only_when_all_were_set(store: Store) -> None:
@@ -568,9 +588,13 @@ async def test_exactly_one_of_many_concurrent_claim_then_puts_wins(store: Store)
 
 async def test_claim_then_put_entries_expire_after_their_ttl(store: Store) -> None:
     await store.claim_then_put([Entry("short", "1", 50)], [Entry("resolved", "", 1)])
-    await asyncio.sleep(0.15)
 
-    assert await store.get("short") is None and await store.get("resolved") is None
+    async def both() -> tuple[str | None, str | None]:
+        return await store.get("short"), await store.get("resolved")
+
+    expired = await read_until(both, lambda values: values == (None, None), time.monotonic() + 0.15)
+
+    assert expired == (None, None)
 
 
 # --- prepaid credit: top-ups ---------------------------------------------------------------------
@@ -630,22 +654,28 @@ async def test_a_credit_sets_the_balances_ttl_and_each_top_up_renews_it(store: S
 
 async def test_a_balance_lapses_after_its_ttl(store: Store) -> None:
     await store.claim_then_put([], [], [credit("lapse", 10, 100)])
-    await asyncio.sleep(0.2)
+    lapsed = await read_until(
+        lambda: store.credit_state(account("lapse")), lambda state: state.balance == 0, time.monotonic() + 0.2
+    )
 
-    assert _fields(await store.credit_state(account("lapse"))) == (0, 0, 0)
+    assert _fields(lapsed) == (0, 0, 0)
     await store.claim_then_put([], [], [credit("lapse", 3)])
     assert (await store.credit_state(account("lapse"))).balance == 3
 
 
 async def test_credit_state_sums_only_the_live_holds(store: Store) -> None:
-    await store.claim_then_put([], [], [credit("s", 100)])
-    held_at = time.monotonic()
-    assert await store.hold([Hold("credit:s:holds", 10, 100)], "short", 1_000)
-    assert await store.hold([Hold("credit:s:holds", 20, 100)], "long", 60_000)
+    for lifetime_ms in LIVE_FOR_MS:  # a fresh wallet for each lifetime
+        wallet = account(f"s{lifetime_ms}")
+        await store.claim_then_put([], [], [credit(wallet.wallet, 100)])
+        held_at = time.monotonic()
+        assert await store.hold([Hold(wallet.holds, 10, 100)], "short", lifetime_ms)
+        assert await store.hold([Hold(wallet.holds, 20, 100)], "long", 60_000)
+        live = await store.credit_state(wallet)
+        if live.held == 30 or not read_late(held_at, lifetime_ms):
+            break
 
-    live = await store.credit_state(account("s"))
-    await asyncio.sleep(max(0.0, held_at + 1.1 - time.monotonic()))
-    lapsed = await store.credit_state(account("s"))
+    lapsed_by = held_at + lifetime_ms / 1000 + 0.1
+    lapsed = await read_until(lambda: store.credit_state(wallet), lambda state: state.held < 30, lapsed_by)
 
     assert (live.balance, live.held) == (100, 30) and 59_000 < live.ttl_ms <= 60_000
     assert (lapsed.balance, lapsed.held) == (100, 20)
@@ -725,7 +755,9 @@ async def test_nothing_is_held_against_an_absent_or_lapsed_balance(store: Store)
     assert _fields(zero) == (0, 0, 0)
 
     await top_up(store, 10, lapse_ms=100)
-    await asyncio.sleep(0.2)
+    await read_until(
+        lambda: store.credit_state(SPEND), lambda state: state.balance == 0, time.monotonic() + 0.2
+    )
 
     assert await store.hold_credit(SPEND, 1, "late", 60_000) is None
 
@@ -743,14 +775,20 @@ async def test_exactly_the_balance_of_many_concurrent_credit_holds_win(store: St
 
 
 async def test_a_credit_hold_lapses_by_itself(store: Store) -> None:
-    await top_up(store, 10)
-    held_at = time.monotonic()
-    assert await store.hold_credit(SPEND, 10, "dead-process", 1_000) is not None
-    assert await store.hold_credit(SPEND, 1, "next", 60_000) is None
+    for lifetime_ms in LIVE_FOR_MS:  # a fresh wallet for each lifetime
+        wallet = account(f"dead{lifetime_ms}")
+        await top_up(store, 10, wallet.wallet)
+        held_at = time.monotonic()
+        assert await store.hold_credit(wallet, 10, "dead-process", lifetime_ms) is not None
+        refused = await store.hold_credit(wallet, 1, "next", 60_000) is None
+        if refused or not read_late(held_at, lifetime_ms):
+            break
+    assert refused
 
-    await asyncio.sleep(max(0.0, held_at + 1.1 - time.monotonic()))
-
-    after = await store.hold_credit(SPEND, 10, "next", 60_000)
+    lapsed_by = held_at + lifetime_ms / 1000 + 0.1
+    after = await read_until(
+        lambda: store.hold_credit(wallet, 10, "next", 60_000), lambda state: state is not None, lapsed_by
+    )
     assert after is not None and (after.balance, after.held) == (10, 10)
 
 
@@ -774,8 +812,12 @@ async def test_a_take_past_its_deadline_takes_nothing_and_says_so(store: Store) 
 async def test_a_take_after_its_hold_lapsed_takes_only_what_is_still_free(store: Store) -> None:
     await top_up(store, 100)
     assert await store.hold_credit(SPEND, 60, "slow", 100) is not None
-    await asyncio.sleep(0.2)
-    assert await store.hold_credit(SPEND, 80, "other", 60_000) is not None
+    other = await read_until(
+        lambda: store.hold_credit(SPEND, 80, "other", 60_000),
+        lambda state: state is not None,
+        time.monotonic() + 0.2,
+    )
+    assert other is not None
 
     uncovered = await store.take_credit(SPEND, "slow", 60)  # 100 - 80 held < 60
     covered = await store.take_credit(SPEND, "slow", 20)
@@ -808,7 +850,9 @@ async def test_a_take_never_overdraws_the_balance(store: Store) -> None:
 async def test_a_take_of_a_held_token_is_refused_when_the_balance_lapsed(store: Store) -> None:
     await top_up(store, 10, lapse_ms=150)
     assert await store.hold_credit(SPEND, 10, "held", 60_000) is not None
-    await asyncio.sleep(0.25)
+    await read_until(
+        lambda: store.credit_state(SPEND), lambda state: state.balance == 0, time.monotonic() + 0.25
+    )
 
     assert await store.take_credit(SPEND, "held", 10) is None
     assert _fields(await store.credit_state(SPEND)) == (0, 10, 0)
@@ -838,18 +882,22 @@ async def test_a_token_held_again_after_its_take_can_be_taken_again(store: Store
 
 
 async def test_credit_state_sums_only_the_live_credit_holds(store: Store) -> None:
-    """The short hold lives 1.5 s: long enough that a loaded runner reads it live (100 ms was
-    not, over Upstash REST in CI)."""
-    await top_up(store, 100)
-    held_at = time.monotonic()
-    assert await store.hold_credit(SPEND, 10, "short", 1_500) is not None
-    assert await store.hold_credit(SPEND, 20, "long", 60_000) is not None
-    assert await store.take_credit(SPEND, "long", 5) is not None
-    assert await store.hold_credit(SPEND, 30, "open", 60_000) is not None
+    """The short hold is read live four steps after it was made: when a loaded runner took longer
+    than its lifetime (100 ms was not enough over Upstash REST in CI), a longer one is tried."""
+    for lifetime_ms in LIVE_FOR_MS:  # a fresh wallet for each lifetime
+        wallet = account(f"sum{lifetime_ms}")
+        await top_up(store, 100, wallet.wallet)
+        held_at = time.monotonic()
+        assert await store.hold_credit(wallet, 10, "short", lifetime_ms) is not None
+        assert await store.hold_credit(wallet, 20, "long", 60_000) is not None
+        assert await store.take_credit(wallet, "long", 5) is not None
+        assert await store.hold_credit(wallet, 30, "open", 60_000) is not None
+        live = await store.credit_state(wallet)
+        if live.held == 40 or not read_late(held_at, lifetime_ms):
+            break
 
-    live = await store.credit_state(SPEND)
-    await asyncio.sleep(max(0.0, held_at + 1.6 - time.monotonic()))
-    lapsed = await store.credit_state(SPEND)
+    lapsed_by = held_at + lifetime_ms / 1000 + 0.1
+    lapsed = await read_until(lambda: store.credit_state(wallet), lambda state: state.held < 40, lapsed_by)
 
     assert (live.balance, live.held) == (95, 40)
     assert (lapsed.balance, lapsed.held) == (95, 30)
@@ -929,25 +977,29 @@ async def test_a_top_up_records_its_lapse_and_the_wallet_is_due_only_once_it_pas
     await top_up(store, 10, "later", lapse_ms=60_000)
 
     before = await store.due_lapses(LAPSES, 10)
-    await asyncio.sleep(0.4)
+    due = await read_until(lambda: store.due_lapses(LAPSES, 10), bool, time.monotonic() + 0.4)
 
     assert before == []
-    assert await store.due_lapses(LAPSES, 10) == ["soon"]
+    assert due == ["soon"]
 
 
 async def test_due_lapses_answers_the_longest_due_first_and_at_most_the_limit(store: Store) -> None:
     for name, lapse_ms in (("third", 600), ("first", 100), ("second", 350)):
         await top_up(store, 1, name, lapse_ms=lapse_ms)
-    await asyncio.sleep(0.8)
+    due = await read_until(
+        lambda: store.due_lapses(LAPSES, 10), lambda wallets: len(wallets) == 3, time.monotonic() + 0.8
+    )
 
-    assert await store.due_lapses(LAPSES, 10) == ["first", "second", "third"]
+    assert due == ["first", "second", "third"]
     assert await store.due_lapses(LAPSES, 2) == ["first", "second"]
 
 
 async def test_a_balance_past_its_lapse_spends_as_nothing_before_any_sweep(store: Store) -> None:
     await top_up(store, 100, lapse_ms=300)
     assert await store.hold_credit(SPEND, 40, "early", 60_000) is not None
-    await asyncio.sleep(0.4)
+    await read_until(
+        lambda: store.credit_state(SPEND), lambda state: state.balance == 0, time.monotonic() + 0.4
+    )
 
     assert await store.hold_credit(SPEND, 1, "late", 60_000) is None
     assert await store.take_credit(SPEND, "early", 40) is None
@@ -970,7 +1022,7 @@ async def test_lapse_credit_lapses_a_due_balance_once_with_its_holds(store: Stor
     assert await store.take_credit(SPEND, "spent", 20) is not None
 
     early = await store.lapse_credit(SPEND)
-    await asyncio.sleep(0.5)
+    await read_until(lambda: store.due_lapses(LAPSES, 10), bool, time.monotonic() + 0.5)
     lapsed = await asyncio.gather(*(store.lapse_credit(SPEND) for _ in range(10)))
 
     assert early is None  # not due: nothing changed
@@ -999,11 +1051,16 @@ async def test_a_top_up_after_the_lapse_starts_afresh_and_keeps_the_lapsed_credi
 ) -> None:
     await top_up(store, 100, lapse_ms=300)
     assert await store.hold_credit(SPEND, 30, "held", 60_000) is not None
-    await asyncio.sleep(0.4)  # lapsed, not swept
+    # lapsed, not swept
+    await read_until(
+        lambda: store.credit_state(SPEND), lambda state: state.balance == 0, time.monotonic() + 0.4
+    )
 
     await top_up(store, 7)
     await top_up(store, 10, "other", lapse_ms=100)
-    await asyncio.sleep(0.2)
+    await read_until(
+        lambda: store.credit_state(account("other")), lambda state: state.balance == 0, time.monotonic() + 0.2
+    )
     await top_up(store, 1, "other")
 
     state = await store.credit_state(SPEND)
@@ -1016,7 +1073,7 @@ async def test_a_top_up_after_the_lapse_starts_afresh_and_keeps_the_lapsed_credi
 async def test_a_lapse_that_found_nothing_left_adds_nothing_to_count(store: Store) -> None:
     await top_up(store, 10, lapse_ms=300)
     assert await store.take_credit(SPEND, "all", 10) is not None
-    await asyncio.sleep(0.4)
+    await read_until(lambda: store.due_lapses(LAPSES, 10), bool, time.monotonic() + 0.4)
 
     await top_up(store, 3)
 
@@ -1056,7 +1113,11 @@ async def test_redis_and_upstash_backends_share_one_lapse_index(
     try:
         await top_up(redis_store, 10, "a", lapse_ms=100)
         await top_up(upstash_store, 20, "b", lapse_ms=100)
-        await asyncio.sleep(0.2)
+        await read_until(
+            lambda: upstash_store.due_lapses(LAPSES, 10),
+            lambda wallets: len(wallets) == 2,
+            time.monotonic() + 0.2,
+        )
         await top_up(redis_store, 1, "b")
 
         assert await upstash_store.due_lapses(LAPSES, 10) == ["a"]
