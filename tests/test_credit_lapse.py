@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
@@ -26,6 +27,7 @@ from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
 from tests.support.log_capture import captured_log_lines
+from tests.support.polling import read_until
 
 LAPSE_MS = 300
 PAST_THE_LAPSE_S = 0.45
@@ -88,6 +90,15 @@ def _lapsed_total() -> float:
     return REGISTRY.get_sample_value("x402_credit_lapsed_micro_usdc_total") or 0.0
 
 
+async def _until_due(store: Store, wallets: int) -> None:
+    """Wait until ``wallets`` wallets are due to lapse, or ``PAST_THE_LAPSE_S`` has passed."""
+    await read_until(
+        lambda: store.due_lapses(keys.credit_lapses(), 100),
+        lambda due: len(due) >= wallets,
+        time.monotonic() + PAST_THE_LAPSE_S,
+    )
+
+
 async def test_the_sweeper_lapses_due_credit_once_logged_and_counted(
     store: Store, lapse_lines: LapseLines
 ) -> None:
@@ -101,7 +112,7 @@ async def test_the_sweeper_lapses_due_credit_once_logged_and_counted(
     sweeper = CreditSweeper(store)
 
     early = await sweeper.sweep()
-    await asyncio.sleep(PAST_THE_LAPSE_S)
+    await _until_due(store, 2)
     swept = await sweeper.sweep()
     again = await sweeper.sweep()
 
@@ -121,7 +132,7 @@ async def test_credit_past_its_lapse_is_never_spent_even_before_the_sweep(store:
     await _fund(book, "W", 1_000, "p1")
     in_flight = await book.hold("W", 100)
     assert in_flight is not None
-    await asyncio.sleep(PAST_THE_LAPSE_S)
+    await _until_due(store, 1)
 
     assert await book.hold("W", 1) is None
     assert await book.take(in_flight) is None
@@ -134,9 +145,10 @@ async def test_a_top_up_before_the_lapse_moves_it_and_the_sweep_leaves_the_walle
 ) -> None:
     book = _book(store)
     await _fund(book, "W", 1_000, "p1")
+    funded_at = time.monotonic()
     await asyncio.sleep(PAST_THE_LAPSE_S / 3)
     await _fund(_book(store, lapse_ms=60_000), "W", 10, "p2")
-    await asyncio.sleep(PAST_THE_LAPSE_S)
+    await asyncio.sleep(max(0.0, funded_at + PAST_THE_LAPSE_S - time.monotonic()))  # past the first lapse
 
     assert await CreditSweeper(store).sweep() == 0
     assert lapse_lines() == []
@@ -148,7 +160,7 @@ async def test_a_top_up_after_the_lapse_but_before_the_sweep_gets_its_credit_and
 ) -> None:
     book = _book(store)
     await _fund(book, "W", 1_000, "p1")
-    await asyncio.sleep(PAST_THE_LAPSE_S)
+    await _until_due(store, 1)
     await _fund(_book(store, lapse_ms=60_000), "W", 10, "p2")
     counted = _lapsed_total()
 
@@ -163,7 +175,7 @@ async def test_a_sweep_lapses_at_most_its_batch_and_the_next_one_the_rest(store:
     book = _book(store)
     for n in range(5):
         await _fund(book, f"W{n}", 10, f"p{n}")
-    await asyncio.sleep(PAST_THE_LAPSE_S)
+    await _until_due(store, 5)
     sweeper = CreditSweeper(store, batch=3)
 
     assert [await sweeper.sweep() for _ in range(3)] == [30, 20, 0]
@@ -172,7 +184,7 @@ async def test_a_sweep_lapses_at_most_its_batch_and_the_next_one_the_rest(store:
 async def test_no_sweep_while_another_replica_holds_the_sweep(store: Store) -> None:
     book = _book(store)
     await _fund(book, "W", 1_000, "p1")
-    await asyncio.sleep(PAST_THE_LAPSE_S)
+    await _until_due(store, 1)
     assert await store.claim(keys.credit_sweep(), "another replica", 60_000)
 
     blocked = await CreditSweeper(store).sweep()
@@ -192,7 +204,7 @@ async def test_replicas_racing_to_sweep_lapse_each_balance_once(
         book = _book(stores[0])
         for n in range(20):
             await _fund(book, f"W{n}", n + 1, f"p{n}")
-        await asyncio.sleep(PAST_THE_LAPSE_S)
+        await _until_due(stores[0], 20)
 
         swept = await asyncio.gather(*(CreditSweeper(s).sweep() for s in stores))
         # A late sweep, or two sweeps that still overlapped, find nothing left to lapse.
@@ -211,7 +223,7 @@ async def test_the_apps_lifespan_runs_the_sweeper_only_while_credit_is_sold(clea
     services = Services(settings, [], store)
     book = _book(store)
     await _fund(book, "W", 1_000, "p1")
-    await asyncio.sleep(PAST_THE_LAPSE_S)
+    await _until_due(store, 1)
     checker = RedisStore(clean_redis_url)
     try:
         async with services.lifespan(object()):
