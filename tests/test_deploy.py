@@ -4,7 +4,9 @@ exists, and the routes ConfigMap is the repository's routes.yaml."""
 
 from __future__ import annotations
 
+import copy
 import fnmatch
+import functools
 import importlib.resources
 import importlib.util
 import json
@@ -87,7 +89,14 @@ def _deploy_files(*suffixes: str) -> list[Path]:
 
 
 def _yaml_docs(path: Path) -> list[Any]:
-    return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc is not None]
+    """The documents of ``path``, each call its own copy: the parse of a text is kept, as the
+    manifests are read again by nearly every test (the routes ConfigMap holds all of routes.yaml)."""
+    return copy.deepcopy(_parsed_yaml(path.read_text(encoding="utf-8")))
+
+
+@functools.cache
+def _parsed_yaml(text: str) -> list[Any]:
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
 
 
 def _k8s_docs() -> list[tuple[str, dict[str, Any]]]:
