@@ -6,10 +6,13 @@ How the suite is shared out over pytest-xdist workers (see docs/testing.md):
   sockets and subprocesses, and the extra worker runs tests in those waits.
 * Tests marked ``slow`` (seconds each) run first, so no worker is left with one at the end
   while the others have finished.
+* What collection built (every module, item and parameter) is frozen out of the garbage
+  collector's reach: it lives for the whole run.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -36,3 +39,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Every full collection of the cyclic garbage collector walks every object still alive; in a
+    worker, what collection built is most of them, and it lives until the worker exits. Frozen, it
+    is left out of every later collection (those took 6 to 10 s of each worker's CPU a run)."""
+    gc.collect()
+    gc.freeze()
