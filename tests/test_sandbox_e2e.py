@@ -40,6 +40,15 @@ ROOT_URL = "http://127.0.0.1"
 
 @pytest.fixture
 def sandbox() -> Iterator[Sandbox]:
+    """A sandbox of the test's own: it pays from the demo wallet, or stops the sandbox."""
+    with run_sandbox() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def idle_sandbox() -> Iterator[Sandbox]:
+    """One sandbox for the tests that move nothing on it (a payment refused before it is signed
+    moves nothing): each checks balances the others leave as they were."""
     with run_sandbox() as running:
         yield running
 
@@ -125,8 +134,9 @@ def test_sandbox_pay_moves_exactly_the_advertised_prices(sandbox: Sandbox) -> No
 
 
 def test_pay_exits_non_zero_with_one_line_reason_when_the_wallet_holds_no_usdc(
-    sandbox: Sandbox, tmp_path: Path
+    idle_sandbox: Sandbox, tmp_path: Path
 ) -> None:
+    sandbox = idle_sandbox
     stranger = tmp_path / "stranger.json"
     stranger_key = Keypair()
     stranger.write_text(json.dumps(list(bytes(stranger_key))))
@@ -384,7 +394,8 @@ def _serving(env: dict[str, str], port: int) -> Iterator[str]:
             kill_group(process)
 
 
-def test_balance_prints_usdc_and_sol_of_any_wallet_on_the_sandbox_chain(sandbox: Sandbox) -> None:
+def test_balance_prints_usdc_and_sol_of_any_wallet_on_the_sandbox_chain(idle_sandbox: Sandbox) -> None:
+    sandbox = idle_sandbox
     assert banner_value(sandbox.banner, "facilitator") == "internal,"
     fee_payer = sandbox.banner.split("fee payer ", 1)[1].split()[0]
     shown = json.loads(_balance(sandbox, fee_payer, "--json").stdout)
@@ -397,7 +408,8 @@ def test_balance_prints_usdc_and_sol_of_any_wallet_on_the_sandbox_chain(sandbox:
     assert refused.returncode == 1 and "is not a Solana address" in refused.stderr
 
 
-def test_the_sandbox_chain_answers_json_parsed_token_accounts(sandbox: Sandbox) -> None:
+def test_the_sandbox_chain_answers_json_parsed_token_accounts(idle_sandbox: Sandbox) -> None:
+    sandbox = idle_sandbox
     owned = _rpc(
         sandbox.rpc_url,
         "getTokenAccountsByOwner",
