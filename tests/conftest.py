@@ -5,7 +5,10 @@ How the suite is shared out over pytest-xdist workers (see docs/testing.md):
 * One worker more than ``-n auto`` would start on its own: much of the suite waits on timers,
   sockets and subprocesses, and the extra worker runs tests in those waits.
 * Tests marked ``slow`` (seconds each) run first, so no worker is left with one at the end
-  while the others have finished.
+  while the others have finished. Each worker starts on a block of the list of its own
+  (``--dist worksteal``; an idle worker then takes the end of a busy one's block), so the slow
+  modules are dealt out over the blocks' starts: all at the start of the first block, one
+  worker ran them one after another and the others took the last of them late in the run.
 * What collection built (every module, item and parameter) is frozen out of the garbage
   collector's reach: it lives for the whole run. And the collector runs less often than by
   default: each collection of the oldest generation walks every object the tests keep alive.
@@ -14,6 +17,7 @@ How the suite is shared out over pytest-xdist workers (see docs/testing.md):
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 
 import pytest
@@ -38,8 +42,20 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return int(xdist_plugin.pytest_xdist_auto_num_workers(config)) + 1
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    rest = iter([item for item in items if item.get_closest_marker("slow") is None])
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    starts: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    by_module = itertools.groupby(slow, key=lambda item: item.nodeid.split("::")[0])
+    for n, (_, module) in enumerate(by_module):  # a module's tests stay together (its fixtures)
+        starts[n % workers].extend(module)
+    ordered: list[pytest.Item] = []
+    for n, start in enumerate(starts):
+        # The size of each worker's first block, as xdist's worksteal scheduler deals them.
+        size = (len(items) - len(ordered)) // (workers - n)
+        ordered += start + list(itertools.islice(rest, max(0, size - len(start))))
+    items[:] = ordered + list(rest)
 
 
 GC_THRESHOLD = 10_000
