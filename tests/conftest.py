@@ -9,6 +9,8 @@ How the suite is shared out over pytest-xdist workers (see docs/testing.md):
   (``--dist worksteal``; an idle worker then takes the end of a busy one's block), so the slow
   modules are dealt out over the blocks' starts: all at the start of the first block, one
   worker ran them one after another and the others took the last of them late in the run.
+* The controller rewrites the test modules' asserts once for all workers, before it starts them
+  (``tests/support/assert_rewrite.py``).
 * What collection built (every module, item and parameter) is frozen out of the garbage
   collector's reach: it lives for the whole run. And the collector runs less often than by
   default: each collection of the oldest generation walks every object the tests keep alive.
@@ -19,9 +21,12 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+from pathlib import Path
 
 import pytest
 from xdist import plugin as xdist_plugin
+
+from tests.support.assert_rewrite import rewrite_for_workers
 
 pytest_plugins = [
     "tests.support.redis_fixtures",
@@ -34,6 +39,11 @@ pytest_plugins = [
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes seconds; run before the rest (tests/conftest.py)")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if session.config.pluginmanager.has_plugin("dsession"):  # the xdist controller, workers not started
+        rewrite_for_workers(session.config, Path(__file__).parent, pytest_plugins)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
