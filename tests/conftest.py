@@ -9,7 +9,7 @@ How the suite is shared out over pytest-xdist workers (see docs/testing.md):
   (``--dist worksteal``; an idle worker then takes the end of a busy one's block), so the slow
   modules are dealt out over the blocks' starts: all at the start of the first block, one
   worker ran them one after another and the others took the last of them late in the run.
-* The controller rewrites the test modules' asserts once for all workers, before it starts them
+* The controller rewrites the test modules' asserts once for all workers, while they start
   (``tests/support/assert_rewrite.py``).
 * What collection built (every module, item and parameter) is frozen out of the garbage
   collector's reach: it lives for the whole run. And the collector runs less often than by
@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -41,9 +42,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes seconds; run before the rest (tests/conftest.py)")
 
 
+_rewriting: list[threading.Thread] = []
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if session.config.pluginmanager.has_plugin("dsession"):  # the xdist controller, workers not started
-        rewrite_for_workers(session.config, Path(__file__).parent, pytest_plugins)
+    """In the xdist controller: the workers' asserts rewritten in a thread while they start (the
+    controller itself only waits for them meanwhile)."""
+    if session.config.pluginmanager.has_plugin("dsession"):
+        args = (session.config, Path(__file__).parent, pytest_plugins)
+        _rewriting.append(threading.Thread(target=rewrite_for_workers, args=args, daemon=True))
+        _rewriting[-1].start()
+
+
+def pytest_sessionfinish() -> None:
+    for thread in _rewriting:
+        thread.join()
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:

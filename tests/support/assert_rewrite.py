@@ -5,10 +5,11 @@ in each process that imports them, and keeps the result in ``__pycache__`` only 
 may be written. On a fresh checkout the workers all start at once and none finds a cached
 rewrite, and under ``PYTHONDONTWRITEBYTECODE`` (set in the image the suite runs in here) none is
 ever kept: every worker rewrote and compiled all of them, at the same time as the others, some
-2.5 s of CPU each and about 5 s of a run's wall time on two cores. pytest reads a cached rewrite
-even when it may not write one, so the controller writes them once, with pytest's own rewriter,
-before it starts the workers; each worker checks them against the source's mtime and size, as
-pytest always does.
+2.5 s of CPU each while the run starts. pytest reads a cached rewrite even when it may not write
+one, so the controller writes them once, with pytest's own rewriter, while the workers start
+(in a thread: the controller only waits for them meanwhile), in the order they import them. A
+worker reads those written by the time it gets there, checked against the source's mtime and
+size as pytest always does, and rewrites any other itself.
 
 This uses pytest's internal rewrite functions (pytest is pinned in constraints.txt). Should they
 move, or a file not rewrite, nothing is written and the workers rewrite for themselves, as
@@ -46,9 +47,11 @@ def rewrite_for_workers(config: pytest.Config, tests: Path, plugins: Iterable[st
     patterns = config.getini("python_files")
     given = [config.invocation_params.dir / arg.split("::")[0] for arg in config.args]
     modules = [path for arg in given for path in (sorted(arg.rglob("*.py")) if arg.is_dir() else [arg])]
-    files = [path for path in modules if any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns)]
-    files += sorted(tests.rglob("conftest.py"))
+    # What a worker imports first comes first: the conftest files and plugins as it starts, then
+    # the test modules in the order it collects them.
+    files = sorted(tests.rglob("conftest.py"))
     files += [tests.parent.joinpath(*name.split(".")).with_suffix(".py") for name in plugins]
+    files += [path for path in modules if any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns)]
     written = 0
     for source in files:
         cache_dir = get_cache_dir(source)
