@@ -17,8 +17,8 @@ jsonParsed), getProgramAccounts, getSignaturesForAddress and getTransaction (bas
 Knobs: ``confirm_delay_s`` (a landed transaction reports ``processed`` for that long, then
 ``confirmed``, as a real cluster confirms some hundreds of milliseconds after landing; the
 sandbox's ``--confirm-delay-ms``), ``land_delay_s`` (a broadcast transaction passes preflight
-against the state of the moment and executes that much later, as on a real cluster, where
-another transaction may land in between), ``hold_confirmations`` (transactions execute at once
+against the state of the moment and executes that much later, in the order sent, as on a real
+cluster, where another transaction may land in between), ``hold_confirmations`` (transactions execute at once
 but their status stays ``processed`` until released), ``calls`` (a counter per method) and
 ``sent`` (every signature accepted by sendTransaction, in order).
 """
@@ -153,6 +153,7 @@ class LiteSvmRpcServer:
         self._lock = threading.RLock()
         self._landed: dict[str, _Landed] = {}
         self._held: set[str] = set()
+        self._landing: collections.deque[VersionedTransaction] = collections.deque()
         self._known: dict[Pubkey, None] = {}  # insertion-ordered set
         self._history: dict[Pubkey, list[str]] = {}  # address -> signatures, oldest first
         self._httpd: ThreadingHTTPServer | None = None
@@ -207,6 +208,7 @@ class LiteSvmRpcServer:
             self.svm = svm
             self._landed.clear()
             self._held.clear()
+            self._landing.clear()
             self._known.clear()
             self._history.clear()
             self.hold_confirmations = False
@@ -388,16 +390,22 @@ class LiteSvmRpcServer:
         signature = tx.signatures[0]
         self.sent.append(str(signature))
         if self.land_delay_s > 0:
-            timer = threading.Timer(self.land_delay_s, self._land_later, (tx,))
+            with self._lock:
+                self._landing.append(tx)
+            timer = threading.Timer(self.land_delay_s, self._land_next)
             timer.daemon = True
             timer.start()
         else:
             self._land(tx)
         return self._json(SendTransactionResp(signature))
 
-    def _land_later(self, tx: VersionedTransaction) -> None:
+    def _land_next(self) -> None:
+        """Land the oldest transaction waiting to: each broadcast starts one timer, and whichever
+        fires first lands the first one sent (its time is up too, every wait being the same), so
+        transactions land in the order they were sent however the timer threads are scheduled."""
         with self._lock:
-            self._land(tx)
+            if self._landing:
+                self._land(self._landing.popleft())
 
     def _land(self, tx: VersionedTransaction) -> None:
         """Execute ``tx`` now and record it (a failed one too: its fee is charged all the same)."""
