@@ -18,9 +18,9 @@ Knobs: ``confirm_delay_s`` (a landed transaction reports ``processed`` for that 
 ``confirmed``, as a real cluster confirms some hundreds of milliseconds after landing; the
 sandbox's ``--confirm-delay-ms``), ``land_delay_s`` (a broadcast transaction passes preflight
 against the state of the moment and executes that much later, in the order sent, as on a real
-cluster, where another transaction may land in between), ``hold_confirmations`` (transactions execute at once
-but their status stays ``processed`` until released), ``calls`` (a counter per method) and
-``sent`` (every signature accepted by sendTransaction, in order).
+cluster, where another transaction may land in between), ``hold_confirmations`` (transactions
+execute at once but their status stays ``processed`` until released), ``calls`` (a counter per
+method) and ``sent`` (every signature accepted by sendTransaction, in order).
 """
 
 from __future__ import annotations
