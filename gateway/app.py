@@ -221,9 +221,10 @@ class GatewayApp(Starlette):
     of every request's path."""
 
     body_timeout_s = 10.0
+    max_body_bytes = 65536
 
     def build_middleware_stack(self) -> StarletteASGIApp:
-        inner = BodyReadDeadline(self.router, self.body_timeout_s)
+        inner = BodyReadDeadline(self.router, self.body_timeout_s, drain_limit=self.max_body_bytes)
         services = self.state.services
         return TelemetryMiddleware(inner, services.usage, services.request_log)
 
@@ -261,6 +262,7 @@ def create_app(
         lifespan=services.lifespan,
     )
     starlette.body_timeout_s = settings.client_body_timeout_s
+    starlette.max_body_bytes = settings.max_body_bytes
     starlette.router.redirect_slashes = False
     starlette.router.default = not_found
     starlette.state.services = services

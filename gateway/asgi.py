@@ -51,7 +51,8 @@ async def read_body(receive: Receive, limit: int) -> bytes:
 
 
 class BodyReadDeadline:
-    """Give every request body a total read deadline, counted from the first ``receive``.
+    """Give every request body a total read deadline, counted from the first ``receive``, and
+    never let an answer leave before the body it answers has arrived.
 
     A client dripping its body (one byte every few seconds) would otherwise hold a request, and
     whatever it had claimed, for as long as it likes. Past the deadline ``receive`` raises a 408
@@ -59,44 +60,110 @@ class BodyReadDeadline:
     that reader guards (verification, settlement) has run; the response closes the connection.
     Once the body is complete, ``receive`` is the server's own again (disconnect listeners may
     wait on it for as long as the response takes).
+
+    Many answers go out without the body being read: a 402 challenge, a 429, a 404, a 413. If
+    the body's bytes reach the server only after such an answer ended, the HTTP/1.1 server
+    cannot start the connection's next request and closes it, while the client, told nothing,
+    sends its next request on it and gets no answer. So before such an answer starts, the rest
+    of the body is read and dropped (at most ``drain_limit`` bytes within ``drain_timeout_s``,
+    both small: every body the gateway accepts is bounded); a body that is larger or slower
+    than that gets ``Connection: close`` on the answer instead, so the client opens a new one.
     """
 
-    def __init__(self, app: ASGIApp, timeout_s: float) -> None:
+    def __init__(
+        self, app: ASGIApp, timeout_s: float, *, drain_limit: int = 65536, drain_timeout_s: float = 2.0
+    ) -> None:
         self.app = app
         self.timeout_s = timeout_s
+        self.drain_limit = drain_limit
+        self.drain_timeout_s = drain_timeout_s
         self.message = f"request body not received within {timeout_s:g} s"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        await self.app(scope, self._bounded(receive), send)
+        body = _RequestBody(receive, self, _declared_length(scope))
+        await self.app(scope, body.receive, body.guard(send))
 
-    def _bounded(self, receive: Receive) -> Receive:
-        deadline: float | None = None
-        complete = False
 
-        async def bounded_receive() -> Message:
-            nonlocal deadline, complete
-            if complete:
-                return await receive()
-            loop = asyncio.get_running_loop()
-            if deadline is None:
-                deadline = loop.time() + self.timeout_s
+_NO_LENGTH = -1
+"""A body whose length the headers do not state (chunked)."""
+
+
+def _declared_length(scope: Scope) -> int:
+    """The body's length as declared: 0 when there is none, ``_NO_LENGTH`` when chunked."""
+    length = 0
+    for key, value in scope["headers"]:
+        if key == b"content-length":
             try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
-                raise GatewayError(
-                    ErrorCode.REQUEST_TIMEOUT,
-                    self.message,
-                    {"timeoutSeconds": self.timeout_s},
-                    headers={"connection": "close"},
-                ) from None
-            complete = message["type"] != "http.request" or not message.get("more_body", False)
-            return message
+                length = int(value)
+            except ValueError:
+                return _NO_LENGTH
+        elif key == b"transfer-encoding":
+            return _NO_LENGTH
+    return length
 
-        return bounded_receive
+
+class _RequestBody:
+    """One request's body as the app reads it: the deadline, and the drain before an answer."""
+
+    __slots__ = ("_complete", "_deadline", "_declared", "_limits", "_receive", "_seen")
+
+    def __init__(self, receive: Receive, limits: BodyReadDeadline, declared: int) -> None:
+        self._receive = receive
+        self._limits = limits
+        self._declared = declared
+        self._deadline: float | None = None
+        self._complete = False
+        self._seen = 0
+
+    async def receive(self) -> Message:
+        if self._complete:
+            return await self._receive()
+        loop = asyncio.get_running_loop()
+        if self._deadline is None:
+            self._deadline = loop.time() + self._limits.timeout_s
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                message = await self._receive()
+        except TimeoutError:
+            raise GatewayError(
+                ErrorCode.REQUEST_TIMEOUT,
+                self._limits.message,
+                {"timeoutSeconds": self._limits.timeout_s},
+                headers={"connection": "close"},
+            ) from None
+        self._seen += len(message.get("body", b""))
+        self._complete = message["type"] != "http.request" or not message.get("more_body", False)
+        return message
+
+    def guard(self, send: Send) -> Send:
+        async def guarded_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and self._unread() and not await self._drain():
+                message["headers"] = [*message.get("headers", ()), (b"connection", b"close")]
+            await send(message)
+
+        return guarded_send
+
+    def _unread(self) -> bool:
+        """Whether body bytes the client declared may still be on their way."""
+        return not self._complete and self._declared != 0
+
+    async def _drain(self) -> bool:
+        """Read and drop the rest of the body; False when it is too large or too slow for that."""
+        limit = self._limits.drain_limit
+        if self._declared > limit:
+            return False
+        try:
+            async with asyncio.timeout(self._limits.drain_timeout_s):
+                while not self._complete:
+                    await self.receive()
+                    if self._seen > limit:
+                        return False
+        except (TimeoutError, GatewayError):
+            return False
+        return True
 
 
 def replay_body(body: bytes) -> Receive:

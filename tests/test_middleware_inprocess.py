@@ -543,6 +543,76 @@ async def test_a_body_that_arrives_within_the_deadline_reaches_the_reader_whole(
     assert reader.finished
 
 
+class _Answerer:
+    """An inner app that answers at once without reading the body, as a 402 challenge does."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_bytes(send, 402, b"{}")
+
+
+def _late_body(pause_s: float, pieces: int = 2) -> tuple[Receive, list[int]]:
+    """A body whose pieces arrive ``pause_s`` apart; the list counts the pieces read."""
+    read: list[int] = []
+
+    async def receive() -> Message:
+        await asyncio.sleep(pause_s)
+        read.append(1)
+        return {"type": "http.request", "body": b"{}", "more_body": len(read) < pieces}
+
+    return receive, read
+
+
+async def test_an_answer_given_before_the_body_arrived_waits_for_it_and_keeps_the_connection() -> None:
+    """Else the server, finding the body unread once the answer ended, would close a connection
+    the client was told nothing about, and the client's next request on it would go unanswered."""
+    receive, read = _late_body(DEADLINE_S / 5, pieces=3)
+    app = BodyReadDeadline(_Answerer(), DEADLINE_S)
+
+    answer = await call(app, "POST", headers={"content-length": "6"}, receive=receive)
+
+    assert answer.status == 402 and "connection" not in answer.headers
+    assert len(read) == 3
+
+
+async def test_an_answer_without_a_body_to_wait_for_reads_nothing() -> None:
+    receive, read = _late_body(5)
+    app = BodyReadDeadline(_Answerer(), DEADLINE_S)
+
+    answer = await call(app, "GET", receive=receive)
+
+    assert answer.status == 402 and "connection" not in answer.headers and read == []
+
+
+async def test_an_answer_before_a_body_larger_than_the_drain_limit_closes_the_connection() -> None:
+    receive, read = _late_body(5)
+    app = BodyReadDeadline(_Answerer(), DEADLINE_S, drain_limit=1024)
+
+    answer = await call(app, "POST", headers={"content-length": "1025"}, receive=receive)
+
+    assert answer.status == 402 and answer.headers["connection"] == "close" and read == []
+
+
+async def test_an_answer_before_a_chunked_body_that_outgrows_the_drain_limit_closes_the_connection() -> None:
+    receive, read = _late_body(0, pieces=1000)
+    app = BodyReadDeadline(_Answerer(), DEADLINE_S, drain_limit=10)
+
+    answer = await call(app, "POST", headers={"transfer-encoding": "chunked"}, receive=receive)
+
+    assert answer.status == 402 and answer.headers["connection"] == "close"
+    assert len(read) == 6  # 12 bytes read: past the limit of 10, no further
+
+
+async def test_an_answer_before_a_body_slower_than_the_drain_timeout_closes_the_connection() -> None:
+    receive, _ = _late_body(5)
+    app = BodyReadDeadline(_Answerer(), 10.0, drain_timeout_s=DEADLINE_S)
+    started = asyncio.get_running_loop().time()
+
+    answer = await call(app, "POST", headers={"content-length": "6"}, receive=receive)
+
+    assert answer.status == 402 and answer.headers["connection"] == "close"
+    assert asyncio.get_running_loop().time() - started < 1
+
+
 async def test_once_the_body_is_complete_receive_has_no_deadline() -> None:
     """A disconnect listener may wait for as long as the response takes."""
     reader = _BodyReader(then_listen=True)
