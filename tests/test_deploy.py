@@ -574,7 +574,9 @@ PROMTOOL = shutil.which("promtool")
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus)")
-@pytest.mark.parametrize(("check", "file"), [("config", "prometheus.yml"), ("rules", "prometheus-alerts.yml")])
+@pytest.mark.parametrize(
+    ("check", "file"), [("config", "prometheus.yml"), ("rules", "prometheus-alerts.yml")]
+)
 def test_promtool_accepts_the_shipped_prometheus_files(check: str, file: str) -> None:
     """As an operator runs it from the repository root, on deploy/ as shipped."""
     assert PROMTOOL
