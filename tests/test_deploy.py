@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -1173,3 +1174,43 @@ def test_prometheus_scrapes_each_gateway_replica_at_the_metrics_path() -> None:
     for group in rules["groups"]:
         for rule in group["rules"]:
             assert rule["alert"] and rule["expr"] and rule["annotations"]["summary"]
+
+
+def test_dashboard_shows_the_fee_payer_balance_and_its_fees_on_landed_and_failed_settlements() -> None:
+    panels = {p["title"]: p for p in _grafana()["panels"]}
+    joined = "\n".join(_panel_exprs())
+    assert "min(x402_fee_payer_balance_lamports) / 1e9" in joined  # SOL, the lowest replica's reading
+    assert "sum by (outcome) (increase(x402_fee_payer_fees_lamports_total[1h])) / 1e9" in joined
+    assert "sum by (reason) (rate(x402_settlements_held_back_total" in joined
+    assert any(p["type"] == "row" and "fee payer" in p["title"].lower() for p in panels.values())
+    # The balance turns red where the alert fires.
+    rules = yaml.safe_load((DEPLOY / "prometheus-alerts.yml").read_text(encoding="utf-8"))
+    [low] = [r for g in rules["groups"] for r in g["rules"] if r["alert"] == "X402FeePayerBalanceLow"]
+    threshold = re.fullmatch(r"min\(x402_fee_payer_balance_lamports\) < (\d+)", low["expr"].strip())
+    assert threshold
+    alert_lamports = int(threshold[1])
+    steps = panels["Fee payer balance"]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert steps[0]["color"] == "red" and steps[1]["value"] * 1e9 == alert_lamports
+
+
+def test_every_dashboard_panel_queries_series_a_served_gateway_exposes() -> None:
+    """Read from the /metrics of a real gateway whose internal facilitator has a fee payer."""
+    env = {
+        **SERVICE_ONLY_ENV,
+        "INTERNAL_SETTLEMENT_SECRET": "deploy-internal-secret-0123456789abcdef",
+        "FACILITATOR_WALLET_BASE58": base58.b58encode(bytes(Keypair())).decode(),
+        "LOG_LEVEL": "WARNING",
+    }
+    with serve(env) as gateway, urllib.request.urlopen(f"{gateway.url}/metrics", timeout=10) as resp:
+        body = resp.read()
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    served = {
+        family.name + suffix
+        for family in text_string_to_metric_families(body.decode())
+        for suffix in suffixes.get(family.type, ("",))
+    }
+    for panel in _grafana()["panels"]:
+        for target in panel.get("targets", []):
+            named = set(re.findall(r"\bx402_[a-z0-9_]+", target["expr"]))
+            assert named, f"{panel['title']}: a query of no gateway series"
+            assert named <= served, f"{panel['title']}: {sorted(named - served)} not in /metrics"
