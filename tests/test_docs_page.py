@@ -9,9 +9,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import re
 import shlex
 import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +25,11 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from gateway.x402.types import USDC_MAINNET_MINT as USDC
 from tests.support.browser import CHROMIUM, chromium_page
+from tests.support.gateway_process import clean_env
 from tests.support.gateway_server import FULL_ENV, PAY_TO, RunningGateway, run_gateway
+from tests.support.sandbox_process import Sandbox, run_sandbox
 
 GET_BALANCE = "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
 TOP_UP_5 = "/v1/x402/credits/top-up/5"
@@ -330,3 +338,60 @@ async def test_each_paid_route_gives_pay_python_and_javascript_snippets_for_itse
         "$X402_KEYPAIR",
     ]
     assert free == 0
+
+
+async def _snippets_of(url: str, path: str) -> dict[str, str]:
+    async with chromium_page() as page:
+        await _rendered(page, f"{url}/docs")
+        snippets: dict[str, str] = await page.evaluate(
+            f"""Object.fromEntries([...{_op(path)}.querySelectorAll("pre[data-snippet]")]
+                .map((pre) => [pre.dataset.snippet, pre.textContent]))"""
+        )
+        return snippets
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_the_pay_and_python_snippets_pay_the_sandbox_as_pasted(tmp_path: Path) -> None:
+    """Copied from the sandbox's own /docs and run with the banner's export line: each pays the
+    route's price once."""
+    with run_sandbox() as sandbox:
+        snippets = asyncio.run(_snippets_of(sandbox.url, GET_BALANCE))
+        price = _sandbox_price(sandbox.url)
+        before = sandbox_usdc(sandbox, sandbox.wallet)
+        env = {**sandbox.exports, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        paid = subprocess.run(
+            ["bash", "-c", snippets["pay"]], env=clean_env(env), capture_output=True, text=True, timeout=60
+        )
+        assert paid.returncode == 0, paid.stderr
+        assert sandbox_usdc(sandbox, sandbox.wallet) == before - price
+        script = tmp_path / "snippet.py"
+        script.write_text(snippets["python"], encoding="utf-8")
+        ran = subprocess.run(
+            [sys.executable, str(script)], env=clean_env(env), capture_output=True, text=True, timeout=60
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.startswith("200 ")
+        assert sandbox_usdc(sandbox, sandbox.wallet) == before - 2 * price
+
+
+def _sandbox_price(url: str) -> int:
+    request = urllib.request.Request(
+        url + GET_BALANCE, data=b"{}", headers={"content-type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 402
+    return int(json.loads(refused.value.read())["accepts"][0]["amount"])
+
+
+def sandbox_usdc(sandbox: Sandbox, owner: str) -> int:
+    """``owner``'s USDC on the sandbox chain, in base units."""
+    params = [owner, {"mint": USDC}, {"encoding": "jsonParsed"}]
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getTokenAccountsByOwner", "params": params})
+    request = urllib.request.Request(
+        sandbox.rpc_url, data=body.encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        owned = json.loads(resp.read())["result"]["value"]
+    return sum(int(a["account"]["data"]["parsed"]["info"]["tokenAmount"]["amount"]) for a in owned)
