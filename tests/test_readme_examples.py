@@ -448,3 +448,15 @@ def test_ci_runs_the_readmes_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     steps = line.removeprefix("pip install ").split(" && ")
     assert all(step in ci for step in steps), steps
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@pytest.mark.parametrize("part", ["pay", "credit"])
+def test_the_javascript_sdk_examples_are_valid_modules_as_pasted(part: str, tmp_path: Path) -> None:
+    """Without the SDK installed the examples cannot run (the tests above do where it is), but
+    node can still check they parse as the ES modules `node pay.mjs` loads."""
+    script = tmp_path / "pay.mjs"
+    script.write_text(_fenced("js", part), encoding="utf-8")
+    node = str(shutil.which("node"))
+    checked = subprocess.run([node, "--check", str(script)], capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stderr
