@@ -29,7 +29,7 @@ from gateway.pricing import (
     usd_display,
 )
 from gateway.routes import RouteSpec, published
-from gateway.vocabulary import ACCESS_MODES, CREDIT_METHOD, Credential
+from gateway.vocabulary import ACCESS_MODES, CREDIT_METHOD, HANDLERS, Credential
 from gateway.x402.types import SOLANA_MAINNET
 
 OPENAPI_VERSION = "3.1.0"
@@ -206,6 +206,8 @@ def _x402(
             "price": _price(price.total),
             "priceParts": {"provider": _price(price.provider), "settlementFee": _price(price.settlement_fee)},
         }
+        if HANDLERS[route.handler].sells_credit and route.provider_price_micro_usdc is not None:
+            described["buysCredit"] = _price(route.provider_price_micro_usdc)  # a purchase, not a call
         in_credit = credit_price(route) if credit is not None else None
         if credit is not None and in_credit is not None:
             described["creditPrice"] = _price(in_credit)

@@ -103,6 +103,11 @@ async def test_openapi_lists_the_sign_in_and_credit_price_of_paid_routes(gateway
     assert {"$ref": "#/components/parameters/SignInWithX"} in operation["parameters"]
     assert operation["x-x402"]["creditPrice"] == {"microUsdc": "5", "usd": "$0.000005"}
     assert operation["x-x402"]["creditLapseDays"] == 90
+    assert "buysCredit" not in operation["x-x402"]
+    # A top-up is a purchase: it states the credit it buys, and costs no credit itself.
+    top_up = document["paths"][TOP_UP_5]["post"]["x-x402"]
+    assert top_up["buysCredit"] == top_up["price"] == {"microUsdc": "5000000", "usd": "$5.00"}
+    assert "creditPrice" not in top_up
 
 
 def test_credit_is_refused_on_a_store_that_forgets_it() -> None:

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -490,7 +491,7 @@ def test_compose_runs_redis_two_gateway_replicas_and_a_proxy_with_healthchecks()
 def test_compose_mounts_files_that_exist() -> None:
     for name, service in _compose()["services"].items():
         for volume in service.get("volumes", []):
-            source = volume.split(":", 1)[0]
+            source = _interpolated_defaults(volume).split(":", 1)[0]
             if source.startswith("."):
                 assert (DEPLOY / source).exists(), f"{name} mounts missing {source}"
 
@@ -523,6 +524,72 @@ def test_compose_gateways_set_only_gateway_variables_and_interpolate_every_secre
         # Required secrets stop compose when unset.
         assert re.fullmatch(r"\$\{SIWX_SECRET:\?[^}]+\}", environment["SIWX_SECRET"])
         assert "${REDIS_PASSWORD:?" in environment["STATE_STORE_REST_URL"]
+
+
+# Settings a deployment cannot change, and why; every other variable of ENV_VARS is settable in
+# compose (through deploy/.env), in .env.example, and in Kubernetes (ConfigMap or Secret).
+COMPOSE_FIXED = {
+    "PORT": "the command's --port is what nginx and Prometheus reach",
+    "STATE_STORE_REST_TOKEN": "compose's store is its own Redis (REDIS_PASSWORD), not Upstash",
+}
+K8S_FIXED = {"PORT": "the command's --port is what the probes, the Service and the scrape reach"}
+
+
+def test_compose_lets_deploy_env_set_every_setting_of_the_gateway() -> None:
+    environment = _compose()["services"]["gateway"]["environment"]
+    example = _env_example()
+    assert set(COMPOSE_FIXED) <= set(ENV_VARS)
+    for var in ENV_VARS:
+        if var in COMPOSE_FIXED:
+            assert var not in environment, f"{var} is set though {COMPOSE_FIXED[var]}"
+            continue
+        assert var in environment, f"compose.yaml does not pass {var} to the gateway"
+        # Set from deploy/.env: the value interpolates variables .env.example lists.
+        names = {m["name"] for m in _INTERPOLATION.finditer(str(environment[var]))}
+        assert names, f"compose.yaml fixes {var}: deploy/.env cannot change it"
+        assert names <= set(example), f"{var}: .env.example lacks {sorted(names - set(example))}"
+    # A filled-in deploy/.env reaches the gateway unchanged.
+    chosen = {"CREDITS_ENABLED": "true", "CREDIT_LAPSE_DAYS": "30", "RATE_LIMIT_WALLET_RPS": "3"}
+    env = {**example, "REDIS_PASSWORD": "p" * 32, "SIWX_SECRET": "s" * 32, **chosen}
+    passed = {k: _interpolate(str(v), env) for k, v in environment.items()}
+    assert chosen.items() <= passed.items()
+
+
+def test_env_example_lists_only_what_compose_reads() -> None:
+    text = (DEPLOY / "compose.yaml").read_text(encoding="utf-8")
+    read = {m["name"] for m in _INTERPOLATION.finditer(text)}
+    assert set(_env_example()) <= read, f"unused: {sorted(set(_env_example()) - read)}"
+
+
+def test_kubernetes_can_set_every_setting_of_the_gateway() -> None:
+    data = _k8s("ConfigMap", "x402-gateway-config")["data"]
+    env = {entry["name"] for entry in _container()["env"]}
+    for var in ENV_VARS:
+        if var in K8S_FIXED:
+            assert var not in data and var not in env, f"{var} is set though {K8S_FIXED[var]}"
+        else:
+            assert var in data or var in env, f"neither the ConfigMap nor the Deployment sets {var}"
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus)")
+@pytest.mark.parametrize(
+    ("check", "file"), [("config", "prometheus.yml"), ("rules", "prometheus-alerts.yml")]
+)
+def test_promtool_accepts_the_shipped_prometheus_files(check: str, file: str) -> None:
+    """As an operator runs it from the repository root, on deploy/ as shipped."""
+    assert PROMTOOL
+    done = subprocess.run(
+        [PROMTOOL, "check", check, str((DEPLOY / file).relative_to(ROOT))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout + done.stderr
 
 
 def test_compose_gateway_environment_with_the_example_values_loads() -> None:
@@ -1095,10 +1162,55 @@ def test_prometheus_scrapes_each_gateway_replica_at_the_metrics_path() -> None:
     command = _compose()["services"]["gateway"]["command"]
     (sd,) = job["dns_sd_configs"]
     assert sd["names"] == ["gateway"] and str(sd["port"]) == command[command.index("--port") + 1]
-    assert config["rule_files"] == ["/etc/prometheus/prometheus-alerts.yml"]
+    # Rule files are relative to prometheus.yml: found beside it in deploy/ (promtool) and in the
+    # container, where compose mounts both into /etc/prometheus.
     mounts = _compose()["services"]["prometheus"]["volumes"]
-    assert "./prometheus-alerts.yml:/etc/prometheus/prometheus-alerts.yml:ro" in mounts
+    assert "./prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
+    for rule_file in config["rule_files"]:
+        assert not rule_file.startswith("/"), f"{rule_file}: absolute, so promtool cannot find it in deploy/"
+        assert (DEPLOY / rule_file).is_file()
+        assert f"./{rule_file}:/etc/prometheus/{rule_file}:ro" in mounts
     rules = yaml.safe_load((DEPLOY / "prometheus-alerts.yml").read_text(encoding="utf-8"))
     for group in rules["groups"]:
         for rule in group["rules"]:
             assert rule["alert"] and rule["expr"] and rule["annotations"]["summary"]
+
+
+def test_dashboard_shows_the_fee_payer_balance_and_its_fees_on_landed_and_failed_settlements() -> None:
+    panels = {p["title"]: p for p in _grafana()["panels"]}
+    joined = "\n".join(_panel_exprs())
+    assert "min(x402_fee_payer_balance_lamports) / 1e9" in joined  # SOL, the lowest replica's reading
+    assert "sum by (outcome) (increase(x402_fee_payer_fees_lamports_total[1h])) / 1e9" in joined
+    assert "sum by (reason) (rate(x402_settlements_held_back_total" in joined
+    assert any(p["type"] == "row" and "fee payer" in p["title"].lower() for p in panels.values())
+    # The balance turns red where the alert fires.
+    rules = yaml.safe_load((DEPLOY / "prometheus-alerts.yml").read_text(encoding="utf-8"))
+    [low] = [r for g in rules["groups"] for r in g["rules"] if r["alert"] == "X402FeePayerBalanceLow"]
+    threshold = re.fullmatch(r"min\(x402_fee_payer_balance_lamports\) < (\d+)", low["expr"].strip())
+    assert threshold
+    alert_lamports = int(threshold[1])
+    steps = panels["Fee payer balance"]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert steps[0]["color"] == "red" and steps[1]["value"] * 1e9 == alert_lamports
+
+
+def test_every_dashboard_panel_queries_series_a_served_gateway_exposes() -> None:
+    """Read from the /metrics of a real gateway whose internal facilitator has a fee payer."""
+    env = {
+        **SERVICE_ONLY_ENV,
+        "INTERNAL_SETTLEMENT_SECRET": "deploy-internal-secret-0123456789abcdef",
+        "FACILITATOR_WALLET_BASE58": base58.b58encode(bytes(Keypair())).decode(),
+        "LOG_LEVEL": "WARNING",
+    }
+    with serve(env) as gateway, urllib.request.urlopen(f"{gateway.url}/metrics", timeout=10) as resp:
+        body = resp.read()
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    served = {
+        family.name + suffix
+        for family in text_string_to_metric_families(body.decode())
+        for suffix in suffixes.get(family.type, ("",))
+    }
+    for panel in _grafana()["panels"]:
+        for target in panel.get("targets", []):
+            named = set(re.findall(r"\bx402_[a-z0-9_]+", target["expr"]))
+            assert named, f"{panel['title']}: a query of no gateway series"
+            assert named <= served, f"{panel['title']}: {sorted(named - served)} not in /metrics"

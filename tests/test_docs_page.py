@@ -6,19 +6,33 @@ states, under its own Content-Security-Policy, loading nothing from anywhere but
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
 
+from gateway.x402.types import USDC_MAINNET_MINT as USDC
 from tests.support.browser import CHROMIUM, chromium_page
+from tests.support.gateway_process import clean_env
 from tests.support.gateway_server import FULL_ENV, PAY_TO, RunningGateway, run_gateway
+from tests.support.sandbox_process import Sandbox, run_sandbox
 
 GET_BALANCE = "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
+TOP_UP_5 = "/v1/x402/credits/top-up/5"
 DOCS_PATHS = ("/docs", "/docs/docs.js", "/docs/docs.css")
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None,
@@ -27,9 +41,17 @@ needs_chromium = pytest.mark.skipif(
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def gateway() -> AsyncIterator[RunningGateway]:
-    """Every route group mounted; a known fee payer, so no challenge would wait for a facilitator."""
-    async with run_gateway({**FULL_ENV, "FACILITATOR_FEE_PAYER": PAY_TO, "LOG_LEVEL": "WARNING"}) as gw:
+async def gateway(redis_url: str) -> AsyncIterator[RunningGateway]:
+    """Every route group mounted, prepaid credit on (over Redis, as credit requires); a known fee
+    payer, so no challenge would wait for a facilitator."""
+    env = {
+        **FULL_ENV,
+        "FACILITATOR_FEE_PAYER": PAY_TO,
+        "LOG_LEVEL": "WARNING",
+        "CREDITS_ENABLED": "true",
+        "STATE_STORE_REST_URL": redis_url,
+    }
+    async with run_gateway(env) as gw:
         yield gw
 
 
@@ -154,7 +176,12 @@ async def test_a_headless_browser_renders_every_operation_with_its_price(
 
         assert state == "ready", await page.evaluate("document.body.innerText")
         assert {(op["method"], op["path"]) for op in rendered} == published
-        assert entry["price"] == f"{balance['price']['usd']} per call"
+        # The price per call and the price with prepaid credit, side by side.
+        assert (
+            entry["price"]
+            == f"{balance['price']['usd']} per call · {balance['creditPrice']['usd']} with credit"
+        )
+        assert f"{balance['creditPrice']['microUsdc']} micro-USDC" in entry["text"]
         assert entry["open"], "the operation the URL names is opened"
         assert f"{balance['price']['microUsdc']} micro-USDC" in entry["text"]
         assert PAY_TO in entry["text"] and "getBalance" in entry["text"]
@@ -172,3 +199,199 @@ async def test_a_headless_browser_renders_every_operation_with_its_price(
         assert page.problems() == []
         assert page.requested_urls(), "the browser made no request"
         assert all(url.startswith(gateway.url + "/") for url in page.requested_urls()), page.requested_urls()
+
+
+async def _rendered(page: Any, url: str) -> None:
+    await page.navigate(url)
+    state = await page.wait_for("document.documentElement?.dataset.state")
+    assert state == "ready", await page.evaluate("document.body.innerText")
+
+
+def _op(path: str) -> str:
+    """The JavaScript expression of the rendered entry of ``path``."""
+    return f"document.querySelector('details.op[data-path=\"{path}\"]')"
+
+
+@needs_chromium
+async def test_top_ups_read_as_purchases_and_group_names_and_counts_as_routes_yaml_and_the_filter_say(
+    gateway: RunningGateway, http: aiohttp.ClientSession
+) -> None:
+    document = await _openapi(http, gateway)
+    top_up = document["paths"][TOP_UP_5]["post"]["x-x402"]
+    groups: dict[str, int] = {}
+    for item in document["paths"].values():
+        for operation in item.values():
+            groups[operation["tags"][0]] = groups.get(operation["tags"][0], 0) + 1
+
+    async with chromium_page() as page:
+        await _rendered(page, f"{gateway.url}/docs")
+        price = await page.evaluate(f"{_op(TOP_UP_5)}.querySelector('.price').textContent")
+        assert price == f"{top_up['price']['usd']} buys {top_up['buysCredit']['usd']} of credit"
+        assert "per call" not in price
+        # Group names as routes.yaml writes them (shown, not only in the DOM), with their counts.
+        headings = await page.evaluate(
+            "[...document.querySelectorAll('section.group h2')].map((h) => h.innerText)"
+        )
+        assert headings == [f"{group} ({count})" for group, count in groups.items()]
+
+        await page.evaluate("document.getElementById('filter').focus()")
+        await page.type_text("getbalance")
+        counted = await page.evaluate(
+            """[...document.querySelectorAll("section.group")].map((s) => ({group: s.dataset.group,
+                hidden: s.hidden, count: s.querySelector(".count").textContent,
+                shown: s.querySelectorAll("details.op:not([hidden])").length}))"""
+        )
+        for section in counted:
+            total = groups[section["group"]]
+            assert section["count"] == f"({section['shown']} of {total})"
+            assert section["hidden"] == (section["shown"] == 0)
+        assert sum(s["shown"] for s in counted) == sum(
+            1 for path in document["paths"] if path.endswith("/getBalance")
+        )
+        await page.evaluate(
+            "const f = document.getElementById('filter'); f.value = ''; f.dispatchEvent(new Event('input'))"
+        )
+        assert await page.evaluate(
+            "[...document.querySelectorAll('section.group .count')].map((c) => c.textContent)"
+        ) == [f"({count})" for count in groups.values()]
+        assert page.problems() == []
+
+
+@needs_chromium
+async def test_try_it_sends_the_request_from_the_browser_and_decodes_the_402_or_shows_the_data(
+    gateway: RunningGateway, http: aiohttp.ClientSession
+) -> None:
+    document = await _openapi(http, gateway)
+    balance = document["paths"][GET_BALANCE]["post"]["x-x402"]
+
+    async with chromium_page() as page:
+        await _rendered(page, f"{gateway.url}/docs")
+        # A paid route: its 402, decoded.
+        await page.evaluate(
+            f"{_op(GET_BALANCE)}.open = true; {_op(GET_BALANCE)}.querySelector('button.send').click()"
+        )
+        status = await page.wait_for(f"{_op(GET_BALANCE)}.querySelector('.answer').dataset.status")
+        answer = await page.evaluate(f"{_op(GET_BALANCE)}.querySelector('.answer').innerText")
+        assert status == "402", answer
+        assert f"would cost\n{balance['price']['usd']} ({balance['price']['microUsdc']} base units" in answer
+        assert f"paid to\n{PAY_TO}" in answer
+        assert f"fee payer\n{PAY_TO}" in answer  # FACILITATOR_FEE_PAYER
+        assert f"facilitator\n{FULL_ENV['FACILITATOR_URL'].rstrip('/')}" in answer
+        assert "or sign in\nsign-in-with-x" in answer  # credit is on: the 402 offers it too
+        # A free route: its data.
+        await page.evaluate(
+            f"{_op('/healthz')}.open = true; {_op('/healthz')}.querySelector('button.send').click()"
+        )
+        status = await page.wait_for(f"{_op('/healthz')}.querySelector('.answer').dataset.status")
+        data = await page.evaluate(f"{_op('/healthz')}.querySelector('.answer pre.data').textContent")
+        assert status == "200"
+        async with http.get(gateway.url + "/healthz") as response:
+            assert json.loads(data) == await response.json()
+
+        # The browser logs the 402 it was asked to fetch as a failed load; nothing else went wrong.
+        expected = "network: Failed to load resource: the server responded with a status of 402 ()"
+        assert [p for p in page.problems() if p != expected] == []
+        assert all(url.startswith(gateway.url + "/") for url in page.requested_urls()), page.requested_urls()
+
+
+@needs_chromium
+async def test_each_paid_route_gives_pay_python_and_javascript_snippets_for_itself(
+    gateway: RunningGateway, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    document = await _openapi(http, gateway)
+    example = document["paths"][GET_BALANCE]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    body = json.dumps(example["examples"][0], separators=(",", ":"))
+
+    async with chromium_page() as page:
+        await _rendered(page, f"{gateway.url}/docs")
+        snippets = await page.evaluate(
+            f"""Object.fromEntries([...{_op(GET_BALANCE)}.querySelectorAll("pre[data-snippet]")]
+                .map((pre) => [pre.dataset.snippet, pre.textContent]))"""
+        )
+        top_up = await page.evaluate(f"{_op(TOP_UP_5)}.querySelector('pre[data-snippet=pay]').textContent")
+        free = await page.evaluate(f"{_op('/healthz')}.querySelectorAll('pre[data-snippet]').length")
+
+    url = gateway.url + GET_BALANCE
+    assert shlex.split(snippets["pay"].replace("\\\n", "")) == [  # continuation lines joined, as bash does
+        "x402-gateway", "pay", "POST", url, "--data", body, "--keypair", "$X402_KEYPAIR"
+    ]  # fmt: skip
+    assert f"await http.post({json.dumps(url)}, json=" in snippets["python"]
+    compile(snippets["python"], "snippet.py", "exec")  # valid Python as pasted
+    assert f"fetchWithPayment({json.dumps(url)}" in snippets["js"]
+    assert f"body: JSON.stringify({body})" in snippets["js"]
+    node = shutil.which("node")
+    if node:  # valid JavaScript (a module) as pasted
+        script = tmp_path / "pay.mjs"
+        script.write_text(snippets["js"], encoding="utf-8")
+        checked = await asyncio.create_subprocess_exec(
+            node, "--check", str(script), stderr=asyncio.subprocess.PIPE
+        )
+        _, errors = await asyncio.wait_for(checked.communicate(), 30)
+        assert checked.returncode == 0, errors.decode()
+    assert shlex.split(top_up) == [
+        "x402-gateway",
+        "pay",
+        "--top-up",
+        "5",
+        gateway.url,
+        "--keypair",
+        "$X402_KEYPAIR",
+    ]
+    assert free == 0
+
+
+async def _snippets_of(url: str, path: str) -> dict[str, str]:
+    async with chromium_page() as page:
+        await _rendered(page, f"{url}/docs")
+        snippets: dict[str, str] = await page.evaluate(
+            f"""Object.fromEntries([...{_op(path)}.querySelectorAll("pre[data-snippet]")]
+                .map((pre) => [pre.dataset.snippet, pre.textContent]))"""
+        )
+        return snippets
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_the_pay_and_python_snippets_pay_the_sandbox_as_pasted(tmp_path: Path) -> None:
+    """Copied from the sandbox's own /docs and run with the banner's export line: each pays the
+    route's price once."""
+    with run_sandbox() as sandbox:
+        snippets = asyncio.run(_snippets_of(sandbox.url, GET_BALANCE))
+        price = _sandbox_price(sandbox.url)
+        before = sandbox_usdc(sandbox, sandbox.wallet)
+        env = {**sandbox.exports, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        paid = subprocess.run(
+            ["bash", "-c", snippets["pay"]], env=clean_env(env), capture_output=True, text=True, timeout=60
+        )
+        assert paid.returncode == 0, paid.stderr
+        assert sandbox_usdc(sandbox, sandbox.wallet) == before - price
+        script = tmp_path / "snippet.py"
+        script.write_text(snippets["python"], encoding="utf-8")
+        ran = subprocess.run(
+            [sys.executable, str(script)], env=clean_env(env), capture_output=True, text=True, timeout=60
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.startswith("200 ")
+        assert sandbox_usdc(sandbox, sandbox.wallet) == before - 2 * price
+
+
+def _sandbox_price(url: str) -> int:
+    request = urllib.request.Request(
+        url + GET_BALANCE, data=b"{}", headers={"content-type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 402
+    return int(json.loads(refused.value.read())["accepts"][0]["amount"])
+
+
+def sandbox_usdc(sandbox: Sandbox, owner: str) -> int:
+    """``owner``'s USDC on the sandbox chain, in base units."""
+    params = [owner, {"mint": USDC}, {"encoding": "jsonParsed"}]
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getTokenAccountsByOwner", "params": params})
+    request = urllib.request.Request(
+        sandbox.rpc_url, data=body.encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        owned = json.loads(resp.read())["result"]["value"]
+    return sum(int(a["account"]["data"]["parsed"]["info"]["tokenAmount"]["amount"]) for a in owned)

@@ -2,7 +2,9 @@
 
 The page (``gateway/docs_page/``) renders ``/openapi.json`` in the browser and loads nothing
 from anywhere else, so it works offline and under a Content-Security-Policy that allows only
-the gateway's own script, style and document (no inline code). The page names its assets with a
+the gateway's own script, style and document (no inline code). Its "try it" form sends a route's
+request to this same origin (``connect-src 'self'``) without any credential, so the worst it can
+do is read a 402 or a free route's data. The page names its assets with a
 hash of their content (``docs/docs.js?v=...``), so browsers may keep the assets for a day and
 still never run a stale script after an upgrade; every answer carries an ETag, and a matching
 ``If-None-Match`` gets a 304.
