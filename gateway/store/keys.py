@@ -20,7 +20,7 @@ delivery             delivered:{payment key}          delivered request, answer 
 payment_id           pid:{identifier}                 request fingerprint (JSON)  10 min
 sign_in_nonce        siwx:{nonce}                     the signed-in wallet        while the nonce verifies
 rate_bucket          rl:{scope}[:{wallet or ip}]      GCRA arrival time           till the bucket refills
-rate_contention      rl-contended:{share scope}       subjects refused -> when    one period of the budget
+rate_contention      rl-contended:{share scope}       subjects refused -> when    a period of the budget
 limit_window         rlw:{scope}:{subject}:{n}        admissions (counter)        two windows + 1 s
 usage                usage:{route}:{outcome}          requests (counter)          forever
 fee_guard_record     fee-guard:settled:{kind}:{id}    settlements landed          10 min
