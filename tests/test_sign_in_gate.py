@@ -16,7 +16,7 @@ from gateway.credits import CreditBook
 from gateway.rate_limiter import RateLimiter
 from gateway.routes import RateLimitSpec
 from gateway.sign_in import Admitted, Limited, Replayed, SignInGate, Uncovered
-from gateway.store import Store, keys
+from gateway.store import Share, Store, keys
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.x402.siwx import VerifiedSignIn
@@ -176,3 +176,15 @@ async def test_once_others_wait_for_the_key_a_flood_of_throwaway_wallets_gets_on
 
     assert not waiting  # all three admitted, each within a few slots of the key
     assert flood and {_scope(a) for a in flood} == {"tokens:ip"}
+
+
+def test_each_share_is_planned_against_the_requests_budget_and_its_scopes_mark() -> None:
+    plan = RateLimiter(MemoryStore()).plan((SHARED_KEY, *SHARES), wallet="W1", ip=FLOODER)
+
+    key = keys.rate_bucket(SHARED_KEY.scope)
+    assert [(b.key, b.share) for b in plan.buckets] == [
+        (keys.rate_bucket("tokens:wallet", "W1"), Share(key, keys.rate_contention("tokens:wallet"))),
+        (keys.rate_bucket("tokens:ip", FLOODER), Share(key, keys.rate_contention("tokens:ip"))),
+        (key, None),
+    ]
+    assert plan.shared == (plan.buckets[2],)  # what a refused payment would hand back: not the shares

@@ -318,7 +318,7 @@ async def test_throwaway_wallets_from_one_ip_cannot_starve_three_other_clients(
         started = time.monotonic()
         try:
             others = await asyncio.wait_for(
-                asyncio.gather(*(other(n, ip) for n, ip in enumerate(OTHER_IPS))), timeout=20
+                asyncio.gather(*(other(n, ip) for n, ip in enumerate(OTHER_IPS))), timeout=30
             )
         finally:
             flooding = False
@@ -328,7 +328,7 @@ async def test_throwaway_wallets_from_one_ip_cannot_starve_three_other_clients(
     for replies in others:  # each served, after a few refusals by the key at most
         assert replies[-1].status == 200, replies[-1].body
         assert all(r.json()["error"]["details"]["scope"] == "tokens:upstream-key" for r in replies[:-1])
-    assert waited < 3 * 60 / KEY_PER_MINUTE + 4  # three of the key's slots, and some slack
+    assert waited < 15  # three of the key's slots (2 s each), Retry-After's rounding and a busy machine
     served = [r for r in flood if r.status == 200]
     assert len(flood) > 20 and len(served) <= TOKENS_SHARE
     refused = {r.json()["error"]["details"]["scope"] for r in flood if r.status != 200}
