@@ -116,7 +116,8 @@ def pricing_line(routes: Sequence[RouteSpec], settings: Settings) -> str:
 
 def _limit_text(spec: RateLimitSpec) -> str:
     period = f"{spec.period_ms // 1000}s" if spec.period_ms % 1000 == 0 else f"{spec.period_ms}ms"
-    return f"{spec.scope}{'' if spec.per == 'scope' else '/' + spec.per}={spec.limit}/{period}"
+    share = "" if spec.share_of is None else "(share)"  # binds only while others wait for it
+    return f"{spec.scope}{'' if spec.per == 'scope' else '/' + spec.per}={spec.limit}/{period}{share}"
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -99,7 +99,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Payments the facilitator may refuse per client IP and per payer before the next one is
     refused without asking it (each refusal cost the operator a verify)."""
     rate_limit_tokens_share_percent: int = 25
-    """The most of the asset-data key's budget one wallet, or one IP, may take."""
+    """The most of the asset-data key's budget one wallet, or one IP, may take while other clients
+    wait for the key (refused by it within its minute); a client alone may use all of it."""
     rate_limit_sync_s: float = 0.1
     """How often each process shares its challenge-limit counts through the store."""
     settlement_cooldown_s: int = 600

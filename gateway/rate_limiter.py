@@ -12,7 +12,10 @@ Two kinds, by what an overshoot would cost:
 A request is charged its own buckets (its wallet, its IP) first and the shared ones (a paid scope,
 the asset-data key) last, so a client over its own limit never spends what others share. Guards
 sit between the two: budgets of refusals, checked before a payment may cost the facilitator a
-verify and charged only when the facilitator refused it (see :class:`BucketPlan`).
+verify and charged only when the facilitator refused it (see :class:`BucketPlan`). An own bucket
+that is a share of a shared one (``RateLimitSpec.share_of``) binds only while another client was
+refused by that budget within its period: alone, a client may use all of it; under contention
+each wallet and each IP gets its share, so a flood of throwaway wallets cannot starve the rest.
 
 Over a limit raises 429 ``rate_limited`` with ``Retry-After``; a store outage on an exact limit
 raises ``StoreUnavailable`` (503 ``store_unavailable``, converted once in ``gateway.failures``).
@@ -23,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -34,7 +37,7 @@ from gateway.clientip import client_ip
 from gateway.config import IpNetwork
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routes import RateLimitSpec
-from gateway.store import Bucket, RateDecision, Store, StoreUnavailable, keys
+from gateway.store import Bucket, RateDecision, Share, Store, StoreUnavailable, keys
 from gateway.synced_limit import SyncedWindowLimit
 
 CHALLENGE_SCOPE = "challenge:ip"
@@ -48,6 +51,13 @@ def _bucket_key(spec: RateLimitSpec, wallet: str | None, ip: str | None) -> str:
     if spec.per == "ip":
         return keys.rate_bucket(spec.scope, f"{ip}")
     return keys.rate_bucket(spec.scope)
+
+
+def _share(spec: RateLimitSpec, budgets: Mapping[str, str]) -> Share | None:
+    """A share of one of the request's shared budgets binds only while others wait for it."""
+    if spec.share_of is None or spec.share_of not in budgets:
+        return None
+    return Share(budgets[spec.share_of], keys.rate_contention(spec.scope))
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +145,15 @@ class RateLimiter:
         shared = [spec for spec in specs if spec.per == "scope"]
         ordered = (*own, *guards, *shared)
         first, last = len(own), len(own) + len(guards)
+        budgets = {spec.scope: _bucket_key(spec, wallet, ip) for spec in shared}
         buckets = tuple(
-            Bucket(_bucket_key(spec, wallet, ip), spec.limit, spec.period_ms, guard=first <= i < last)
+            Bucket(
+                _bucket_key(spec, wallet, ip),
+                spec.limit,
+                spec.period_ms,
+                guard=first <= i < last,
+                share=_share(spec, budgets),
+            )
             for i, spec in enumerate(ordered)
         )
         return BucketPlan(ordered, buckets)

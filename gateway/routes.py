@@ -68,6 +68,10 @@ class RateLimitSpec(msgspec.Struct, frozen=True):
     limit: int
     period_ms: int
     per: Literal["scope", "wallet", "ip"] = "scope"
+    share_of: str | None = None
+    """A per-wallet or per-IP limit that is a share of this whole-scope limit of the same route:
+    it binds only while other clients wait for that budget (refused by it within its period),
+    so a client alone may use all of it (``gateway.store.base.Share``)."""
 
 
 class InternalSettlement(msgspec.Struct, frozen=True):
@@ -130,8 +134,9 @@ def named_limits(settings: Settings) -> dict[str, tuple[int, int]]:
 
     A payer's own limit on a paid scope defaults to the scope's limit, so one honest client may
     use all of an idle scope; one wallet's or one IP's share of the asset-data key is a
-    percentage of its budget, so a flood of throwaway wallets from one IP leaves the rest to
-    others."""
+    percentage of its budget that binds only while others wait for the key (routes.yaml
+    ``share_of``), so a client alone may use all of it and a flood of throwaway wallets from one
+    IP still leaves the rest to others."""
     wallet = settings.rate_limit_wallet_rps
     tokens = settings.rate_limit_tokens_per_minute
     share = max(1, math.ceil(tokens * settings.rate_limit_tokens_share_percent / 100))
@@ -672,14 +677,16 @@ def _rate_limits(
     mode = ACCESS_MODES.get(access)
     enforced = mode.rate_limit_per if mode is not None else ()
     out: list[RateLimitSpec] = []
+    places: list[str] = []
     for i, item in enumerate(raw):
         at = f"{where}[{i}]"
         if not isinstance(item, dict) or not isinstance(item.get("scope"), str):
             problems.add(at, "needs a scope")
             continue
-        unknown = sorted(set(item) - {"scope", "limit", "period_seconds", "per"})
+        unknown = sorted(set(item) - {"scope", "limit", "period_seconds", "per", "share_of"})
         if unknown:
-            problems.add(at, f"unknown field(s) {unknown} (known: limit, per, period_seconds, scope)")
+            known = "limit, per, period_seconds, scope, share_of"
+            problems.add(at, f"unknown field(s) {unknown} (known: {known})")
             continue
         limit = item.get("limit")
         if isinstance(limit, str):
@@ -708,7 +715,16 @@ def _rate_limits(
                 else f"{access} routes run no rate limiter: remove their rate_limits",
             )
             continue
-        out.append(RateLimitSpec(scope=item["scope"], limit=count, period_ms=period_ms, per=per))
+        share_of = item.get("share_of")
+        if share_of is not None and not (isinstance(share_of, str) and per != "scope"):
+            problems.add(f"{at}.share_of", "a per-wallet or per-IP limit's share_of names a scope")
+            continue
+        out.append(RateLimitSpec(item["scope"], count, period_ms, per, share_of))
+        places.append(at)
+    budgets = {spec.scope for spec in out if spec.per == "scope"}
+    for at, spec in zip(places, out, strict=True):
+        if spec.share_of is not None and spec.share_of not in budgets:
+            problems.add(f"{at}.share_of", f"{spec.share_of!r} is no per-scope limit of this route")
     return tuple(out)
 
 

@@ -222,7 +222,7 @@ def test_check_with_good_config_prints_the_report_and_route_table() -> None:
         for row in table
     )
     assert any(  # every limit in full, however long the column gets
-        row[6] == "tokens:upstream-key=30/60s,tokens:wallet/wallet=8/60s,tokens:ip/ip=8/60s"
+        row[6] == "tokens:upstream-key=30/60s,tokens:wallet/wallet=8/60s(share),tokens:ip/ip=8/60s(share)"
         and row[-1].endswith("/v1/x402/tokens/assets/{assetId}/risk-details")
         for row in table
     )

@@ -666,7 +666,21 @@ def test_a_bad_per_unit_price_is_named() -> None:
         (
             _route(rate_limits=[{"scope": "s", "limit": "rpc", "burst": 5}]),
             "routes[0] (ping).rate_limits[0]: unknown field(s) ['burst'] "
-            "(known: limit, per, period_seconds, scope)",
+            "(known: limit, per, period_seconds, scope, share_of)",
+        ),
+        (
+            _route(access="siwx", rate_limits=[{"scope": "k", "limit": "tokens", "share_of": "k"}]),
+            "routes[0] (ping).rate_limits[0].share_of: a per-wallet or per-IP limit's share_of names a scope",
+        ),
+        (
+            _route(
+                access="siwx",
+                rate_limits=[
+                    {"scope": "k", "limit": "tokens"},
+                    {"scope": "w", "limit": "tokens_share", "per": "ip", "share_of": "other"},
+                ],
+            ),
+            "routes[0] (ping).rate_limits[1].share_of: 'other' is no per-scope limit of this route",
         ),
     ],
 )
@@ -674,6 +688,14 @@ def test_a_rate_limit_the_gateway_cannot_enforce_is_refused_at_load(
     route: dict[str, Any], message: str
 ) -> None:
     assert _load_problems(_doc(route)) == [f"routes.yaml: {message}"]
+
+
+def test_the_asset_data_shares_bind_only_under_contention_for_the_key(packaged: list[RouteSpec]) -> None:
+    for route in packaged:
+        if route.handler != "tokens":
+            continue
+        shares = {limit.scope: limit.share_of for limit in route.rate_limits if limit.per != "scope"}
+        assert shares == {"tokens:wallet": "tokens:upstream-key", "tokens:ip": "tokens:upstream-key"}
 
 
 def test_the_packaged_table_declares_only_enforceable_limits(packaged: list[RouteSpec]) -> None:

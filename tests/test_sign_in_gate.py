@@ -3,6 +3,7 @@ by a refused sign-in. Over the in-process store and Redis; real ed25519 addresse
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -15,7 +16,7 @@ from gateway.credits import CreditBook
 from gateway.rate_limiter import RateLimiter
 from gateway.routes import RateLimitSpec
 from gateway.sign_in import Admitted, Limited, Replayed, SignInGate, Uncovered
-from gateway.store import Store, keys
+from gateway.store import Share, Store, keys
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.x402.siwx import VerifiedSignIn
@@ -126,3 +127,64 @@ async def test_a_sign_in_paid_from_credit_holds_its_price_in_the_same_step(store
     assert isinstance(await gate.admit(signed, FLOODER, book.order(signed.address, 0)), Replayed)
     state = await book.balance(signed.address)
     assert (state.balance, state.held) == (5, 5)
+
+
+# --- shares that bind only while others wait for the key ----------------------------------------
+
+SHARED_KEY = RateLimitSpec(scope="tokens:upstream-key", limit=4, period_ms=400)  # a slot every 100 ms
+SHARES = tuple(
+    RateLimitSpec(scope=f"tokens:{per}", limit=1, period_ms=60_000, per=per, share_of=SHARED_KEY.scope)
+    for per in ("wallet", "ip")
+)
+
+
+def _shares_gate(store: Store) -> SignInGate:
+    return SignInGate(store, RateLimiter(store), (SHARED_KEY, *SHARES))
+
+
+async def test_a_lone_wallet_may_use_all_of_the_key_while_nobody_else_waits(store: Store) -> None:
+    gate = _shares_gate(store)
+    wallet = Keypair()
+
+    admissions = [await gate.admit(_signed(wallet), FLOODER) for _ in range(6)]
+
+    assert [isinstance(a, Admitted) for a in admissions] == [True] * 4 + [False] * 2
+    assert {_scope(a) for a in admissions[4:]} == {"tokens:upstream-key"}  # not its share (1)
+
+
+async def test_once_others_wait_for_the_key_a_flood_of_throwaway_wallets_gets_only_its_ips_share(
+    store: Store,
+) -> None:
+    """The flooder took the whole key while alone; the first sign-in it refuses from another IP
+    binds the shares, so each waiting client is admitted at the next free slot (its refused
+    sign-in kept its nonce) and the flood from one IP, whatever its wallets, gets none of them."""
+    gate = _shares_gate(store)
+    alone = [await gate.admit(_signed(), FLOODER) for _ in range(5)]
+    assert [isinstance(a, Admitted) for a in alone] == [True] * 4 + [False]
+    waiting = {ip: _signed() for ip in OTHERS}
+    first = [await gate.admit(signed, ip) for ip, signed in waiting.items()]
+    assert {_scope(a) for a in first} == {"tokens:upstream-key"}
+
+    flood: list[object] = []
+    deadline = time.monotonic() + 2.0
+    while waiting and time.monotonic() < deadline:
+        flood += [await gate.admit(_signed(), FLOODER) for _ in range(3)]
+        for ip, signed in list(waiting.items()):
+            if isinstance(await gate.admit(signed, ip), Admitted):
+                del waiting[ip]
+        await asyncio.sleep(0.01)
+
+    assert not waiting  # all three admitted, each within a few slots of the key
+    assert flood and {_scope(a) for a in flood} == {"tokens:ip"}
+
+
+def test_each_share_is_planned_against_the_requests_budget_and_its_scopes_mark() -> None:
+    plan = RateLimiter(MemoryStore()).plan((SHARED_KEY, *SHARES), wallet="W1", ip=FLOODER)
+
+    key = keys.rate_bucket(SHARED_KEY.scope)
+    assert [(b.key, b.share) for b in plan.buckets] == [
+        (keys.rate_bucket("tokens:wallet", "W1"), Share(key, keys.rate_contention("tokens:wallet"))),
+        (keys.rate_bucket("tokens:ip", FLOODER), Share(key, keys.rate_contention("tokens:ip"))),
+        (key, None),
+    ]
+    assert plan.shared == (plan.buckets[2],)  # what a refused payment would hand back: not the shares

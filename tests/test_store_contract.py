@@ -24,6 +24,7 @@ from gateway.store import (
     Entry,
     Hold,
     RateDecision,
+    Share,
     Store,
     StoreUnavailable,
     TakeTooLate,
@@ -211,6 +212,100 @@ async def test_rate_limit_keys_are_independent(store: Store) -> None:
     assert not (await limit_once(store, "rl:wallet-a", 1, 60_000)).allowed
 
     assert (await limit_once(store, "rl:wallet-b", 1, 60_000)).allowed
+
+
+# --- shares: a subject's part of a budget, binding only while others wait for it ------------------
+
+SHARE_MARK = "rl-contended:share"
+
+
+async def ask_shared(
+    store: Store, subject: str, budget: Bucket, share_limit: int, share_period_ms: int = 60_000
+) -> tuple[int | None, RateDecision]:
+    """One request of ``subject``: its share of ``budget``, then ``budget``. The index of the
+    bucket that refused it (0: its share, 1: the budget; None: allowed) and that decision."""
+    share = Bucket(f"rl:share:{subject}", share_limit, share_period_ms, share=Share(budget.key, SHARE_MARK))
+    decisions = (await store.check_then_limit([], [share, budget])).decisions
+    for at, decision in enumerate(decisions):
+        if not decision.allowed:
+            return at, decision
+    assert len(decisions) == 2
+    return None, decisions[-1]
+
+
+async def test_a_lone_subject_may_use_all_of_the_budget_its_share_is_part_of(store: Store) -> None:
+    budget = Bucket("rl:key", 4, 60_000)
+
+    asks = [await ask_shared(store, "alone", budget, 1) for _ in range(6)]
+
+    assert [at for at, _ in asks] == [None] * 4 + [1, 1]  # its own refusals never bind its share
+    assert all(14_000 < d.retry_after_ms <= 15_000 for _, d in asks[4:])
+
+
+async def test_once_another_subject_waits_for_the_budget_the_shares_bind(store: Store) -> None:
+    budget = Bucket("rl:key", 4, 800)  # a slot every 200 ms; each share 1 a minute
+    for _ in range(4):
+        assert (await ask_shared(store, "busy", budget, 1))[0] is None
+
+    waiting, refused = await ask_shared(store, "waiting", budget, 1)
+    busy, bound = await ask_shared(store, "busy", budget, 1)
+    assert waiting == 1 and 0 < refused.retry_after_ms <= 200
+    assert busy == 0 and 59_000 < bound.retry_after_ms <= 60_000  # its share is used up
+
+    # The waiting subject's refusals spent none of its share: it is served at the next slot,
+    # which its busy rival, bound by its share, cannot take.
+    served = await read_until(
+        lambda: ask_shared(store, "waiting", budget, 1), lambda r: r[0] is None, time.monotonic() + 0.25
+    )
+    assert served[0] is None
+    assert (await ask_shared(store, "busy", budget, 1))[0] == 0
+    # Only the waiting subject itself was refused by the budget: its own share does not bind.
+    assert (await ask_shared(store, "waiting", budget, 1))[0] == 1
+
+
+async def test_the_contention_mark_expires_after_the_budgets_period(store: Store) -> None:
+    budget = Bucket("rl:key", 2, 400)
+    for _ in range(2):
+        assert (await ask_shared(store, "busy", budget, 1))[0] is None
+    assert (await ask_shared(store, "waiting", budget, 1))[0] == 1
+    marked = time.monotonic()
+    assert (await ask_shared(store, "busy", budget, 1))[0] == 0
+
+    # Nobody else refused for a period of the budget: the busy subject is alone again and may
+    # use all of it, though its share (1 a minute) is long used up.
+    unbound = await read_until(
+        lambda: ask_shared(store, "busy", budget, 1), lambda r: r[0] is None, marked + 0.45
+    )
+    assert unbound[0] is None
+    assert (await ask_shared(store, "busy", budget, 1))[0] is None
+    assert (await ask_shared(store, "busy", budget, 1))[0] == 1
+
+
+async def test_a_subjects_own_refusals_never_lift_the_binding_another_put_on_it(store: Store) -> None:
+    """The mark keeps the latest two distinct subjects refused, so a flooder that gets itself
+    refused over and over cannot push out the client that waits."""
+    budget = Bucket("rl:key", 2, 3_000)  # a slot every 1.5 s
+    for _ in range(2):
+        assert (await ask_shared(store, "third", budget, 1))[0] is None
+    assert (await ask_shared(store, "waiting", budget, 1))[0] == 1
+    marked = time.monotonic()
+    for _ in range(3):  # within its share, so the budget refuses it: the mark names it too
+        assert (await ask_shared(store, "flooder", budget, 1))[0] == 1
+
+    served = await read_until(
+        lambda: ask_shared(store, "flooder", budget, 1), lambda r: r[0] is None, marked + 1.6
+    )
+    assert served[0] is None and time.monotonic() - marked < 3.0
+    assert (await ask_shared(store, "flooder", budget, 1))[0] == 0  # bound: its share is used
+
+
+async def test_a_share_whose_budget_is_not_a_later_bucket_is_refused(store: Store) -> None:
+    budget = Bucket("rl:key", 2, 60_000)
+    share = Bucket("rl:share:x", 1, 60_000, share=Share(budget.key, SHARE_MARK))
+    with pytest.raises(ValueError, match="budget"):
+        await store.check_then_limit([], [budget, share])
+    with pytest.raises(ValueError, match="budget"):
+        await store.check_then_limit([], [share])
 
 
 # --- guards, refunds and debts: what a refused payment spends ---------------------------------------

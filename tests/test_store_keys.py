@@ -59,6 +59,7 @@ def test_the_key_strings_are_the_ones_a_running_store_holds() -> None:
     assert keys.sign_in_nonce("n0nce") == "x402gw:siwx:n0nce"
     assert keys.rate_bucket("das") == "x402gw:rl:das"
     assert keys.rate_bucket("das", "203.0.113.7") == "x402gw:rl:das:203.0.113.7"
+    assert keys.rate_contention("tokens:ip") == "x402gw:rl-contended:tokens:ip"
     assert (
         keys.limit_window("challenge:ip", "203.0.113.7", 1000) == "x402gw:rlw:challenge:ip:203.0.113.7:1000"
     )

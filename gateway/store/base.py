@@ -48,6 +48,18 @@ class Entry(msgspec.Struct, frozen=True):
     ttl_ms: int
 
 
+class Share(msgspec.Struct, frozen=True):
+    """What makes a bucket one subject's share of a budget other subjects share: it binds only
+    while they wait for that budget, so a lone subject may use all of it."""
+
+    budget: str
+    """The key of the budget's bucket, charged later in the same step."""
+    contention: str
+    """The key of the share scope's contention mark: the (at most two) latest distinct subjects
+    the budget refused, each with when; the share binds while one of them is another subject and
+    was refused within the budget's period."""
+
+
 class Bucket(msgspec.Struct, frozen=True):
     """A GCRA bucket: up to ``limit`` requests in any ``period_ms``."""
 
@@ -57,6 +69,27 @@ class Bucket(msgspec.Struct, frozen=True):
     guard: bool = False
     """Checked but never charged here: refuses when one more charge would be refused. For a
     budget that something else spends (refused payments are charged to it after the fact)."""
+    share: Share | None = None
+    """A share of a later bucket's budget: while uncontended it allows and is charged up to full
+    (never into debt), so once contention starts its subject gets its share's rate and no more."""
+
+
+MAX_CONTENDERS = 2
+"""Distinct subjects a contention mark keeps: the latest refused one and, if that is the asking
+subject itself, the latest other, which is all "another subject was refused" needs."""
+
+
+def share_budgets(buckets: Sequence[Bucket]) -> list[int | None]:
+    """Per bucket, the index of the budget it is a share of (None: not a share). The budget must
+    come later in the same step: a share is decided, and charged, before what it is a share of."""
+    at = {bucket.key: i for i, bucket in enumerate(buckets) if bucket.share is None}
+    budgets: list[int | None] = []
+    for i, bucket in enumerate(buckets):
+        budget = None if bucket.share is None else at.get(bucket.share.budget)
+        if bucket.share is not None and (budget is None or budget <= i):
+            raise ValueError(f"share {bucket.key!r}: its budget is not a later bucket of the same step")
+        budgets.append(budget)
+    return budgets
 
 
 class Hold(msgspec.Struct, frozen=True):

@@ -20,6 +20,7 @@ delivery             delivered:{payment key}          delivered request, answer 
 payment_id           pid:{identifier}                 request fingerprint (JSON)  10 min
 sign_in_nonce        siwx:{nonce}                     the signed-in wallet        while the nonce verifies
 rate_bucket          rl:{scope}[:{wallet or ip}]      GCRA arrival time           till the bucket refills
+rate_contention      rl-contended:{share scope}       subjects refused -> when    a period of the budget
 limit_window         rlw:{scope}:{subject}:{n}        admissions (counter)        two windows + 1 s
 usage                usage:{route}:{outcome}          requests (counter)          forever
 fee_guard_record     fee-guard:settled:{kind}:{id}    settlements landed          10 min
@@ -63,6 +64,7 @@ DELIVERY: Final = _GATEWAY + "delivered:"
 PAYMENT_ID: Final = _GATEWAY + "pid:"
 SIGN_IN_NONCE: Final = _GATEWAY + "siwx:"
 RATE_BUCKET: Final = _GATEWAY + "rl:"
+RATE_CONTENTION: Final = _GATEWAY + "rl-contended:"
 LIMIT_WINDOW: Final = _GATEWAY + "rlw:"
 USAGE: Final = _GATEWAY + "usage:"
 FEE_GUARD_RECORD: Final = _GATEWAY + "fee-guard:settled:"
@@ -109,6 +111,12 @@ def rate_bucket(scope: str, subject: str | None = None) -> str:
     """A route limit's bucket: the scope's shared one, or one client's (its wallet or IP) within
     it (``gateway.rate_limiter``)."""
     return f"{RATE_BUCKET}{scope}" if subject is None else f"{RATE_BUCKET}{scope}:{subject}"
+
+
+def rate_contention(scope: str) -> str:
+    """A share scope's contention mark: the latest subjects its budget refused
+    (``gateway.store.base.Share``)."""
+    return f"{RATE_CONTENTION}{scope}"
 
 
 def limit_window(scope: str, subject: str, window: int) -> str:
@@ -197,6 +205,7 @@ FAMILIES: Final[Mapping[Callable[..., str], str]] = {
     payment_id: PAYMENT_ID,
     sign_in_nonce: SIGN_IN_NONCE,
     rate_bucket: RATE_BUCKET,
+    rate_contention: RATE_CONTENTION,
     limit_window: LIMIT_WINDOW,
     usage: USAGE,
     fee_guard_record: FEE_GUARD_RECORD,

@@ -25,6 +25,7 @@ from gateway.store.base import (
     StoreUnavailable,
     TakeTooLate,
     checked_amount,
+    share_budgets,
     taken_mark,
 )
 
@@ -233,17 +234,62 @@ return {balance, held, left, now}
 )
 
 # KEYS: the n checked keys, then the m buckets, then the puts, then (with a credit hold) the
-# balance, its hold set and the lapse index. ARGV: n, m, now in microseconds or "" (only the
-# differential test against memory.gcra() passes a clock: the gateway always uses the server's),
-# '1' with a credit hold else '', then limit, period_ms and guard (1 or 0) per bucket, then value
-# and ttl_ms per put, then (with a hold) wallet, token, amount and ttl_ms. Reply: {values (nil
-# where absent), retry_after_ms per bucket taken (0: allowed), 1 if the puts were written (and
-# the hold made) else 0, and with a hold made the credit state after it}. The credit is checked
-# before any bucket, so a wallet whose credit does not cover the hold spends nothing shared.
+# balance, its hold set and the lapse index, then the contention mark of each share bucket, in
+# bucket order. ARGV: n, m, now in microseconds or "" (only the differential test against
+# memory.gcra() passes a clock: the gateway always uses the server's), '1' with a credit hold
+# else '', then limit, period_ms and kind per bucket (1: guard, 0: plain, 's<j>': a share of
+# bucket j), then value and ttl_ms per put, then (with a hold) wallet, token, amount and ttl_ms.
+# Reply: {values (nil where absent), retry_after_ms per bucket taken (0: allowed), 1 if the puts
+# were written (and the hold made) else 0, and with a hold made the credit state after it}. The
+# credit is checked before any bucket, so a wallet whose credit does not cover the hold spends
+# nothing shared. A share binds (is a GCRA bucket) only while its mark names another subject
+# (share bucket key) refused by bucket j within j's period; else it allows and is charged up
+# to full, never past. A refusal gives the shares charged before it back as they were, and a
+# bucket j that refuses records each of its shares' subjects in their marks (hash subject ->
+# µs), keeping the two latest distinct: memory.MemoryStore._limit().
 CHECK_THEN_LIMIT_SCRIPT = (
     _CREDIT_PRELUDE
     + """
 local n, m, ordered = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4] == '1'
+local shares, s = {}, 0
+for j = 1, m do
+  local budget = string.match(ARGV[4 + 3 * j], '^s(%d+)$')
+  if budget then
+    s = s + 1
+    shares[j] = {tonumber(budget), s}
+  end
+end
+local function contended(mark, subject, now, period_ms)
+  local fields = redis.call('HGETALL', mark)
+  for f = 1, #fields, 2 do
+    if fields[f] ~= subject and tonumber(fields[f + 1]) > now - period_ms * 1000 then return true end
+  end
+  return false
+end
+local function mark_contended(mark, subject, now, period_ms)
+  redis.call('HSET', mark, subject, string.format('%d', now))
+  local fields = redis.call('HGETALL', mark)
+  if #fields > 4 then
+    local oldest, at = nil, nil
+    for f = 1, #fields, 2 do
+      local t = tonumber(fields[f + 1])
+      if not at or t < at then oldest, at = fields[f], t end
+    end
+    redis.call('HDEL', mark, oldest)
+  end
+  redis.call('PEXPIRE', mark, period_ms)
+end
+local function charge_share(key, limit, period_ms, now)
+  local tat = now
+  local stored = redis.call('GET', key)
+  if stored then tat = math.max(tonumber(stored), now) end
+  set_tat(key, math.min(tat + interval_us(limit, period_ms), now + period_ms * 1000), now)
+end
+local before = {}
+local function restore(key, stored, now)
+  if not stored or tonumber(stored) <= now then return redis.call('DEL', key) end
+  set_tat(key, tonumber(stored), now)
+end
 local values, found = {}, false
 for i = 1, n do
   values[i] = redis.call('GET', KEYS[i])
@@ -251,9 +297,9 @@ for i = 1, n do
 end
 local waits = {}
 if found then return {values, waits, 0} end
-local last_put, held, hold_at, expires = #KEYS, nil, 0, ''
+local last_put, held, hold_at, expires = #KEYS - s, nil, 0, ''
 if ordered then
-  last_put = #KEYS - 3
+  last_put = #KEYS - s - 3
   hold_at = 5 + 3 * m + 2 * (last_put - n - m)
   local clock = now_us()
   local others = credit_holds(KEYS[last_put + 2], ARGV[hold_at + 1], clock, true)
@@ -267,9 +313,23 @@ if m > 0 then
   local now = tonumber(ARGV[3]) or now_us()
   for j = 1, m do
     local at = 2 + 3 * j
-    local wait = gcra(KEYS[n + j], tonumber(ARGV[at]), tonumber(ARGV[at + 1]), now, ARGV[at + 2] == '1')
+    local key, limit, period_ms = KEYS[n + j], tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+    local share, wait = shares[j], nil
+    if share then before[j] = redis.call('GET', key) end
+    if share and not contended(KEYS[#KEYS - s + share[2]], key, now, tonumber(ARGV[3 + 3 * share[1]])) then
+      charge_share(key, limit, period_ms, now)
+      wait = 0
+    else
+      wait = gcra(key, limit, period_ms, now, ARGV[at + 2] == '1')
+    end
     waits[j] = wait
-    if wait > 0 then return {values, waits, 0} end
+    if wait > 0 then
+      for i, of in pairs(shares) do
+        if i < j then restore(KEYS[n + i], before[i], now) end
+        if of[1] == j then mark_contended(KEYS[#KEYS - s + of[2]], KEYS[n + i], now, period_ms) end
+      end
+      return {values, waits, 0}
+    end
   end
 end
 local first = 5 + 3 * m
@@ -369,15 +429,20 @@ def check_then_limit_call(
     clock)."""
     clock = "" if now_us is None else str(now_us)
     args = [str(len(keys)), str(len(buckets)), clock, "" if hold is None else "1"]
-    for bucket in buckets:
-        args += [str(bucket.limit), str(bucket.period_ms), "1" if bucket.guard else "0"]
+    marks: list[str] = []
+    for bucket, budget in zip(buckets, share_budgets(buckets), strict=True):
+        kind = "1" if bucket.guard else "0"
+        if bucket.share is not None and budget is not None:
+            kind = f"s{budget + 1}"
+            marks.append(bucket.share.contention)
+        args += [str(bucket.limit), str(bucket.period_ms), kind]
     for entry in puts:
         args += [entry.value, str(entry.ttl_ms)]
     script_keys = [*keys, *(bucket.key for bucket in buckets), *(entry.key for entry in puts)]
     if hold is not None:
         script_keys += credit_keys(hold.account)
         args += [hold.account.wallet, hold.token, str(hold.amount), str(hold.ttl_ms)]
-    return script_keys, args
+    return [*script_keys, *marks], args
 
 
 def claim_then_put_call(

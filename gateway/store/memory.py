@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from gateway.store.base import (
+    MAX_CONTENDERS,
     Bucket,
     Credit,
     CreditAccount,
@@ -22,6 +23,7 @@ from gateway.store.base import (
     RateDecision,
     TakeTooLate,
     checked_amount,
+    share_budgets,
     taken_mark,
 )
 
@@ -70,6 +72,9 @@ class MemoryStore:
         """lapse index -> wallet -> lapses_us (the Redis backends keep Unix ms: the store's clock)."""
         self._lapsed: dict[str, dict[str, int]] = {}
         """lapsed key -> wallet -> credit a top-up found lapsed."""
+        self._contention: dict[str, dict[str, int]] = {}
+        """contention mark -> subject (its share's bucket key) -> refused at (µs); at most
+        ``MAX_CONTENDERS`` subjects a mark, one mark a share scope."""
         self._expiries: list[tuple[int, int, str]] = []
         """(expires_us, kind, key): kind 0 is a value, 1 a rate-limit bucket."""
 
@@ -135,6 +140,59 @@ class MemoryStore:
             self._set_tat(bucket.key, new_tat)
         return decision
 
+    def _contended(self, mark: str, subject: str, period_ms: int) -> bool:
+        """Whether the budget refused another subject than ``subject`` within ``period_ms``."""
+        since = _now_us() - period_ms * 1_000
+        return any(s != subject and at > since for s, at in self._contention.get(mark, {}).items())
+
+    def _mark_contended(self, mark: str, subject: str) -> None:
+        """Record ``subject`` refused by the budget now, keeping the latest distinct subjects."""
+        marked = self._contention.setdefault(mark, {})
+        marked[subject] = _now_us()
+        while len(marked) > MAX_CONTENDERS:
+            del marked[min(marked, key=marked.__getitem__)]
+
+    def _charge_share(self, bucket: Bucket) -> RateDecision:
+        """An uncontended share: allowed, and charged up to full but never past it."""
+        now = _now_us()
+        self._expire(now)
+        tat = max(self._tats.get(bucket.key, now), now)
+        full = now + bucket.period_ms * 1_000
+        self._set_tat(bucket.key, min(tat + _interval_us(bucket.limit, bucket.period_ms), full))
+        return RateDecision(allowed=True)
+
+    def _restore(self, key: str, tat: int | None) -> None:
+        """Give a share back the arrival time it had before this step."""
+        if tat is not None and tat > _now_us():
+            self._set_tat(key, tat)
+        else:
+            self._tats.pop(key, None)
+
+    def _limit(self, buckets: Sequence[Bucket]) -> list[RateDecision]:
+        """The buckets in order, up to the first refusal, which gives the shares charged before
+        it back as they were; a budget that refuses marks each of its shares' subjects."""
+        budgets = share_budgets(buckets)
+        self._expire(_now_us())
+        before: dict[int, int | None] = {}
+        decisions: list[RateDecision] = []
+        for j, bucket in enumerate(buckets):
+            share, budget = bucket.share, budgets[j]
+            if share is not None and budget is not None:
+                before[j] = self._tats.get(bucket.key)
+                if not self._contended(share.contention, bucket.key, buckets[budget].period_ms):
+                    decisions.append(self._charge_share(bucket))
+                    continue
+            decisions.append(self._gcra(bucket))
+            if not decisions[-1].allowed:
+                for i, tat in before.items():
+                    mark = buckets[i].share
+                    if i < j:
+                        self._restore(buckets[i].key, tat)
+                    if budgets[i] == j and mark is not None:
+                        self._mark_contended(mark.contention, buckets[i].key)
+                break
+        return decisions
+
     async def check_then_limit(
         self,
         keys: Sequence[str],
@@ -151,10 +209,9 @@ class MemoryStore:
             held = self._credit_cover(hold.account, hold.token, hold.amount)
             if held is None:
                 return Lookup(values=values, decisions=decisions)
-        for bucket in buckets:
-            decisions.append(self._gcra(bucket))
-            if not decisions[-1].allowed:
-                return Lookup(values=values, decisions=decisions)
+        decisions = self._limit(buckets)
+        if not all(decision.allowed for decision in decisions):
+            return Lookup(values=values, decisions=decisions)
         for entry in puts:
             self._set_value(entry.key, entry.value, entry.ttl_ms)
         if hold is not None and held is not None:

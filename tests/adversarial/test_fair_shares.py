@@ -7,8 +7,9 @@ Each attack is mounted for real against the gateway under hypercorn, behind a tr
   per request, from one IP, while a paying client on another IP pays through the reference
   facilitator on LiteSVM: the paying client is never refused, and the flood costs the
   facilitator only the few verifies its IP's refusal budget allows;
-* 31 and 100 throwaway wallets signing in from one IP on the asset-data routes, while other
-  wallets on other IPs are served;
+* on the asset-data routes (real processes on one Redis): a lone wallet uses the whole key, and
+  throwaway wallets from one IP, which took the whole key while alone, keep flooding while three
+  other clients on other IPs wait: the flood gets its IP's share at most, the three are served;
 * 5 and 10 paid calls at once from one funded wallet under the default limits: all served, each
   paid once;
 * a charged request whose client hangs up, retried identically: it gets the answer, nothing is
@@ -18,14 +19,15 @@ Each attack is mounted for real against the gateway under hypercorn, behind a tr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import aiohttp
 import msgspec
 import pytest
-import pytest_asyncio
 from solders.keypair import Keypair
 
 from gateway.x402.headers import encode_header
@@ -33,7 +35,7 @@ from gateway.x402.siwx_signer import sign_in
 from gateway.x402.types import PaymentPayload
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, Money, via
 from tests.support.cdp_facilitator import ReferenceBackend
-from tests.support.gateway_server import RunningGateway, run_gateway
+from tests.support.gateway_process import serve
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     GET_BALANCE_PROVIDER_PRICE,
@@ -48,6 +50,7 @@ from tests.support.paid_fixtures import (
     send_and_hang_up,
     settled_once,
 )
+from tests.support.paid_processes import start_all
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import ASSET_API_KEY, Upstream, static
 
@@ -212,49 +215,123 @@ async def test_a_charged_client_that_hung_up_gets_its_answer_when_it_retries_ide
     assert Money.of(paid.chain).minus(before) == once
 
 
-# --- sign-in: the asset-data key's budget --------------------------------------------------------
+# --- sign-in: the asset-data key's budget, on real processes sharing one Redis ------------------
 
 TOKENS_PATH = "/v1/x402/tokens/health"
+BASE_URL = "http://gateway.shares.test"
+"""GATEWAY_BASE_URL of both replicas: the address clients sign for."""
+KEY_PER_MINUTE = 30  # the asset-data key's default budget
 TOKENS_SHARE = 8  # ceil(30 per minute x 25%): the default share of one wallet and of one IP
+OTHER_IPS = [f"198.51.100.{n}" for n in range(1, 4)]
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def signing_gateway(asset_api: Upstream) -> AsyncIterator[RunningGateway]:
-    """The asset-data routes with the default limits: 30 a minute for the key, 120 challenges."""
+@dataclass
+class SignIns:
+    """Gateway processes behind one load balancer's address, and the asset-data API they call."""
+
+    urls: list[str]
+    asset_api: Upstream
+    session: aiohttp.ClientSession
+
+    async def sign_in(self, ip: str, wallet: Keypair | None = None, via_replica: int = 0) -> Reply:
+        """A wallet's whole sign-in from ``ip`` (a fresh wallet unless given): the challenge,
+        then the signed request, both through replica ``via_replica``."""
+        url = self.urls[via_replica % len(self.urls)] + TOKENS_PATH
+        async with self.session.get(url, headers=via(ip)) as resp:
+            challenge = msgspec.json.decode(await resp.read())
+        extension = challenge["extensions"]["sign-in-with-x"]
+        signed = sign_in(extension, wallet or Keypair(), request_url=BASE_URL + TOKENS_PATH)
+        async with self.session.get(url, headers={**via(ip), "sign-in-with-x": signed}) as resp:
+            return Reply(resp.status, resp.headers, await resp.read())
+
+
+@asynccontextmanager
+async def _sign_in_replicas(
+    redis_url: str, asset_api: Upstream, per_minute: int, replicas: int = 2
+) -> AsyncIterator[SignIns]:
+    """``x402-gateway serve`` ``replicas`` times on one Redis, the asset-data routes only."""
     env = {
+        "STATE_STORE_REST_URL": redis_url,
+        "GATEWAY_BASE_URL": BASE_URL,
         "ASSET_API_BASE_URL": asset_api.url,
         "ASSET_API_KEY": ASSET_API_KEY,
         "SIWX_SECRET": "fair-shares-siwx-secret-0123456789abcdef",
         "TRUSTED_PROXIES": "127.0.0.1/32",
         "ROUTE_GROUPS": "tokens",
+        "RATE_LIMIT_TOKENS_PER_MINUTE": str(per_minute),
     }
-    async with run_gateway(env) as running:
-        yield running
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        with contextlib.ExitStack() as stack:
+            processes = await start_all([serve(env) for _ in range(replicas)], stack)
+            yield SignIns([process.url for process in processes], asset_api, session)
 
 
-async def _sign_in_from(session: aiohttp.ClientSession, gateway: RunningGateway, ip: str) -> tuple[int, Any]:
-    """A fresh wallet's whole sign-in from ``ip``: the challenge, then the signed request."""
-    url = gateway.url + TOKENS_PATH
-    async with session.get(url, headers=via(ip)) as resp:
-        challenge = msgspec.json.decode(await resp.read())
-    header = sign_in(challenge["extensions"]["sign-in-with-x"], Keypair(), request_url=url)
-    async with session.get(url, headers={**via(ip), "sign-in-with-x": header}) as resp:
-        return resp.status, msgspec.json.decode(await resp.read())
-
-
-@pytest.mark.parametrize("throwaways", [31, 100])
-async def test_throwaway_wallets_from_one_ip_leave_the_key_to_other_clients(
-    signing_gateway: RunningGateway, asset_api: Upstream, throwaways: int
+@pytest.mark.slow
+async def test_a_lone_wallet_may_use_the_whole_key_not_only_its_share(
+    clean_redis_url: str, asset_api: Upstream
 ) -> None:
-    calls_before = len(asset_api.calls)
-    async with aiohttp.ClientSession() as session:
-        flood = [await _sign_in_from(session, signing_gateway, FLOODER) for _ in range(throwaways)]
-        others = [await _sign_in_from(session, signing_gateway, f"198.51.100.{n}") for n in range(1, 4)]
+    """Found: a lone wallet got 8 of the key's 30 a minute, the ninth sign-in refused with
+    ``tokens:wallet`` though nobody else used the key. At 12 a minute (share 25%: 3), a lone
+    wallet from one IP now gets all 12, through either replica, and only then the key's 429."""
+    wallet = Keypair()
+    async with _sign_in_replicas(clean_redis_url, asset_api, per_minute=12) as gateway:
+        replies = [await gateway.sign_in(HONEST, wallet, via_replica=n) for n in range(13)]
 
-    served = [status for status, _ in flood if status == 200]
-    assert len(served) <= TOKENS_SHARE
-    refused = [body for status, body in flood if status != 200]
-    assert {body["error"]["details"]["scope"] for body in refused} <= {"tokens:ip", "challenge:ip"}
-    for status, body in others:  # three other clients, each on its own IP, all served
-        assert status == 200, body
-    assert len(asset_api.calls) - calls_before == len(served) + len(others)
+    for reply in replies[:12]:
+        assert reply.status == 200, reply.body
+    refused = replies[12]
+    error = refused.json()["error"]
+    assert refused.status == 429 and error["code"] == "rate_limited"
+    assert error["details"] == {"scope": "tokens:upstream-key", "limit": 12, "periodSeconds": 60.0}
+    assert 1 <= int(refused.headers["Retry-After"]) <= 5  # the key's next slot: one every 5 s
+    assert len(asset_api.calls) == 12
+
+
+@pytest.mark.slow
+async def test_throwaway_wallets_from_one_ip_cannot_starve_three_other_clients(
+    clean_redis_url: str, asset_api: Upstream
+) -> None:
+    """One IP, a fresh wallet per sign-in, alone at first: it may take the whole key (30). Then
+    it keeps flooding through both replicas while three clients on IPs of their own sign in,
+    each trying again after the ``Retry-After`` it was given. The first of them refused binds
+    the shares: the flood gets at most its IP's share while they wait, and each of the three is
+    served at one of the key's next slots."""
+    async with _sign_in_replicas(clean_redis_url, asset_api, per_minute=KEY_PER_MINUTE) as gateway:
+        alone = [await gateway.sign_in(FLOODER, via_replica=n) for n in range(KEY_PER_MINUTE + 1)]
+        assert [r.status for r in alone] == [200] * KEY_PER_MINUTE + [429]
+        flooding = True
+        flood: list[Reply] = []
+
+        async def flooder(replica: int) -> None:
+            while flooding:
+                flood.append(await gateway.sign_in(FLOODER, via_replica=replica))
+
+        async def other(n: int, ip: str) -> list[Reply]:
+            wallet, replies = Keypair(), list[Reply]()
+            while not replies or replies[-1].status != 200:
+                replies.append(await gateway.sign_in(ip, wallet, via_replica=n))
+                if replies[-1].status == 429:
+                    await asyncio.sleep(int(replies[-1].headers["Retry-After"]))
+            return replies
+
+        flooders = [asyncio.ensure_future(flooder(n)) for n in range(4)]
+        started = time.monotonic()
+        try:
+            others = await asyncio.wait_for(
+                asyncio.gather(*(other(n, ip) for n, ip in enumerate(OTHER_IPS))), timeout=30
+            )
+        finally:
+            flooding = False
+            await asyncio.gather(*flooders)
+        waited = time.monotonic() - started
+
+    for replies in others:  # each served, after a few refusals by the key at most
+        assert replies[-1].status == 200, replies[-1].body
+        assert all(r.json()["error"]["details"]["scope"] == "tokens:upstream-key" for r in replies[:-1])
+    assert waited < 15  # three of the key's slots (2 s each), Retry-After's rounding and a busy machine
+    served = [r for r in flood if r.status == 200]
+    assert len(flood) > 20 and len(served) <= TOKENS_SHARE
+    refused = {r.json()["error"]["details"]["scope"] for r in flood if r.status != 200}
+    assert refused <= {"tokens:ip", "tokens:upstream-key", "challenge:ip"}  # refusals count as challenges
+    assert "tokens:ip" in refused  # the flood met its IP's share
+    assert len(asset_api.calls) == KEY_PER_MINUTE + len(served) + len(OTHER_IPS)

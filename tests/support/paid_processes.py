@@ -122,14 +122,14 @@ async def paid_processes(
     full_env = {**paid_env(chain, rpc, upstream, facilitator), **(env or {})}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
         with contextlib.ExitStack() as stack:
-            processes = await _start_all([serve(full_env, *args) for _ in range(count)], stack)
+            processes = await start_all([serve(full_env, *args) for _ in range(count)], stack)
             replicas = [Replica(process, http) for process in processes]
             for replica in replicas:  # the worker is up: timings in the test are the gateway's own
                 assert (await replica.get("/healthz")).status == 200
             yield PaidProcesses(replicas, chain, rpc, upstream, facilitator)
 
 
-async def _start_all(
+async def start_all(
     starting: list[contextlib.AbstractContextManager[GatewayProcess]], stack: contextlib.ExitStack
 ) -> list[GatewayProcess]:
     """Start every process at once (each waits for its port in a thread), all stopped by ``stack``."""
