@@ -32,6 +32,10 @@ class Admitted:
 class Replayed:
     """The nonce was used already: a replayed sign-in."""
 
+    call: str | None = None
+    """What the call record ordered with the admission held (its raw value), if any: the caller
+    tells an identical retry of a call paid for from another request."""
+
 
 @dataclass(frozen=True, slots=True)
 class Uncovered:
@@ -51,17 +55,24 @@ class SignInGate:
         self.limits = tuple(limits)
 
     async def admit(
-        self, signed: VerifiedSignIn, client_ip: str, hold: CreditHoldOrder | None = None
+        self,
+        signed: VerifiedSignIn,
+        client_ip: str,
+        hold: CreditHoldOrder | None = None,
+        call: Entry | None = None,
     ) -> Admission:
         """Use the nonce once across every replica, for as long as it could still verify, and make
-        ``hold`` (the signed-in wallet's credit) in the same atomic step."""
+        ``hold`` (the signed-in wallet's credit) and write ``call`` (the record of the call it
+        pays for, a claim of its own) in the same atomic step."""
         key = keys.sign_in_nonce(signed.nonce)
         plan = self.limiter.plan(self.limits, wallet=signed.address, ip=client_ip)
-        found = await self.store.check_then_limit(
-            [key], plan.buckets, [Entry(key, signed.address, signed.replay_ttl_ms)], hold
-        )
-        if found.values[0] is not None:
-            return Replayed()
+        checked, puts = [key], [Entry(key, signed.address, signed.replay_ttl_ms)]
+        if call is not None:
+            checked.append(call.key)
+            puts.append(call)
+        found = await self.store.check_then_limit(checked, plan.buckets, puts, hold)
+        if any(value is not None for value in found.values):
+            return Replayed(found.values[1] if call is not None else None)
         limited = plan.refusal(found.decisions)
         if limited is not None:
             return limited

@@ -178,29 +178,43 @@ def _outcomes_set_in(*files: str) -> set[str]:
                     if isinstance(slot, ast.Attribute) and slot.attr == "outcome":
                         if isinstance(value, ast.Name) and value.id == "outcome":
                             continue  # a Delivered's own outcome: see _delivered_outcomes
+                        if ast.unparse(value) == "refused.outcome":
+                            continue  # a Refused's own outcome: see _refused_outcomes
                         assert isinstance(value, ast.Attribute), ast.unparse(node)
                         assert ast.unparse(value.value) == "Outcome", ast.unparse(node)
                         found.add(Outcome[value.attr].value)
     return found
 
 
-def _delivered_outcomes() -> set[str]:
-    """The outcomes the payment methods and the payment core deliver with (``Delivered``'s third
-    field, ``paid`` unless a method says otherwise)."""
+def _outcomes_given(value: str, position: int, default: str) -> set[str]:
+    """The outcomes the payment methods and the payment core build ``value``s with (its
+    ``outcome`` field, at ``position``; ``default`` where none is given)."""
     found: set[str] = set()
     sources = [*(ROOT / "gateway" / "methods").glob("*.py"), *(ROOT / "gateway" / "payments").glob("*.py")]
     for path in sorted(sources):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and ast.unparse(node.func) == "Delivered":
-                given = [k.value for k in node.keywords if k.arg == "outcome"] + node.args[2:]
-                found |= {Outcome[g.attr].value for g in given if isinstance(g, ast.Attribute)} or {"paid"}
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == value:
+                given = [k.value for k in node.keywords if k.arg == "outcome"] + node.args[position:]
+                found |= {Outcome[g.attr].value for g in given if isinstance(g, ast.Attribute)} or {default}
     return found
+
+
+def _delivered_outcomes() -> set[str]:
+    """What ``Delivered`` answers count as (``paid`` unless a method says otherwise)."""
+    return _outcomes_given("Delivered", 2, "paid")
+
+
+def _refused_outcomes() -> set[str]:
+    """What ``Refused`` answers count as (``rejected`` unless a method says otherwise)."""
+    return _outcomes_given("Refused", 3, "rejected")
 
 
 def test_the_outcomes_counted_are_the_ones_the_middlewares_set() -> None:
     """An outcome the middlewares set but the metrics do not know would go uncounted."""
     paid_routes = set(payment_outcomes("exact")) | set(payment_outcomes("credit"))
-    assert _outcomes_set_in("paid_access.py", "payment_answers.py") | _delivered_outcomes() == paid_routes
+    counted = _outcomes_set_in("paid_access.py", "payment_answers.py")
+    assert counted | _delivered_outcomes() | _refused_outcomes() == paid_routes
     assert _delivered_outcomes() == {"paid", "credit_spent"}
+    assert _refused_outcomes() == {"rejected", "no_credit"}
     # upstream_failed on a sign-in route is the telemetry's word for signed_in with a 5xx
     assert _outcomes_set_in("siwx.py") | {"upstream_failed"} == set(payment_outcomes("siwx"))
