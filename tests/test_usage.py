@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
 from gateway.context import RequestContext
 from gateway.metrics import Usage, payment_outcomes, usage_key, usage_outcomes
-from gateway.routes import RouteSpec, load_routes, named_limits
+from gateway.routes import RouteSpec, load_routes, named_limits, payment_methods
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
@@ -67,6 +67,27 @@ async def test_every_outcome_of_a_paid_route_is_counted_once_in_its_place(routes
     assert {o: _payments(EXACT, o) for o in before} == {o: v + 1 for o, v in before.items() if v is not None}
     assert _revenue(EXACT) == revenue + PRICE  # only the paid outcome earns
     assert (await store.counters([usage_key(EXACT, "failed")]))[usage_key(EXACT, "failed")] == 3
+
+
+async def test_a_probe_for_credit_that_finds_none_is_its_own_series_never_a_failed_payment(
+    routes: list[RouteSpec],
+) -> None:
+    """A wallet without credit that signs in first (as ``pay`` and the SDK hook do) is answered
+    with the route's 402: counted ``no_credit``, an unpaid request in the store, never ``rejected``."""
+    settings = Settings(base_url="https://gw.example.com", credits_enabled=True)
+    usage = Usage(MemoryStore(), routes, lambda route: payment_methods(route, settings))
+    before = {o: _payments(EXACT, o) for o in ("no_credit", "rejected", "replayed", "credit_spent")}
+    assert None not in before.values(), "the credit series exist from the start"
+
+    usage.observe(_ctx(EXACT, "exact", "no_credit", 402))
+    usage.observe(_ctx(EXACT, "exact", "no_credit", 402))
+
+    after = {o: _payments(EXACT, o) for o in before}
+    assert after == {**before, "no_credit": (before["no_credit"] or 0) + 2}
+    snapshot = await usage.snapshot([EXACT])
+    assert snapshot == {(EXACT, "unpaid"): 2, (EXACT, "failed"): 0, (EXACT, "paid"): 0, (EXACT, "credit"): 0}
+    assert "no_credit" in {o.value for o in payment_outcomes("credit")}
+    assert _payments(SIWX, "no_credit") is None  # a sign-in route has no credit to look for
 
 
 async def test_sign_in_routes_count_sign_ins_and_never_payments(routes: list[RouteSpec]) -> None:
