@@ -10,8 +10,11 @@ it paid for, and nothing may be taken twice, as with an exact payment's delivery
   lives as long as the hold (a process that dies mid-call leaves nothing for longer);
 * **answered**: written by the take itself (``Store.take_credit``'s ``keep``), so an answer is
   kept exactly when its price was taken; it holds the answer (up to
-  :data:`~gateway.payments.ledger.ANSWER_CAP_BYTES`) for
-  :data:`~gateway.payments.ledger.ANSWER_TTL_MS`;
+  :data:`~gateway.payments.ledger.ANSWER_CAP_BYTES`) for as long as a retry could still present
+  the call's credential (a sign-in: until it stops verifying), at most
+  :data:`~gateway.payments.ledger.ANSWER_TTL_MS`. Calls on credit are cheap, so nothing is
+  kept longer than a retry could use it: the store holds at most one answer per call taken in
+  that window, which the route's rate limits bound;
 * **failed**: nothing was taken (the provider failed, or the credit was gone at the take); the
   call id is spent all the same.
 
@@ -81,6 +84,8 @@ class CreditCall:
     fingerprint: str
     in_flight_ttl_ms: int
     """How long the call may be in flight: its hold's lifetime."""
+    answer_ttl_ms: int = ANSWER_TTL_MS
+    """How long its answer is kept: while its credential could still be presented again."""
 
     def _entry(self, record: CallRecord, ttl_ms: int) -> Entry:
         return Entry(self.key, _encode(record).decode(), ttl_ms)
@@ -92,7 +97,7 @@ class CreditCall:
     def answered(self, response: StoredResponse) -> Entry:
         """The record its take writes: the answer, when it fits the cap."""
         kept = response if len(response.body) <= ANSWER_CAP_BYTES else None
-        return self._entry(CallRecord(self.fingerprint, CallState.ANSWERED, kept), ANSWER_TTL_MS)
+        return self._entry(CallRecord(self.fingerprint, CallState.ANSWERED, kept), self.answer_ttl_ms)
 
     def failed(self) -> Entry:
         """The record of a call that took nothing."""
@@ -117,6 +122,19 @@ class CreditCall:
         return NotAgain("this sign-in's call failed and took nothing: sign in again")
 
 
-def credit_call(route: str, wallet: str, call_id: str, body: bytes, in_flight_ttl_ms: int) -> CreditCall:
-    """The call ``call_id`` of ``wallet`` on ``route`` with request body ``body``."""
-    return CreditCall(keys.credit_call(wallet, call_id), fingerprint(route, call_id, body), in_flight_ttl_ms)
+def credit_call(
+    route: str,
+    wallet: str,
+    call_id: str,
+    body: bytes,
+    in_flight_ttl_ms: int,
+    answer_ttl_ms: int = ANSWER_TTL_MS,
+) -> CreditCall:
+    """The call ``call_id`` of ``wallet`` on ``route`` with request body ``body``; its answer is
+    kept for ``answer_ttl_ms`` (at most :data:`~gateway.payments.ledger.ANSWER_TTL_MS`)."""
+    return CreditCall(
+        keys.credit_call(wallet, call_id),
+        fingerprint(route, call_id, body),
+        in_flight_ttl_ms,
+        max(1, min(answer_ttl_ms, ANSWER_TTL_MS)),
+    )

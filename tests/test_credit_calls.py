@@ -19,6 +19,12 @@ def test_the_identical_request_gets_its_kept_answer_for_ten_minutes() -> None:
     assert CALL.earlier(answered.value) == AnswerAgain(ANSWER)
 
 
+def test_an_answer_is_kept_only_while_its_credential_could_be_presented_again() -> None:
+    assert credit_call("r", "W", "n", b"", 31_000, 330_000).answered(ANSWER).ttl_ms == 330_000
+    assert credit_call("r", "W", "n", b"", 31_000, 3_600_000).answered(ANSWER).ttl_ms == ANSWER_TTL_MS
+    assert credit_call("r", "W", "n", b"", 31_000, 0).answered(ANSWER).ttl_ms == 1  # never forever
+
+
 def test_another_request_under_the_same_call_id_is_refused_whatever_the_record() -> None:
     other = credit_call("route", "W", "nonce", b'{"id":2}', 31_000)
 

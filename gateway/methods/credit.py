@@ -118,7 +118,8 @@ class CreditMethod:
         # without enough of it (any throwaway key signs in for free) spends no nonce and no
         # bucket other clients share. The call's record is claimed in that step too.
         order = self.book.order(wallet, self.price)
-        call = credit_call(self.route_name, wallet, signed.nonce, raw, order.ttl_ms)
+        # Its answer is kept while the sign-in verifies: no retry can present it later.
+        call = credit_call(self.route_name, wallet, signed.nonce, raw, order.ttl_ms, signed.replay_ttl_ms)
         match await self.gate.admit(signed, incoming.client_ip, order, call.in_flight()):
             case SignedIn(held=held) if held is not None:
                 grant = self.book.held(order, held, call)

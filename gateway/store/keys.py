@@ -33,7 +33,7 @@ credit_holds         credit-holds:{wallet}            holds: token -> amount    
 credit_lapses        credit-lapses                    wallet -> lapse time (ms)   till the sweeper lapses it
 credit_lapsed        credit-lapsed                    wallet -> lapsed credit     till the sweeper counts it
 credit_sweep         credit-sweep                     the sweeping replica        one sweep, 60 s at most
-credit_call          credit-call:{wallet}:{call id}   call, its answer (JSON)     a hold's TTL, then 10 min
+credit_call          credit-call:{wallet}:{call id}   call, its answer (JSON)     hold's TTL, then sign-in's
 ===================  ===============================  ==========================  ==========================
 
 Under ``x402:svm:``, the internal facilitator's:

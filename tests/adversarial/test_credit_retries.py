@@ -27,12 +27,15 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+import redis.asyncio as aioredis
 from solders.keypair import Keypair
 
 from gateway.credits import Balance
-from gateway.store import Store
+from gateway.store import Store, keys
 from gateway.store.redis import RedisStore
-from gateway.x402.headers import encode_header
+from gateway.x402.headers import decode_header, encode_header
+from gateway.x402.siwx import DEFAULT_CLOCK_SKEW_S, DEFAULT_LIFETIME_S
+from gateway.x402.types import SiwxPayload
 from tests.support.adversarial_credit import CALL_CREDIT, CreditClient, credit_env, credit_of, fund, own_chain
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, Money
 from tests.support.paid_fixtures import (
@@ -118,8 +121,18 @@ async def settled_credit(store: Store, wallet: Keypair, timeout_s: float = 15.0)
         await asyncio.sleep(0.05)
 
 
+async def kept_for_ms(redis_url: str, wallet: Keypair, header: str) -> int:
+    """How long the store keeps the call's record (its answer) from now, in ms."""
+    nonce = decode_header(header, SiwxPayload).nonce
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        return int(await client.pttl(keys.credit_call(str(wallet.pubkey()), nonce)))
+    finally:
+        await client.aclose()
+
+
 async def test_a_call_on_credit_whose_client_hung_up_is_answered_again_and_taken_once(
-    gateway: PaidProcesses, slow_provider: Upstream, store: Store
+    gateway: PaidProcesses, slow_provider: Upstream, store: Store, redis_url: str
 ) -> None:
     (replica,) = gateway.replicas
     client = CreditClient(replica, gateway.chain)
@@ -133,6 +146,7 @@ async def test_a_call_on_credit_whose_client_hung_up_is_answered_again_and_taken
     after_take = await settled_credit(store, wallet)
     retried = await client.spend(header)
     retried_again = await client.spend(header)
+    kept_ms = await kept_for_ms(redis_url, wallet, header)
     other_body = await client.spend(header, request_id=2)
     slow_provider.responder = static(200, PROVIDER_ANSWER)
     fresh = await client.spend(await client.sign_in(wallet))
@@ -148,6 +162,8 @@ async def test_a_call_on_credit_whose_client_hung_up_is_answered_again_and_taken
         assert again.json() == PROVIDER_ANSWER
         assert "x-credit-balance" not in again.headers and "payment-response" not in again.headers
     assert other_body.status == 402 and other_body.json()["error"] == "siwx_replayed"
+    # Kept no longer than the sign-in could be presented again (it verifies 5 min, plus skew).
+    assert 0 < kept_ms <= (DEFAULT_LIFETIME_S + DEFAULT_CLOCK_SKEW_S) * 1000
     assert fresh.status == 200 and fresh.headers["x-credit-balance"] == str(CALL_CREDIT)
     assert (credit.balance, credit.held) == (CALL_CREDIT, 0)  # two calls, two takes, exactly
     assert len(slow_provider.calls) == 2  # the hung-up call and the fresh one; never the retries
