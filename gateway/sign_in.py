@@ -4,7 +4,8 @@ The sign-in's signature, times and resource are checked by :class:`gateway.x402.
 this core decides, in one store round trip, whether a verified sign-in may reach the upstream:
 its nonce unused, then (for a call paid from prepaid credit) the wallet's free credit covering
 the call's price, then the wallet's and the client IP's own buckets, then the budget every
-wallet shares, and only then the nonce recorded as used and the price held. A sign-in refused
+wallet shares, and only then the nonce recorded as used, the price held and the record of the
+call it pays for claimed (``gateway.credit_calls``). A sign-in refused
 by its credit or a limit spends nothing shared and keeps its nonce, to be sent again once it
 may. Every expected result is a value; only an outage (``StoreUnavailable``) raises.
 """
@@ -33,8 +34,8 @@ class Replayed:
     """The nonce was used already: a replayed sign-in."""
 
     call: str | None = None
-    """What the call record ordered with the admission held (its raw value), if any: the caller
-    tells an identical retry of a call paid for from another request."""
+    """The raw value at the key of the ``call`` record given to :meth:`SignInGate.admit`, if any:
+    the caller tells its call's identical retry from another request under the same nonce."""
 
 
 @dataclass(frozen=True, slots=True)
