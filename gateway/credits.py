@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.credit_metrics import CREDIT_SOLD
 from gateway.logs import log_event
-from gateway.store import Credit, CreditAccount, CreditHoldOrder, CreditState, Store, keys
+from gateway.store import Credit, CreditAccount, CreditHoldOrder, CreditState, Entry, Store, keys
 
 if TYPE_CHECKING:
+    from gateway.credit_calls import CreditCall
     from gateway.services import Services
 
 HOLD_MARGIN_MS = 30_000
@@ -68,6 +70,8 @@ class CreditHold:
     """The store's clock when the hold was made."""
     local_clock_s: float = 0.0
     """This process's monotonic clock when it heard of the hold (at or after the store made it)."""
+    call: CreditCall | None = None
+    """The call it pays for, when the call has an id: its answer is kept with the take."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +113,11 @@ class CreditBook:
         return CreditHoldOrder(credit_account(wallet), amount, secrets.token_hex(8), self.hold_ttl_ms)
 
     @staticmethod
-    def held(order: CreditHoldOrder, state: CreditState) -> CreditHold:
-        """The hold ``order`` became, as the store answered it with ``state``."""
-        return CreditHold(order.account.wallet, order.token, order.amount, state.at_us, time.monotonic())
+    def held(order: CreditHoldOrder, state: CreditState, call: CreditCall | None = None) -> CreditHold:
+        """The hold ``order`` became, as the store answered it with ``state`` (for ``call``)."""
+        return CreditHold(
+            order.account.wallet, order.token, order.amount, state.at_us, time.monotonic(), call
+        )
 
     async def hold(self, wallet: str, amount: int) -> CreditHold | None:
         """Hold ``amount`` of ``wallet``'s credit; None when its free credit does not cover it."""
@@ -119,9 +125,10 @@ class CreditBook:
         state = await self.store.hold_credit(order.account, order.amount, order.token, order.ttl_ms)
         return None if state is None else self.held(order, state)
 
-    async def take(self, hold: CreditHold) -> Balance | None:
-        """Take the held amount (the provider answered); None when nothing could be taken (the
-        hold lapsed and the rest of the credit is spent or held, or the credit itself lapsed).
+    async def take(self, hold: CreditHold, keep: Sequence[Entry] = ()) -> Balance | None:
+        """Take the held amount (the provider answered), writing ``keep`` (the call's answer) in
+        the same step; None when nothing could be taken (the hold lapsed and the rest of the
+        credit is spent or held, or the credit itself lapsed), and then nothing was kept.
 
         ``StoreUnavailable`` means nothing was taken, for certain: the take carries a deadline on
         the store's clock (the hold's time plus the time since, plus a share of the store
@@ -135,7 +142,8 @@ class CreditBook:
             window_us = int(limit * 1_000_000) // TAKE_WINDOW_SHARE
         elapsed_us = int((time.monotonic() - hold.local_clock_s) * 1_000_000)
         not_after = hold.store_clock_us + elapsed_us + window_us
-        state = await self.store.take_credit(credit_account(hold.wallet), hold.token, hold.amount, not_after)
+        account = credit_account(hold.wallet)
+        state = await self.store.take_credit(account, hold.token, hold.amount, not_after, keep)
         return self._balance(hold.wallet, state) if state is not None else None
 
     async def release(self, hold: CreditHold) -> None:

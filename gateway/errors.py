@@ -27,6 +27,7 @@ class ErrorCode(enum.StrEnum):
     STORE_UNAVAILABLE = "store_unavailable"
     FACILITATOR_UNAVAILABLE = "facilitator_unavailable"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    CALL_IN_PROGRESS = "call_in_progress"
     SETTLEMENT_PENDING = "settlement_pending"
     NOT_READY = "not_ready"
     INTERNAL_ERROR = "internal_error"
@@ -45,6 +46,7 @@ STATUS_BY_CODE: dict[ErrorCode, int] = {
     ErrorCode.STORE_UNAVAILABLE: 503,
     ErrorCode.FACILITATOR_UNAVAILABLE: 503,
     ErrorCode.IDEMPOTENCY_CONFLICT: 409,
+    ErrorCode.CALL_IN_PROGRESS: 409,
     ErrorCode.SETTLEMENT_PENDING: 503,
     ErrorCode.NOT_READY: 503,
     ErrorCode.INTERNAL_ERROR: 500,

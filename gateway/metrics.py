@@ -42,6 +42,7 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 
 USAGE_OF: Mapping[Outcome, str] = {
     Outcome.CHALLENGED: "unpaid",
+    Outcome.CREDIT_UNCOVERED: "unpaid",
     Outcome.PAID: "paid",
     Outcome.SIGNED_IN: "signed_in",
     Outcome.CREDIT_SPENT: "credit",
@@ -51,7 +52,8 @@ USAGE_OF: Mapping[Outcome, str] = {
     Outcome.UPSTREAM_FAILED: "failed",
 }
 """The shared store's coarser outcome of each payment outcome. A payment-identifier replay and a
-pending settlement add nothing: the one payment is counted once, when it settles or fails."""
+pending settlement add nothing: the one payment is counted once, when it settles or fails. A
+sign-in that found no credit to spend was answered with the route's 402, as an unpaid request."""
 
 def payment_outcomes(access: str) -> tuple[Outcome, ...]:
     """What a request on a route of ``access`` can come to: its mode's declared outcomes (public

@@ -39,7 +39,10 @@ _ERROR_RESPONSES: dict[int, str] = {
     400: "Invalid path, query or body (the one error shape, `invalid_request`).",
     404: "No such resource.",
     405: "Method not allowed; `Allow` lists the methods of the path.",
-    409: "The payment identifier was used with another payment or request.",
+    409: (
+        "The payment identifier was used with another payment or request (`idempotency_conflict`),"
+        " or a call on credit is retried while it is still answered (`call_in_progress`)."
+    ),
     413: "Request body over the size limit.",
     429: "Rate limit exceeded; see `Retry-After`.",
     502: "The upstream failed or answered unusably; nothing was charged.",

@@ -98,7 +98,7 @@ class Services:
         )
         self._upstreams: dict[str, UpstreamClient] = {}
         secret = settings.siwx_secret.reveal().encode() or random_secret()
-        statement = "Sign in to use the asset-data routes of this gateway. No funds move."
+        statement = "Sign in to read asset data or your prepaid credit at this gateway. No funds move."
         self.siwx = SiwxIssuer(secret, settings.base_url, statement)
         self.internal_routes = InternalFacilitatorRoutes(
             self.local_facilitator,

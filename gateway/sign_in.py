@@ -4,7 +4,8 @@ The sign-in's signature, times and resource are checked by :class:`gateway.x402.
 this core decides, in one store round trip, whether a verified sign-in may reach the upstream:
 its nonce unused, then (for a call paid from prepaid credit) the wallet's free credit covering
 the call's price, then the wallet's and the client IP's own buckets, then the budget every
-wallet shares, and only then the nonce recorded as used and the price held. A sign-in refused
+wallet shares, and only then the nonce recorded as used, the price held and the record of the
+call it pays for claimed (``gateway.credit_calls``). A sign-in refused
 by its credit or a limit spends nothing shared and keeps its nonce, to be sent again once it
 may. Every expected result is a value; only an outage (``StoreUnavailable``) raises.
 """
@@ -32,6 +33,10 @@ class Admitted:
 class Replayed:
     """The nonce was used already: a replayed sign-in."""
 
+    call: str | None = None
+    """The raw value at the key of the ``call`` record given to :meth:`SignInGate.admit`, if any:
+    the caller tells its call's identical retry from another request under the same nonce."""
+
 
 @dataclass(frozen=True, slots=True)
 class Uncovered:
@@ -51,17 +56,24 @@ class SignInGate:
         self.limits = tuple(limits)
 
     async def admit(
-        self, signed: VerifiedSignIn, client_ip: str, hold: CreditHoldOrder | None = None
+        self,
+        signed: VerifiedSignIn,
+        client_ip: str,
+        hold: CreditHoldOrder | None = None,
+        call: Entry | None = None,
     ) -> Admission:
         """Use the nonce once across every replica, for as long as it could still verify, and make
-        ``hold`` (the signed-in wallet's credit) in the same atomic step."""
+        ``hold`` (the signed-in wallet's credit) and write ``call`` (the record of the call it
+        pays for, a claim of its own) in the same atomic step."""
         key = keys.sign_in_nonce(signed.nonce)
         plan = self.limiter.plan(self.limits, wallet=signed.address, ip=client_ip)
-        found = await self.store.check_then_limit(
-            [key], plan.buckets, [Entry(key, signed.address, signed.replay_ttl_ms)], hold
-        )
-        if found.values[0] is not None:
-            return Replayed()
+        checked, puts = [key], [Entry(key, signed.address, signed.replay_ttl_ms)]
+        if call is not None:
+            checked.append(call.key)
+            puts.append(call)
+        found = await self.store.check_then_limit(checked, plan.buckets, puts, hold)
+        if any(value is not None for value in found.values):
+            return Replayed(found.values[1] if call is not None else None)
         limited = plan.refusal(found.decisions)
         if limited is not None:
             return limited

@@ -31,6 +31,9 @@ class Outcome(enum.StrEnum):
     REFUSED = "refused"
     SIGNED_IN = "signed_in"
     CREDIT_SPENT = "credit_spent"
+    CREDIT_UNCOVERED = "no_credit"
+    """A sign-in probing for credit found too little: the client pays per call instead. Not a
+    failed payment: nothing was offered that could have paid."""
 
 
 class Credential(msgspec.Struct, frozen=True):
@@ -105,10 +108,16 @@ PAYMENT_METHODS: dict[str, AccessMode] = {
     "credit": AccessMode(
         scheme="sign-in-with-x",
         rate_limit_per=("scope", "wallet", "ip"),
-        error_statuses=(400, 402, 405, 413, 429, 502, 503, 504),
+        error_statuses=(400, 402, 405, 409, 413, 429, 502, 503, 504),
         sells=True,
         credentials=(SIGN_IN,),
-        outcomes=(Outcome.REJECTED, Outcome.CREDIT_SPENT, Outcome.UPSTREAM_FAILED),
+        outcomes=(
+            Outcome.REJECTED,
+            Outcome.CREDIT_UNCOVERED,
+            Outcome.REPLAYED,
+            Outcome.CREDIT_SPENT,
+            Outcome.UPSTREAM_FAILED,
+        ),
         binder="gateway.methods.credit:bind",
         beside_only=True,
     ),

@@ -29,7 +29,7 @@ from gateway.asgi import (
 from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
 from gateway.methods import Admitted, Answer, Finished, Incoming, Offer, RouteMethod
-from gateway.payments import Conflict, Refused, Replay
+from gateway.payments import Conflict, InProgress, Refused, Replay
 from gateway.rate_limiter import Limited, RateLimiter
 from gateway.validation import ValidatedInput
 from gateway.vocabulary import Outcome
@@ -117,6 +117,8 @@ class PaidAccess:
                 await self.answers.refused(scope, send, refused)
             case Replay(response=response):
                 await self.answers.replayed(scope, send, response)
+            case InProgress(message=message):
+                await self.answers.in_progress(scope, send, message)
             case Conflict(message=message):
                 await send_error(send, GatewayError(ErrorCode.IDEMPOTENCY_CONFLICT, message))
             case Limited(error=error):

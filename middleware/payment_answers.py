@@ -59,11 +59,13 @@ class PaymentAnswers:
         await send({"type": "http.response.body", "body": offer.body})
 
     async def refused(self, scope: Scope, send: Send, refused: Refused) -> None:
-        """A fresh challenge naming the reason; a refusal earns a challenge, so it is counted."""
+        """A fresh challenge naming the reason; a refusal earns a challenge, so it is counted. A
+        probe for credit that found none is its own outcome, never a failed payment."""
         ctx = request_context(scope)
-        ctx.outcome, ctx.error = Outcome.REJECTED, refused.reason
+        ctx.outcome, ctx.error = refused.outcome, refused.reason
         ctx.payer = refused.payer or ctx.payer
-        log_event("payment rejected", route=self.route_name, reason=refused.reason, payer=ctx.payer)
+        if refused.outcome is Outcome.REJECTED:
+            log_event("payment rejected", route=self.route_name, reason=refused.reason, payer=ctx.payer)
         await self.limiter.challenge(scope)
         await self.send_challenge(scope, send, refused.reason)
 
@@ -73,6 +75,14 @@ class PaymentAnswers:
         request_context(scope).outcome = Outcome.REPLAYED
         await self.limiter.challenge(scope)
         await send_stored(send, response)
+
+    async def in_progress(self, scope: Scope, send: Send, message: str) -> None:
+        """409: the identical request is still being answered; free for the client, so counted
+        against the client IP's challenge limit like a replay."""
+        await self.limiter.challenge(scope)
+        await send_error(
+            send, GatewayError(ErrorCode.CALL_IN_PROGRESS, message, headers={"Retry-After": "1"})
+        )
 
     async def settled(self, scope: Scope, send: Send, settled: Settled) -> None:
         """The paid answer, a 402 or the one error shape; never "nothing was charged" once the

@@ -293,8 +293,45 @@ async def test_without_enough_credit_the_routes_402_says_insufficient_credit(sto
     assert required["error"] == "insufficient_credit"
     assert [a["scheme"] for a in required["accepts"]] == ["exact"]  # the client pays instead
     assert "sign-in-with-x" in required["extensions"]
+    assert request_context(answer.scope).outcome == "no_credit"  # a probe, not a failed payment
     assert upstream.calls == 0
     assert (await book.balance(str(wallet.pubkey()))).balance == 4
+
+
+async def test_the_sign_in_to_spend_credit_names_the_route_and_the_most_it_may_take(store: Store) -> None:
+    app, route, _ = _spend_app(store, UpstreamStandIn())
+
+    challenge = await call(app, body=balance_body())
+
+    sign = _required(challenge)["extensions"]["sign-in-with-x"]
+    spent_on = f"{route.route.name} ({route.route.path}) at {BASE_URL}"
+    expected = f"Spend at most 0.000005 USDC of prepaid credit on {spent_on}."
+    assert sign["info"]["statement"] == expected
+    assert sign["statement"] == expected
+    assert "No funds move" not in challenge.body.decode()
+
+
+@pytest.mark.parametrize(
+    "statement", ["Sign in to read asset data or your prepaid credit at this gateway. No funds move.", None]
+)
+async def test_a_sign_in_that_signed_other_words_spends_nothing(store: Store, statement: str | None) -> None:
+    """A wallet that signed that no funds move (or no statement at all) never authorised a spend:
+    refused before the store, nothing held or taken."""
+    upstream = UpstreamStandIn()
+    app, _, book = _spend_app(store, upstream)
+    wallet = Keypair()
+    await _fund(store, str(wallet.pubkey()), 10)
+    challenge = await call(app, body=balance_body())
+    extension = _required(challenge)["extensions"]["sign-in-with-x"]
+    extension["info"]["statement"] = statement
+
+    answer = await call(app, body=balance_body(), headers={"sign-in-with-x": sign_in(extension, wallet)})
+
+    assert answer.status == 402 and answer.json()["error"] == "siwx_statement_mismatch"
+    assert request_context(answer.scope).outcome == "rejected"
+    assert upstream.calls == 0
+    balance = await book.balance(str(wallet.pubkey()))
+    assert (balance.balance, balance.held) == (10, 0)
 
 
 async def test_a_provider_failure_takes_no_credit(store: Store) -> None:
@@ -312,18 +349,135 @@ async def test_a_provider_failure_takes_no_credit(store: Store) -> None:
     assert (balance.balance, balance.held) == (10, 0)
 
 
-async def test_a_sign_in_is_used_once(store: Store) -> None:
-    app, _, book = _spend_app(store, UpstreamStandIn())
+async def test_a_sign_in_is_used_once_and_its_identical_retry_gets_the_answer_again(store: Store) -> None:
+    """A client whose connection dropped after its call was charged retries the identical request
+    with the same sign-in: the answer it paid for, from the store; nothing is taken twice and the
+    provider is not called again."""
+    upstream = UpstreamStandIn()
+    app, _, book = _spend_app(store, upstream)
     wallet = Keypair()
     await _fund(store, str(wallet.pubkey()), 100)
     header = {"sign-in-with-x": await _sign_in_header(app, wallet)}
 
     first = await call(app, body=balance_body(), headers=header)
-    replayed = await call(app, body=balance_body(), headers=header)
+    retried = [await call(app, body=balance_body(), headers=header) for _ in range(3)]
+
+    assert first.status == 200 and first.body == PROVIDER_ANSWER
+    assert first.headers["x-credit-balance"] == "95"
+    for again in retried:
+        assert (again.status, again.body) == (200, PROVIDER_ANSWER)
+        assert again.headers["content-type"] == first.headers["content-type"]
+        assert "x-credit-balance" not in again.headers  # the answer again, not a new balance
+        assert "payment-response" not in again.headers
+        assert request_context(again.scope).outcome == "replayed"
+    assert upstream.calls == 1
+    balance = await book.balance(str(wallet.pubkey()))
+    assert (balance.balance, balance.held) == (95, 0)
+
+
+async def test_a_sign_in_used_for_one_request_is_refused_for_another(store: Store) -> None:
+    """Another body (or another route, which the signed resource already refuses) under a used
+    sign-in is not its call: refused as replayed, nothing taken, the provider not called."""
+    upstream = UpstreamStandIn()
+    app, _, book = _spend_app(store, upstream)
+    wallet = Keypair()
+    await _fund(store, str(wallet.pubkey()), 100)
+    header = {"sign-in-with-x": await _sign_in_header(app, wallet)}
+
+    first = await call(app, body=balance_body(), headers=header)
+    other_body = await call(app, body=balance_body(request_id=2), headers=header)
+    other_account = await call(app, body=balance_body(account="1" * 32), headers=header)
 
     assert first.status == 200
-    assert replayed.status == 402 and replayed.json()["error"] == "siwx_replayed"
-    assert (await book.balance(str(wallet.pubkey()))).balance == 95
+    for refused in (other_body, other_account):
+        assert refused.status == 402 and refused.json()["error"] == "siwx_replayed"
+        assert "x-credit-balance" not in refused.headers
+        assert request_context(refused.scope).outcome == "rejected"
+    assert upstream.calls == 1
+    balance = await book.balance(str(wallet.pubkey()))
+    assert (balance.balance, balance.held) == (95, 0)
+
+
+class _HeldUpstream(UpstreamStandIn):
+    """Answers only once the test lets it: a call in flight for as long as the test needs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.called = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.called.set()
+        await self.release.wait()
+        await super().__call__(scope, receive, send)
+
+
+async def test_a_retry_while_its_call_is_in_flight_is_told_to_retry_then_gets_the_answer(
+    store: Store,
+) -> None:
+    upstream = _HeldUpstream()
+    app, _, book = _spend_app(store, upstream)
+    wallet = Keypair()
+    await _fund(store, str(wallet.pubkey()), 100)
+    header = {"sign-in-with-x": await _sign_in_header(app, wallet)}
+
+    first = asyncio.create_task(call(app, body=balance_body(), headers=header))
+    await upstream.called.wait()
+    during = await call(app, body=balance_body(), headers=header)
+    held = await book.balance(str(wallet.pubkey()))
+    upstream.release.set()
+    answered = await first
+    after = await call(app, body=balance_body(), headers=header)
+
+    assert during.status == 409
+    assert during.json()["error"]["code"] == "call_in_progress"
+    assert during.headers["retry-after"] == "1"
+    assert (held.balance, held.held) == (100, 5)  # the first call's hold alone
+    assert answered.status == 200 and answered.headers["x-credit-balance"] == "95"
+    assert (after.status, after.body) == (200, PROVIDER_ANSWER)
+    assert upstream.calls == 1
+    balance = await book.balance(str(wallet.pubkey()))
+    assert (balance.balance, balance.held) == (95, 0)
+
+
+async def test_a_retry_of_a_call_whose_provider_failed_is_told_nothing_was_taken(store: Store) -> None:
+    upstream = UpstreamStandIn(502, b'{"ok":false}')
+    app, _, book = _spend_app(store, upstream)
+    wallet = Keypair()
+    await _fund(store, str(wallet.pubkey()), 10)
+    header = {"sign-in-with-x": await _sign_in_header(app, wallet)}
+
+    failed = await call(app, body=balance_body(), headers=header)
+    upstream.status, upstream.body = 200, PROVIDER_ANSWER
+    retried = await call(app, body=balance_body(), headers=header)
+    fresh = await call(
+        app, body=balance_body(), headers={"sign-in-with-x": await _sign_in_header(app, wallet)}
+    )
+
+    assert failed.status == 502
+    assert retried.status == 402 and retried.json()["error"] == "siwx_replayed"
+    assert fresh.status == 200 and fresh.headers["x-credit-balance"] == "5"
+    assert upstream.calls == 2
+    balance = await book.balance(str(wallet.pubkey()))
+    assert (balance.balance, balance.held) == (5, 0)
+
+
+async def test_an_answer_too_large_to_keep_is_taken_once_and_not_given_again(store: Store) -> None:
+    large = b'{"jsonrpc":"2.0","id":1,"result":"' + b"x" * 17_000 + b'"}'
+    upstream = UpstreamStandIn(200, large)
+    app, _, book = _spend_app(store, upstream)
+    wallet = Keypair()
+    await _fund(store, str(wallet.pubkey()), 10)
+    header = {"sign-in-with-x": await _sign_in_header(app, wallet)}
+
+    first = await call(app, body=balance_body(), headers=header)
+    retried = await call(app, body=balance_body(), headers=header)
+
+    assert first.status == 200 and first.body == large
+    assert retried.status == 402 and retried.json()["error"] == "siwx_replayed"
+    assert upstream.calls == 1
+    balance = await book.balance(str(wallet.pubkey()))
+    assert (balance.balance, balance.held) == (5, 0)
 
 
 async def test_sign_ins_without_credit_spend_nothing_others_share(store: Store) -> None:
@@ -347,14 +501,14 @@ async def test_sign_ins_without_credit_spend_nothing_others_share(store: Store) 
     assert (await book.balance(str(funded.pubkey()))).balance == 95
 
 
-async def test_a_replayed_sign_in_gives_its_hold_back(store: Store) -> None:
+async def test_a_replayed_sign_in_holds_nothing(store: Store) -> None:
     app, _, book = _spend_app(store, UpstreamStandIn())
     wallet = Keypair()
     await _fund(store, str(wallet.pubkey()), 10)
     header = {"sign-in-with-x": await _sign_in_header(app, wallet)}
     await call(app, body=balance_body(), headers=header)
 
-    replayed = await call(app, body=balance_body(), headers=header)
+    replayed = await call(app, body=balance_body(request_id=2), headers=header)
 
     assert replayed.status == 402 and replayed.json()["error"] == "siwx_replayed"
     balance = await book.balance(str(wallet.pubkey()))

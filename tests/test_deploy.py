@@ -1128,6 +1128,20 @@ def test_dashboard_shows_routes_statuses_latency_quantiles_and_payments() -> Non
     )
 
 
+def test_the_failed_payments_panel_counts_only_failures() -> None:
+    """A sign-in probing for credit that finds none (``no_credit``) is no failed payment: the
+    panel names only outcomes the usage counts as failed, and never a probe, a challenge or a
+    replay."""
+    (panel,) = [p for p in _grafana()["panels"] if p.get("title") == "Failed payments by route"]
+    (expr,) = [t["expr"] for t in panel["targets"]]
+    named = set(re.search(r'x402_payments_total\{outcome=~"([^"]+)"', expr).group(1).split("|"))  # type: ignore[union-attr]
+    failures = {outcome.value for outcome, usage in metrics.USAGE_OF.items() if usage == "failed"}
+    assert named == {"rejected", "settle_failed", "upstream_failed"}
+    assert named <= failures
+    assert not named & {"no_credit", "challenged", "replayed", "credit_spent", "paid"}
+    assert metrics.USAGE_OF[metrics.Outcome.CREDIT_UNCOVERED] == "unpaid"
+
+
 def _credit_series() -> set[str]:
     """The series of every counter in gateway/credit_metrics.py."""
     counters = [c for c in vars(credit_metrics).values() if isinstance(c, credit_metrics.Counter)]

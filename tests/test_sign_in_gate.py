@@ -12,6 +12,7 @@ import pytest
 import pytest_asyncio
 from solders.keypair import Keypair
 
+from gateway.credit_calls import StillInFlight, credit_call
 from gateway.credits import CreditBook
 from gateway.rate_limiter import RateLimiter
 from gateway.routes import RateLimitSpec
@@ -188,3 +189,45 @@ def test_each_share_is_planned_against_the_requests_budget_and_its_scopes_mark()
         (key, None),
     ]
     assert plan.shared == (plan.buckets[2],)  # what a refused payment would hand back: not the shares
+
+
+async def test_a_call_on_credit_is_claimed_with_its_nonce_and_its_hold_in_one_step(store: Store) -> None:
+    """The call's record is written with the nonce and the hold, only when both are; a replay of
+    the nonce reads it back (the caller tells an identical retry from another request), and a
+    sign-in short of credit writes none of the three."""
+    gate = _gate(store)
+    signed = _signed()
+    book = CreditBook(store, lapse_days=1, upstream_timeout_s=1.0)
+    call = credit_call("route", signed.address, signed.nonce, b"{}", 31_000)
+
+    short = await gate.admit(signed, FLOODER, book.order(signed.address, 5), call.in_flight())
+    assert isinstance(short, Uncovered)
+    assert await store.get(call.key) is None and await store.get(keys.sign_in_nonce(signed.nonce)) is None
+    assert await store.claim_then_put([], [], book.credits(signed.address, 10)) == 0
+    admitted = await gate.admit(signed, FLOODER, book.order(signed.address, 5), call.in_flight())
+    replayed = await gate.admit(signed, FLOODER, book.order(signed.address, 5), call.in_flight())
+    elsewhere = await gate.admit(signed, FLOODER)  # the nonce spent without a call of its own
+
+    assert isinstance(admitted, Admitted) and admitted.held is not None
+    assert await store.get(call.key) == call.in_flight().value
+    assert isinstance(replayed, Replayed) and replayed.call == call.in_flight().value
+    assert isinstance(call.earlier(replayed.call), StillInFlight)
+    assert isinstance(elsewhere, Replayed) and elsewhere.call is None
+    state = await book.balance(signed.address)
+    assert (state.balance, state.held) == (10, 5)  # the one hold
+
+
+async def test_a_call_id_is_scoped_by_its_wallet(store: Store) -> None:
+    """Two wallets naming the same call id never share a record (a client's own idempotency key
+    cannot reach another wallet's answer)."""
+    first, second = Keypair(), Keypair()
+    assert (
+        credit_call("r", str(first.pubkey()), "id", b"", 1).key
+        != credit_call("r", str(second.pubkey()), "id", b"", 1).key
+    )
+    assert (
+        credit_call("r", "W", "id", b"a", 1).fingerprint != credit_call("r", "W", "id", b"b", 1).fingerprint
+    )
+    assert (
+        credit_call("r", "W", "id", b"a", 1).fingerprint != credit_call("s", "W", "id", b"a", 1).fingerprint
+    )

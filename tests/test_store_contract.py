@@ -965,6 +965,69 @@ async def test_concurrent_takes_of_one_token_take_once(store: Store) -> None:
     assert (state.balance, state.held) == (70, 0)
 
 
+async def test_a_take_keeps_its_entries_exactly_when_it_takes(store: Store) -> None:
+    """A call's answer is kept in the take's own step: kept by the take that took, never by one
+    that took nothing (no credit, a repeated take, past its deadline)."""
+    await top_up(store, 100)
+    assert await store.hold_credit(SPEND, 30, "kept", 60_000) is not None
+    answer = Entry("answer:kept", "the answer", 60_000)
+
+    taken = await store.take_credit(SPEND, "kept", 30, keep=[answer])
+    repeated = await store.take_credit(SPEND, "kept", 30, keep=[Entry("answer:kept", "another", 60_000)])
+    uncovered = await store.take_credit(SPEND, "unheld", 71, keep=[Entry("answer:uncovered", "x", 60_000)])
+    held = await store.hold_credit(SPEND, 10, "late", 60_000)
+    assert held is not None
+    with pytest.raises(TakeTooLate):
+        await store.take_credit(
+            SPEND, "late", 10, not_after_us=held.at_us - 1, keep=[Entry("answer:late", "x", 60_000)]
+        )
+
+    assert taken is not None and (taken.balance, taken.held) == (70, 0)
+    assert (repeated, uncovered) == (None, None)
+    assert await store.get("answer:kept") == "the answer"
+    assert await store.get("answer:uncovered") is None
+    assert await store.get("answer:late") is None
+    state = await store.credit_state(SPEND)
+    assert (state.balance, state.held) == (70, 10)
+
+
+async def test_of_concurrent_takes_of_one_token_one_keeps_its_entry(store: Store) -> None:
+    await top_up(store, 100)
+    assert await store.hold_credit(SPEND, 30, "race", 60_000) is not None
+
+    results = await asyncio.gather(
+        *(
+            store.take_credit(SPEND, "race", 30, keep=[Entry("answer:race", str(n), 60_000)])
+            for n in range(20)
+        )
+    )
+
+    (winner,) = [n for n, state in enumerate(results) if state is not None]
+    assert await store.get("answer:race") == str(winner)
+    state = await store.credit_state(SPEND)
+    assert (state.balance, state.held) == (70, 0)
+
+
+async def test_a_kept_entry_expires_after_its_ttl(store: Store) -> None:
+    await top_up(store, 100)
+    assert await store.hold_credit(SPEND, 1, "brief", 60_000) is not None
+    assert await store.take_credit(SPEND, "brief", 1, keep=[Entry("answer:brief", "a", 100)]) is not None
+    assert await store.get("answer:brief") == "a"
+    gone = await read_until(
+        lambda: store.get("answer:brief"), lambda value: value is None, time.monotonic() + 2
+    )
+    assert gone is None
+
+
+async def test_a_take_refuses_a_kept_entry_that_would_never_expire(store: Store) -> None:
+    await top_up(store, 100)
+    assert await store.hold_credit(SPEND, 1, "bad", 60_000) is not None
+    with pytest.raises(ValueError):
+        await store.take_credit(SPEND, "bad", 1, keep=[Entry("answer:bad", "a", 0)])
+    state = await store.credit_state(SPEND)
+    assert (state.balance, state.held) == (100, 1)  # nothing taken
+
+
 async def test_a_token_held_again_after_its_take_can_be_taken_again(store: Store) -> None:
     await top_up(store, 100)
     assert await store.hold_credit(SPEND, 10, "reused", 60_000) is not None

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
 from gateway.context import RequestContext
 from gateway.metrics import Usage, payment_outcomes, usage_key, usage_outcomes
-from gateway.routes import RouteSpec, load_routes, named_limits
+from gateway.routes import RouteSpec, load_routes, named_limits, payment_methods
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
@@ -67,6 +67,27 @@ async def test_every_outcome_of_a_paid_route_is_counted_once_in_its_place(routes
     assert {o: _payments(EXACT, o) for o in before} == {o: v + 1 for o, v in before.items() if v is not None}
     assert _revenue(EXACT) == revenue + PRICE  # only the paid outcome earns
     assert (await store.counters([usage_key(EXACT, "failed")]))[usage_key(EXACT, "failed")] == 3
+
+
+async def test_a_probe_for_credit_that_finds_none_is_its_own_series_never_a_failed_payment(
+    routes: list[RouteSpec],
+) -> None:
+    """A wallet without credit that signs in first (as ``pay`` and the SDK hook do) is answered
+    with the route's 402: counted ``no_credit``, an unpaid request in the store, never ``rejected``."""
+    settings = Settings(base_url="https://gw.example.com", credits_enabled=True)
+    usage = Usage(MemoryStore(), routes, lambda route: payment_methods(route, settings))
+    before = {o: _payments(EXACT, o) for o in ("no_credit", "rejected", "replayed", "credit_spent")}
+    assert None not in before.values(), "the credit series exist from the start"
+
+    usage.observe(_ctx(EXACT, "exact", "no_credit", 402))
+    usage.observe(_ctx(EXACT, "exact", "no_credit", 402))
+
+    after = {o: _payments(EXACT, o) for o in before}
+    assert after == {**before, "no_credit": (before["no_credit"] or 0) + 2}
+    snapshot = await usage.snapshot([EXACT])
+    assert snapshot == {(EXACT, "unpaid"): 2, (EXACT, "failed"): 0, (EXACT, "paid"): 0, (EXACT, "credit"): 0}
+    assert "no_credit" in {o.value for o in payment_outcomes("credit")}
+    assert _payments(SIWX, "no_credit") is None  # a sign-in route has no credit to look for
 
 
 async def test_sign_in_routes_count_sign_ins_and_never_payments(routes: list[RouteSpec]) -> None:
@@ -178,29 +199,43 @@ def _outcomes_set_in(*files: str) -> set[str]:
                     if isinstance(slot, ast.Attribute) and slot.attr == "outcome":
                         if isinstance(value, ast.Name) and value.id == "outcome":
                             continue  # a Delivered's own outcome: see _delivered_outcomes
+                        if ast.unparse(value) == "refused.outcome":
+                            continue  # a Refused's own outcome: see _refused_outcomes
                         assert isinstance(value, ast.Attribute), ast.unparse(node)
                         assert ast.unparse(value.value) == "Outcome", ast.unparse(node)
                         found.add(Outcome[value.attr].value)
     return found
 
 
-def _delivered_outcomes() -> set[str]:
-    """The outcomes the payment methods and the payment core deliver with (``Delivered``'s third
-    field, ``paid`` unless a method says otherwise)."""
+def _outcomes_given(value: str, position: int, default: str) -> set[str]:
+    """The outcomes the payment methods and the payment core build ``value``s with (its
+    ``outcome`` field, at ``position``; ``default`` where none is given)."""
     found: set[str] = set()
     sources = [*(ROOT / "gateway" / "methods").glob("*.py"), *(ROOT / "gateway" / "payments").glob("*.py")]
     for path in sorted(sources):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and ast.unparse(node.func) == "Delivered":
-                given = [k.value for k in node.keywords if k.arg == "outcome"] + node.args[2:]
-                found |= {Outcome[g.attr].value for g in given if isinstance(g, ast.Attribute)} or {"paid"}
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == value:
+                given = [k.value for k in node.keywords if k.arg == "outcome"] + node.args[position:]
+                found |= {Outcome[g.attr].value for g in given if isinstance(g, ast.Attribute)} or {default}
     return found
+
+
+def _delivered_outcomes() -> set[str]:
+    """What ``Delivered`` answers count as (``paid`` unless a method says otherwise)."""
+    return _outcomes_given("Delivered", 2, "paid")
+
+
+def _refused_outcomes() -> set[str]:
+    """What ``Refused`` answers count as (``rejected`` unless a method says otherwise)."""
+    return _outcomes_given("Refused", 3, "rejected")
 
 
 def test_the_outcomes_counted_are_the_ones_the_middlewares_set() -> None:
     """An outcome the middlewares set but the metrics do not know would go uncounted."""
     paid_routes = set(payment_outcomes("exact")) | set(payment_outcomes("credit"))
-    assert _outcomes_set_in("paid_access.py", "payment_answers.py") | _delivered_outcomes() == paid_routes
+    counted = _outcomes_set_in("paid_access.py", "payment_answers.py")
+    assert counted | _delivered_outcomes() | _refused_outcomes() == paid_routes
     assert _delivered_outcomes() == {"paid", "credit_spent"}
+    assert _refused_outcomes() == {"rejected", "no_credit"}
     # upstream_failed on a sign-in route is the telemetry's word for signed_in with a 5xx
     assert _outcomes_set_in("siwx.py") | {"upstream_failed"} == set(payment_outcomes("siwx"))

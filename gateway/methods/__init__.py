@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from gateway.payments.results import Conflict, Refused, Replay, Settled
+from gateway.payments.results import Conflict, InProgress, Refused, Replay, Settled
 from gateway.rate_limiter import Limited
 from gateway.routes import RouteSpec
 from gateway.vocabulary import ACCESS_MODES, AccessMode
@@ -70,7 +70,7 @@ class Checked(Generic[Grant]):
     """What checking a credential came to, and who it was about (the payer, once the credential
     named one). Everything else is an outage or a bug, and raises."""
 
-    decision: Admitted[Grant] | Finished | Refused | Replay | Conflict | Limited
+    decision: Admitted[Grant] | Finished | Refused | Replay | InProgress | Conflict | Limited
     payer: str | None = None
 
 

@@ -11,21 +11,29 @@ uses the nonce and holds the price (:class:`gateway.sign_in.SignInGate` with a h
 with ``insufficient_credit`` and the route's full 402, so a client pays per call instead. The
 hold is taken once the provider answered and released when it did not; a process that dies in
 between leaves a hold that lapses by itself, so nothing is taken.
+
+The text a wallet signs here names what it authorises: the route, its credit price and the
+gateway (:func:`spend_statement`), and a sign-in that signed other words is refused. Each call is
+named by its sign-in's nonce (:mod:`gateway.credit_calls`): the identical request retried with
+the same sign-in (a client whose connection dropped) gets the answer it was charged for, kept
+with the take; nothing is taken twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from gateway.credit_calls import AnswerAgain, CreditCall, NotAgain, StillInFlight, credit_call
 from gateway.credit_metrics import CREDIT_SPENT
 from gateway.credits import CreditBook, CreditHold, credit_book
 from gateway.logs import log_event
 from gateway.methods import Admitted, Answer, Checked, Incoming, Offer, credential_headers
-from gateway.payments import Delivered, Refused, Settled, StoredResponse
-from gateway.pricing import credit_price
+from gateway.payments import Delivered, InProgress, Refused, Replay, Settled, StoredResponse
+from gateway.pricing import credit_price, usd_display
 from gateway.rate_limiter import Limited
 from gateway.routes import RouteSpec
 from gateway.sign_in import Admitted as SignedIn
@@ -40,6 +48,12 @@ if TYPE_CHECKING:
     from gateway.services import Services
 
 INSUFFICIENT_CREDIT = "insufficient_credit"
+
+
+def spend_statement(route: RouteSpec, price: int, origin: str) -> str:
+    """What a wallet signs to spend credit on ``route``: the most it may take, where, from whom."""
+    most = usd_display(price).removeprefix("$")
+    return f"Spend at most {most} USDC of prepaid credit on {route.name} ({route.path}) at {origin}."
 
 
 class CreditMethod:
@@ -64,13 +78,18 @@ class CreditMethod:
         self.book = book
         self.validator = RequestValidator(route.input)
         self.spent = CREDIT_SPENT.labels(route.name)
+        self.statement = spend_statement(route, price, issuer.base_url)
 
     async def challenge(self, path: str, error: str | None, extensions: Mapping[str, Any]) -> Offer:
         """The sign-in challenge alone (credit is accepted beside another method, whose 402 this
         method only extends; this is its 402 were it ever a route's own)."""
         resource = self.issuer.resource_url(path)
         document = self.issuer.challenge(
-            resource, error=error, description=self.description, mime_type="application/json"
+            resource,
+            error=error,
+            description=self.description,
+            mime_type="application/json",
+            statement=self.statement,
         )
         document.extensions = {**(document.extensions or {}), **extensions}
         body = msgspec.json.encode(document)
@@ -83,38 +102,58 @@ class CreditMethod:
 
     async def extensions(self, path: str) -> Mapping[str, Any]:
         """A fresh sign-in challenge for this route's URL (its nonce is single-use)."""
-        return {EXTENSION_KEY: self.issuer.extension(self.issuer.resource_url(path))}
+        resource = self.issuer.resource_url(path)
+        return {EXTENSION_KEY: self.issuer.extension(resource, statement=self.statement)}
 
     async def check(self, incoming: Incoming) -> Checked[CreditHold]:
         resource = self.issuer.resource_url(incoming.path)
         try:
-            signed = self.issuer.verify(incoming.credential, resource)
+            signed = self.issuer.verify(incoming.credential, resource, statement=self.statement)
         except SiwxError as refused:
             return Checked(Refused(refused.reason.value, str(refused)))
         wallet = signed.address
-        body = self.validator.body(await incoming.read_body())
+        raw = await incoming.read_body()
+        body = self.validator.body(raw)
         # The credit is checked before any bucket, in the same round trip as the nonce: a wallet
         # without enough of it (any throwaway key signs in for free) spends no nonce and no
-        # bucket other clients share.
+        # bucket other clients share. The call's record is claimed in that step too.
         order = self.book.order(wallet, self.price)
-        match await self.gate.admit(signed, incoming.client_ip, order):
+        # Its answer is kept while the sign-in verifies: no retry can present it later.
+        call = credit_call(self.route_name, wallet, signed.nonce, raw, order.ttl_ms, signed.replay_ttl_ms)
+        match await self.gate.admit(signed, incoming.client_ip, order, call.in_flight()):
             case SignedIn(held=held) if held is not None:
-                return Checked(Admitted(self.book.held(order, held), body, str(self.price)), wallet)
-            case Replayed():
-                replayed = Refused(SiwxReason.REPLAYED.value, "this sign-in was used already", wallet)
-                return Checked(replayed, wallet)
+                grant = self.book.held(order, held, call)
+                return Checked(Admitted(grant, body, str(self.price)), wallet)
+            case Replayed(call=found):
+                return Checked(self._again(call, found, wallet), wallet)
             case Limited() as limited:
                 return Checked(limited, wallet)
             case Uncovered():
-                short = Refused(INSUFFICIENT_CREDIT, "the wallet's credit does not cover this call", wallet)
-                return Checked(short, wallet)
+                short = "the wallet's credit does not cover this call"
+                return Checked(Refused(INSUFFICIENT_CREDIT, short, wallet, Outcome.CREDIT_UNCOVERED), wallet)
         raise StoreUnavailable("state store admitted a sign-in without holding its credit")
 
+    @staticmethod
+    def _again(call: CreditCall, found: str | None, wallet: str) -> Replay | InProgress | Refused:
+        """A used sign-in: the answer its identical request was charged for, a 409 while that
+        request is still answered, else refused as replayed (nothing taken either way)."""
+        match call.earlier(found):
+            case AnswerAgain(response=response):
+                return Replay(response)
+            case StillInFlight():
+                return InProgress("the call made with this sign-in is still being answered; retry it")
+            case NotAgain(message=message):
+                return Refused(SiwxReason.REPLAYED.value, message, wallet)
+
     async def finish(self, grant: CreditHold, answer: Answer) -> Settled:
-        """Take the held price; a hold that lapsed meanwhile is taken only if the credit still
-        covers it, else the answer is withheld (nothing is served unpaid)."""
-        balance = await self.book.take(grant)
+        """Take the held price, keeping the answer for the call's identical retries in the same
+        step; a hold that lapsed meanwhile is taken only if the credit still covers it, else the
+        answer is withheld (nothing is served unpaid, nothing kept)."""
+        kept = StoredResponse(200, answer.body, answer.content_type)
+        keep = [grant.call.answered(kept)] if grant.call is not None else []
+        balance = await self.book.take(grant, keep)
         if balance is None:
+            await self._failed(grant)
             lapsed = "the credit held for this call lapsed and was spent"
             return Refused(INSUFFICIENT_CREDIT, lapsed, grant.wallet)
         self.spent.inc(grant.amount)
@@ -130,8 +169,21 @@ class CreditMethod:
         return Delivered(response, "", Outcome.CREDIT_SPENT)
 
     async def abandon(self, grant: CreditHold) -> None:
-        """The provider failed: nothing is taken."""
-        await self._release(grant)
+        """The provider failed: nothing is taken, and the call's retry is told so."""
+        await asyncio.gather(self._release(grant), self._failed(grant))
+
+    async def _failed(self, hold: CreditHold) -> None:
+        """Record that the call took nothing; a store outage leaves it in flight until its hold
+        would have lapsed (its retry hears 409 meanwhile, then ``siwx_replayed``)."""
+        if hold.call is None:
+            return
+        failed = hold.call.failed()
+        try:
+            await self.book.store.put(failed.key, failed.value, failed.ttl_ms)
+        except StoreUnavailable:
+            log_event(
+                "credit call left in flight: store unavailable", route=self.route_name, wallet=hold.wallet
+            )
 
     async def _release(self, hold: CreditHold) -> None:
         """Give the held price back; a store outage leaves the hold to lapse by itself."""

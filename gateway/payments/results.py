@@ -63,6 +63,8 @@ class Refused:
     reason: str
     message: str = ""
     payer: str | None = None
+    outcome: Outcome = Outcome.REJECTED
+    """How it is counted: a failed payment, unless it is a probe for credit that found none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,14 @@ class Replay:
 @dataclass(frozen=True, slots=True)
 class Conflict:
     """A payment identifier that belongs to another request or payment: 409."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class InProgress:
+    """The identical request under the same credential is still being answered: 409, retry it
+    shortly (it will get that request's answer, or be told why not); nothing is taken twice."""
 
     message: str
 

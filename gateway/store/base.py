@@ -300,7 +300,12 @@ class Store(Protocol):
         ``check_then_limit`` with nothing else to check."""
 
     async def take_credit(
-        self, account: CreditAccount, token: str, amount: int, not_after_us: int | None = None
+        self,
+        account: CreditAccount,
+        token: str,
+        amount: int,
+        not_after_us: int | None = None,
+        keep: Sequence[Entry] = (),
     ) -> CreditState | None:
         """Atomically, in one round trip, and only while the store's clock is at most
         ``not_after_us`` (else nothing changes and :class:`TakeTooLate` is raised, so a take that
@@ -310,7 +315,9 @@ class Store(Protocol):
         nothing and answer None. A lapsed or never made hold takes only what is still free, so a
         take never overdraws the balance nor eats into another caller's hold; a balance past its
         lapse time has nothing to take. A taken hold leaves a mark until it would have lapsed: a
-        repeated take of the token meanwhile takes nothing (None)."""
+        repeated take of the token meanwhile takes nothing (None). Every ``keep`` entry is
+        written in the same step, exactly when the take takes (a call's answer, kept for its
+        retries: a take without its kept answer cannot happen, nor a kept answer never paid)."""
 
     async def credit_state(self, account: CreditAccount) -> CreditState:
         """In one round trip: the balance (0 past its lapse time), the sum of the live holds and

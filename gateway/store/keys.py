@@ -34,6 +34,7 @@ credit_holds         credit-holds:{wallet}            holds: token -> amount    
 credit_lapses        credit-lapses                    wallet -> lapse time (ms)   till the sweeper lapses it
 credit_lapsed        credit-lapsed                    wallet -> lapsed credit     till the sweeper counts it
 credit_sweep         credit-sweep                     the sweeping replica        one sweep, 60 s at most
+credit_call          credit-call:{wallet}:{call id}   call, its answer (JSON)     hold's TTL, then sign-in's
 ===================  ===============================  ==========================  ==========================
 
 Under ``x402:svm:``, the internal facilitator's:
@@ -78,6 +79,7 @@ CREDIT_HOLDS: Final = _GATEWAY + "credit-holds:"
 CREDIT_LAPSES: Final = _GATEWAY + "credit-lapses"
 CREDIT_LAPSED: Final = _GATEWAY + "credit-lapsed"
 CREDIT_SWEEP: Final = _GATEWAY + "credit-sweep"
+CREDIT_CALL: Final = _GATEWAY + "credit-call:"
 SETTLEMENT: Final = _FACILITATOR + "settle:"
 _REPORTED_TAIL: Final = ":done"
 
@@ -187,6 +189,12 @@ def credit_sweep() -> str:
     return CREDIT_SWEEP
 
 
+def credit_call(wallet: str, call_id: str) -> str:
+    """One call on a wallet's credit, named by its call id (a sign-in's nonce), and the answer it
+    was charged for (``gateway.credit_calls``)."""
+    return f"{CREDIT_CALL}{wallet}:{call_id}"
+
+
 def settlement(message_hash: str) -> str:
     """The internal facilitator's record of one payment (``gateway.payments.local_facilitator``)."""
     return SETTLEMENT + message_hash
@@ -219,6 +227,7 @@ FAMILIES: Final[Mapping[Callable[..., str], str]] = {
     credit_lapses: CREDIT_LAPSES,
     credit_lapsed: CREDIT_LAPSED,
     credit_sweep: CREDIT_SWEEP,
+    credit_call: CREDIT_CALL,
     settlement: SETTLEMENT,
     settlement_reported: SETTLEMENT,
 }

@@ -25,6 +25,7 @@ from gateway.store.base import (
     StoreUnavailable,
     TakeTooLate,
     checked_amount,
+    checked_ttl,
     share_budgets,
     taken_mark,
 )
@@ -345,9 +346,10 @@ return {values, waits, 1, held}
 """
 )
 
-# ARGV: wallet, token, amount, the deadline on the store's clock (µs; empty: none). Reply: the
-# credit state after the take, nil when nothing was taken, or 'late' past the deadline. KEYS[4]:
-# the token's taken mark, set while its hold would have lived.
+# ARGV: wallet, token, amount, the deadline on the store's clock (µs; empty: none), then value and
+# ttl_ms per entry to keep. Reply: the credit state after the take, nil when nothing was taken, or
+# 'late' past the deadline. KEYS[4]: the token's taken mark, set while its hold would have lived;
+# KEYS[5...]: the entries written with the take (a call's answer), and only with it.
 TAKE_CREDIT_SCRIPT = (
     _CREDIT_PRELUDE
     + """
@@ -365,6 +367,9 @@ end
 if amount > 0 then
   redis.call('DECRBY', KEYS[1], ARGV[3])
   balance = redis.call('GET', KEYS[1])
+end
+for i = 5, #KEYS do
+  redis.call('SET', KEYS[i], ARGV[2 * i - 5], 'PX', ARGV[2 * i - 4])
 end
 return {balance, others, left, now}
 """
@@ -508,12 +513,15 @@ def credit_keys(account: CreditAccount) -> list[str]:
 
 
 def take_credit_call(
-    account: CreditAccount, token: str, amount: int, not_after_us: int | None
+    account: CreditAccount, token: str, amount: int, not_after_us: int | None, keep: Sequence[Entry] = ()
 ) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of the take-credit script (ValueError on an amount it cannot keep)."""
     deadline = "" if not_after_us is None else str(not_after_us)
-    script_keys = [*credit_keys(account), taken_mark(account, token)]
-    return script_keys, [account.wallet, token, str(checked_amount(amount)), deadline]
+    script_keys = [*credit_keys(account), taken_mark(account, token), *(entry.key for entry in keep)]
+    args = [account.wallet, token, str(checked_amount(amount)), deadline]
+    for entry in keep:
+        args += [entry.value, str(checked_ttl(entry.ttl_ms))]
+    return script_keys, args
 
 
 def credit_change_from_reply(reply: object) -> CreditState | None:

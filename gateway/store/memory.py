@@ -23,6 +23,7 @@ from gateway.store.base import (
     RateDecision,
     TakeTooLate,
     checked_amount,
+    checked_ttl,
     share_budgets,
     taken_mark,
 )
@@ -325,9 +326,16 @@ class MemoryStore:
         return (await self.check_then_limit([], [], hold=order)).held
 
     async def take_credit(
-        self, account: CreditAccount, token: str, amount: int, not_after_us: int | None = None
+        self,
+        account: CreditAccount,
+        token: str,
+        amount: int,
+        not_after_us: int | None = None,
+        keep: Sequence[Entry] = (),
     ) -> CreditState | None:
         checked_amount(amount)
+        for entry in keep:
+            checked_ttl(entry.ttl_ms)
         now = _now_us()
         if not_after_us is not None and now > not_after_us:
             raise TakeTooLate("the take reached the store after its deadline: nothing was taken")
@@ -346,6 +354,8 @@ class MemoryStore:
         if amount > 0:
             balance -= amount
             self._values[account.balance] = (str(balance), self._values[account.balance][1])
+        for entry in keep:
+            self._set_value(entry.key, entry.value, entry.ttl_ms)
         return CreditState(balance=balance, held=others, ttl_ms=left, at_us=now)
 
     async def credit_state(self, account: CreditAccount) -> CreditState:

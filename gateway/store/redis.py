@@ -173,9 +173,14 @@ class RedisStore:
         return (await self.check_then_limit([], [], hold=order)).held
 
     async def take_credit(
-        self, account: CreditAccount, token: str, amount: int, not_after_us: int | None = None
+        self,
+        account: CreditAccount,
+        token: str,
+        amount: int,
+        not_after_us: int | None = None,
+        keep: Sequence[Entry] = (),
     ) -> CreditState | None:
-        script_keys, args = take_credit_call(account, token, amount, not_after_us)
+        script_keys, args = take_credit_call(account, token, amount, not_after_us, keep)
         reply: Any = await self._call(self._take_credit(keys=script_keys, args=args))
         return credit_change_from_reply(reply)
 

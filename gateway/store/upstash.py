@@ -164,9 +164,14 @@ class UpstashStore:
         return (await self.check_then_limit([], [], hold=order)).held
 
     async def take_credit(
-        self, account: CreditAccount, token: str, amount: int, not_after_us: int | None = None
+        self,
+        account: CreditAccount,
+        token: str,
+        amount: int,
+        not_after_us: int | None = None,
+        keep: Sequence[Entry] = (),
     ) -> CreditState | None:
-        script_keys, args = take_credit_call(account, token, amount, not_after_us)
+        script_keys, args = take_credit_call(account, token, amount, not_after_us, keep)
         reply = await self._call(self._script(TAKE_CREDIT_SCRIPT, TAKE_CREDIT_SHA1, script_keys, args))
         return credit_change_from_reply(reply)
 

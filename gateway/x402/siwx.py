@@ -86,6 +86,7 @@ class SiwxReason(enum.StrEnum):
     MALFORMED = "siwx_malformed"
     DOMAIN_MISMATCH = "siwx_domain_mismatch"
     URI_MISMATCH = "siwx_uri_mismatch"
+    STATEMENT_MISMATCH = "siwx_statement_mismatch"
     UNSUPPORTED_CHAIN = "siwx_unsupported_chain"
     NONCE_INVALID = "siwx_nonce_invalid"
     EXPIRED = "siwx_expired"
@@ -275,11 +276,15 @@ class SiwxIssuer:
         mac.update(f"{random_part}\n{issued_at}\n{resource_url}".encode())
         return mac.hexdigest()[:_MAC_HEX]
 
-    def extension(self, resource_url: str, now: float | None = None) -> SiwxExtension:
-        """A fresh ``extensions["sign-in-with-x"]`` for ``resource_url`` (new nonce each call).
+    def extension(
+        self, resource_url: str, now: float | None = None, statement: str | None = None
+    ) -> SiwxExtension:
+        """A fresh ``extensions["sign-in-with-x"]`` for ``resource_url`` (new nonce each call),
+        whose wallet reads ``statement`` (None: the issuer's own).
 
         The chain list, networks and schema are shared between challenges: do not mutate them.
         """
+        statement = self.statement if statement is None else statement
         issued_ms = int((time.time() if now is None else now) * 1000)
         issued_at = format_time(issued_ms)
         random_part = secrets.token_hex(_RANDOM_HEX // 2)
@@ -290,7 +295,7 @@ class SiwxIssuer:
             nonce=random_part + self._mac(random_part, issued_at, resource_url),
             issuedAt=issued_at,
             expirationTime=format_time(issued_ms + self._lifetime_ms),
-            statement=self.statement or None,
+            statement=statement or None,
             resources=[resource_url],
         )
         return SiwxExtension(
@@ -298,7 +303,7 @@ class SiwxIssuer:
             supportedChains=self._supported,
             schema=PAYLOAD_SCHEMA,
             networks=self._networks,
-            statement=self.statement or None,
+            statement=statement or None,
             expirationSeconds=self.lifetime_s,
             resource=resource_url,
         )
@@ -311,6 +316,7 @@ class SiwxIssuer:
         error: str | None = None,
         description: str | None = None,
         mime_type: str | None = None,
+        statement: str | None = None,
     ) -> PaymentRequired:
         """The whole 402 envelope of a sign-in-only route: body and ``PAYMENT-REQUIRED`` header."""
         return PaymentRequired(
@@ -318,14 +324,19 @@ class SiwxIssuer:
             resource=ResourceInfo(url=resource_url, description=description, mimeType=mime_type),
             accepts=[],
             error=error,
-            extensions={EXTENSION_KEY: self.extension(resource_url, now)},
+            extensions={EXTENSION_KEY: self.extension(resource_url, now, statement)},
         )
 
-    def verify(self, header_value: str, resource_url: str, now: float | None = None) -> VerifiedSignIn:
+    def verify(
+        self, header_value: str, resource_url: str, now: float | None = None, statement: str | None = None
+    ) -> VerifiedSignIn:
         """Check a ``SIGN-IN-WITH-X`` header against this request; raise :class:`SiwxError` if refused.
 
         Cheap checks run first and the ed25519 verification last. Replay is not checked here:
-        the caller claims ``nonce`` in the shared store for ``replay_ttl_ms``.
+        the caller claims ``nonce`` in the shared store for ``replay_ttl_ms``. With a
+        ``statement`` (a route where a sign-in spends money), the signed statement must be that
+        one, the one the route's challenge gave: a wallet that signed other words (say, that no
+        funds move) never authorised the spend.
         """
         t = time.time() if now is None else now
         try:
@@ -349,6 +360,10 @@ class SiwxIssuer:
             raise SiwxError(SiwxReason.DOMAIN_MISMATCH, f"domain must be {self.domain}")
         if payload.uri != resource_url:
             raise SiwxError(SiwxReason.URI_MISMATCH, "uri must be the URL of the requested resource")
+        if statement is not None and (payload.statement or "") != statement:
+            raise SiwxError(
+                SiwxReason.STATEMENT_MISMATCH, "statement must be the one this route's challenge gave"
+            )
         if (
             payload.chainId not in self._chain_ids
             or payload.type != SIGNATURE_TYPE

@@ -128,7 +128,8 @@ async def test_credit_bought_on_one_replica_is_spent_on_the_other(
     spent = await at_other.spend(await at_other.sign_in(wallet))
     issued_by_seller = await at_seller.sign_in(wallet)
     spent_again = await at_other.spend(issued_by_seller)
-    replayed = await at_seller.spend(issued_by_seller)
+    answered_again = await at_seller.spend(issued_by_seller)  # its identical retry, on the seller
+    replayed = await at_seller.spend(issued_by_seller, request_id=2)
     asked = (await seller.get(BALANCES)).header_json("payment-required")
     balance = await seller.get(
         BALANCES, {"sign-in-with-x": sign_in(asked["extensions"]["sign-in-with-x"], wallet)}
@@ -140,6 +141,7 @@ async def test_credit_bought_on_one_replica_is_spent_on_the_other(
     assert spent.json() == PROVIDER_ANSWER
     assert spent_again.status == 200, spent_again.body
     assert spent_again.headers["x-credit-balance"] == str(TOP_UP_1_CREDIT - 2 * CALL_CREDIT)
+    assert (answered_again.status, answered_again.body) == (200, spent_again.body)
     assert replayed.status == 402 and replayed.json()["error"] == "siwx_replayed"
     assert balance.status == 200, balance.body
     assert balance.json()["result"]["balanceMicroUsdc"] == str(TOP_UP_1_CREDIT - 2 * CALL_CREDIT)

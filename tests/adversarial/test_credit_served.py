@@ -10,7 +10,8 @@ money on chain (``Money``) and the provider's calls:
   and sent 10 times at once: credited once, one transfer on chain;
 * 100 calls at once on credit for 10: exactly 10 answers, the balance 0, the provider called 10
   times;
-* a sign-in replayed, moved to another route, moved to another wallet: refused, nothing taken;
+* a sign-in replayed for another request, moved to another route, moved to another wallet:
+  refused, nothing taken (its identical retry gets its answer again, taken once);
 * a call whose provider fails (5xx, timeout): nothing taken, the hold released at once.
 """
 
@@ -209,11 +210,14 @@ async def test_a_sign_in_replayed_moved_to_another_route_or_wallet_is_refused(
     attackers = await client.sign_in(attacker)
 
     first = await client.spend(spent)
-    replayed = await client.spend(spent)
+    again = await client.spend(spent)  # the identical retry: the answer it paid for, from the store
+    replayed = await client.spend(spent, request_id=2)  # another request under the used sign-in
     moved = await client.spend(for_other_route)  # signed for getAccountInfo, sent to getBalance
     swapped = await client.spend(_with_address(attackers, str(victim.pubkey())))
 
     assert_credit_answer(first, 95)
+    assert again.status == 200 and again.json() == PROVIDER_ANSWER
+    assert "x-credit-balance" not in again.headers
     assert_refused(replayed, "siwx_replayed")
     assert_refused(moved, "siwx_uri_mismatch")
     assert_refused(swapped, "siwx_signature_invalid")
