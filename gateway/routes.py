@@ -131,7 +131,8 @@ def named_limits(settings: Settings) -> dict[str, tuple[int, int]]:
     A payer's own limit on a paid scope defaults to the scope's limit, so one honest client may
     use all of an idle scope; one wallet's or one IP's share of the asset-data key is a
     percentage of its budget, so a flood of throwaway wallets from one IP leaves the rest to
-    others."""
+    others; a sign-in-only route without such a budget (the credit balance) has its own per-IP
+    and per-wallet limits."""
     wallet = settings.rate_limit_wallet_rps
     tokens = settings.rate_limit_tokens_per_minute
     share = max(1, math.ceil(tokens * settings.rate_limit_tokens_share_percent / 100))
@@ -143,6 +144,8 @@ def named_limits(settings: Settings) -> dict[str, tuple[int, int]]:
         "rpc_wallet": (wallet or settings.rate_limit_rpc_rps, 1000),
         "das_wallet": (wallet or settings.rate_limit_das_rps, 1000),
         "tokens_share": (share, 60_000),
+        "sign_in_ip": (settings.rate_limit_sign_in_ip_per_minute, 60_000),
+        "sign_in_wallet": (settings.rate_limit_sign_in_wallet_per_minute, 60_000),
     }
 
 
@@ -664,12 +667,12 @@ def _price(raw: Any, where: str, pricing: Mapping[str, Any], problems: _Problems
 def _rate_limits(
     raw: Any, where: str, access: str, limits: Mapping[str, tuple[int, int]], problems: _Problems
 ) -> tuple[RateLimitSpec, ...]:
+    mode = ACCESS_MODES.get(access)
     if raw is None:
-        return ()
+        raw = []
     if not isinstance(raw, list):
         problems.add(where, f"must be a list, got {_kind(raw)}")
         return ()
-    mode = ACCESS_MODES.get(access)
     enforced = mode.rate_limit_per if mode is not None else ()
     out: list[RateLimitSpec] = []
     for i, item in enumerate(raw):
@@ -709,6 +712,15 @@ def _rate_limits(
             )
             continue
         out.append(RateLimitSpec(scope=item["scope"], limit=count, period_ms=period_ms, per=per))
+    required = mode.required_per if mode is not None else ()
+    missing = [per for per in required if all(spec.per != per for spec in out)]
+    if missing and len(out) == len(raw):
+        wanted = " and ".join(f"a per-{per}" for per in required)
+        problems.add(
+            where,
+            f"a {access} route is free to call, so it needs {wanted} limit "
+            f"(missing: {', '.join(missing)}; e.g. the named limits sign_in_ip, sign_in_wallet)",
+        )
     return tuple(out)
 
 
