@@ -113,12 +113,14 @@ class RateLimiter:
     def client_ip(self, scope: Scope) -> str:
         return client_ip(scope, self.trusted_proxies)
 
-    async def challenge(self, scope: Scope) -> None:
-        """Count one 402 challenge against the client's IP (no store round trip)."""
+    async def challenge(self, scope: Scope, *, probe: bool = False) -> None:
+        """Count one 402 challenge against the client's IP (no store round trip); a ``probe``
+        (a sign-in that found no credit to spend) is handed back with the client's next
+        admitted credential, beside that credential's own 402."""
         limit = self.challenge_limit
         if limit is None:
             return
-        decision = limit.acquire(self.client_ip(scope))
+        decision = limit.acquire(self.client_ip(scope), probe=probe)
         if not decision.allowed:
             raise rate_limited(limit.scope, limit.limit, limit.period_ms, decision)
 

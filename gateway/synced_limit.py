@@ -31,7 +31,9 @@ gains at most one 402 per credential admitted in the last ``lag``, each one paid
 spending credit. With hand-backs the bound above grows by those, plus the hand-backs two
 replicas raced against one count (a total raced below zero is read as zero). A process that
 refused a request reads the count again at its next sync even with nothing to add, since
-hand-backs elsewhere may have made room.
+hand-backs elsewhere may have made room. A count made as a ``probe`` (a sign-in that found no
+credit, which the client answers by paying) is handed back with the next hand-back of its
+subject in the same process: one admission hands back at most two counts.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ class _Count:
     """Hand-backs this process could not take yet (no count known): settled at the next sync."""
     owing: int = 0
     """Hand-backs left over from the last sync: settled at the next one or dropped."""
+    probes: int = 0
+    """Of this process's admissions, those a later admission may hand back as well (see
+    :meth:`SyncedWindowLimit.acquire`); local, never synced."""
     stale: bool = False
     """A request was refused on this count: read it again at the next sync, since hand-backs
     of other replicas may have made room (an idle key is otherwise never read)."""
@@ -103,8 +108,13 @@ class SyncedWindowLimit:
         self._ttl_ms = 2 * period_ms + 1_000
         self._counts: dict[tuple[str, int], _Count] = {}
 
-    def acquire(self, subject: str) -> RateDecision:
-        """Admit one request of ``subject`` or say when to retry; never waits for the store."""
+    def acquire(self, subject: str, *, probe: bool = False) -> RateDecision:
+        """Admit one request of ``subject`` or say when to retry; never waits for the store.
+
+        A ``probe`` is a request the client answers another way within the same exchange (a
+        sign-in looking for credit, then a payment): the next hand-back of ``subject`` in this
+        process takes it too, so one admitted credential hands back at most two counts, the
+        second only against a probe counted before it."""
         now_ms = self._clock() * 1000.0
         window = int(now_ms // self.period_ms)
         elapsed = (now_ms - window * self.period_ms) / self.period_ms
@@ -116,6 +126,7 @@ class SyncedWindowLimit:
             if current is None:
                 current = self._counts[(subject, window)] = _Count()
             current.unsynced += 1
+            current.probes += probe
             return RateDecision(allowed=True)
         for seen in (current, previous):
             if seen is not None:
@@ -123,9 +134,19 @@ class SyncedWindowLimit:
         return RateDecision(allowed=False, retry_after_ms=self._retry_after_ms(before, count, elapsed))
 
     def release(self, subject: str) -> None:
-        """Hand back one count of ``subject``: the current window's, else the previous one's;
-        owed until the next sync when this process knows of neither (see the module's text)."""
+        """Hand back one count of ``subject`` (and one probe of it counted here, if any): the
+        current window's, else the previous one's; owed until the next sync when this process
+        knows of neither (see the module's text)."""
         window = int(self._clock() * 1000.0 // self.period_ms)
+        self._release_one(subject, window)
+        for index in (window, window - 1):
+            count = self._counts.get((subject, index))
+            if count is not None and count.probes:
+                count.probes -= 1
+                self._release_one(subject, window)
+                return
+
+    def _release_one(self, subject: str, window: int) -> None:
         for index in (window, window - 1):
             count = self._counts.get((subject, index))
             if count is not None and count.total > 0:

@@ -64,7 +64,7 @@ class PaymentAnswers:
         ctx.outcome, ctx.error = Outcome.REJECTED, refused.reason
         ctx.payer = refused.payer or ctx.payer
         log_event("payment rejected", route=self.route_name, reason=refused.reason, payer=ctx.payer)
-        await self.limiter.challenge(scope)
+        await self.limiter.challenge(scope, probe=refused.probe)
         await self.send_challenge(scope, send, refused.reason)
 
     async def replayed(self, scope: Scope, send: Send, response: StoredResponse) -> None:

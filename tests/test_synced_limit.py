@@ -236,3 +236,27 @@ async def test_a_402_at_the_end_of_a_window_is_handed_back_from_that_window(stor
 
     counted = {**shared_count("ip"), **shared_count("ip", 1001)}
     assert await store.add_counts(counted, PERIOD_MS) == dict(zip(counted, [4, 0], strict=True))
+
+
+async def test_a_probe_is_handed_back_with_the_admission_that_follows_it_and_only_then(store: Store) -> None:
+    """A sign-in that found no credit (a probe), then a payment: the payment's admission hands
+    back its 402 and the probe. Probes no payment follows stay counted, and one admission hands
+    back at most one probe."""
+    clock = Clock(window_start() + 1)
+    limit = limit_on(store, clock)
+
+    for _ in range(30):  # the 402, the probe, the payment admitted
+        assert limit.acquire("ip").allowed
+        assert limit.acquire("ip", probe=True).allowed
+        limit.release("ip")
+    assert admitted(limit, "ip", 8) == 5
+
+    clock.seconds = window_start(1002) + 1
+    assert all(limit.acquire("other", probe=True).allowed for _ in range(4))
+    limit.release("other")  # one admission hands back two counts at most, whatever was counted
+    assert admitted(limit, "other", 8) == 3
+    await limit.sync()
+    await limit.sync()
+    assert await store.add_counts(shared_count("other", 1002), PERIOD_MS) == {
+        next(iter(shared_count("other", 1002))): 5
+    }

@@ -106,7 +106,9 @@ class CreditMethod:
             case Limited() as limited:
                 return Checked(limited, wallet)
             case Uncovered():
-                short = Refused(INSUFFICIENT_CREDIT, "the wallet's credit does not cover this call", wallet)
+                short = Refused(
+                    INSUFFICIENT_CREDIT, "the wallet's credit does not cover this call", wallet, probe=True
+                )
                 return Checked(short, wallet)
         raise StoreUnavailable("state store admitted a sign-in without holding its credit")
 

@@ -63,6 +63,9 @@ class Refused:
     reason: str
     message: str = ""
     payer: str | None = None
+    probe: bool = False
+    """A good credential that found nothing to spend (a sign-in without enough credit): the
+    client pays another way next, and that payment's admission hands this count back too."""
 
 
 @dataclass(frozen=True, slots=True)
