@@ -168,7 +168,8 @@ class SyncedWindowLimit:
         return max(1, math.ceil(wait * self.period_ms))
 
     async def sync(self) -> None:
-        """Send this process's admissions since the last sync and learn the shared totals.
+        """Send this process's admissions (less its hand-backs) since the last sync and learn
+        the shared totals, also of the keys it refused on or owes a hand-back to.
 
         One round trip for every key. On failure the admissions are kept for the next sync and
         decisions go on from the counts already known.
