@@ -34,8 +34,6 @@ from tests.support.paid_fixtures import Reply
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream
 
-pytestmark = pytest.mark.slow
-
 PER_IP = 20
 PER_WALLET = 5
 FLOOD = 100
