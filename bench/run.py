@@ -21,7 +21,8 @@ exact payment per request and its latency added over calling the provider direct
 SIWX path, (d) one worker against two on Redis (throughput and CPU per request), (e) each
 gateway worker's resident memory after warm-up and after M more requests, (f) settlement at the
 chain's pace and (g) the paid path with realistic waits (bench/settlement_pace.py), (h) calls
-paid from prepaid credit beside calls paid one by one (bench/credit.py). Every run is bounded
+paid from prepaid credit beside calls paid one by one (bench/credit.py), (i) one IP calling in
+volume from credit at the default limits (bench/volume.py). Every run is bounded
 in count and time; the whole benchmark stops by itself, prints one ratio line per target and a
 markdown report, also written to bench/results.md. ``--profile DIR`` adds py-spy runs of the
 gateway (after, and separate from, the measured ones) and writes their collapsed stacks and
@@ -66,6 +67,7 @@ from bench.flame import render  # noqa: E402
 from bench.load import machine_busy_s  # noqa: E402
 from bench.settlement_pace import pace_report, pace_summary, run_pace_scenarios  # noqa: E402
 from bench.stubs import FACILITATOR_BASE_PATH  # noqa: E402
+from bench.volume import run_volume, volume_report, volume_summary  # noqa: E402
 
 PAY_TO = "9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin"
 ACCOUNT = "vines1vzrYbzLMRdu58ou5XTby4qAqVRLmqo36NKPTg"
@@ -535,13 +537,13 @@ def verify_body(challenge: dict[str, Any]) -> str:
     return json.dumps(request)
 
 
-SCENARIOS = "abcdefgh"
+SCENARIOS = "abcdefghi"
 
 
 def run_scenarios(
     bench: Bench, servers: dict[str, Server], stubs: dict[str, Server], only: str = SCENARIOS
 ) -> None:
-    """Scenarios (a) to (h), or those named in ``only``; (e) soaks whatever ran before it."""
+    """Scenarios (a) to (i), or those named in ``only``; (e) soaks whatever ran before it."""
     gateways = [(name, servers[name]) for name in (*GATEWAYS, LOGS) if name in servers]
 
     for name in GATEWAYS:
@@ -562,6 +564,8 @@ def run_scenarios(
         run_pace_scenarios(bench, servers, stubs, only)
     if "h" in only:
         run_credit(bench, servers, stubs)
+    if "i" in only:
+        run_volume(bench, servers, stubs)
 
 
 def run_challenges(bench: Bench, servers: dict[str, Server], gateways: list[tuple[str, Server]]) -> None:
@@ -916,6 +920,7 @@ def summary(bench: Bench) -> list[str]:
             )
     lines += pace_summary(bench)
     lines += credit_summary(bench)
+    lines += volume_summary(bench)
     noisy = [row for row in bench.rows if row.result["foreign_cpu_pct"] > FOREIGN_CPU_LIMIT * 100]
     if noisy:
         lines.append("")
@@ -1032,6 +1037,7 @@ def report(bench: Bench, routes: int) -> str:
         *table(bench, "soak", None),
         *pace_report(bench),
         *credit_report(bench),
+        *volume_report(bench),
     ]
     if bench.notes:
         out += ["", "## Notes", "", *[f"- {n}" for n in bench.notes]]

@@ -44,6 +44,7 @@ GATEWAY_VARIABLES: tuple[str, ...] = (
     "STATE_STORE_REST_TOKEN", "RATE_LIMIT_RPC_RPS", "RATE_LIMIT_DAS_RPS", "RATE_LIMIT_TOKENS_PER_MINUTE",
     "RATE_LIMIT_CHALLENGE_PER_MINUTE", "RATE_LIMIT_WALLET_RPS", "RATE_LIMIT_SYNC_SECONDS",
     "RATE_LIMIT_REFUSED_PAYMENTS_PER_MINUTE", "RATE_LIMIT_TOKENS_SHARE_PERCENT",
+    "RATE_LIMIT_SIGN_IN_IP_PER_MINUTE", "RATE_LIMIT_SIGN_IN_WALLET_PER_MINUTE",
     "X402_SETTLEMENT_COOLDOWN_SECONDS", "X402_MAX_SETTLEMENTS_IN_FLIGHT",
     "FACILITATOR_FEE_PAYER", "SIWX_SECRET", "INTERNAL_SETTLEMENT_SECRET", "FACILITATOR_WALLET_BASE58",
     "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS",
@@ -101,6 +102,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rate_limit_tokens_share_percent: int = 25
     """The most of the asset-data key's budget one wallet, or one IP, may take while other clients
     wait for the key (refused by it within its minute); a client alone may use all of it."""
+    rate_limit_sign_in_ip_per_minute: int = 120
+    """Sign-ins per client IP on a sign-in-only route with no upstream budget (the credit
+    balance): a sign-in is free to make, so this bounds what a flood costs and stores."""
+    rate_limit_sign_in_wallet_per_minute: int = 60
+    """Sign-ins per wallet on those routes."""
     rate_limit_sync_s: float = 0.1
     """How often each process shares its challenge-limit counts through the store."""
     settlement_cooldown_s: int = 600
@@ -443,6 +449,10 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         ),
         rate_limit_refused_per_minute=r.integer("RATE_LIMIT_REFUSED_PAYMENTS_PER_MINUTE", 10, 1, 1_000_000),
         rate_limit_tokens_share_percent=r.integer("RATE_LIMIT_TOKENS_SHARE_PERCENT", 25, 1, 100),
+        rate_limit_sign_in_ip_per_minute=r.integer("RATE_LIMIT_SIGN_IN_IP_PER_MINUTE", 120, 1, 1_000_000),
+        rate_limit_sign_in_wallet_per_minute=r.integer(
+            "RATE_LIMIT_SIGN_IN_WALLET_PER_MINUTE", 60, 1, 1_000_000
+        ),
         rate_limit_sync_s=r.number("RATE_LIMIT_SYNC_SECONDS", 0.1, 0.01, 10.0),
         settlement_cooldown_s=r.integer("X402_SETTLEMENT_COOLDOWN_SECONDS", 600, 0, 86_400),
         max_settlements_in_flight=r.integer("X402_MAX_SETTLEMENTS_IN_FLIGHT", 16, 1, 256),

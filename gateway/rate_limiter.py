@@ -4,7 +4,8 @@ Two kinds, by what an overshoot would cost:
 
 * the per-IP challenge limit (402 answers, which cost nothing but CPU) is decided in the process
   and synchronised with the store in the background (:mod:`gateway.synced_limit`): no store
-  round trip per 402, and a stated bound on overshoot across replicas;
+  round trip per 402, and a stated bound on overshoot across replicas. A 402 the client answers
+  with an admitted credential is handed back, so only unanswered ones (and refusals) add up;
 * the limits of a route (an upstream key's quota, a wallet's allowance) are exact: atomic GCRA
   decisions in the shared store, all of a request's buckets in one round trip, at the point the
   caller's flow defines (the paid path charges them together with its payment look-up).
@@ -122,14 +123,23 @@ class RateLimiter:
     def client_ip(self, scope: Scope) -> str:
         return client_ip(scope, self.trusted_proxies)
 
-    async def challenge(self, scope: Scope) -> None:
-        """Count one 402 challenge against the client's IP (no store round trip)."""
+    async def challenge(self, scope: Scope, *, probe: bool = False) -> None:
+        """Count one 402 challenge against the client's IP (no store round trip); a ``probe``
+        (a sign-in that found no credit to spend) is handed back with the client's next
+        admitted credential, beside that credential's own 402."""
         limit = self.challenge_limit
         if limit is None:
             return
-        decision = limit.acquire(self.client_ip(scope))
+        decision = limit.acquire(self.client_ip(scope), probe=probe)
         if not decision.allowed:
             raise rate_limited(limit.scope, limit.limit, limit.period_ms, decision)
+
+    def answered(self, scope: Scope) -> None:
+        """The client answered a 402 with a credential the gateway admitted (a payment, a
+        sign-in on credit): that 402 was not an unpaid challenge, so its count is handed back
+        (never below zero, never more than was counted: :meth:`SyncedWindowLimit.release`)."""
+        if self.challenge_limit is not None:
+            self.challenge_limit.release(self.client_ip(scope))
 
     def plan(
         self,

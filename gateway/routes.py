@@ -136,7 +136,8 @@ def named_limits(settings: Settings) -> dict[str, tuple[int, int]]:
     use all of an idle scope; one wallet's or one IP's share of the asset-data key is a
     percentage of its budget that binds only while others wait for the key (routes.yaml
     ``share_of``), so a client alone may use all of it and a flood of throwaway wallets from one
-    IP still leaves the rest to others."""
+    IP still leaves the rest to others; a sign-in-only route without such a budget (the credit
+    balance) has its own per-IP and per-wallet limits."""
     wallet = settings.rate_limit_wallet_rps
     tokens = settings.rate_limit_tokens_per_minute
     share = max(1, math.ceil(tokens * settings.rate_limit_tokens_share_percent / 100))
@@ -148,6 +149,8 @@ def named_limits(settings: Settings) -> dict[str, tuple[int, int]]:
         "rpc_wallet": (wallet or settings.rate_limit_rpc_rps, 1000),
         "das_wallet": (wallet or settings.rate_limit_das_rps, 1000),
         "tokens_share": (share, 60_000),
+        "sign_in_ip": (settings.rate_limit_sign_in_ip_per_minute, 60_000),
+        "sign_in_wallet": (settings.rate_limit_sign_in_wallet_per_minute, 60_000),
     }
 
 
@@ -669,12 +672,12 @@ def _price(raw: Any, where: str, pricing: Mapping[str, Any], problems: _Problems
 def _rate_limits(
     raw: Any, where: str, access: str, limits: Mapping[str, tuple[int, int]], problems: _Problems
 ) -> tuple[RateLimitSpec, ...]:
+    mode = ACCESS_MODES.get(access)
     if raw is None:
-        return ()
+        raw = []
     if not isinstance(raw, list):
         problems.add(where, f"must be a list, got {_kind(raw)}")
         return ()
-    mode = ACCESS_MODES.get(access)
     enforced = mode.rate_limit_per if mode is not None else ()
     out: list[RateLimitSpec] = []
     places: list[str] = []
@@ -725,6 +728,15 @@ def _rate_limits(
     for at, spec in zip(places, out, strict=True):
         if spec.share_of is not None and spec.share_of not in budgets:
             problems.add(f"{at}.share_of", f"{spec.share_of!r} is no per-scope limit of this route")
+    required = mode.required_per if mode is not None else ()
+    missing = [per for per in required if all(spec.per != per for spec in out)]
+    if missing and len(out) == len(raw):
+        wanted = " and ".join(f"a per-{per}" for per in required)
+        problems.add(
+            where,
+            f"a {access} route is free to call, so it needs {wanted} limit "
+            f"(missing: {', '.join(missing)}; e.g. the named limits sign_in_ip, sign_in_wallet)",
+        )
     return tuple(out)
 
 

@@ -50,6 +50,10 @@ class AccessMode(msgspec.Struct, frozen=True, kw_only=True):
     """The payment scheme its challenge names (catalog ``scheme``, OpenAPI ``x-x402``)."""
     rate_limit_per: tuple[str, ...] = ()
     """The ``per`` keys of ``rate_limits`` its middleware can enforce (none: it runs no limiter)."""
+    required_per: tuple[str, ...] = ()
+    """The ``per`` keys of ``rate_limits`` every route of this mode must declare: its requests
+    are free to make (a throwaway key signs in for nothing), so only a client's own limits bound
+    what a flood of them costs and stores."""
     error_statuses: tuple[int, ...] = ()
     """Statuses other than 200 any route of this mode can answer (a route adds 400 for its
     input and 429 for its rate limits)."""
@@ -133,6 +137,7 @@ ACCESS_MODES: dict[str, AccessMode] = {
     "siwx": AccessMode(
         scheme="sign-in-with-x",
         rate_limit_per=("scope", "wallet", "ip"),
+        required_per=("ip", "wallet"),
         error_statuses=(400, 402, 404, 405, 413, 429, 502, 503, 504),
         sells=True,
         credentials=(SIGN_IN,),

@@ -5,8 +5,10 @@ A credential -> its method checks it (:class:`gateway.methods.RouteMethod`) and 
 renders the decision: a refusal, a conflict, a limit, an answer given again or reconciled, or
 the handler, whose answer is buffered and handed to the method to finish only when it is a 200
 (anything else passes through and the method abandons the grant: nothing is collected). The
-grant stays in this call: no other layer sees it. Invalid input and store outages are left to
-the one conversion of each (``gateway.failures``): 400 and 503.
+grant stays in this call: no other layer sees it. Every method's admission passes here, so
+this is the one place a 402 answered with an admitted credential is handed back to the client
+IP's challenge limit: only unanswered 402s and refused credentials add up. Invalid input and
+store outages are left to the one conversion of each (``gateway.failures``): 400 and 503.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class PaidAccess:
         self.selectors = [(name, method) for method in methods for name in method.credential_headers]
         self.answers = PaymentAnswers(route_name=route_name, challenge=self.challenge, limiter=limiter)
         self.max_body = max_body
+        self.limiter = limiter
         self.client_ip = limiter.client_ip
 
     @property
@@ -107,6 +110,7 @@ class PaidAccess:
         ctx.payer = checked.payer
         match checked.decision:
             case Admitted() as admitted:
+                self.limiter.answered(scope)  # its 402 was answered: not an unpaid challenge
                 ctx.amount = admitted.amount
                 ctx.input = ValidatedInput(path={}, query={}, body=admitted.body)
                 await self._serve(scope, receive, send, method, admitted)

@@ -66,7 +66,7 @@ class PaymentAnswers:
         ctx.payer = refused.payer or ctx.payer
         if refused.outcome is Outcome.REJECTED:
             log_event("payment rejected", route=self.route_name, reason=refused.reason, payer=ctx.payer)
-        await self.limiter.challenge(scope)
+        await self.limiter.challenge(scope, probe=refused.probe)
         await self.send_challenge(scope, send, refused.reason)
 
     async def replayed(self, scope: Scope, send: Send, response: StoredResponse) -> None:

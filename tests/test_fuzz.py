@@ -109,7 +109,8 @@ PROPERTY = settings(max_examples=300, deadline=None, database=None, suppress_hea
 ROUTES = load_routes(
     PACKAGED_ROUTES_FILE,
     {"rpc": (1, 1), "das": (1, 1), "tokens": (1, 1), "challenge": (1, 1),
-     "rpc_wallet": (1, 1), "das_wallet": (1, 1), "tokens_share": (1, 1)},
+     "rpc_wallet": (1, 1), "das_wallet": (1, 1), "tokens_share": (1, 1),
+     "sign_in_ip": (1, 1), "sign_in_wallet": (1, 1)},
 )
 
 

@@ -22,7 +22,8 @@ MINT = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"
 PACKAGED = load_routes(
     PACKAGED_ROUTES_FILE,
     {"rpc": (1, 1), "das": (1, 1), "tokens": (1, 1), "challenge": (1, 1),
-     "rpc_wallet": (1, 1), "das_wallet": (1, 1), "tokens_share": (1, 1)},
+     "rpc_wallet": (1, 1), "das_wallet": (1, 1), "tokens_share": (1, 1),
+     "sign_in_ip": (1, 1), "sign_in_wallet": (1, 1)},
 )
 LISTED = [r for r in PACKAGED if r.listed and r.access != "internal"]
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")

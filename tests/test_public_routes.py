@@ -39,7 +39,8 @@ EXPOSE_HEADERS = {
 PACKAGED = load_routes(
     PACKAGED_ROUTES_FILE,
     {"rpc": (1, 1), "das": (1, 1), "tokens": (1, 1), "challenge": (1, 1),
-     "rpc_wallet": (1, 1), "das_wallet": (1, 1), "tokens_share": (1, 1)},
+     "rpc_wallet": (1, 1), "das_wallet": (1, 1), "tokens_share": (1, 1),
+     "sign_in_ip": (1, 1), "sign_in_wallet": (1, 1)},
 )
 GET_PATHS = [
     r.path.replace("{assetId}", "solana")

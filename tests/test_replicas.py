@@ -20,7 +20,9 @@ import pytest
 import pytest_asyncio
 from solders.keypair import Keypair
 
+from gateway.x402.headers import encode_header
 from gateway.x402.siwx_signer import sign_in
+from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from tests.support.cdp_facilitator import CdpFacilitatorServer, ReferenceBackend, make_ed25519_credentials
 from tests.support.paid_fixtures import (
     GET_BALANCE,
@@ -200,6 +202,50 @@ async def test_three_replicas_hold_the_per_ip_challenge_limit_within_the_stated_
     assert all(reply.error_code == "rate_limited" for reply in limited)
     assert all(int(reply.headers["retry-after"]) >= 1 for reply in limited)
     assert cluster.upstream_calls == cluster.verify_calls() == 0
+
+
+async def test_402s_answered_with_payments_on_another_replica_are_handed_back_to_the_challenge_limit(
+    cluster: PaidProcesses,
+) -> None:
+    """A paying agent from one IP takes every 402 from one replica and pays each on another at
+    once: more paid calls than the challenge limit, no 429. The replica that admits a payment
+    never counted a 402 of that IP itself: its hand-back waits for the other's count to arrive
+    through the store, then takes it."""
+    calls = CHALLENGE_LIMIT + 20
+    challenging, admitting, _ = cluster.replicas
+    chain = cluster.chain
+    requirements, resource = await cluster.requirements(challenging)
+    mint = MintInfo(address=str(chain.mint), decimals=chain.decimals)
+    payments = [
+        encode_header(
+            build_payment_payload(
+                requirements,
+                build_exact_transaction(
+                    requirements, chain.payer, mint, chain.blockhash, memo=f"{i}".encode()
+                ),
+                resource=resource,
+            )
+        )
+        for i in range(calls)
+    ]
+    connector = aiohttp.TCPConnector(local_addr=("127.0.0.10", 0))
+    statuses: Counter[int] = Counter()
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def post(replica: Replica, headers: dict[str, str]) -> int:
+            headers = {"content-type": "application/json", **headers}
+            body = encode_body(balance_body())
+            async with http.post(replica.url + GET_BALANCE, data=body, headers=headers) as resp:
+                await resp.read()
+                return resp.status
+
+        for payment in payments:
+            statuses[await post(challenging, {})] += 1
+            statuses[await post(admitting, {"payment-signature": payment})] += 1
+            await asyncio.sleep(0.025)  # under the route's own 50 calls a second
+
+    assert statuses == Counter({402: calls, 200: calls}), statuses
+    assert cluster.upstream_calls == calls
 
 
 # --- sign-in-with-x ------------------------------------------------------------------------------

@@ -81,7 +81,10 @@ def test_packaged_table_has_67_routes(packaged: list[RouteSpec]) -> None:
     """63, and the prepaid-credit routes (three top-ups and the balance), served when credit is on."""
     assert len(packaged) == 67
     assert sorted(r.name for r in packaged if r.group == "credits") == [
-        "credits.balance", "credits.topUp.1", "credits.topUp.20", "credits.topUp.5"
+        "credits.balance",
+        "credits.topUp.1",
+        "credits.topUp.20",
+        "credits.topUp.5",
     ]
 
 
@@ -678,6 +681,7 @@ def test_a_bad_per_unit_price_is_named() -> None:
                 rate_limits=[
                     {"scope": "k", "limit": "tokens"},
                     {"scope": "w", "limit": "tokens_share", "per": "ip", "share_of": "other"},
+                    {"scope": "v", "limit": "sign_in_wallet", "per": "wallet"},
                 ],
             ),
             "routes[0] (ping).rate_limits[1].share_of: 'other' is no per-scope limit of this route",
@@ -696,6 +700,35 @@ def test_the_asset_data_shares_bind_only_under_contention_for_the_key(packaged: 
             continue
         shares = {limit.scope: limit.share_of for limit in route.rate_limits if limit.per != "scope"}
         assert shares == {"tokens:wallet": "tokens:upstream-key", "tokens:ip": "tokens:upstream-key"}
+
+
+@pytest.mark.parametrize(
+    ("limits", "missing"),
+    [
+        (None, "ip, wallet"),
+        ([{"scope": "s", "limit": "sign_in_wallet", "per": "wallet"}], "ip"),
+        ([{"scope": "s", "limit": "sign_in_ip", "per": "ip"}, {"scope": "k", "limit": "tokens"}], "wallet"),
+    ],
+    ids=["none", "wallet-only", "ip-and-scope"],
+)
+def test_a_sign_in_route_without_its_own_per_ip_and_per_wallet_limits_is_refused_at_load(
+    limits: list[dict[str, Any]] | None, missing: str
+) -> None:
+    """A sign-in costs a throwaway key nothing: without a client's own limits a flood of them
+    from one IP would be unbounded in calls and in nonces kept."""
+    route = _route(access="siwx", handler="credit_balance", **({"rate_limits": limits} if limits else {}))
+
+    assert _load_problems(_doc(route)) == [
+        "routes.yaml: routes[0] (ping).rate_limits: a siwx route is free to call, so it needs a per-ip "
+        f"and a per-wallet limit (missing: {missing}; e.g. the named limits sign_in_ip, sign_in_wallet)"
+    ]
+
+
+def test_every_packaged_sign_in_route_limits_each_ip_and_each_wallet(packaged: list[RouteSpec]) -> None:
+    signed = [route for route in packaged if route.access == "siwx"]
+    assert any(route.path == "/v1/x402/credits" for route in signed)
+    for route in signed:
+        assert {"ip", "wallet"} <= {limit.per for limit in route.rate_limits}, route.name
 
 
 def test_the_packaged_table_declares_only_enforceable_limits(packaged: list[RouteSpec]) -> None:

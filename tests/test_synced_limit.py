@@ -147,3 +147,116 @@ async def test_sync_forgets_windows_the_estimate_no_longer_reads(store: Store) -
 
     assert limit.acquire("198.51.100.1").allowed
     assert limit.size() == 1
+
+
+def shared_count(subject: str, window: int = 1000) -> dict[str, int]:
+    """A read of the shared counter (adding 0), keyed as the store keeps it."""
+    return {f"x402gw:rlw:challenge:ip:{subject}:{window}": 0}
+
+
+async def test_a_count_handed_back_is_room_again_here_and_in_the_store(store: Store) -> None:
+    """Each 402 answered with an admitted credential is handed back: a client that answers all
+    of them is never refused, and the store holds only what stayed unanswered."""
+    clock = Clock(window_start() + 1)
+    limit = limit_on(store, clock)
+
+    answered = 0
+    for _ in range(50):
+        answered += limit.acquire("ip").allowed
+        limit.release("ip")
+    unanswered = admitted(limit, "ip", 8)
+    await limit.sync()
+
+    assert (answered, unanswered) == (50, 5)
+    assert await store.add_counts(shared_count("ip"), PERIOD_MS) == {next(iter(shared_count("ip"))): 5}
+
+
+async def test_hand_backs_cannot_be_banked_ahead_of_the_402s(store: Store) -> None:
+    """Credentials admitted without a 402 counted before them hand nothing back: the window never
+    goes below zero, so the limit still bounds the 402s that follow."""
+    clock = Clock(window_start() + 1)
+    limit = limit_on(store, clock)
+    for _ in range(20):
+        limit.release("ip")  # owed: this process knows of no count to take
+
+    assert admitted(limit, "ip", 8) == 5
+    await limit.sync()  # the owed hand-backs never take this process's own later counts
+    await limit.sync()
+    assert limit.acquire("ip").allowed is False
+    assert await store.add_counts(shared_count("ip"), PERIOD_MS) == {next(iter(shared_count("ip"))): 5}
+
+
+async def test_a_hand_back_never_exceeds_what_was_counted(store: Store) -> None:
+    clock = Clock(window_start() + 1)
+    limit = limit_on(store, clock)
+    assert admitted(limit, "ip", 2) == 2
+    for _ in range(5):
+        limit.release("ip")  # two take the counts; three are owed, with nothing to take
+    await limit.sync()
+    await limit.sync()
+
+    assert admitted(limit, "ip", 8) == 5
+    await limit.sync()
+    assert await store.add_counts(shared_count("ip"), PERIOD_MS) == {next(iter(shared_count("ip"))): 5}
+
+
+async def test_a_402_of_one_replica_answered_on_another_is_handed_back_at_its_next_sync(
+    store: Store,
+) -> None:
+    """The 402 is counted on one replica and its payment admitted on another, before either
+    synced: the hand-back waits for the count to arrive (at most two syncs), then takes it."""
+    clock = Clock(window_start() + 1)
+    challenging, admitting = limit_on(store, clock), limit_on(store, clock)
+
+    for _ in range(30):
+        assert challenging.acquire("ip").allowed
+        admitting.release("ip")
+        await admitting.sync()  # hears of nothing yet: owed
+        await challenging.sync()
+        clock.seconds += 0.1
+    await admitting.sync()  # takes the last count it heard of
+    await admitting.sync()  # and sends it
+    assert await store.add_counts(shared_count("ip"), PERIOD_MS) == {next(iter(shared_count("ip"))): 0}
+
+    # The challenging replica last read the count before the last hand-backs: it refuses early
+    # once, then reads the shared count again at its next sync.
+    first = admitted(challenging, "ip", 8)
+    await challenging.sync()
+    assert first + admitted(challenging, "ip", 8) == 5
+
+
+async def test_a_402_at_the_end_of_a_window_is_handed_back_from_that_window(store: Store) -> None:
+    clock = Clock(window_start() + 59.9)
+    limit = limit_on(store, clock)
+    assert admitted(limit, "ip", 5) == 5
+
+    clock.seconds = window_start(1001) + 0.1
+    limit.release("ip")
+    await limit.sync()
+
+    counted = {**shared_count("ip"), **shared_count("ip", 1001)}
+    assert await store.add_counts(counted, PERIOD_MS) == dict(zip(counted, [4, 0], strict=True))
+
+
+async def test_a_probe_is_handed_back_with_the_admission_that_follows_it_and_only_then(store: Store) -> None:
+    """A sign-in that found no credit (a probe), then a payment: the payment's admission hands
+    back its 402 and the probe. Probes no payment follows stay counted, and one admission hands
+    back at most one probe."""
+    clock = Clock(window_start() + 1)
+    limit = limit_on(store, clock)
+
+    for _ in range(30):  # the 402, the probe, the payment admitted
+        assert limit.acquire("ip").allowed
+        assert limit.acquire("ip", probe=True).allowed
+        limit.release("ip")
+    assert admitted(limit, "ip", 8) == 5
+
+    clock.seconds = window_start(1002) + 1
+    assert all(limit.acquire("other", probe=True).allowed for _ in range(4))
+    limit.release("other")  # one admission hands back two counts at most, whatever was counted
+    assert admitted(limit, "other", 8) == 3
+    await limit.sync()
+    await limit.sync()
+    assert await store.add_counts(shared_count("other", 1002), PERIOD_MS) == {
+        next(iter(shared_count("other", 1002))): 5
+    }

@@ -130,7 +130,8 @@ class CreditMethod:
                 return Checked(limited, wallet)
             case Uncovered():
                 short = "the wallet's credit does not cover this call"
-                return Checked(Refused(INSUFFICIENT_CREDIT, short, wallet, Outcome.CREDIT_UNCOVERED), wallet)
+                uncovered = Refused(INSUFFICIENT_CREDIT, short, wallet, Outcome.CREDIT_UNCOVERED, probe=True)
+                return Checked(uncovered, wallet)
         raise StoreUnavailable("state store admitted a sign-in without holding its credit")
 
     @staticmethod
