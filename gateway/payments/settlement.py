@@ -84,7 +84,9 @@ class Settlement:
         """Settle again for the retry of the request that recorded ``retry.intent``: there the
         facilitator's ``duplicate_settlement`` naming the same transaction means the first
         broadcast landed and its answer was lost, so this request may deliver what was paid for
-        (once: see :meth:`_deliver_once`)."""
+        (once: see :meth:`_deliver_once`). The intent is marked ``retried`` before the
+        facilitator is asked: the recording request may still be settling, and when this retry
+        lands the payment first, the duplicate that request then hears is this retry's."""
         return await self._settle(retry.paid, retry.intent, reconciling=True)
 
     async def _settle(self, paid: PaidRequest, intent: PendingSettlement, *, reconciling: bool) -> Settled:
@@ -103,6 +105,9 @@ class Settlement:
     async def _ask_facilitator(
         self, paid: PaidRequest, intent: PendingSettlement, reconciling: bool
     ) -> Settled:
+        if reconciling and not intent.retried:
+            intent = msgspec.structs.replace(intent, retried=True)
+            await self.ledger.record_pending(paid.key, intent)
         try:
             result: SettleResponse | None = await self._settle_as_client(paid)
         except FacilitatorUnavailable:
@@ -118,11 +123,16 @@ class Settlement:
         if result is None or result.errorReason == "settlement_pending":
             await self._left_pending(paid, intent, result)
             return Pending()
-        settled = result.success or (
-            reconciling
-            and result.errorReason == DUPLICATE_SETTLEMENT
+        duplicate = (
+            result.errorReason == DUPLICATE_SETTLEMENT
             and bool(result.transaction)
             and intent.transaction in ("", result.transaction)
+        )
+        # A duplicate heard by the request that recorded the intent is a failure, unless a retry
+        # of this very request reconciled it meanwhile and landed it first (a concurrent copy of
+        # the request): then it settled, and one of the two delivers.
+        settled = result.success or (
+            duplicate and (reconciling or await self.ledger.settled_by_retry(paid.key, paid.fingerprint))
         )
         if settled and intent.response is not None:
             return await self._deliver_once(paid, result, intent, intent.response)
