@@ -9,24 +9,50 @@ the claim holder's settle until the copy has landed the payment, and answers as 
 for one message: ``success`` to the settle that lands it, ``duplicate_settlement`` naming the
 same transaction to every other. The whole paid pipeline runs in-process over a real store
 (memory and Redis), with real signed payments.
+
+Our own fee payer does not settle for a client IP cooling down after a failure; nothing is asked
+of the facilitator then. That is final for a payment nobody else is settling, but not for a
+retry whose first broadcast may have landed, nor for a request whose copy is reconciling its
+intent (the store is held still at the cool-down's read to force that one): both are pending,
+never failed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
+import msgspec
 import pytest
 import pytest_asyncio
 
-from gateway.store import keys
+from gateway.payments import (
+    Authorization,
+    Candidate,
+    Delivered,
+    Failed,
+    Paid,
+    Pending,
+    PendingSettlement,
+    Reconcile,
+    Replay,
+    Settlement,
+)
+from gateway.payments.fee_guard import FeeGuard, Party
+from gateway.payments.ledger import StoredResponse
+from gateway.payments.offer import Option, RouteOffers
+from gateway.pricing import FacilitatorFee
+from gateway.store import Bucket, CreditHoldOrder, Entry, Lookup, Store, keys
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.x402 import svm
+from gateway.x402.headers import encode_header
 from gateway.x402.types import PaymentPayload, PaymentRequirements, SettleResponse
 from tests.support.inprocess import (
+    CLIENT_IP,
     PROVIDER_ANSWER,
     Answer,
     PaidRoute,
@@ -153,3 +179,127 @@ async def test_the_claim_holder_hearing_the_duplicate_first_delivers_and_the_cop
 def _payment_key(route: PaidRoute) -> str:
     """The one payment both requests offered (the facilitator saw it first)."""
     return svm.payment_key(svm.decode_transaction(route.facilitator.settled[0].payload["transaction"]))
+
+
+# --- our own fee payer: a client cooling down ------------------------------------------------
+
+ANSWER = StoredResponse(status=200, body=PROVIDER_ANSWER, content_type="application/json")
+COOLING_IP = Party("ip", CLIENT_IP)
+
+
+@pytest_asyncio.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    redis = RedisStore(request.getfixturevalue("clean_redis_url"))
+    try:
+        yield redis
+    finally:
+        await redis.close()
+
+
+def _settled_by_our_fee_payer(route: PaidRoute) -> Settlement:
+    """The route's settlement as the internal facilitator's: the fee guard holds client IPs."""
+    option = next(iter(route.settlement.offers.options.values()))
+    ours = dataclasses.replace(option.settling, fee=FacilitatorFee(internal=True))
+    offers = RouteOffers([Option(ours, option.challenge)], route.settlement.offers.health)
+    return Settlement(
+        route_name=route.route.name,
+        ledger=route.ledger,
+        offers=offers,
+        replay_cap_bytes=route.route.replay_cap_bytes,
+        guard=FeeGuard(route.store),
+    )
+
+
+async def _authorize(route: PaidRoute, payment: PaymentPayload) -> Authorization:
+    async def body() -> bytes:
+        return balance_body()
+
+    candidate = await route.gate.inspect(encode_header(payment), body)
+    assert isinstance(candidate, Candidate), candidate
+    return await route.gate.authorize(candidate, CLIENT_IP)
+
+
+async def _intent(store: Store, key: str) -> PendingSettlement | None:
+    raw = await store.get(keys.pending_settlement(key))
+    return msgspec.json.decode(raw, type=PendingSettlement) if raw else None
+
+
+async def test_a_retry_whose_broadcast_may_have_landed_is_pending_while_its_client_cools_down(
+    store: Store,
+) -> None:
+    route = paid_route(store)
+    settlement = _settled_by_our_fee_payer(route)
+    payment = route.sign()
+    paid = await _authorize(route, payment)
+    assert isinstance(paid, Paid)
+    route.facilitator.settle_answers.append(settle_refused("settlement_pending", transaction="tx-sent"))
+    assert await settlement.settle(paid.paid, ANSWER) == Pending()
+    await FeeGuard(store).failed([COOLING_IP])  # another settlement of this client failed on chain
+
+    retry = await _authorize(route, payment)
+    assert isinstance(retry, Reconcile)
+    assert await settlement.reconcile(retry) == Pending()
+
+    assert len(route.facilitator.settled) == 1  # nothing asked while it cools down
+    intent = await _intent(store, paid.paid.key)
+    assert intent is not None and (intent.transaction, intent.retried) == ("tx-sent", True)
+
+
+async def test_a_payment_nobody_settles_fails_while_its_client_cools_down(store: Store) -> None:
+    route = paid_route(store)
+    settlement = _settled_by_our_fee_payer(route)
+    paid = await _authorize(route, route.sign())
+    assert isinstance(paid, Paid)
+    await FeeGuard(store).failed([COOLING_IP])
+
+    assert await settlement.settle(paid.paid, ANSWER) == Failed("invalid_transaction_state")
+    assert route.facilitator.settled == []
+    assert await _intent(store, paid.paid.key) is None  # closed: nothing to reconcile
+
+
+class HeldAtTheCoolDown(MemoryStore):
+    """The in-process store, holding its first read of the client IP's cool-down until
+    :attr:`release` is set: the claim holder stands there, between its intent and its settle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def check_then_limit(
+        self,
+        keys: Sequence[str],
+        buckets: Sequence[Bucket],
+        puts: Sequence[Entry] = (),
+        hold: CreditHoldOrder | None = None,
+    ) -> Lookup:
+        if COOLING_IP.cooldown_key in keys and not self.reached.is_set():
+            self.reached.set()
+            await self.release.wait()
+        return await super().check_then_limit(keys, buckets, puts, hold)
+
+
+async def test_the_claim_holder_cooling_down_while_its_copy_settled_is_pending_not_failed() -> None:
+    store = HeldAtTheCoolDown()
+    route = paid_route(store)
+    settlement = _settled_by_our_fee_payer(route)
+    payment = route.sign()
+    paid = await _authorize(route, payment)
+    assert isinstance(paid, Paid)
+
+    holder = asyncio.create_task(settlement.settle(paid.paid, ANSWER))
+    await store.reached.wait()  # its intent is written; it is about to take its turn
+    retry = await _authorize(route, payment)
+    assert isinstance(retry, Reconcile)
+    copy = await settlement.reconcile(retry)
+    await FeeGuard(store).failed([COOLING_IP])  # then a settlement of this client fails
+    store.release.set()
+    first = await holder
+
+    assert isinstance(copy, Delivered) and copy.settlement == "tx-1"
+    assert first == Pending()  # not settlement_failed: its retry gets the answer
+    assert len(route.facilitator.settled) == 1
+    assert await _authorize(route, payment) == Replay(copy.response)  # the holder's retry: the answer

@@ -109,7 +109,7 @@ class Settlement:
             intent = msgspec.structs.replace(intent, retried=True)
             await self.ledger.record_pending(paid.key, intent)
         try:
-            result: SettleResponse | None = await self._settle_as_client(paid)
+            result: SettleResponse | None = await self._settle_as_client(paid, reconciling)
         except FacilitatorUnavailable:
             await self.offers.health.mark_down(paid.facilitator)
             result = None
@@ -147,10 +147,12 @@ class Settlement:
         await self._close_intent(paid)
         return Failed(reason)
 
-    async def _settle_as_client(self, paid: PaidRequest) -> SettleResponse:
+    async def _settle_as_client(self, paid: PaidRequest, reconciling: bool) -> SettleResponse:
         """The facilitator's settle; with the fee guard, inside the client IP's place in flight
         (waiting up to ``guard_wait_s`` for one, else ``settlement_pending`` with nothing asked),
-        its outcome counted for the IP."""
+        its outcome counted for the IP. A client cooling down is not asked for: the payment
+        fails, unless a retry of the request is settling it (this request is one, or one of its
+        copies reconciles its intent), for then it may have settled: the client retries later."""
         settling = self.offers.named(paid.facilitator).settling
         guard = self.guard if settling.ours else None
         if guard is None or not paid.client_ip:
@@ -159,7 +161,10 @@ class Settlement:
         token = secrets.token_hex(16)
         turn = await guard.take_turn(token, client, await guard.standing(client), wait_s=self.guard_wait_s)
         if turn.outcome == "cooling_down":  # a settlement of this client failed on chain
-            return _not_asked(paid, "invalid_transaction_state", "this client cools down after a failure")
+            why = "this client cools down after a failure"
+            if reconciling or await self.ledger.settled_by_retry(paid.key, paid.fingerprint):
+                return _not_asked(paid, "settlement_pending", why)
+            return _not_asked(paid, "invalid_transaction_state", why)
         if not turn.admitted:
             return _not_asked(paid, "settlement_pending", "this client's settlements fill its allowance")
         result: SettleResponse | None = None
