@@ -245,6 +245,33 @@ async def test_a_failing_probe_renews_the_down_mark_for_as_long_as_it_fails() ->
     assert not await store.get(keys.facilitator_down("a"))
 
 
+async def test_a_probe_that_hangs_never_holds_back_the_marks_of_other_replicas() -> None:
+    """Probes may wait on a facilitator that hangs (up to their timeout); the marks are read on
+    their own loop, so another replica's mark is seen within ``sync_s`` all the same."""
+    store = MemoryStore()
+    asked = asyncio.Event()
+
+    async def hangs() -> str | None:
+        asked.set()
+        await asyncio.Event().wait()
+        return None
+
+    health = FacilitatorHealth(store, {"a": hangs, "b": Answering()}, sync_s=0.05, probe_timeout_s=60)
+    other = FacilitatorHealth(store, {"a": hangs, "b": Answering()})
+    health.start()
+    try:
+        await asyncio.wait_for(asked.wait(), 5)  # its probe of "a" is out, and hangs
+        await other.mark_down("a")
+
+        async def order() -> list[str]:
+            return health.order()
+
+        seen = await read_until(order, lambda found: found == ["b", "a"], time.monotonic() + 1)
+    finally:
+        await health.stop()
+    assert seen == ["b", "a"]
+
+
 async def test_a_facilitator_that_stops_is_found_by_its_live_probe_past_its_cached_answer(
     start_cdp_facilitator: StartFacilitator,
 ) -> None:

@@ -55,7 +55,7 @@ class FacilitatorHealth:
         self._down: set[str] = set()
         self._fresh: set[str] = set()
         """Marked down here since the last read of the marks began (the read may predate them)."""
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._probed_at: dict[str, float] = {}
 
     def order(self) -> list[str]:
@@ -76,13 +76,21 @@ class FacilitatorHealth:
             await self.store.put(keys.facilitator_down(name), "", 1)
 
     async def sync(self) -> None:
-        """Read every replica's marks; probe the facilitators that are due, all at once."""
+        """Read every replica's marks, then probe the facilitators that are due."""
+        await self.read_marks()
+        await self.probe_due()
+
+    async def read_marks(self) -> None:
+        """Every replica's marks; one this process made meanwhile is kept (the read may predate it)."""
         marks = [keys.facilitator_down(name) for name in self.names]
         self._fresh.clear()
         with contextlib.suppress(StoreUnavailable):
             values = (await self.store.check_then_limit(marks, [])).values
             found = {name for name, value in zip(self.names, values, strict=True) if value}
             self._down = found | self._fresh
+
+    async def probe_due(self) -> None:
+        """Probe, all at once, each facilitator last probed ``probe_s`` ago or more."""
         now = time.monotonic()
         due = [n for n in self.names if now - self._probed_at.get(n, float("-inf")) >= self.probe_s]
         for name in due:
@@ -102,15 +110,20 @@ class FacilitatorHealth:
             return False
 
     def start(self) -> None:
-        if len(self.names) > 1 and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="facilitator-health")
+        """Two loops: the marks read every ``sync_s``, and the probes, which may wait up to
+        ``probe_timeout_s`` on a facilitator that hangs, so they never hold the reads back."""
+        if len(self.names) > 1 and not self._tasks:
+            self._tasks = [
+                asyncio.create_task(self._every(self.read_marks), name="facilitator-marks"),
+                asyncio.create_task(self._every(self.probe_due), name="facilitator-probes"),
+            ]
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            await cancel_and_wait(task)
 
-    async def _run(self) -> None:
+    async def _every(self, step: Callable[[], Awaitable[None]]) -> None:
         while True:
-            await self.sync()
+            await step()
             await asyncio.sleep(self.sync_s)
-
