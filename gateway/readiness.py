@@ -4,11 +4,13 @@ Two parts can stop it: the shared store (every paid and sign-in request needs it
 sells paid routes, the facilitator (verify and settle). ``/healthz`` asks neither (liveness must
 not restart a replica for an outage elsewhere); ``/readyz`` asks both.
 
-Each part is asked at most once per its time to live, whatever the probe rate, and concurrent
-probes share one question, so a probe storm never reaches the facilitator. A question is cut
-off at its timeout, so the probe answers within the orchestrator's own timeout. Only fixed
-words leave the process (``ok``, ``unavailable``, ``timeout``); the reason (which never holds a
-URL or key) goes to the log when a part changes state.
+The facilitators' questions (:func:`facilitator_probes`) are live, never answered from a
+cache; the failover probes with the same ones. Each part is asked at most once per its time to
+live, whatever the probe rate, and concurrent probes share one question, so a probe storm never
+reaches the facilitator. A question is cut off at its timeout, so the probe answers within the
+orchestrator's own timeout. Only fixed words leave the process (``ok``, ``unavailable``,
+``timeout``); the reason (which never holds a URL or key) goes to the log when a part changes
+state.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from gateway.logs import log_event
@@ -136,29 +139,40 @@ def node_question(rpc: SolanaRpc) -> Question:
     return ask
 
 
-def build_readiness(
-    store: Store,
-    facilitators: Sequence[Facilitator],
-    *,
-    sells_paid_routes: bool,
-    node_url: str,
-) -> Readiness:
-    """The store always; the facilitators only when paid routes are served (a gateway selling only
-    sign-in routes never asks them), ready while any of them answers (the others are failed over).
-    ``node_url`` is the internal facilitator's mainnet node."""
-    checks = [CachedCheck("store", store_question(store), ttl_s=STORE_TTL_S)]
+@dataclass(frozen=True, slots=True)
+class FacilitatorProbes:
+    """One live question per facilitator (by name), asked past any cache: the readiness probe
+    asks them, and the failover (:class:`~gateway.payments.facilitator_health.FacilitatorHealth`)
+    probes with them, so both see an outage when it is one, and a recovery only once the
+    facilitator answers again."""
+
+    questions: Mapping[str, Question]
+    closers: tuple[Callable[[], Awaitable[None]], ...] = ()
+
+
+def facilitator_probes(facilitators: Mapping[str, Facilitator], *, node_url: str) -> FacilitatorProbes:
+    """An external facilitator answers ``/supported`` now; the internal one is as alive as its
+    mainnet node (``node_url``), which answers ``getHealth``."""
+    questions: dict[str, Question] = {}
     closers: list[Callable[[], Awaitable[None]]] = []
-    questions: list[Question] = []
-    for facilitator in facilitators if sells_paid_routes else ():
+    for name, facilitator in facilitators.items():
         if isinstance(facilitator, HttpFacilitator):
-            questions.append(facilitator_question(facilitator))
+            questions[name] = facilitator_question(facilitator)
         else:
             rpc = SolanaRpc(node_url, timeout_s=CHECK_TIMEOUT_S, upstream=RPC_UPSTREAM_NAMES[SOLANA_MAINNET])
-            questions.append(node_question(rpc))
+            questions[name] = node_question(rpc)
             closers.append(rpc.close)
+    return FacilitatorProbes(questions, tuple(closers))
+
+
+def build_readiness(store: Store, probes: FacilitatorProbes, *, sells_paid_routes: bool) -> Readiness:
+    """The store always; the facilitators only when paid routes are served (a gateway selling only
+    sign-in routes never asks them), ready while any of them answers (the others are failed over)."""
+    checks = [CachedCheck("store", store_question(store), ttl_s=STORE_TTL_S)]
+    questions = list(probes.questions.values()) if sells_paid_routes else []
     if questions:
         checks.append(CachedCheck("facilitator", any_answers(questions), ttl_s=FACILITATOR_TTL_S))
-    return Readiness(checks, closers)
+    return Readiness(checks, probes.closers)
 
 
 def any_answers(questions: Sequence[Question]) -> Question:

@@ -22,7 +22,7 @@ from gateway.payments.local_facilitator import load_local_facilitator
 from gateway.payments.offer import SettlingFacilitator
 from gateway.pricing import facilitator_fee
 from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
-from gateway.readiness import build_readiness
+from gateway.readiness import build_readiness, facilitator_probes
 from gateway.request_log import RequestLog
 from gateway.routes import RouteSpec, named_limits, payment_methods
 from gateway.store import Store, open_store
@@ -82,20 +82,18 @@ class Services:
         )
         self.settling = self._settling_facilitators(settings)
         """Every facilitator a payment may be settled through, in order of preference."""
-        self.facilitator_health = FacilitatorHealth(
-            self.store, {s.name: s.facilitator.supported for s in self.settling}
+        probes = facilitator_probes(
+            {s.name: s.facilitator for s in self.settling},
+            node_url=settings.solana_mainnet_rpc_url.reveal(),
         )
+        self.facilitator_health = FacilitatorHealth(self.store, probes.questions)
+        """Which facilitators are down, probed live with the readiness probe's questions."""
         self.settlement_guard = self.fee_guard if settings.uses_internal_facilitator else None
         """Guards our own fee payer (client IPs in flight, cool-downs) for the payments it
         settles; an external facilitator pays its own fees."""
         self.facilitator_fee = facilitator_fee(settings)
         """The settlement fee the preferred facilitator adds to every price it settles."""
-        self.readiness = build_readiness(
-            self.store,
-            [s.facilitator for s in self.settling],
-            sells_paid_routes=any(r.paid for r in routes),
-            node_url=settings.solana_mainnet_rpc_url.reveal(),
-        )
+        self.readiness = build_readiness(self.store, probes, sells_paid_routes=any(r.paid for r in routes))
         self._upstreams: dict[str, UpstreamClient] = {}
         secret = settings.siwx_secret.reveal().encode() or random_secret()
         statement = "Sign in to read asset data or your prepaid credit at this gateway. No funds move."

@@ -319,6 +319,27 @@ async def test_failed_refresh_keeps_the_stale_answer_and_retries_later(
     assert cdp_facilitator.calls_to("supported")[-1].fault is None
 
 
+async def test_a_live_question_asks_past_the_cache_fails_when_it_fails_and_refreshes_it(
+    start_cdp_facilitator: StartFacilitator, make_client: ClientFactory
+) -> None:
+    """The failover's and the readiness probe's question: never the cached answer, which a
+    failed refresh keeps serving; an answer it gets is cached for the challenges."""
+    backend = StaticBackend(fee_payer="OldFeePayer1111111111111111111111111111111")
+    fake = await start_cdp_facilitator(backend=backend)
+    clock = FakeClock()
+    client = make_client(fake, supported_ttl_s=300, clock=clock)
+    assert await advertised_fee_payer(client, SOLANA_MAINNET) == backend.fee_payer
+
+    backend.fee_payer = DEFAULT_FEE_PAYER
+    assert fee_payer_for(await client.ask_supported(), SOLANA_MAINNET) == DEFAULT_FEE_PAYER
+    assert await advertised_fee_payer(client, SOLANA_MAINNET) == DEFAULT_FEE_PAYER  # cached now
+    await fake.stop()
+    with pytest.raises(FacilitatorUnavailable):
+        await client.ask_supported()
+    assert await advertised_fee_payer(client, SOLANA_MAINNET) == DEFAULT_FEE_PAYER  # within its TTL
+    assert fake.count("supported") == 2
+
+
 async def test_supported_failure_without_a_cached_answer_is_unavailable(
     cdp_facilitator: CdpFacilitatorServer, make_client: ClientFactory
 ) -> None:

@@ -467,11 +467,13 @@ async def test_paid_rpc_replay_is_refused_in_one_store_round_trip(
     assert paid.verify_calls() == paid.settle_calls() == 1
 
 
-async def test_paid_rpc_retry_of_a_pending_settlement_takes_two_store_round_trips(
+async def test_paid_rpc_retry_of_a_pending_settlement_takes_three_store_round_trips(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer
 ) -> None:
-    """The retry's claim round trip finds the pending record it reconciles with; the delivery
-    is the other one. The provider is not called again."""
+    """The retry's claim round trip finds the pending record it reconciles with; the retry marks
+    it as retried before it settles (so the request that recorded it, were it still settling,
+    would know a duplicate it hears is its retry's); the delivery is the third. The provider is
+    not called again."""
     env = {"STATE_STORE_REST_URL": private_redis.url, "RATE_LIMIT_SYNC_SECONDS": "10"}
     paid = await start_paid_gateway(env=env)
     assert paid.facilitator is not None
@@ -485,7 +487,7 @@ async def test_paid_rpc_retry_of_a_pending_settlement_takes_two_store_round_trip
         retry = await paid.pay(GET_BALANCE, balance_body(), payment)
 
     assert warm_up.status == 200 and first.status == 503 and retry.status == 200, retry.body
-    assert store.commands == ["EVALSHA", "EVALSHA"]
+    assert store.commands == ["EVALSHA", "SET", "EVALSHA"]
     assert paid.upstream_calls == 2 and paid.settle_calls() == 3  # the warm-up's, then one each
 
 

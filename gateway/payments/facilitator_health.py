@@ -2,10 +2,14 @@
 
 Several facilitators may settle for the gateway, in the operator's order of preference. One that
 fails or times out is marked down for ``down_s`` (30 s): the 402 then offers it last, so clients
-pay through another, and while it is down it is probed (its ``/supported``) every ``probe_s``
-until it answers, when it is offered in its place again. The marks live in the store, so a
-facilitator one replica found down is offered last by all; each process reads them in the
-background every ``sync_s``, never on the 402 path.
+pay through another. Every ``probe_s`` each facilitator is probed live (the readiness probe's
+question: an external one's ``/supported`` asked now, never its cached answer, which would hide
+an outage; the internal one's node). A probe that fails marks it down, or renews its mark, so a
+dead facilitator stays offered last for as long as it is dead, and one found dead by a probe is
+offered last before any payment is sent its way; one that is down and answers again is offered
+in its place again. The marks live in the store, so a facilitator one replica found down is
+offered last by all; each process reads them in the background every ``sync_s``, never on the
+402 path.
 """
 
 from __future__ import annotations
@@ -14,12 +18,18 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Final
 
 from gateway.background import cancel_and_wait
 from gateway.store import Store, StoreUnavailable, keys
 
-Probe = Callable[[], Awaitable[object]]
-"""Asks a facilitator something cheap (``/supported``); raises when it cannot answer."""
+DOWN_S: Final = 30.0
+"""How long a down mark lives unless a failing probe renews it."""
+PROBE_S: Final = 5.0
+"""How often each facilitator is probed, live, by each process."""
+
+Probe = Callable[[], Awaitable[str | None]]
+"""Asks a facilitator something cheap, live: None when it answered, else why not."""
 
 
 class FacilitatorHealth:
@@ -30,9 +40,9 @@ class FacilitatorHealth:
         store: Store,
         probes: Mapping[str, Probe],
         *,
-        down_s: float = 30.0,
+        down_s: float = DOWN_S,
         sync_s: float = 1.0,
-        probe_s: float = 5.0,
+        probe_s: float = PROBE_S,
         probe_timeout_s: float = 3.0,
     ) -> None:
         self.store = store
@@ -43,7 +53,9 @@ class FacilitatorHealth:
         self.probe_s = probe_s
         self.probe_timeout_s = probe_timeout_s
         self._down: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._fresh: set[str] = set()
+        """Marked down here since the last read of the marks began (the read may predate them)."""
+        self._tasks: list[asyncio.Task[None]] = []
         self._probed_at: dict[str, float] = {}
 
     def order(self) -> list[str]:
@@ -53,45 +65,65 @@ class FacilitatorHealth:
     async def mark_down(self, name: str) -> None:
         """``name`` failed or timed out: offer it last, here at once and on every replica soon."""
         self._down.add(name)
+        self._fresh.add(name)
         with contextlib.suppress(StoreUnavailable):
             await self.store.put(keys.facilitator_down(name), "1", self.down_ms)
 
     async def mark_up(self, name: str) -> None:
         self._down.discard(name)
+        self._fresh.discard(name)
         with contextlib.suppress(StoreUnavailable):
             await self.store.put(keys.facilitator_down(name), "", 1)
 
     async def sync(self) -> None:
-        """Read every replica's marks; probe the facilitators that are down."""
+        """Read every replica's marks, then probe the facilitators that are due."""
+        await self.read_marks()
+        await self.probe_due()
+
+    async def read_marks(self) -> None:
+        """Every replica's marks; one this process made meanwhile is kept (the read may predate it)."""
         marks = [keys.facilitator_down(name) for name in self.names]
+        self._fresh.clear()
         with contextlib.suppress(StoreUnavailable):
             values = (await self.store.check_then_limit(marks, [])).values
-            self._down = {name for name, value in zip(self.names, values, strict=True) if value}
+            found = {name for name, value in zip(self.names, values, strict=True) if value}
+            self._down = found | self._fresh
+
+    async def probe_due(self) -> None:
+        """Probe, all at once, each facilitator last probed ``probe_s`` ago or more."""
         now = time.monotonic()
-        for name in [n for n in self.names if n in self._down]:
-            if now - self._probed_at.get(name, float("-inf")) >= self.probe_s:
-                self._probed_at[name] = now
-                if await self._answers(name):
-                    await self.mark_up(name)
+        due = [n for n in self.names if now - self._probed_at.get(n, float("-inf")) >= self.probe_s]
+        for name in due:
+            self._probed_at[name] = now
+        answered = await asyncio.gather(*(self._answers(name) for name in due))
+        for name, answers in zip(due, answered, strict=True):
+            if not answers:
+                await self.mark_down(name)  # renewed while it fails: never offered first meanwhile
+            elif name in self._down:
+                await self.mark_up(name)
 
     async def _answers(self, name: str) -> bool:
         try:
             async with asyncio.timeout(self.probe_timeout_s):
-                await self.probes[name]()
+                return await self.probes[name]() is None
         except Exception:  # any failure means it still cannot settle
             return False
-        return True
 
     def start(self) -> None:
-        if len(self.names) > 1 and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="facilitator-health")
+        """Two loops: the marks read every ``sync_s``, and the probes, which may wait up to
+        ``probe_timeout_s`` on a facilitator that hangs, so they never hold the reads back."""
+        if len(self.names) > 1 and not self._tasks:
+            self._tasks = [
+                asyncio.create_task(self._every(self.read_marks), name="facilitator-marks"),
+                asyncio.create_task(self._every(self.probe_due), name="facilitator-probes"),
+            ]
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            await cancel_and_wait(task)
 
-    async def _run(self) -> None:
+    async def _every(self, step: Callable[[], Awaitable[None]]) -> None:
         while True:
-            await self.sync()
+            await step()
             await asyncio.sleep(self.sync_s)
-

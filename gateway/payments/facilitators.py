@@ -200,8 +200,12 @@ class HttpFacilitator:
 
     async def ask_supported(self) -> SupportedResponse:
         """``/supported`` asked now, past the cache: whether the facilitator answers at all
-        (the readiness probe), which a stale cached answer would hide."""
-        return await self._call("GET", "supported", None, _supported_decoder)
+        (the readiness probe and the failover's), which a stale cached answer would hide. Its
+        answer refreshes the cache."""
+        fresh = await self._call("GET", "supported", None, _supported_decoder)
+        self._supported = fresh
+        self._supported_expires = self._clock() + self._supported_ttl_s
+        return fresh
 
     def cached_supported(self) -> SupportedResponse | None:
         """The last ``/supported`` answer held in memory (maybe stale), without asking."""

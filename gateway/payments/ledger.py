@@ -77,6 +77,10 @@ class PendingSettlement(msgspec.Struct):
     response: StoredResponse | None = None
     transaction: str = ""
     """The settlement's transaction, once a facilitator named it."""
+    retried: bool = False
+    """A retry of the recording request reconciles it: written before that retry asks the
+    facilitator, so a ``duplicate_settlement`` the recording request hears afterwards may be its
+    retry's settlement, not a stranger's (see ``Settlement``)."""
 
 
 class PaymentIdRecord(msgspec.Struct):
@@ -200,6 +204,15 @@ class PaymentLedger:
     async def record_pending(self, key: str, record: PendingSettlement) -> None:
         encoded = msgspec.json.encode(record).decode()
         await self.store.put(keys.pending_settlement(key), encoded, PENDING_TTL_MS)
+
+    async def settled_by_retry(self, key: str, fp: str) -> bool:
+        """Whether a retry of the request with fingerprint ``fp`` is reconciling the payment
+        (its intent marked ``retried``) or delivered it already: one round trip, reads only."""
+        read = [keys.pending_settlement(key), keys.delivery(key)]
+        pending, delivered = (await self.store.check_then_limit(read, [])).values
+        if pending and self._pending.decode(pending).retried:
+            return True
+        return delivered is not None and self._delivered.decode(delivered).fingerprint == fp
 
     async def resolve_pending(self, key: str) -> None:
         """Mark the pending record done (an empty record expires at once)."""

@@ -84,7 +84,9 @@ class Settlement:
         """Settle again for the retry of the request that recorded ``retry.intent``: there the
         facilitator's ``duplicate_settlement`` naming the same transaction means the first
         broadcast landed and its answer was lost, so this request may deliver what was paid for
-        (once: see :meth:`_deliver_once`)."""
+        (once: see :meth:`_deliver_once`). The intent is marked ``retried`` before the
+        facilitator is asked: the recording request may still be settling, and when this retry
+        lands the payment first, the duplicate that request then hears is this retry's."""
         return await self._settle(retry.paid, retry.intent, reconciling=True)
 
     async def _settle(self, paid: PaidRequest, intent: PendingSettlement, *, reconciling: bool) -> Settled:
@@ -103,8 +105,11 @@ class Settlement:
     async def _ask_facilitator(
         self, paid: PaidRequest, intent: PendingSettlement, reconciling: bool
     ) -> Settled:
+        if reconciling and not intent.retried:
+            intent = msgspec.structs.replace(intent, retried=True)
+            await self.ledger.record_pending(paid.key, intent)
         try:
-            result: SettleResponse | None = await self._settle_as_client(paid)
+            result: SettleResponse | None = await self._settle_as_client(paid, reconciling)
         except FacilitatorUnavailable:
             await self.offers.health.mark_down(paid.facilitator)
             result = None
@@ -118,11 +123,16 @@ class Settlement:
         if result is None or result.errorReason == "settlement_pending":
             await self._left_pending(paid, intent, result)
             return Pending()
-        settled = result.success or (
-            reconciling
-            and result.errorReason == DUPLICATE_SETTLEMENT
+        duplicate = (
+            result.errorReason == DUPLICATE_SETTLEMENT
             and bool(result.transaction)
             and intent.transaction in ("", result.transaction)
+        )
+        # A duplicate heard by the request that recorded the intent is a failure, unless a retry
+        # of this very request reconciled it meanwhile and landed it first (a concurrent copy of
+        # the request): then it settled, and one of the two delivers.
+        settled = result.success or (
+            duplicate and (reconciling or await self.ledger.settled_by_retry(paid.key, paid.fingerprint))
         )
         if settled and intent.response is not None:
             return await self._deliver_once(paid, result, intent, intent.response)
@@ -137,10 +147,12 @@ class Settlement:
         await self._close_intent(paid)
         return Failed(reason)
 
-    async def _settle_as_client(self, paid: PaidRequest) -> SettleResponse:
+    async def _settle_as_client(self, paid: PaidRequest, reconciling: bool) -> SettleResponse:
         """The facilitator's settle; with the fee guard, inside the client IP's place in flight
         (waiting up to ``guard_wait_s`` for one, else ``settlement_pending`` with nothing asked),
-        its outcome counted for the IP."""
+        its outcome counted for the IP. A client cooling down is not asked for: the payment
+        fails, unless a retry of the request is settling it (this request is one, or one of its
+        copies reconciles its intent), for then it may have settled: the client retries later."""
         settling = self.offers.named(paid.facilitator).settling
         guard = self.guard if settling.ours else None
         if guard is None or not paid.client_ip:
@@ -149,7 +161,10 @@ class Settlement:
         token = secrets.token_hex(16)
         turn = await guard.take_turn(token, client, await guard.standing(client), wait_s=self.guard_wait_s)
         if turn.outcome == "cooling_down":  # a settlement of this client failed on chain
-            return _not_asked(paid, "invalid_transaction_state", "this client cools down after a failure")
+            why = "this client cools down after a failure"
+            if reconciling or await self.ledger.settled_by_retry(paid.key, paid.fingerprint):
+                return _not_asked(paid, "settlement_pending", why)
+            return _not_asked(paid, "invalid_transaction_state", why)
         if not turn.admitted:
             return _not_asked(paid, "settlement_pending", "this client's settlements fill its allowance")
         result: SettleResponse | None = None

@@ -217,7 +217,10 @@ def paid_route(
     settling = SettlingFacilitator(
         recording.url, recording, ChallengeFeePayer(recording, store), RECORDING_FACILITATOR_FEE
     )
-    health = FacilitatorHealth(store, {settling.name: recording.supported})
+    async def answers() -> None:
+        await recording.supported()
+
+    health = FacilitatorHealth(store, {settling.name: answers})
     offers = RouteOffers([Option(settling, challenge)], health)
     gate = PaymentGate(
         route_name=route.name,
