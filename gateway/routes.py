@@ -8,6 +8,7 @@ and every problem of the table is reported at once.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
 import re
@@ -219,11 +220,37 @@ class _Problems:
         self.source = source
         self.lines = lines
         self.items: list[str] = []
+        self.found: list[tuple[str, str]] = []
+        """(where, message) of every item, for :func:`_expand` to merge one cause's repeats."""
 
     def add(self, where: str, message: str) -> None:
         line = self.lines.line(where) if self.lines is not None and where else None
         at = f"{self.source}:{line}" if line is not None else self.source
         self.items.append(f"{at}: {where}: {message}" if where else f"{at}: {message}")
+        self.found.append((where, message))
+
+    def apart(self) -> _Problems:
+        """A fresh list for the same file, whose problems the caller merges back."""
+        return _Problems(self.source, self.lines)
+
+
+def did_you_mean(word: object, known: Iterable[str]) -> str:
+    """`` (did you mean 'access'?)`` when ``word`` is a likely misspelling of one of ``known``."""
+    close = difflib.get_close_matches(str(word), list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_keys(unknown: Iterable[object], known: Iterable[str]) -> str:
+    """``unknown field(s) ['acess'] (did you mean 'access'?)``: each misspelling with its key."""
+    names = sorted(map(str, unknown))
+    known = list(known)
+    hints = [(name, close[0]) for name in names if (close := difflib.get_close_matches(name, known, n=1))]
+    if not hints:
+        return f"unknown field(s) {names}"
+    if len(names) == 1:
+        return f"unknown field(s) {names} (did you mean {hints[0][1]!r}?)"
+    meant = ", ".join(f"{right!r} for {wrong!r}" for wrong, right in hints)
+    return f"unknown field(s) {names} (did you mean {meant}?)"
 
 
 def parse_routes(
@@ -242,7 +269,9 @@ def parse_routes(
     for key in doc:
         if not (isinstance(key, str) and (key in TOP_LEVEL_KEYS or key.startswith("x-"))):
             problems.add(
-                str(key), f"unknown top-level key (known: {', '.join(sorted(TOP_LEVEL_KEYS))}, or x-...)"
+                str(key),
+                f"unknown top-level key{did_you_mean(key, TOP_LEVEL_KEYS)} "
+                f"(known: {', '.join(sorted(TOP_LEVEL_KEYS))}, or x-...)",
             )
     version = doc.get("version", 1)
     if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
@@ -340,7 +369,7 @@ def _pricing(raw: Any, problems: _Problems) -> dict[str, Any]:
         before = len(problems.items)
         unknown = sorted(set(schedule) - PRICING_KEYS)
         if unknown:
-            problems.add(where, f"unknown field(s) {unknown} (known: {sorted(PRICING_KEYS)})")
+            problems.add(where, f"{unknown_keys(unknown, PRICING_KEYS)} (known: {sorted(PRICING_KEYS)})")
         per_unit = schedule.get("micro_usdc_per_unit")
         if _number(per_unit) is None or (_number(per_unit) or 0) <= 0:
             problems.add(f"{where}.micro_usdc_per_unit", f"must be a positive number, got {_kind(per_unit)}")
@@ -412,6 +441,7 @@ def _expand(template: Any, where: str, table: _Table, problems: _Problems) -> li
             fields[method] = found
     body = {k: v for k, v in template.items() if k not in ("methods", "expand")}
     routes: list[tuple[str, RouteSpec]] = []
+    expanded: list[_Expanded] = []
     for m, matrix in enumerate(matrices):
         if not isinstance(matrix, dict) or set(matrix) - {"cluster", "provider"}:
             problems.add(f"{where}.expand[{m}]", "a matrix maps cluster and provider to lists")
@@ -423,10 +453,61 @@ def _expand(template: Any, where: str, table: _Table, problems: _Problems) -> li
                 raw = _fill(body, values)
                 raw.update(_fill(method_fields, values))
                 at = f"{where}[{'/'.join(values.values())}]"
-                route = _route(raw, at, table, problems)
+                own = problems.apart()
+                route = _route(raw, at, table, own)
+                expanded.append(_Expanded(at, str(raw.get("name")), values, own.found))
                 if route is not None:
                     routes.append((at, route))
+    name = template.get("name")
+    _merge_causes(expanded, f"{where} ({name})" if isinstance(name, str) else where, problems)
     return routes
+
+
+_HINTS = re.compile(r" \([^()]*\)")
+
+
+class _Expanded(msgspec.Struct, frozen=True):
+    """One route a template expanded to: its location, name and problems (where, message)."""
+
+    at: str
+    name: str
+    values: dict[str, str]
+    """The template's placeholders as this route filled them (cluster, provider, method)."""
+    found: list[tuple[str, str]]
+
+    def cause(self, message: str) -> str:
+        """``message`` as the template says it: each filled value back to its placeholder, the
+        parenthesized hints (which quote the filled values) left out."""
+        for key, value in self.values.items():
+            message = message.replace(value, "{" + key + "}")
+        return _HINTS.sub("", message)
+
+    def field(self, where: str) -> str:
+        """``where`` without this route's own location: ``.handler``, ``.input.body...``."""
+        rest = where[len(self.at) :]
+        return rest.removeprefix(f" ({self.name})")
+
+
+def _merge_causes(expanded: list[_Expanded], template: str, problems: _Problems) -> None:
+    """Add each problem of a template's routes once per cause (same field, same message), at the
+    template when several routes share it, with how many of its routes it affects: one typo in a
+    template is one line, not one per route expanded from it."""
+    causes: dict[tuple[str, str], list[tuple[_Expanded, str, str]]] = {}
+    for route in expanded:
+        for where, message in route.found:
+            causes.setdefault((route.field(where), route.cause(message)), []).append((route, where, message))
+    for (field, _), found in causes.items():
+        route, where, message = found[0]
+        if len(found) == 1:
+            problems.add(where, message)
+            continue
+        share = (
+            f"all {len(expanded)} routes of the template"
+            if len(found) == len(expanded)
+            else f"{len(found)} of the template's {len(expanded)} routes"
+        )
+        example = "" if all(said == message for _, _, said in found) else f", e.g. {route.name}"
+        problems.add(f"{template}{field}", f"{message} [affects {share}{example}]")
 
 
 def _method_fields(spec: Any, method: str, where: str, problems: _Problems) -> dict[str, Any] | None:
@@ -443,7 +524,7 @@ def _method_fields(spec: Any, method: str, where: str, problems: _Problems) -> d
         return None
     unknown = set(spec) - METHOD_KEYS
     if unknown:
-        problems.add(where, f"unknown field(s) {sorted(unknown)} (known: {sorted(METHOD_KEYS)})")
+        problems.add(where, f"{unknown_keys(unknown, METHOD_KEYS)} (known: {sorted(METHOD_KEYS)})")
         return None
     fields: dict[str, Any] = {"description": spec.get("description", method)}
     params = spec.get("params", {"type": "array"})
@@ -490,9 +571,11 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
     before = len(problems.items)
     unknown = set(raw) - ROUTE_KEYS
     if unknown:
-        problems.add(where, f"unknown field(s) {sorted(unknown)}")
+        problems.add(where, unknown_keys(unknown, ROUTE_KEYS))
+    # a misspelt key (``acess:``) is one cause: its "did you mean" says the right key is missing
+    meant = {close[0] for key in unknown if (close := difflib.get_close_matches(str(key), ROUTE_KEYS, n=1))}
     for key in ("name", "path", "method", "access", "handler"):
-        if not isinstance(raw.get(key), str) or not raw[key]:
+        if (not isinstance(raw.get(key), str) or not raw[key]) and not (key in meant and key not in raw):
             problems.add(f"{where}.{key}", f"required text, got {_kind(raw.get(key))}")
     if len(problems.items) > before:
         return None
@@ -510,15 +593,17 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
     access = raw["access"]
     routable = [name for name, mode in ACCESS_MODES.items() if not mode.beside_only]
     if access not in routable:
-        bad("access", f"{access!r} is not one of {routable}")
+        bad("access", f"{access!r} is not one of {routable}{did_you_mean(access, routable)}")
     handler = HANDLERS.get(raw["handler"])
     if handler is None:
-        bad("handler", f"unknown handler {raw['handler']!r}")
+        hint = did_you_mean(raw["handler"], HANDLERS)
+        bad("handler", f"unknown handler {raw['handler']!r}{hint} (known: {', '.join(sorted(HANDLERS))})")
     upstream = raw.get("upstream")
     if upstream is not None and upstream not in table.upstreams:
         bad(
             "upstream",
-            f"unknown upstream {upstream!r} (declare it under upstreams; known: {sorted(table.upstreams)})",
+            f"unknown upstream {upstream!r}{did_you_mean(upstream, table.upstreams)} "
+            f"(declare it under upstreams; known: {sorted(table.upstreams)})",
         )
     if handler is not None and handler.needs_upstream and upstream is None:
         bad("upstream", f"a {raw['handler']} route needs an upstream")
@@ -679,12 +764,16 @@ def _rate_limits(
             continue
         unknown = sorted(set(item) - {"scope", "limit", "period_seconds", "per"})
         if unknown:
-            problems.add(at, f"unknown field(s) {unknown} (known: limit, per, period_seconds, scope)")
+            known = ("limit", "per", "period_seconds", "scope")
+            problems.add(at, f"{unknown_keys(unknown, known)} (known: {', '.join(known)})")
             continue
         limit = item.get("limit")
         if isinstance(limit, str):
             if limit not in limits:
-                problems.add(f"{at}.limit", f"unknown named limit {limit!r} (known: {sorted(limits)})")
+                problems.add(
+                    f"{at}.limit",
+                    f"unknown named limit {limit!r}{did_you_mean(limit, limits)} (known: {sorted(limits)})",
+                )
                 continue
             count, period_ms = limits[limit]
         elif _positive(limit) and isinstance(limit, int) and _positive(item.get("period_seconds")):
