@@ -11,8 +11,10 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from gateway.config import INTERNAL, ConfigError, Settings, read_settings, startup_notes
+from gateway.pipes import guarded_streams
 from gateway.pricing import FacilitatorFee, credit_price, facilitator_fee, route_price
 from gateway.redact import redact_url
 from gateway.routes import (
@@ -28,6 +30,47 @@ from gateway.settlement_cost import worst_case_lamports
 
 PRICING_VARIABLES = ("ROUTES_FILE", "FACILITATOR_URL", "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC")
 """What ``routes`` reads: the table and the facilitator whose settlement fee the prices carry."""
+MAX_PORT = 65_535
+MAX_WORKERS = 256
+MAX_GRACEFUL_TIMEOUT_S = 3600.0
+MAX_CONFIRM_DELAY_MS = 60_000
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (where to read more included), never the usage
+    block: a bad value reads like every other refusal of the CLI."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _number(text: str, kind: type[int] | type[float], low: float, high: float, what: str) -> Any:
+    """``text`` as ``kind`` within [low, high]; argparse turns the refusal into one line."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:30]!r} is not {what}") from None
+    if not low <= value <= high:  # also refuses nan
+        high_text = f"{high:g}" if isinstance(high, float) else str(high)
+        raise argparse.ArgumentTypeError(f"{text[:30]} is out of range: {what} from {low:g} to {high_text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """A TCP port to listen on, 1 to 65535."""
+    return int(_number(text, int, 1, MAX_PORT, "a TCP port"))
+
+
+def worker_count(text: str) -> int:
+    return int(_number(text, int, 1, MAX_WORKERS, "a number of workers"))
+
+
+def timeout_seconds(text: str) -> float:
+    return float(_number(text, float, 0.0, MAX_GRACEFUL_TIMEOUT_S, "a number of seconds"))
+
+
+def delay_ms(text: str) -> int:
+    return int(_number(text, int, 0, MAX_CONFIRM_DELAY_MS, "a number of milliseconds"))
 
 
 def _load(env: dict[str, str]) -> tuple[Settings, list[RouteSpec], list[str]]:
@@ -218,13 +261,10 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     state_dir = Path(args.state_dir).expanduser().absolute() if args.state_dir else None
     if args.print_env:
         return _print_sandbox_env(args, state_dir)
-    if not 0 <= args.confirm_delay_ms <= 60_000:
-        print("sandbox: --confirm-delay-ms must be between 0 and 60000", file=sys.stderr)
-        return 1
     try:
-        default_port = int(os.environ.get("PORT") or 8080)
-    except ValueError:
-        print(f"sandbox: PORT {os.environ['PORT']!r} is not a port number", file=sys.stderr)
+        default_port = port_number(os.environ.get("PORT") or "8080")
+    except argparse.ArgumentTypeError as exc:
+        print(f"sandbox: PORT {exc}", file=sys.stderr)
         return 1
     try:
         return asyncio.run(
@@ -336,7 +376,7 @@ def cmd_balance(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="x402-gateway",
         description=__doc__,
         epilog="Configuration comes from environment variables (see the README); "
@@ -351,16 +391,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "a variable is malformed or a served route group (ROUTE_GROUPS) lacks a required one.",
     )
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=None, help="TCP port (default: $PORT or 8080)")
+    serve.add_argument("--port", type=port_number, default=None, help="TCP port (default: $PORT or 8080)")
     serve.add_argument(
         "--workers",
-        type=int,
+        type=worker_count,
         default=1,
         help="worker processes; more than 1 needs a shared STATE_STORE_REST_URL (default: %(default)s)",
     )
     serve.add_argument(
         "--graceful-timeout",
-        type=float,
+        type=timeout_seconds,
         default=20.0,
         metavar="SECONDS",
         help="seconds in-flight requests get to finish on SIGTERM (default: %(default)s)",
@@ -397,26 +437,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sandbox.add_argument(
         "--port",
-        type=int,
+        type=port_number,
         default=None,
         help="the gateway's port (default: the one kept in --state-dir, else $PORT or 8080); "
         "with --print-env, the port serve is to listen on (default: the sandbox's + 1)",
     )
     sandbox.add_argument(
         "--chain-port",
-        type=int,
+        type=port_number,
         default=None,
         help="the local Solana RPC's port (default: the one kept in --state-dir, else any free one)",
     )
     sandbox.add_argument(
         "--assets-port",
-        type=int,
+        type=port_number,
         default=None,
         help="the sample asset-data API's port (default: the one kept in --state-dir, else any free one)",
     )
     sandbox.add_argument(
         "--confirm-delay-ms",
-        type=int,
+        type=delay_ms,
         default=0,
         metavar="MS",
         help="the local chain reports a landed transaction confirmed MS milliseconds after it landed, "
@@ -499,9 +539,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     credits.add_argument("--keypair", required=True, help="solana-keygen JSON file (or base58 64-byte key)")
     credits.add_argument("--json", action="store_true", help="print one JSON object for scripts")
     credits.set_defaults(func=cmd_credits)
-    args = parser.parse_args(argv)
-    result: int = args.func(args)
-    return result
+    with guarded_streams():
+        args = parser.parse_args(argv)
+        try:
+            result: int = args.func(args)
+        except KeyboardInterrupt:
+            print(f"x402-gateway {args.command}: interrupted", file=sys.stderr)
+            return 130
+        return result
 
 
 if __name__ == "__main__":
