@@ -348,6 +348,7 @@ def cmd_pay(args: argparse.Namespace) -> int:
             max_amount=args.max_amount,
             usdc_mint=usdc_mint,
             output=output,
+            wait=not args.no_wait,
         )
     )
 
@@ -513,6 +514,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         metavar="MINT",
         help="the only asset paid in (default: $X402_USDC_MINT or the mainnet USDC mint)",
+    )
+    pay.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="on a 429 answer, exit at once instead of waiting out its Retry-After "
+        "(at most 60 s in all) and sending the request again",
     )
     shown = pay.add_mutually_exclusive_group()
     shown.add_argument("--quiet", action="store_true", help="print the response body only (errors on stderr)")
