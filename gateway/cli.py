@@ -252,11 +252,61 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return int(run(config))
 
 
+def usdc_amount(text: str) -> int:
+    """``--usdc N``: whole USDC (up to 6 decimals) -> micro-USDC."""
+    from gateway.sandbox.faucet import MAX_FUND_USDC, parse_amount
+
+    try:
+        return parse_amount(text, 6, MAX_FUND_USDC, "USDC")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def sol_amount(text: str) -> int:
+    """``--sol N``: whole SOL (up to 9 decimals) -> lamports."""
+    from gateway.sandbox.faucet import MAX_FUND_SOL, parse_amount
+
+    try:
+        return parse_amount(text, 9, MAX_FUND_SOL, "SOL")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cmd_sandbox_fund(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.sandbox.faucet import run_fund
+
+    given = {"--host": args.host, "--port": args.port, "--chain-port": args.chain_port}
+    given |= {"--assets-port": args.assets_port, "--state-dir (before fund)": args.state_dir}
+    ignored = ", ".join(flag for flag, value in given.items() if value is not None)
+    if ignored or args.print_env or args.confirm_delay_ms:
+        print(
+            "x402-gateway sandbox fund: options of the sandbox itself do not apply: "
+            f"drop {ignored or '--print-env, --confirm-delay-ms'}",
+            file=sys.stderr,
+        )
+        return 2
+    state_dir = Path(args.fund_state_dir).expanduser() if args.fund_state_dir else None
+    return asyncio.run(
+        run_fund(
+            args.wallet,
+            usdc_micro=args.usdc,
+            lamports=args.sol,
+            rpc=args.rpc,
+            state_dir=state_dir,
+            env_rpc=os.environ.get("SOLANA_RPC_URL"),
+        )
+    )
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
     import asyncio
 
     from gateway.sandbox import run_sandbox
 
+    if args.action == "fund":
+        return cmd_sandbox_fund(args)
     # Absolute, so the key file paths the banner prints work from any directory.
     state_dir = Path(args.state_dir).expanduser().absolute() if args.state_dir else None
     if args.print_env:
@@ -479,6 +529,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--state-dir (required), then exit; it holds the sandbox's fee payer key and secrets",
     )
     sandbox.set_defaults(func=cmd_sandbox)
+    actions = sandbox.add_subparsers(dest="action", metavar="ACTION")
+    fund = actions.add_parser(
+        "fund",
+        help="give any wallet test USDC and SOL on a running sandbox's chain",
+        description="Add test USDC and SOL to WALLET on the local chain of a running sandbox (its "
+        "banner's `local chain`), e.g. a wallet of your own to pay from. Only the sandbox's chain "
+        "knows how; a real Solana node refuses. The sandbox's state directory keeps the funds.",
+    )
+    fund.add_argument("wallet", metavar="WALLET", help="the wallet's address (base58)")
+    fund.add_argument(
+        "--usdc",
+        type=usdc_amount,
+        default=100 * 10**6,
+        metavar="N",
+        help="USDC to add, up to 6 decimals, at most 1000000 (default: 100)",
+    )
+    fund.add_argument(
+        "--sol",
+        type=sol_amount,
+        default=10**9,
+        metavar="N",
+        help="SOL to add, up to 9 decimals, at most 1000 (default: 1)",
+    )
+    fund.add_argument(
+        "--rpc",
+        default=None,
+        metavar="URL",
+        help="the sandbox's local chain (default: the one of --state-dir, else $SOLANA_RPC_URL, "
+        "which the banner's export line sets)",
+    )
+    fund.add_argument(
+        "--state-dir",
+        dest="fund_state_dir",
+        default=None,
+        metavar="DIR",
+        help="the state directory of the running sandbox, to find its chain",
+    )
     pay = sub.add_parser(
         "pay",
         help="call a URL, answering x402 challenges (exact Solana, SIWX), or buy prepaid credit",
