@@ -5,9 +5,12 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import base58
@@ -591,3 +594,94 @@ def test_sandbox_refuses_a_port_variable_out_of_range_in_one_line() -> None:
 
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == "sandbox: PORT 99999 is out of range: a TCP port from 1 to 65535\n"
+
+
+# --- pay against a rate limit ----------------------------------------------------------------------
+
+LIMITED_ROUTES = """\
+version: 1
+routes:
+  - name: ping
+    path: /ping
+    method: GET
+    access: public
+    handler: health
+    rate_limits:
+      - {scope: ping, limit: 1, period_seconds: 3}
+  - name: slow
+    path: /slow
+    method: GET
+    access: public
+    handler: health
+    rate_limits:
+      - {scope: slow, limit: 1, period_seconds: 120}
+"""
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A gateway whose /ping allows one call per 3 s and /slow one per 120 s; and a key file."""
+    folder = tmp_path_factory.mktemp("limited")
+    (folder / "routes.yaml").write_text(LIMITED_ROUTES)
+    key_file = folder / "key.json"
+    key_file.write_text(json.dumps(list(bytes(Keypair()))))
+    with serve({"ROUTES_FILE": str(folder / "routes.yaml")}) as gateway:
+        yield gateway.url, str(key_file)
+
+
+def _spend_the_limit(url: str) -> dict[str, str]:
+    """Call until the limit refuses (the previous test may have left it spent): its 429 headers."""
+    while True:
+        status, headers, _ = _request(url)
+        if status == 429:
+            return {name.lower(): value for name, value in headers.items()}
+        assert status == 200
+
+
+def test_pay_waits_out_retry_after_and_sends_again(limited: tuple[str, str]) -> None:
+    base, key_file = limited
+    headers = _spend_the_limit(base + "/ping")
+    started = time.monotonic()
+
+    done = run_cli({}, "pay", "GET", base + "/ping", "--keypair", key_file)
+
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "healthy"
+    [line] = done.stderr.splitlines()  # the waited call itself spends the limit: one wait only
+    waited = re.fullmatch(
+        r"HTTP 429 \(rate limited\): waiting ([123]) s as Retry-After asks, then sending again "
+        r"\(--no-wait stops at once\)",
+        line,
+    )
+    assert waited, line
+    assert int(waited[1]) <= int(headers["retry-after"])
+    assert time.monotonic() - started >= int(waited[1])
+
+
+def test_pay_no_wait_exits_at_once_on_a_429_naming_retry_after(limited: tuple[str, str]) -> None:
+    base, key_file = limited
+    _spend_the_limit(base + "/ping")
+
+    done = run_cli({}, "pay", "GET", base + "/ping", "--keypair", key_file, "--no-wait")
+
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["error"]["code"] == "rate_limited"
+    [line] = done.stderr.splitlines()
+    assert re.fullmatch(
+        r"x402-gateway pay: HTTP 429 \(Retry-After: [123] s\): rate_limited: rate limit exceeded for ping, "
+        r"retry after [123] s",
+        line,
+    ), line
+
+
+def test_pay_does_not_wait_longer_than_its_bound(limited: tuple[str, str]) -> None:
+    base, key_file = limited
+    _spend_the_limit(base + "/slow")
+    started = time.monotonic()
+
+    done = run_cli({}, "pay", "GET", base + "/slow", "--keypair", key_file, "--json")
+
+    assert time.monotonic() - started < 30
+    assert done.returncode == 1 and done.stderr == ""
+    answer = json.loads(done.stdout)
+    assert answer["status"] == 429 and answer["error"].startswith("HTTP 429 (Retry-After: 1")
