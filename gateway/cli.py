@@ -366,7 +366,7 @@ def cmd_pay(args: argparse.Namespace) -> int:
     import asyncio
 
     from gateway.creditclient import run_top_up
-    from gateway.payclient import run_pay
+    from gateway.payclient import run_pay, waiting_out_rate_limits
 
     output = "json" if args.json else "quiet" if args.quiet else "text"
     usdc_mint = args.usdc_mint or os.environ.get("X402_USDC_MINT") or None
@@ -374,17 +374,19 @@ def cmd_pay(args: argparse.Namespace) -> int:
         if args.url is not None or args.data is not None:
             print("x402-gateway pay: --top-up AMOUNT takes one BASE_URL and no --data", file=sys.stderr)
             return 2
-        return asyncio.run(
-            run_top_up(
-                args.top_up,
-                args.method,  # the one positional: the gateway's base URL
-                keypair_file=args.keypair,
-                rpc_url=args.rpc,
-                max_amount=args.max_amount,
-                usdc_mint=usdc_mint,
-                output=output,
+        # asyncio.run's task copies this context: the top-up waits out a 429 as pay does
+        with waiting_out_rate_limits(not args.no_wait, sys.stderr if output == "text" else None):
+            return asyncio.run(
+                run_top_up(
+                    args.top_up,
+                    args.method,  # the one positional: the gateway's base URL
+                    keypair_file=args.keypair,
+                    rpc_url=args.rpc,
+                    max_amount=args.max_amount,
+                    usdc_mint=usdc_mint,
+                    output=output,
+                )
             )
-        )
     if args.url is None:
         print("x402-gateway pay: give METHOD and URL (or --top-up AMOUNT BASE_URL)", file=sys.stderr)
         return 2
@@ -407,8 +409,10 @@ def cmd_credits(args: argparse.Namespace) -> int:
     import asyncio
 
     from gateway.creditclient import run_credits
+    from gateway.payclient import waiting_out_rate_limits
 
-    return asyncio.run(run_credits(args.base_url, keypair_file=args.keypair, as_json=args.json))
+    with waiting_out_rate_limits(True, None if args.json else sys.stderr):  # as pay does
+        return asyncio.run(run_credits(args.base_url, keypair_file=args.keypair, as_json=args.json))
 
 
 def cmd_balance(args: argparse.Namespace) -> int:
@@ -594,7 +598,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-amount",
         default=None,
         metavar="USDC",
-        help="refuse challenges asking more than this many USDC per call (default: 0.10)",
+        help="the most one call may take, paid or from prepaid credit (its credit price): refuse "
+        "challenges asking more (default: 0.10)",
     )
     pay.add_argument(
         "--usdc-mint",
