@@ -91,6 +91,8 @@ SIWX_EXTENSION = "sign-in-with-x"
 CREDIT_BALANCE_HEADER = "x-credit-balance"
 """The credit left (micro-USDC) on an answer paid from prepaid credit."""
 DEFAULT_TIMEOUT_S = 60.0
+MAX_USDC_AMOUNT = U64_MAX // 10**USDC_DECIMALS
+"""The largest ``--max-amount`` (whole USDC): what a u64 of micro-USDC can hold."""
 DEFAULT_MAX_AMOUNT = 100_000
 """micro-USDC (0.10 USDC): the most one call may cost unless ``--max-amount`` says otherwise."""
 PAID_RETRIES = 2
@@ -141,8 +143,12 @@ def parse_usdc(text: str) -> int:
         value = Decimal(text.strip())
     except InvalidOperation:
         raise PayError(f"--max-amount {text[:30]!r} is not a USDC amount such as 0.10", "usage") from None
+    if not value.is_finite() or value < 0 or value > MAX_USDC_AMOUNT:
+        raise PayError(
+            f"--max-amount {text[:30]!r} must be from 0 to {MAX_USDC_AMOUNT} with at most 6 decimals", "usage"
+        )
     micro = value * 10**USDC_DECIMALS
-    if not value.is_finite() or value < 0 or micro != micro.to_integral_value():
+    if micro != micro.to_integral_value():
         raise PayError(f"--max-amount {text[:30]!r} must be >= 0 with at most 6 decimals", "usage")
     return int(micro)
 
@@ -612,7 +618,8 @@ async def _check_funds(rpc: SolanaRpc, requirement: PaymentRequirements, keypair
 
 def rpc_failure(doing: str, exc: SolanaRpcError, rpc_url: str) -> PayError:
     """The refusal of a Solana RPC call, naming the node tried and how to name another."""
-    node = redact_url(rpc_url)
+    parts = urlsplit(rpc_url)
+    node = redact_url(rpc_url) if parts.scheme in ("http", "https") and parts.netloc else "(not an http URL)"
     if isinstance(exc, RpcUnavailable):
         return PayError(
             f"{doing}: no answer from the Solana RPC node {node} ({exc}); name one that answers with "

@@ -13,6 +13,7 @@ from solders.keypair import Keypair
 
 from gateway.payclient import (
     DEFAULT_RETRY_AFTER_S,
+    MAX_USDC_AMOUNT,
     Challenge,
     PayError,
     SpendPolicy,
@@ -22,6 +23,7 @@ from gateway.payclient import (
     exact_solana_requirements,
     parse_challenge,
     parse_keypair,
+    parse_usdc,
     payment_header,
     retry_after_s,
     rpc_failure,
@@ -173,3 +175,21 @@ def test_an_rpc_node_without_an_answer_is_named_with_how_to_name_another() -> No
         "(getLatestBlockhash: node unreachable (ClientConnectorDNSError)); name one that answers with "
         "--rpc URL or SOLANA_RPC_URL (the sandbox's banner prints its local chain's)"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "micro"),
+    [("0.10", 100_000), ("0", 0), ("0.000005", 5), (str(MAX_USDC_AMOUNT), MAX_USDC_AMOUNT * 10**6)],
+)
+def test_max_amount_is_read_as_micro_usdc(text: str, micro: int) -> None:
+    assert parse_usdc(text) == micro
+
+
+@pytest.mark.parametrize(
+    "text", ["-1", "1e999999999", "nan", "inf", str(MAX_USDC_AMOUNT + 1), "0.0000001", "ten"]
+)
+def test_a_max_amount_out_of_range_is_one_line_never_a_traceback(text: str) -> None:
+    with pytest.raises(PayError) as refused:
+        parse_usdc(text)
+
+    assert refused.value.code == "usage" and str(refused.value).startswith(f"--max-amount {text!r} ")

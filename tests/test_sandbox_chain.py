@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
+import pytest
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 from solders.token.associated import get_associated_token_address
 
 from gateway.sandbox.chain import INVALID_PARAMS, TOKEN_PROGRAM, LiteSvmRpcServer, UsdcChain, setup_usdc_chain
-from gateway.sandbox.faucet import FUND_METHOD, fund_method, run_fund
+from gateway.sandbox.faucet import FUND_METHOD, fund_method, parse_amount, run_fund
 from gateway.sandbox.upstreams import das_methods
 from gateway.x402.svm import encode_transaction, sign_as_fee_payer
 from gateway.x402.svm_payer import MintInfo, build_exact_transaction
@@ -150,3 +152,19 @@ async def test_fund_on_a_node_without_the_sandbox_method_says_it_is_no_sandbox()
         "only `x402-gateway sandbox` hands out test funds\n"
     )
     assert plain.calls[FUND_METHOD] == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "decimals", "base"),
+    [("100", 6, 100_000_000), ("0.5", 9, 500_000_000), ("0", 6, 0), ("1000", 9, 10**12)],
+)
+def test_fund_amounts_are_read_in_base_units(text: str, decimals: int, base: int) -> None:
+    assert parse_amount(text, decimals, 1000, "X") == base
+
+
+@pytest.mark.parametrize("text", ["-1", "1001", "1e99999999999", "nan", "0.0000000001", "lots"])
+def test_a_fund_amount_out_of_range_is_refused_in_words(text: str) -> None:
+    with pytest.raises(
+        ValueError, match=f"^'?{re.escape(text)}'? is (out of range: X from 0 to 1000|not an amount)"
+    ):
+        parse_amount(text, 9, 1000, "X")

@@ -160,12 +160,11 @@ def parse_amount(text: str, decimals: int, most: int, unit: str) -> int:
         value = Decimal(text.strip())
     except InvalidOperation:
         raise ValueError(f"{text[:30]!r} is not an amount of {unit} such as 100") from None
-    base = value * 10**decimals
-    if not value.is_finite() or base != base.to_integral_value() or not 0 <= value <= most:
+    if not value.is_finite() or not 0 <= value <= most or (value * 10**decimals) % 1:
         raise ValueError(
             f"{text[:30]} is out of range: {unit} from 0 to {most}, with at most {decimals} decimals"
         )
-    return int(base)
+    return int(value * 10**decimals)
 
 
 def chain_url(rpc: str | None, state_dir: Path | None, env_rpc: str | None) -> str:
