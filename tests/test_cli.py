@@ -685,3 +685,15 @@ def test_pay_does_not_wait_longer_than_its_bound(limited: tuple[str, str]) -> No
     assert done.returncode == 1 and done.stderr == ""
     answer = json.loads(done.stdout)
     assert answer["status"] == 429 and answer["error"].startswith("HTTP 429 (Retry-After: 1")
+
+
+def test_sandbox_refuses_two_parts_on_one_port_in_one_line() -> None:
+    port = str(free_port())
+
+    result = run_cli({}, "sandbox", "--port", port, "--chain-port", port)
+
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (
+        f"sandbox: the gateway and the local chain would both listen on port {port}: "
+        "give --chain-port another\n"
+    )

@@ -48,7 +48,7 @@ from gateway.sandbox.chain import USDC_MAINNET_MINT, LiteSvmRpcServer, UsdcChain
 from gateway.sandbox.credit import CreditKeepingStore, keep_credit, load_credit
 from gateway.sandbox.environment import HOST_STATE_DIR_VARIABLE, routes_file, sdk_exports, serve_env
 from gateway.sandbox.faucet import FUND_METHOD, fund_method
-from gateway.sandbox.ports import PortChoice, check_free
+from gateway.sandbox.ports import PortChoice, check_distinct, check_free
 from gateway.sandbox.state import (
     CONFIG_VERSION,
     KEY_FILE_NAME,
@@ -322,6 +322,7 @@ async def run_sandbox(
     operator_env = os.environ if env is None else env
     kept = read_config(state_dir) if state_dir is not None else None
     choices = _port_choices(kept, (port, chain_port, assets_port), default_port)
+    check_distinct(choices)
     for choice in choices:
         check_free(host, choice, state_dir)
     persistent = state_dir is not None
