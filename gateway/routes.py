@@ -220,14 +220,34 @@ class _Problems:
         self.source = source
         self.lines = lines
         self.items: list[str] = []
-        self.found: list[tuple[str, str]] = []
-        """(where, message) of every item, for :func:`_expand` to merge one cause's repeats."""
+        self.found: list[tuple[str, str, str]] = []
+        """(where, message, key) of every item, for :func:`_expand` to merge one cause's repeats."""
+        self._lines: list[int | None] = []
 
-    def add(self, where: str, message: str) -> None:
-        line = self.lines.line(where) if self.lines is not None and where else None
+    def add(self, where: str, message: str, key: str = "") -> None:
+        """``key``: the (unknown) key below ``where`` whose line the problem points at."""
+        place = f"{where}.{key}" if key else where
+        line = self.lines.line(place) if self.lines is not None and where else None
         at = f"{self.source}:{line}" if line is not None else self.source
         self.items.append(f"{at}: {where}: {message}" if where else f"{at}: {message}")
-        self.found.append((where, message))
+        self.found.append((where, message, key))
+        self._lines.append(line)
+
+    def said_once(self) -> list[str]:
+        """The items, a problem of one line said once: a YAML anchor (``&top_up``) merged into
+        several routes would repeat it for each; the one line names every route it reaches."""
+        places: dict[tuple[int, str], list[str]] = {}
+        for (where, message, _), line in zip(self.found, self._lines, strict=True):
+            if line is not None and where:
+                places.setdefault((line, message), []).append(where)
+        out: list[str] = []
+        for item, (where, message, _), line in zip(self.items, self.found, self._lines, strict=True):
+            shared = places.get((line, message), []) if line is not None else []
+            if len(shared) < 2:
+                out.append(item)
+            elif shared[0] == where:
+                out.append(f"{self.source}:{line}: {', '.join(shared)}: {message}")
+        return out
 
     def apart(self) -> _Problems:
         """A fresh list for the same file, whose problems the caller merges back."""
@@ -291,7 +311,7 @@ def parse_routes(
     _check_unique(located, problems)
     _check_catalog_filter(located, problems)
     if problems.items:
-        raise RoutesError(problems.items)
+        raise RoutesError(problems.said_once())
     return [route for _, route in located]
 
 
@@ -473,7 +493,7 @@ class _Expanded(msgspec.Struct, frozen=True):
     name: str
     values: dict[str, str]
     """The template's placeholders as this route filled them (cluster, provider, method)."""
-    found: list[tuple[str, str]]
+    found: list[tuple[str, str, str]]
 
     def cause(self, message: str) -> str:
         """``message`` as the template says it: each filled value back to its placeholder, the
@@ -492,22 +512,23 @@ def _merge_causes(expanded: list[_Expanded], template: str, problems: _Problems)
     """Add each problem of a template's routes once per cause (same field, same message), at the
     template when several routes share it, with how many of its routes it affects: one typo in a
     template is one line, not one per route expanded from it."""
-    causes: dict[tuple[str, str], list[tuple[_Expanded, str, str]]] = {}
+    causes: dict[tuple[str, str], list[tuple[_Expanded, str, str, str]]] = {}
     for route in expanded:
-        for where, message in route.found:
-            causes.setdefault((route.field(where), route.cause(message)), []).append((route, where, message))
+        for where, message, key in route.found:
+            cause = (route.field(where), route.cause(message))
+            causes.setdefault(cause, []).append((route, where, message, key))
     for (field, _), found in causes.items():
-        route, where, message = found[0]
+        route, where, message, key = found[0]
         if len(found) == 1:
-            problems.add(where, message)
+            problems.add(where, message, key)
             continue
         share = (
             f"all {len(expanded)} routes of the template"
             if len(found) == len(expanded)
             else f"{len(found)} of the template's {len(expanded)} routes"
         )
-        example = "" if all(said == message for _, _, said in found) else f", e.g. {route.name}"
-        problems.add(f"{template}{field}", f"{message} [affects {share}{example}]")
+        example = "" if all(said == message for _, _, said, _ in found) else f", e.g. {route.name}"
+        problems.add(f"{template}{field}", f"{message} [affects {share}{example}]", key)
 
 
 def _method_fields(spec: Any, method: str, where: str, problems: _Problems) -> dict[str, Any] | None:
@@ -571,7 +592,7 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
     before = len(problems.items)
     unknown = set(raw) - ROUTE_KEYS
     if unknown:
-        problems.add(where, unknown_keys(unknown, ROUTE_KEYS))
+        problems.add(where, unknown_keys(unknown, ROUTE_KEYS), str(sorted(map(str, unknown))[0]))
     # a misspelt key (``acess:``) is one cause: its "did you mean" says the right key is missing
     meant = {close[0] for key in unknown if (close := difflib.get_close_matches(str(key), ROUTE_KEYS, n=1))}
     for key in ("name", "path", "method", "access", "handler"):

@@ -866,3 +866,46 @@ routes:
         f"{tmp_path / 'my-routes.yaml'}:12: routes[0] (catalog).input.query.properties.provider.enum: "
         "lists provider_z but the provider groups of the table are provider_a: list exactly those"
     ]
+
+
+def test_a_misspelt_key_points_at_its_own_line(tmp_path: Any) -> None:
+    text = PACKAGED_ROUTES_FILE.read_text()
+    at = text.index("templates:")
+    text = text[:at] + text[at:].replace("    access: exact\n", "    acess: exact\n", 1)
+    line = text.splitlines().index("    acess: exact") + 1
+
+    [problem] = _file_error(tmp_path, text)
+
+    assert problem.startswith(f"{tmp_path / 'my-routes.yaml'}:{line}: templates[0] (solana.")
+    rpc = [
+        r
+        for r in load_routes(PACKAGED_ROUTES_FILE, LIMITS)
+        if r.name.startswith("solana.") and ".rpc." in r.name
+    ]
+    assert problem.endswith(
+        ": unknown field(s) ['acess'] (did you mean 'access'?) "
+        f"[affects all {len(rpc)} routes of the template]"
+    )
+
+
+def test_a_problem_in_a_yaml_anchor_is_said_once_naming_every_route_it_reaches(tmp_path: Any) -> None:
+    text = """\
+version: 1
+routes:
+  - &base
+    name: a
+    path: /a
+    method: GET
+    acess: public
+    handler: health
+  - <<: *base
+    name: b
+    path: /b
+"""
+
+    problems = _file_error(tmp_path, text)
+
+    source = tmp_path / "my-routes.yaml"
+    assert problems == [
+        f"{source}:7: routes[0], routes[1]: unknown field(s) ['acess'] (did you mean 'access'?)"
+    ]
