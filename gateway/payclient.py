@@ -91,8 +91,9 @@ SIWX_EXTENSION = "sign-in-with-x"
 CREDIT_BALANCE_HEADER = "x-credit-balance"
 """The credit left (micro-USDC) on an answer paid from prepaid credit."""
 DEFAULT_TIMEOUT_S = 60.0
-MAX_USDC_AMOUNT = U64_MAX // 10**USDC_DECIMALS
-"""The largest ``--max-amount`` (whole USDC): what a u64 of micro-USDC can hold."""
+MAX_USDC_AMOUNT = 10**20
+"""The largest ``--max-amount`` (whole USDC), already above any u64 of micro-USDC a challenge can
+ask: a larger number says nothing more, and one with a huge exponent would overflow."""
 DEFAULT_MAX_AMOUNT = 100_000
 """micro-USDC (0.10 USDC): the most one call may cost unless ``--max-amount`` says otherwise."""
 PAID_RETRIES = 2
