@@ -278,7 +278,7 @@ def cmd_sandbox_fund(args: argparse.Namespace) -> int:
     from gateway.sandbox.faucet import run_fund
 
     given = {"--host": args.host, "--port": args.port, "--chain-port": args.chain_port}
-    given |= {"--assets-port": args.assets_port, "--state-dir (before fund)": args.state_dir}
+    given |= {"--assets-port": args.assets_port, "--state-dir (give it after fund)": args.state_dir}
     ignored = ", ".join(flag for flag, value in given.items() if value is not None)
     if ignored or args.print_env or args.confirm_delay_ms:
         print(
@@ -479,10 +479,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sandbox = sub.add_parser(
         "sandbox",
         help="run the gateway offline: local chain, sample upstreams",
+        usage="%(prog)s [options] | %(prog)s fund WALLET [--usdc N] [--sol N] [--rpc URL | --state-dir DIR]",
         description="Run the gateway offline: a local Solana chain with USDC and a funded demo wallet, "
         "sample upstreams, the internal facilitator. With --state-dir, the wallet, balances, ports "
         "and sample secrets are kept, so the commands the banner prints work after a restart. "
-        "With --print-env, print the environment of a running sandbox instead (see below).",
+        "With --print-env, print the environment of a running sandbox instead (see below). "
+        "sandbox fund WALLET gives any wallet test USDC and SOL on a running sandbox's chain.",
     )
     sandbox.add_argument(
         "--host",
