@@ -23,6 +23,11 @@ fee payer (which would make the signature a fully signed transaction the strange
 at will) is ever signed. A call on credit costs at most the route's price, so a paid route whose
 every exact offer is above ``--max-amount`` gets no sign-in either.
 
+A 429 at any stage is waited out as its ``Retry-After`` asks (a second at least) and the
+identical request sent again, for at most :data:`MAX_RATE_LIMIT_WAIT_S` a command
+(``--no-wait``: not at all). ``--max-amount`` bounds what the call takes: a sign-in on a paid
+route spends its credit price, which the gateway's catalog lists (:func:`credit_refusal`).
+
 Redirects are never followed, whatever the stage: the URL given is the resource the user agreed
 to pay for, and an HTTP client following a redirect keeps the ``PAYMENT-SIGNATURE`` and
 ``SIGN-IN-WITH-X`` headers, handing a payment to whichever origin the redirect names. A redirect
@@ -107,7 +112,8 @@ UNTRUSTED_CHARS = 200
 MAX_RATE_LIMIT_WAIT_S = 60.0
 """The longest one command waits out 429 answers in all (``Retry-After``), whatever they ask."""
 DEFAULT_RETRY_AFTER_S = 1.0
-"""The wait after a 429 that names no ``Retry-After``."""
+"""The wait after a 429 that names no ``Retry-After``, and the shortest one: a server answering
+``Retry-After: 0`` forever gets one request a second, and only until the bound is spent."""
 CATALOG_PATH = "/v1/catalog"
 """Where a gateway lists its routes and their prices, credit price included."""
 
@@ -551,8 +557,9 @@ async def _send(
         if status != 429 or waits is None:
             return status, body, headers
         delay = retry_after_s(headers.get("retry-after"))
-        if delay is None or delay > waits.left_s:
+        if delay is None or max(delay, DEFAULT_RETRY_AFTER_S) > waits.left_s:
             return status, body, headers
+        delay = max(delay, DEFAULT_RETRY_AFTER_S)
         waits.left_s -= delay
         if waits.err is not None:
             print(
