@@ -20,8 +20,8 @@ A challenge is a stranger's request to sign a transfer: nothing malformed (an am
 not a positive u64, an address that is not one, see :class:`OfferedExact`), above
 ``--max-amount``, in another asset than the configured USDC mint, or naming this wallet as the
 fee payer (which would make the signature a fully signed transaction the stranger can broadcast
-at will) is ever signed. A call on credit costs at most the route's price, so a paid route whose
-every exact offer is above ``--max-amount`` gets no sign-in either.
+at will) is ever signed. A paid route whose every exact offer and whose credit price (when its
+gateway's catalog lists one) are above ``--max-amount`` gets no sign-in either.
 
 A 429 at any stage is waited out as its ``Retry-After`` asks (a second at least) and the
 identical request sent again, for at most :data:`MAX_RATE_LIMIT_WAIT_S` a command
