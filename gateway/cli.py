@@ -535,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--state-dir (required), then exit; it holds the sandbox's fee payer key and secrets",
     )
     sandbox.set_defaults(func=cmd_sandbox)
-    actions = sandbox.add_subparsers(dest="action", metavar="ACTION")
+    actions = sandbox.add_subparsers(dest="action", metavar="ACTION", prog=sandbox.prog)
     fund = actions.add_parser(
         "fund",
         help="give any wallet test USDC and SOL on a running sandbox's chain",

@@ -697,3 +697,17 @@ def test_sandbox_refuses_two_parts_on_one_port_in_one_line() -> None:
         f"sandbox: the gateway and the local chain would both listen on port {port}: "
         "give --chain-port another\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "unit"),
+    [("--usdc", "-1", "USDC from 0 to 1000000"), ("--sol", "1001", "SOL from 0 to 1000")],
+)
+def test_sandbox_fund_amounts_are_range_checked_in_one_line(option: str, value: str, unit: str) -> None:
+    result = run_cli({}, "sandbox", "fund", str(Keypair().pubkey()), option, value)
+
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"x402-gateway sandbox fund: argument {option}: {value} is out of range: {unit}, with at most "
+        f"{6 if option == '--usdc' else 9} decimals (see x402-gateway sandbox fund --help)\n"
+    )
