@@ -11,8 +11,10 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from gateway.config import INTERNAL, ConfigError, Settings, read_settings, startup_notes
+from gateway.pipes import guarded_streams
 from gateway.pricing import FacilitatorFee, credit_price, facilitator_fee, route_price
 from gateway.redact import redact_url
 from gateway.routes import (
@@ -28,6 +30,47 @@ from gateway.settlement_cost import worst_case_lamports
 
 PRICING_VARIABLES = ("ROUTES_FILE", "FACILITATOR_URL", "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC")
 """What ``routes`` reads: the table and the facilitator whose settlement fee the prices carry."""
+MAX_PORT = 65_535
+MAX_WORKERS = 256
+MAX_GRACEFUL_TIMEOUT_S = 3600.0
+MAX_CONFIRM_DELAY_MS = 60_000
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (where to read more included), never the usage
+    block: a bad value reads like every other refusal of the CLI."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _number(text: str, kind: type[int] | type[float], low: float, high: float, what: str) -> Any:
+    """``text`` as ``kind`` within [low, high]; argparse turns the refusal into one line."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:30]!r} is not {what}") from None
+    if not low <= value <= high:  # also refuses nan
+        high_text = f"{high:g}" if isinstance(high, float) else str(high)
+        raise argparse.ArgumentTypeError(f"{text[:30]} is out of range: {what} from {low:g} to {high_text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """A TCP port to listen on, 1 to 65535."""
+    return int(_number(text, int, 1, MAX_PORT, "a TCP port"))
+
+
+def worker_count(text: str) -> int:
+    return int(_number(text, int, 1, MAX_WORKERS, "a number of workers"))
+
+
+def timeout_seconds(text: str) -> float:
+    return float(_number(text, float, 0.0, MAX_GRACEFUL_TIMEOUT_S, "a number of seconds"))
+
+
+def delay_ms(text: str) -> int:
+    return int(_number(text, int, 0, MAX_CONFIRM_DELAY_MS, "a number of milliseconds"))
 
 
 def _load(env: dict[str, str]) -> tuple[Settings, list[RouteSpec], list[str]]:
@@ -210,22 +253,69 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return int(run(config))
 
 
+def usdc_amount(text: str) -> int:
+    """``--usdc N``: whole USDC (up to 6 decimals) -> micro-USDC."""
+    from gateway.sandbox.faucet import MAX_FUND_USDC, parse_amount
+
+    try:
+        return parse_amount(text, 6, MAX_FUND_USDC, "USDC")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def sol_amount(text: str) -> int:
+    """``--sol N``: whole SOL (up to 9 decimals) -> lamports."""
+    from gateway.sandbox.faucet import MAX_FUND_SOL, parse_amount
+
+    try:
+        return parse_amount(text, 9, MAX_FUND_SOL, "SOL")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cmd_sandbox_fund(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.sandbox.faucet import run_fund
+
+    given = {"--host": args.host, "--port": args.port, "--chain-port": args.chain_port}
+    given |= {"--assets-port": args.assets_port, "--state-dir (give it after fund)": args.state_dir}
+    ignored = ", ".join(flag for flag, value in given.items() if value is not None)
+    if ignored or args.print_env or args.confirm_delay_ms:
+        print(
+            "x402-gateway sandbox fund: options of the sandbox itself do not apply: "
+            f"drop {ignored or '--print-env, --confirm-delay-ms'}",
+            file=sys.stderr,
+        )
+        return 2
+    state_dir = Path(args.fund_state_dir).expanduser() if args.fund_state_dir else None
+    return asyncio.run(
+        run_fund(
+            args.wallet,
+            usdc_micro=args.usdc,
+            lamports=args.sol,
+            rpc=args.rpc,
+            state_dir=state_dir,
+            env_rpc=os.environ.get("SOLANA_RPC_URL"),
+        )
+    )
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
     import asyncio
 
     from gateway.sandbox import run_sandbox
 
+    if args.action == "fund":
+        return cmd_sandbox_fund(args)
     # Absolute, so the key file paths the banner prints work from any directory.
     state_dir = Path(args.state_dir).expanduser().absolute() if args.state_dir else None
     if args.print_env:
         return _print_sandbox_env(args, state_dir)
-    if not 0 <= args.confirm_delay_ms <= 60_000:
-        print("sandbox: --confirm-delay-ms must be between 0 and 60000", file=sys.stderr)
-        return 1
     try:
-        default_port = int(os.environ.get("PORT") or 8080)
-    except ValueError:
-        print(f"sandbox: PORT {os.environ['PORT']!r} is not a port number", file=sys.stderr)
+        default_port = port_number(os.environ.get("PORT") or "8080")
+    except argparse.ArgumentTypeError as exc:
+        print(f"sandbox: PORT {exc}", file=sys.stderr)
         return 1
     try:
         return asyncio.run(
@@ -277,7 +367,7 @@ def cmd_pay(args: argparse.Namespace) -> int:
     import asyncio
 
     from gateway.creditclient import run_top_up
-    from gateway.payclient import run_pay
+    from gateway.payclient import run_pay, waiting_out_rate_limits
 
     output = "json" if args.json else "quiet" if args.quiet else "text"
     usdc_mint = args.usdc_mint or os.environ.get("X402_USDC_MINT") or None
@@ -285,17 +375,19 @@ def cmd_pay(args: argparse.Namespace) -> int:
         if args.url is not None or args.data is not None:
             print("x402-gateway pay: --top-up AMOUNT takes one BASE_URL and no --data", file=sys.stderr)
             return 2
-        return asyncio.run(
-            run_top_up(
-                args.top_up,
-                args.method,  # the one positional: the gateway's base URL
-                keypair_file=args.keypair,
-                rpc_url=args.rpc,
-                max_amount=args.max_amount,
-                usdc_mint=usdc_mint,
-                output=output,
+        # asyncio.run's task copies this context: the top-up waits out a 429 as pay does
+        with waiting_out_rate_limits(not args.no_wait, sys.stderr if output == "text" else None):
+            return asyncio.run(
+                run_top_up(
+                    args.top_up,
+                    args.method,  # the one positional: the gateway's base URL
+                    keypair_file=args.keypair,
+                    rpc_url=args.rpc,
+                    max_amount=args.max_amount,
+                    usdc_mint=usdc_mint,
+                    output=output,
+                )
             )
-        )
     if args.url is None:
         print("x402-gateway pay: give METHOD and URL (or --top-up AMOUNT BASE_URL)", file=sys.stderr)
         return 2
@@ -309,6 +401,7 @@ def cmd_pay(args: argparse.Namespace) -> int:
             max_amount=args.max_amount,
             usdc_mint=usdc_mint,
             output=output,
+            wait=not args.no_wait,
         )
     )
 
@@ -317,8 +410,10 @@ def cmd_credits(args: argparse.Namespace) -> int:
     import asyncio
 
     from gateway.creditclient import run_credits
+    from gateway.payclient import waiting_out_rate_limits
 
-    return asyncio.run(run_credits(args.base_url, keypair_file=args.keypair, as_json=args.json))
+    with waiting_out_rate_limits(True, None if args.json else sys.stderr):  # as pay does
+        return asyncio.run(run_credits(args.base_url, keypair_file=args.keypair, as_json=args.json))
 
 
 def cmd_balance(args: argparse.Namespace) -> int:
@@ -337,7 +432,7 @@ def cmd_balance(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="x402-gateway",
         description=__doc__,
         epilog="Configuration comes from environment variables (see the README); "
@@ -352,16 +447,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "a variable is malformed or a served route group (ROUTE_GROUPS) lacks a required one.",
     )
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=None, help="TCP port (default: $PORT or 8080)")
+    serve.add_argument("--port", type=port_number, default=None, help="TCP port (default: $PORT or 8080)")
     serve.add_argument(
         "--workers",
-        type=int,
+        type=worker_count,
         default=1,
         help="worker processes; more than 1 needs a shared STATE_STORE_REST_URL (default: %(default)s)",
     )
     serve.add_argument(
         "--graceful-timeout",
-        type=float,
+        type=timeout_seconds,
         default=20.0,
         metavar="SECONDS",
         help="seconds in-flight requests get to finish on SIGTERM (default: %(default)s)",
@@ -385,10 +480,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sandbox = sub.add_parser(
         "sandbox",
         help="run the gateway offline: local chain, sample upstreams",
+        usage="%(prog)s [options] | %(prog)s fund WALLET [--usdc N] [--sol N] [--rpc URL | --state-dir DIR]",
         description="Run the gateway offline: a local Solana chain with USDC and a funded demo wallet, "
         "sample upstreams, the internal facilitator. With --state-dir, the wallet, balances, ports "
         "and sample secrets are kept, so the commands the banner prints work after a restart. "
-        "With --print-env, print the environment of a running sandbox instead (see below).",
+        "With --print-env, print the environment of a running sandbox instead (see below). "
+        "sandbox fund WALLET gives any wallet test USDC and SOL on a running sandbox's chain.",
     )
     sandbox.add_argument(
         "--host",
@@ -398,26 +495,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sandbox.add_argument(
         "--port",
-        type=int,
+        type=port_number,
         default=None,
         help="the gateway's port (default: the one kept in --state-dir, else $PORT or 8080); "
         "with --print-env, the port serve is to listen on (default: the sandbox's + 1)",
     )
     sandbox.add_argument(
         "--chain-port",
-        type=int,
+        type=port_number,
         default=None,
         help="the local Solana RPC's port (default: the one kept in --state-dir, else any free one)",
     )
     sandbox.add_argument(
         "--assets-port",
-        type=int,
+        type=port_number,
         default=None,
         help="the sample asset-data API's port (default: the one kept in --state-dir, else any free one)",
     )
     sandbox.add_argument(
         "--confirm-delay-ms",
-        type=int,
+        type=delay_ms,
         default=0,
         metavar="MS",
         help="the local chain reports a landed transaction confirmed MS milliseconds after it landed, "
@@ -439,6 +536,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--state-dir (required), then exit; it holds the sandbox's fee payer key and secrets",
     )
     sandbox.set_defaults(func=cmd_sandbox)
+    actions = sandbox.add_subparsers(dest="action", metavar="ACTION", prog=sandbox.prog)
+    fund = actions.add_parser(
+        "fund",
+        help="give any wallet test USDC and SOL on a running sandbox's chain",
+        description="Add test USDC and SOL to WALLET on the local chain of a running sandbox (its "
+        "banner's `local chain`), e.g. a wallet of your own to pay from. Only the sandbox's chain "
+        "knows how; a real Solana node refuses. The sandbox's state directory keeps the funds.",
+    )
+    fund.add_argument("wallet", metavar="WALLET", help="the wallet's address (base58)")
+    fund.add_argument(
+        "--usdc",
+        type=usdc_amount,
+        default=100 * 10**6,
+        metavar="N",
+        help="USDC to add, up to 6 decimals, at most 1000000 (default: 100)",
+    )
+    fund.add_argument(
+        "--sol",
+        type=sol_amount,
+        default=10**9,
+        metavar="N",
+        help="SOL to add, up to 9 decimals, at most 1000 (default: 1)",
+    )
+    fund.add_argument(
+        "--rpc",
+        default=None,
+        metavar="URL",
+        help="the sandbox's local chain (default: the one of --state-dir, else $SOLANA_RPC_URL, "
+        "which the banner's export line sets)",
+    )
+    fund.add_argument(
+        "--state-dir",
+        dest="fund_state_dir",
+        default=None,
+        metavar="DIR",
+        help="the state directory of the running sandbox, to find its chain",
+    )
     pay = sub.add_parser(
         "pay",
         help="call a URL, answering x402 challenges (exact Solana, SIWX), or buy prepaid credit",
@@ -467,13 +601,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-amount",
         default=None,
         metavar="USDC",
-        help="refuse challenges asking more than this many USDC per call (default: 0.10)",
+        help="the most one call may take, paid or from prepaid credit (its credit price): refuse "
+        "challenges asking more (default: 0.10)",
     )
     pay.add_argument(
         "--usdc-mint",
         default=None,
         metavar="MINT",
         help="the only asset paid in (default: $X402_USDC_MINT or the mainnet USDC mint)",
+    )
+    pay.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="on a 429 answer, exit at once instead of waiting out its Retry-After "
+        "(at most 60 s in all) and sending the request again",
     )
     shown = pay.add_mutually_exclusive_group()
     shown.add_argument("--quiet", action="store_true", help="print the response body only (errors on stderr)")
@@ -500,9 +641,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     credits.add_argument("--keypair", required=True, help="solana-keygen JSON file (or base58 64-byte key)")
     credits.add_argument("--json", action="store_true", help="print one JSON object for scripts")
     credits.set_defaults(func=cmd_credits)
-    args = parser.parse_args(argv)
-    result: int = args.func(args)
-    return result
+    with guarded_streams():
+        args = parser.parse_args(argv)
+        try:
+            result: int = args.func(args)
+        except KeyboardInterrupt:
+            print(f"x402-gateway {args.command}: interrupted", file=sys.stderr)
+            return 130
+        return result
 
 
 if __name__ == "__main__":

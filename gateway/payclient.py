@@ -20,8 +20,13 @@ A challenge is a stranger's request to sign a transfer: nothing malformed (an am
 not a positive u64, an address that is not one, see :class:`OfferedExact`), above
 ``--max-amount``, in another asset than the configured USDC mint, or naming this wallet as the
 fee payer (which would make the signature a fully signed transaction the stranger can broadcast
-at will) is ever signed. A call on credit costs at most the route's price, so a paid route whose
-every exact offer is above ``--max-amount`` gets no sign-in either.
+at will) is ever signed. A paid route whose every exact offer and whose credit price (when its
+gateway's catalog lists one) are above ``--max-amount`` gets no sign-in either.
+
+A 429 at any stage is waited out as its ``Retry-After`` asks (a second at least) and the
+identical request sent again, for at most :data:`MAX_RATE_LIMIT_WAIT_S` a command
+(``--no-wait``: not at all). ``--max-amount`` bounds what the call takes: a sign-in on a paid
+route spends its credit price, which the gateway's catalog lists (:func:`credit_refusal`).
 
 Redirects are never followed, whatever the stage: the URL given is the resource the user agreed
 to pay for, and an HTTP client following a redirect keeps the ``PAYMENT-SIGNATURE`` and
@@ -36,18 +41,22 @@ paid, the decoded ``PAYMENT-RESPONSE``) to stderr; ``--quiet`` keeps stderr for 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import secrets
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Annotated, Any, TextIO
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 import base58
@@ -58,7 +67,8 @@ from solders.pubkey import Pubkey
 
 from gateway.config import PUBLIC_MAINNET_RPC_URL
 from gateway.pricing import usd_display
-from gateway.solana_rpc import SolanaRpc, SolanaRpcError
+from gateway.redact import redact_url
+from gateway.solana_rpc import RpcUnavailable, SolanaRpc, SolanaRpcError
 from gateway.x402.challenge import PAYMENT_IDENTIFIER
 from gateway.x402.headers import HeaderError, decode_header, encode_header
 from gateway.x402.siwx import normalize_origin
@@ -86,6 +96,9 @@ SIWX_EXTENSION = "sign-in-with-x"
 CREDIT_BALANCE_HEADER = "x-credit-balance"
 """The credit left (micro-USDC) on an answer paid from prepaid credit."""
 DEFAULT_TIMEOUT_S = 60.0
+MAX_USDC_AMOUNT = 10**20
+"""The largest ``--max-amount`` (whole USDC), already above any u64 of micro-USDC a challenge can
+ask: a larger number says nothing more, and one with a huge exponent would overflow."""
 DEFAULT_MAX_AMOUNT = 100_000
 """micro-USDC (0.10 USDC): the most one call may cost unless ``--max-amount`` says otherwise."""
 PAID_RETRIES = 2
@@ -96,6 +109,13 @@ MAX_TIMEOUT_SECONDS = 3600
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 UNTRUSTED_CHARS = 200
 """How much of a text the server chose (an error, a Location) a message quotes."""
+MAX_RATE_LIMIT_WAIT_S = 60.0
+"""The longest one command waits out 429 answers in all (``Retry-After``), whatever they ask."""
+DEFAULT_RETRY_AFTER_S = 1.0
+"""The wait after a 429 that names no ``Retry-After``, and the shortest one: a server answering
+``Retry-After: 0`` forever gets one request a second, and only until the bound is spent."""
+CATALOG_PATH = "/v1/catalog"
+"""Where a gateway lists its routes and their prices, credit price included."""
 
 
 class PayError(Exception):
@@ -130,8 +150,12 @@ def parse_usdc(text: str) -> int:
         value = Decimal(text.strip())
     except InvalidOperation:
         raise PayError(f"--max-amount {text[:30]!r} is not a USDC amount such as 0.10", "usage") from None
+    if not value.is_finite() or value < 0 or value > MAX_USDC_AMOUNT:
+        raise PayError(
+            f"--max-amount {text[:30]!r} must be from 0 to {MAX_USDC_AMOUNT} with at most 6 decimals", "usage"
+        )
     micro = value * 10**USDC_DECIMALS
-    if not value.is_finite() or value < 0 or micro != micro.to_integral_value():
+    if micro != micro.to_integral_value():
         raise PayError(f"--max-amount {text[:30]!r} must be >= 0 with at most 6 decimals", "usage")
     return int(micro)
 
@@ -376,19 +400,69 @@ def choose_requirement(challenge: Challenge, policy: SpendPolicy, payer: str) ->
     )
 
 
-def credit_refusal(challenge: Challenge, policy: SpendPolicy) -> PayError | None:
-    """Why this wallet will not sign in to a paid route: a sign-in there may spend prepaid credit,
-    up to the route's price, so when every exact Solana offer asks more than ``--max-amount``
-    the call is refused whichever way it would be paid. None when it may sign in."""
+async def credit_refusal(
+    session: aiohttp.ClientSession, method: str, url: str, challenge: Challenge, policy: SpendPolicy
+) -> PayError | None:
+    """Why this wallet will not sign in to a paid route; None when it may.
+
+    A sign-in there spends prepaid credit: the route's credit price, which the gateway's catalog
+    states (the 402 does not), at most its price. ``--max-amount`` applies to what the call
+    takes: with an exact offer within it, or a credit price within it, the wallet signs in (a
+    wallet without enough credit is then refused, and the exact offer judged on its own);
+    otherwise the call is refused whichever way it would be paid. The catalog is the gateway's
+    own word on its own ledger: the credit is already the gateway's to take, and no payment is
+    ever signed above ``--max-amount``."""
     offers = exact_solana_requirements(challenge)
     if not offers or any(int(offer.amount) <= policy.max_amount for offer in offers):
         return None
+    in_credit = await catalog_credit_price(session, method, url)
+    if in_credit is not None and in_credit <= policy.max_amount:
+        return None
     cheapest = min(int(offer.amount) for offer in offers)
+    from_credit = f" paid, {usdc_text(in_credit)} from credit" if in_credit is not None else ""
     return PayError(
-        f"refusing to pay: the challenge asks {usdc_text(cheapest)}, more than --max-amount "
-        f"{usdc_text(policy.max_amount)} (from credit or paid)",
+        f"refusing to pay: the challenge asks {usdc_text(cheapest)}{from_credit}, more than --max-amount "
+        f"{usdc_text(policy.max_amount)}" + ("" if in_credit is not None else " (from credit or paid)"),
         "amount_above_max",
     )
+
+
+class _CatalogPrice(msgspec.Struct):
+    microUsdc: Annotated[str, Meta(pattern=r"^[0-9]{1,20}$")]
+
+
+class _CatalogRoute(msgspec.Struct):
+    path: str
+    method: str
+    creditPrice: _CatalogPrice | None = None
+
+
+class _Catalog(msgspec.Struct):
+    routes: list[_CatalogRoute]
+
+
+def _path_pattern(path: str) -> re.Pattern[str]:
+    """A catalog path (``/v1/assets/{assetId}``) as a pattern over request paths."""
+    parts = re.split(r"\{[^{}/]*\}", path)
+    return re.compile("[^/]+".join(map(re.escape, parts)))
+
+
+async def catalog_credit_price(session: aiohttp.ClientSession, method: str, url: str) -> int | None:
+    """The credit price (micro-USDC) the gateway at ``url``'s origin lists for ``method`` on
+    ``url``'s path; None when its catalog cannot be read or lists none."""
+    try:
+        catalog_url = _origin(url) + CATALOG_PATH
+        async with session.get(catalog_url, allow_redirects=False) as resp:
+            if resp.status != 200:
+                return None
+            catalog = msgspec.json.decode(await resp.read(), type=_Catalog)
+    except (aiohttp.ClientError, TimeoutError, ValueError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    path = urlsplit(url).path
+    for route in catalog.routes:
+        if route.method == method and route.creditPrice and _path_pattern(route.path).fullmatch(path):
+            return int(route.creditPrice.microUsdc)
+    return None
 
 
 def payment_identifier(challenge: Challenge) -> dict[str, Any] | None:
@@ -425,7 +499,78 @@ class PayResult:
         return 200 <= self.status < 300
 
 
+@dataclass
+class RateLimitWaits:
+    """What is left of one command's time for waiting out 429 answers, and where it says so."""
+
+    left_s: float = MAX_RATE_LIMIT_WAIT_S
+    err: TextIO | None = None
+
+
+RATE_LIMIT_WAITS: ContextVar[RateLimitWaits | None] = ContextVar("rate_limit_waits", default=None)
+"""The running command's waits; None (a library call, ``--no-wait``): a 429 is the answer.
+
+A context variable, so every request a command sends, at whatever stage of the flow, draws on
+the same bounded budget without threading it through each call."""
+
+
+@contextlib.contextmanager
+def waiting_out_rate_limits(wait: bool, err: TextIO | None) -> Iterator[None]:
+    """While the block runs, a 429 is waited out (``Retry-After``, at most
+    :data:`MAX_RATE_LIMIT_WAIT_S` in all) and the request sent again, when ``wait``; ``err``
+    (None: quiet) says so."""
+    token = RATE_LIMIT_WAITS.set(RateLimitWaits(err=err) if wait else None)
+    try:
+        yield
+    finally:
+        RATE_LIMIT_WAITS.reset(token)
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """``Retry-After`` (seconds, or an HTTP date) as seconds from now; the default wait when
+    absent, None when unreadable."""
+    if not value:
+        return DEFAULT_RETRY_AFTER_S
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(int(value[:12]))
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
 async def _send(
+    session: aiohttp.ClientSession, method: str, url: str, data: bytes | None, extra: Mapping[str, str]
+) -> tuple[int, bytes, dict[str, str]]:
+    """One request, sent again after a 429 while the command may wait (:data:`RATE_LIMIT_WAITS`).
+
+    Resending is safe at every stage: a request refused with 429 was not served, and a paid one
+    is resent with the identical payment, which can settle at most once.
+    """
+    while True:
+        status, body, headers = await _send_once(session, method, url, data, extra)
+        waits = RATE_LIMIT_WAITS.get()
+        if status != 429 or waits is None:
+            return status, body, headers
+        delay = retry_after_s(headers.get("retry-after"))
+        if delay is None or max(delay, DEFAULT_RETRY_AFTER_S) > waits.left_s:
+            return status, body, headers
+        delay = max(delay, DEFAULT_RETRY_AFTER_S)
+        waits.left_s -= delay
+        if waits.err is not None:
+            print(
+                f"HTTP 429 (rate limited): waiting {delay:g} s as Retry-After asks, then sending again "
+                "(--no-wait stops at once)",
+                file=waits.err,
+            )
+        await asyncio.sleep(delay)
+
+
+async def _send_once(
     session: aiohttp.ClientSession, method: str, url: str, data: bytes | None, extra: Mapping[str, str]
 ) -> tuple[int, bytes, dict[str, str]]:
     """One request; a redirect is returned as the answer, never followed (see the module's doc)."""
@@ -477,6 +622,19 @@ async def _check_funds(rpc: SolanaRpc, requirement: PaymentRequirements, keypair
             "insufficient_funds",
         )
     return mint
+
+
+def rpc_failure(doing: str, exc: SolanaRpcError, rpc_url: str) -> PayError:
+    """The refusal of a Solana RPC call, naming the node tried and how to name another."""
+    parts = urlsplit(rpc_url)
+    node = redact_url(rpc_url) if parts.scheme in ("http", "https") and parts.netloc else "(not an http URL)"
+    if isinstance(exc, RpcUnavailable):
+        return PayError(
+            f"{doing}: no answer from the Solana RPC node {node} ({exc}); name one that answers with "
+            "--rpc URL or SOLANA_RPC_URL (the sandbox's banner prints its local chain's)",
+            "rpc_failed",
+        )
+    return PayError(f"{doing}: the Solana RPC node {node} refused: {exc}", "rpc_failed")
 
 
 def credit_left(headers: Mapping[str, str]) -> int | None:
@@ -537,7 +695,7 @@ async def pay(
         challenge = parse_challenge(headers, body)
         extension = siwx_extension(challenge)
         if extension is not None:
-            refused = credit_refusal(challenge, policy)
+            refused = await credit_refusal(session, method, url, challenge, policy)
             if refused is not None:
                 raise refused
             result = await _sign_in(session, method, url, data, keypair, extension)
@@ -554,7 +712,7 @@ async def pay(
                 rpc, requirement, keypair, resource=_resource(challenge), extensions=extensions, mint=mint
             )
         except SolanaRpcError as exc:
-            raise PayError(f"cannot build the payment: RPC {exc}", "rpc_failed") from None
+            raise rpc_failure("cannot build the payment", exc, rpc_url) from None
         except ValueError as exc:
             raise PayError(f"cannot build the payment: {exc}", "invalid_payment_requirements") from None
         name, value = payment_header(challenge, payload)
@@ -613,6 +771,9 @@ def redirect_refusal(result: PayResult) -> str | None:
 def failure_reason(result: PayResult) -> str:
     """One line on why the final answer is not a success."""
     reason = f"HTTP {result.status}"
+    if result.status == 429:
+        after = one_line(result.headers.get("retry-after", ""), 40)
+        reason += f" (Retry-After: {after} s)" if after.isdigit() else f" (Retry-After: {after or 'none'})"
     redirect = redirect_refusal(result)
     if redirect is not None:
         return f"{reason}: {redirect}"
@@ -745,15 +906,35 @@ async def run_pay(
     max_amount: str | None = None,
     usdc_mint: str | None = None,
     output: str = "text",
+    wait: bool = True,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
     """The ``pay`` command: 0 on a 2xx answer, 1 otherwise, with a one-line reason on ``err``.
 
     ``output``: ``text`` (body on ``out``, narration on ``err``), ``quiet`` (body only; errors
-    still on ``err``) or ``json`` (one JSON object on ``out``, nothing on ``err``).
+    still on ``err``) or ``json`` (one JSON object on ``out``, nothing on ``err``). ``wait``:
+    a 429 is waited out (see :func:`waiting_out_rate_limits`).
     """
     out, err = out or sys.stdout, err or sys.stderr
+    with waiting_out_rate_limits(wait, err if output == "text" else None):
+        return await _run_pay(
+            method, url, keypair_file, data, rpc_url, max_amount, usdc_mint, output, out, err
+        )
+
+
+async def _run_pay(
+    method: str,
+    url: str,
+    keypair_file: str,
+    data: str | None,
+    rpc_url: str | None,
+    max_amount: str | None,
+    usdc_mint: str | None,
+    output: str,
+    out: TextIO,
+    err: TextIO,
+) -> int:
     try:
         policy = spend_policy(max_amount, usdc_mint)
         keypair = load_keypair(keypair_file)
@@ -800,7 +981,7 @@ async def fetch_wallet_balance(rpc_url: str, wallet: str, mint: str = USDC_MAINN
             usdc = await fetch_token_balance(rpc, owner, info)
             lamports = await rpc.get_balance(wallet)
         except SolanaRpcError as exc:
-            raise PayError(f"RPC {exc}", "rpc_failed") from None
+            raise rpc_failure("cannot read the balance", exc, rpc_url) from None
         except ValueError as exc:
             raise PayError(f"mint {mint}: {exc}", "rpc_failed") from None
     account = associated_token_address(

@@ -8,6 +8,7 @@ and every problem of the table is reported at once.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
 import re
@@ -227,11 +228,57 @@ class _Problems:
         self.source = source
         self.lines = lines
         self.items: list[str] = []
+        self.found: list[tuple[str, str, str]] = []
+        """(where, message, key) of every item, for :func:`_expand` to merge one cause's repeats."""
+        self._lines: list[int | None] = []
 
-    def add(self, where: str, message: str) -> None:
-        line = self.lines.line(where) if self.lines is not None and where else None
+    def add(self, where: str, message: str, key: str = "") -> None:
+        """``key``: the (unknown) key below ``where`` whose line the problem points at."""
+        place = f"{where}.{key}" if key else where
+        line = self.lines.line(place) if self.lines is not None and where else None
         at = f"{self.source}:{line}" if line is not None else self.source
         self.items.append(f"{at}: {where}: {message}" if where else f"{at}: {message}")
+        self.found.append((where, message, key))
+        self._lines.append(line)
+
+    def said_once(self) -> list[str]:
+        """The items, a problem of one line said once: a YAML anchor (``&top_up``) merged into
+        several routes would repeat it for each; the one line names every route it reaches."""
+        places: dict[tuple[int, str], list[str]] = {}
+        for (where, message, _), line in zip(self.found, self._lines, strict=True):
+            if line is not None and where:
+                places.setdefault((line, message), []).append(where)
+        out: list[str] = []
+        for item, (where, message, _), line in zip(self.items, self.found, self._lines, strict=True):
+            shared = places.get((line, message), []) if line is not None else []
+            if len(shared) < 2:
+                out.append(item)
+            elif shared[0] == where:
+                out.append(f"{self.source}:{line}: {', '.join(shared)}: {message}")
+        return out
+
+    def apart(self) -> _Problems:
+        """A fresh list for the same file, whose problems the caller merges back."""
+        return _Problems(self.source, self.lines)
+
+
+def did_you_mean(word: object, known: Iterable[str]) -> str:
+    """`` (did you mean 'access'?)`` when ``word`` is a likely misspelling of one of ``known``."""
+    close = difflib.get_close_matches(str(word), list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_keys(unknown: Iterable[object], known: Iterable[str]) -> str:
+    """``unknown field(s) ['acess'] (did you mean 'access'?)``: each misspelling with its key."""
+    names = sorted(map(str, unknown))
+    known = list(known)
+    hints = [(name, close[0]) for name in names if (close := difflib.get_close_matches(name, known, n=1))]
+    if not hints:
+        return f"unknown field(s) {names}"
+    if len(names) == 1:
+        return f"unknown field(s) {names} (did you mean {hints[0][1]!r}?)"
+    meant = ", ".join(f"{right!r} for {wrong!r}" for wrong, right in hints)
+    return f"unknown field(s) {names} (did you mean {meant}?)"
 
 
 def parse_routes(
@@ -250,7 +297,9 @@ def parse_routes(
     for key in doc:
         if not (isinstance(key, str) and (key in TOP_LEVEL_KEYS or key.startswith("x-"))):
             problems.add(
-                str(key), f"unknown top-level key (known: {', '.join(sorted(TOP_LEVEL_KEYS))}, or x-...)"
+                str(key),
+                f"unknown top-level key{did_you_mean(key, TOP_LEVEL_KEYS)} "
+                f"(known: {', '.join(sorted(TOP_LEVEL_KEYS))}, or x-...)",
             )
     version = doc.get("version", 1)
     if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
@@ -270,7 +319,7 @@ def parse_routes(
     _check_unique(located, problems)
     _check_catalog_filter(located, problems)
     if problems.items:
-        raise RoutesError(problems.items)
+        raise RoutesError(problems.said_once())
     return [route for _, route in located]
 
 
@@ -348,7 +397,7 @@ def _pricing(raw: Any, problems: _Problems) -> dict[str, Any]:
         before = len(problems.items)
         unknown = sorted(set(schedule) - PRICING_KEYS)
         if unknown:
-            problems.add(where, f"unknown field(s) {unknown} (known: {sorted(PRICING_KEYS)})")
+            problems.add(where, f"{unknown_keys(unknown, PRICING_KEYS)} (known: {sorted(PRICING_KEYS)})")
         per_unit = schedule.get("micro_usdc_per_unit")
         if _number(per_unit) is None or (_number(per_unit) or 0) <= 0:
             problems.add(f"{where}.micro_usdc_per_unit", f"must be a positive number, got {_kind(per_unit)}")
@@ -420,6 +469,7 @@ def _expand(template: Any, where: str, table: _Table, problems: _Problems) -> li
             fields[method] = found
     body = {k: v for k, v in template.items() if k not in ("methods", "expand")}
     routes: list[tuple[str, RouteSpec]] = []
+    expanded: list[_Expanded] = []
     for m, matrix in enumerate(matrices):
         if not isinstance(matrix, dict) or set(matrix) - {"cluster", "provider"}:
             problems.add(f"{where}.expand[{m}]", "a matrix maps cluster and provider to lists")
@@ -431,10 +481,62 @@ def _expand(template: Any, where: str, table: _Table, problems: _Problems) -> li
                 raw = _fill(body, values)
                 raw.update(_fill(method_fields, values))
                 at = f"{where}[{'/'.join(values.values())}]"
-                route = _route(raw, at, table, problems)
+                own = problems.apart()
+                route = _route(raw, at, table, own)
+                expanded.append(_Expanded(at, str(raw.get("name")), values, own.found))
                 if route is not None:
                     routes.append((at, route))
+    name = template.get("name")
+    _merge_causes(expanded, f"{where} ({name})" if isinstance(name, str) else where, problems)
     return routes
+
+
+_HINTS = re.compile(r" \([^()]*\)")
+
+
+class _Expanded(msgspec.Struct, frozen=True):
+    """One route a template expanded to: its location, name and problems (where, message)."""
+
+    at: str
+    name: str
+    values: dict[str, str]
+    """The template's placeholders as this route filled them (cluster, provider, method)."""
+    found: list[tuple[str, str, str]]
+
+    def cause(self, message: str) -> str:
+        """``message`` as the template says it: each filled value back to its placeholder, the
+        parenthesized hints (which quote the filled values) left out."""
+        for key, value in self.values.items():
+            message = message.replace(value, "{" + key + "}")
+        return _HINTS.sub("", message)
+
+    def field(self, where: str) -> str:
+        """``where`` without this route's own location: ``.handler``, ``.input.body...``."""
+        rest = where[len(self.at) :]
+        return rest.removeprefix(f" ({self.name})")
+
+
+def _merge_causes(expanded: list[_Expanded], template: str, problems: _Problems) -> None:
+    """Add each problem of a template's routes once per cause (same field, same message), at the
+    template when several routes share it, with how many of its routes it affects: one typo in a
+    template is one line, not one per route expanded from it."""
+    causes: dict[tuple[str, str], list[tuple[_Expanded, str, str, str]]] = {}
+    for route in expanded:
+        for where, message, key in route.found:
+            cause = (route.field(where), route.cause(message))
+            causes.setdefault(cause, []).append((route, where, message, key))
+    for (field, _), found in causes.items():
+        route, where, message, key = found[0]
+        if len(found) == 1:
+            problems.add(where, message, key)
+            continue
+        share = (
+            f"all {len(expanded)} routes of the template"
+            if len(found) == len(expanded)
+            else f"{len(found)} of the template's {len(expanded)} routes"
+        )
+        example = "" if all(said == message for _, _, said, _ in found) else f", e.g. {route.name}"
+        problems.add(f"{template}{field}", f"{message} [affects {share}{example}]", key)
 
 
 def _method_fields(spec: Any, method: str, where: str, problems: _Problems) -> dict[str, Any] | None:
@@ -451,7 +553,7 @@ def _method_fields(spec: Any, method: str, where: str, problems: _Problems) -> d
         return None
     unknown = set(spec) - METHOD_KEYS
     if unknown:
-        problems.add(where, f"unknown field(s) {sorted(unknown)} (known: {sorted(METHOD_KEYS)})")
+        problems.add(where, f"{unknown_keys(unknown, METHOD_KEYS)} (known: {sorted(METHOD_KEYS)})")
         return None
     fields: dict[str, Any] = {"description": spec.get("description", method)}
     params = spec.get("params", {"type": "array"})
@@ -498,9 +600,11 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
     before = len(problems.items)
     unknown = set(raw) - ROUTE_KEYS
     if unknown:
-        problems.add(where, f"unknown field(s) {sorted(unknown)}")
+        problems.add(where, unknown_keys(unknown, ROUTE_KEYS), str(sorted(map(str, unknown))[0]))
+    # a misspelt key (``acess:``) is one cause: its "did you mean" says the right key is missing
+    meant = {close[0] for key in unknown if (close := difflib.get_close_matches(str(key), ROUTE_KEYS, n=1))}
     for key in ("name", "path", "method", "access", "handler"):
-        if not isinstance(raw.get(key), str) or not raw[key]:
+        if (not isinstance(raw.get(key), str) or not raw[key]) and not (key in meant and key not in raw):
             problems.add(f"{where}.{key}", f"required text, got {_kind(raw.get(key))}")
     if len(problems.items) > before:
         return None
@@ -518,15 +622,17 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
     access = raw["access"]
     routable = [name for name, mode in ACCESS_MODES.items() if not mode.beside_only]
     if access not in routable:
-        bad("access", f"{access!r} is not one of {routable}")
+        bad("access", f"{access!r} is not one of {routable}{did_you_mean(access, routable)}")
     handler = HANDLERS.get(raw["handler"])
     if handler is None:
-        bad("handler", f"unknown handler {raw['handler']!r}")
+        hint = did_you_mean(raw["handler"], HANDLERS)
+        bad("handler", f"unknown handler {raw['handler']!r}{hint} (known: {', '.join(sorted(HANDLERS))})")
     upstream = raw.get("upstream")
     if upstream is not None and upstream not in table.upstreams:
         bad(
             "upstream",
-            f"unknown upstream {upstream!r} (declare it under upstreams; known: {sorted(table.upstreams)})",
+            f"unknown upstream {upstream!r}{did_you_mean(upstream, table.upstreams)} "
+            f"(declare it under upstreams; known: {sorted(table.upstreams)})",
         )
     if handler is not None and handler.needs_upstream and upstream is None:
         bad("upstream", f"a {raw['handler']} route needs an upstream")
@@ -688,13 +794,16 @@ def _rate_limits(
             continue
         unknown = sorted(set(item) - {"scope", "limit", "period_seconds", "per", "share_of"})
         if unknown:
-            known = "limit, per, period_seconds, scope, share_of"
-            problems.add(at, f"unknown field(s) {unknown} (known: {known})")
+            known = ("limit", "per", "period_seconds", "scope", "share_of")
+            problems.add(at, f"{unknown_keys(unknown, known)} (known: {', '.join(known)})")
             continue
         limit = item.get("limit")
         if isinstance(limit, str):
             if limit not in limits:
-                problems.add(f"{at}.limit", f"unknown named limit {limit!r} (known: {sorted(limits)})")
+                problems.add(
+                    f"{at}.limit",
+                    f"unknown named limit {limit!r}{did_you_mean(limit, limits)} (known: {sorted(limits)})",
+                )
                 continue
             count, period_ms = limits[limit]
         elif _positive(limit) and isinstance(limit, int) and _positive(item.get("period_seconds")):

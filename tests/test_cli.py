@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import re
+import subprocess
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import base58
 import pytest
 from solders.keypair import Keypair
 
-from tests.support.gateway_process import run_cli, serve
+from tests.support import gateway_process
+from tests.support.gateway_process import clean_env, run_cli, serve
 from tests.support.ports import free_port
 
 PAY_TO = str(Keypair().pubkey())
@@ -290,9 +296,12 @@ def test_routes_prints_the_whole_expanded_table_without_any_environment() -> Non
     assert result.returncode == 0, result.stderr
     table = _table(result.stdout)
     assert len(table) == 1 + 67  # the whole table, the prepaid-credit routes included
-    assert ["POST", "exact", "5000000", "5000000", "0", "-"] in [  # a top-up: its credit, no fee
-        row[:6] for row in table if row[-1] == "/v1/x402/credits/top-up/5"
-    ]
+    assert (
+        ["POST", "exact", "5000000", "5000000", "0", "-"]
+        in [  # a top-up: its credit, no fee
+            row[:6] for row in table if row[-1] == "/v1/x402/credits/top-up/5"
+        ]
+    )
     # Priced through the default facilitator (no fee configured), saying what internal would add.
     assert _lines(result.stdout, "prices:") == [
         "prices: provider part + 0 micro-USDC settlement fee of the external facilitator "
@@ -489,3 +498,216 @@ def test_serve_logs_one_json_line_per_request_and_never_a_secret() -> None:
     for secret in ("LEAK", wallet, cdp_secret, "api-key=LEAK"):
         assert secret not in stdout
         assert secret not in stderr
+
+
+# --- a CLI that never shows a traceback ----------------------------------------------------------
+
+
+def run_cli_into_closed_pipe(
+    env: dict[str, str], *args: str, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """Run a command whose stdout is a pipe the reader has already left: every write to it fails
+    (EPIPE), as with ``| head -1`` once head has read its line."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            [*gateway_process.command(), *args],
+            env=clean_env(env),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+
+
+def run_cli_into_head(env: dict[str, str], *args: str, count: int = 10) -> tuple[int, str, bytes]:
+    """``x402-gateway ARGS | head -c COUNT``: the exit code, stderr and what head printed."""
+    cli = subprocess.Popen(
+        [*gateway_process.command(), *args],
+        env=clean_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert cli.stdout is not None and cli.stderr is not None
+    head = subprocess.run(["head", "-c", str(count)], stdin=cli.stdout, capture_output=True, check=True)
+    cli.stdout.close()
+    stderr = cli.stderr.read().decode()
+    return cli.wait(timeout=30), stderr, head.stdout
+
+
+PORT_RANGE = "is out of range: a TCP port from 1 to 65535"
+GOOD_ENV = {"GATEWAY_BASE_URL": "https://gw.example", **SECRET_ENV}
+
+
+@pytest.mark.parametrize(
+    ("env", "args"),
+    [({}, ("routes",)), (GOOD_ENV, ("check",)), ({}, ("--help",)), ({}, ("sandbox", "--help"))],
+)
+def test_a_closed_pipe_ends_the_command_quietly(env: dict[str, str], args: tuple[str, ...]) -> None:
+    closed = run_cli_into_closed_pipe(env, *args)
+
+    assert (closed.returncode, closed.stderr) == (0, "")
+    code, stderr, head = run_cli_into_head(env, *args)
+    assert (code, stderr, len(head)) == (0, "", 10)
+
+
+def test_a_failing_check_into_a_closed_pipe_still_lists_its_problems_on_stderr() -> None:
+    closed = run_cli_into_closed_pipe({}, "check")
+
+    assert closed.returncode == 1
+    assert "Traceback" not in closed.stderr
+    assert "X402_PAY_TO_WALLET is required" in closed.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "refusal"),
+    [
+        (("sandbox", "--port", "99999"), f"argument --port: 99999 {PORT_RANGE}"),
+        (("sandbox", "--port", "-5"), f"argument --port: -5 {PORT_RANGE}"),
+        (("sandbox", "--port", "0"), f"argument --port: 0 {PORT_RANGE}"),
+        (("sandbox", "--chain-port", "70000"), "argument --chain-port: 70000 is out of range"),
+        (("sandbox", "--assets-port", "x"), "argument --assets-port: 'x' is not a TCP port"),
+        (("sandbox", "--confirm-delay-ms", "-1"), "argument --confirm-delay-ms: -1 is out of range"),
+        (("sandbox", "--confirm-delay-ms", "60001"), "argument --confirm-delay-ms: 60001 is out of range"),
+        (("serve", "--port", "99999"), f"argument --port: 99999 {PORT_RANGE}"),
+        (("serve", "--workers", "0"), "argument --workers: 0 is out of range: a number of workers from 1"),
+        (("serve", "--graceful-timeout", "nan"), "argument --graceful-timeout: nan is out of range"),
+        (("serve", "--graceful-timeout", "-1"), "argument --graceful-timeout: -1 is out of range"),
+    ],
+)
+def test_every_numeric_option_is_range_checked_in_one_line(args: tuple[str, ...], refusal: str) -> None:
+    result = run_cli({}, *args)
+
+    assert result.returncode == 2
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"x402-gateway {args[0]}: {refusal}")
+    assert line.endswith(f"(see x402-gateway {args[0]} --help)")
+
+
+def test_sandbox_refuses_a_port_variable_out_of_range_in_one_line() -> None:
+    result = run_cli({"PORT": "99999"}, "sandbox")
+
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == "sandbox: PORT 99999 is out of range: a TCP port from 1 to 65535\n"
+
+
+# --- pay against a rate limit ----------------------------------------------------------------------
+
+LIMITED_ROUTES = """\
+version: 1
+routes:
+  - name: ping
+    path: /ping
+    method: GET
+    access: public
+    handler: health
+    rate_limits:
+      - {scope: ping, limit: 1, period_seconds: 3}
+  - name: slow
+    path: /slow
+    method: GET
+    access: public
+    handler: health
+    rate_limits:
+      - {scope: slow, limit: 1, period_seconds: 120}
+"""
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A gateway whose /ping allows one call per 3 s and /slow one per 120 s; and a key file."""
+    folder = tmp_path_factory.mktemp("limited")
+    (folder / "routes.yaml").write_text(LIMITED_ROUTES)
+    key_file = folder / "key.json"
+    key_file.write_text(json.dumps(list(bytes(Keypair()))))
+    with serve({"ROUTES_FILE": str(folder / "routes.yaml")}) as gateway:
+        yield gateway.url, str(key_file)
+
+
+def _spend_the_limit(url: str) -> dict[str, str]:
+    """Call until the limit refuses (the previous test may have left it spent): its 429 headers."""
+    while True:
+        status, headers, _ = _request(url)
+        if status == 429:
+            return {name.lower(): value for name, value in headers.items()}
+        assert status == 200
+
+
+def test_pay_waits_out_retry_after_and_sends_again(limited: tuple[str, str]) -> None:
+    base, key_file = limited
+    headers = _spend_the_limit(base + "/ping")
+    started = time.monotonic()
+
+    done = run_cli({}, "pay", "GET", base + "/ping", "--keypair", key_file)
+
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "healthy"
+    [line] = done.stderr.splitlines()  # the waited call itself spends the limit: one wait only
+    waited = re.fullmatch(
+        r"HTTP 429 \(rate limited\): waiting ([123]) s as Retry-After asks, then sending again "
+        r"\(--no-wait stops at once\)",
+        line,
+    )
+    assert waited, line
+    assert int(waited[1]) <= int(headers["retry-after"])
+    assert time.monotonic() - started >= int(waited[1])
+
+
+def test_pay_no_wait_exits_at_once_on_a_429_naming_retry_after(limited: tuple[str, str]) -> None:
+    base, key_file = limited
+    _spend_the_limit(base + "/ping")
+
+    done = run_cli({}, "pay", "GET", base + "/ping", "--keypair", key_file, "--no-wait")
+
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["error"]["code"] == "rate_limited"
+    [line] = done.stderr.splitlines()
+    assert re.fullmatch(
+        r"x402-gateway pay: HTTP 429 \(Retry-After: [123] s\): rate_limited: rate limit exceeded for ping, "
+        r"retry after [123] s",
+        line,
+    ), line
+
+
+def test_pay_does_not_wait_longer_than_its_bound(limited: tuple[str, str]) -> None:
+    base, key_file = limited
+    _spend_the_limit(base + "/slow")
+    started = time.monotonic()
+
+    done = run_cli({}, "pay", "GET", base + "/slow", "--keypair", key_file, "--json")
+
+    assert time.monotonic() - started < 30
+    assert done.returncode == 1 and done.stderr == ""
+    answer = json.loads(done.stdout)
+    assert answer["status"] == 429 and answer["error"].startswith("HTTP 429 (Retry-After: 1")
+
+
+def test_sandbox_refuses_two_parts_on_one_port_in_one_line() -> None:
+    port = str(free_port())
+
+    result = run_cli({}, "sandbox", "--port", port, "--chain-port", port)
+
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (
+        f"sandbox: the gateway and the local chain would both listen on port {port}: "
+        "give --chain-port another\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "unit"),
+    [("--usdc", "-1", "USDC from 0 to 1000000"), ("--sol", "1001", "SOL from 0 to 1000")],
+)
+def test_sandbox_fund_amounts_are_range_checked_in_one_line(option: str, value: str, unit: str) -> None:
+    result = run_cli({}, "sandbox", "fund", str(Keypair().pubkey()), option, value)
+
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"x402-gateway sandbox fund: argument {option}: {value} is out of range: {unit}, with at most "
+        f"{6 if option == '--usdc' else 9} decimals (see x402-gateway sandbox fund --help)\n"
+    )

@@ -159,22 +159,54 @@ async def test_without_credit_pay_says_so_and_pays_per_call(
     assert (balance["balanceMicroUsdc"], balance["expiresAt"]) == ("0", 0)
 
 
-async def test_credit_is_spent_under_max_amount_too(
+async def test_max_amount_applies_to_the_credit_price_when_the_wallet_has_credit(
+    gateway: PaidGateway, usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer, key_file: Path
+) -> None:
+    assert (await top_up(gateway, key_file, "1")).code == 0
+    sent = list(solana_rpc_server.sent)
+
+    on_credit = await call(gateway, key_file, max_amount="0.0001")  # price 0.002205, credit 0.000005
+
+    assert on_credit.code == 0, on_credit.err
+    assert json.loads(on_credit.out)["result"] == {"value": 1}
+    assert on_credit.lines[1] == (
+        f"paid from prepaid credit, no transaction: {usdc_text(ONE_USDC - GET_BALANCE_PROVIDER_PRICE)} of "
+        f"credit left (X-Credit-Balance: {ONE_USDC - GET_BALANCE_PROVIDER_PRICE})"
+    )
+    assert solana_rpc_server.sent == sent
+
+
+async def test_max_amount_below_the_credit_price_refuses_the_call_either_way(
     gateway: PaidGateway, usdc_chain: UsdcChain, key_file: Path
 ) -> None:
     assert (await top_up(gateway, key_file, "1")).code == 0
     upstream_calls = gateway.upstream_calls
 
-    refused = await call(gateway, key_file, max_amount="0.001")
+    refused = await call(gateway, key_file, max_amount="0.000004")
 
     assert refused.code == 1 and refused.out == ""
     assert refused.lines == [
-        "x402-gateway pay: refusing to pay: the challenge asks 0.002205 USDC, more than --max-amount "
-        "0.001 USDC (from credit or paid)"
+        "x402-gateway pay: refusing to pay: the challenge asks 0.002205 USDC paid, "
+        "0.000005 USDC from credit, more than --max-amount 0.000004 USDC"
     ]
     assert gateway.upstream_calls == upstream_calls
     balance = json.loads((await credits(gateway, key_file, as_json=True)).out)
     assert balance["balanceMicroUsdc"] == str(ONE_USDC)
+
+
+async def test_max_amount_within_the_credit_price_but_no_credit_signs_nothing_above_it(
+    gateway: PaidGateway, usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer, key_file: Path
+) -> None:
+    before = usdc(usdc_chain)
+
+    refused = await call(gateway, key_file, max_amount="0.0001")
+
+    assert refused.code == 1 and refused.out == ""
+    assert refused.lines == [
+        "x402-gateway pay: refusing to pay: the challenge asks 0.002205 USDC, more than --max-amount "
+        "0.0001 USDC"
+    ]
+    assert solana_rpc_server.sent == [] and usdc(usdc_chain) == before
 
 
 async def test_a_top_up_above_max_amount_is_refused_before_signing(

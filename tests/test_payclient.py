@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 
+import aiohttp
 import base58
 import pytest
 from solders.keypair import Keypair
 
 from gateway.payclient import (
+    DEFAULT_RETRY_AFTER_S,
+    MAX_USDC_AMOUNT,
     Challenge,
     PayError,
     SpendPolicy,
@@ -18,11 +23,16 @@ from gateway.payclient import (
     exact_solana_requirements,
     parse_challenge,
     parse_keypair,
+    parse_usdc,
     payment_header,
+    retry_after_s,
+    rpc_failure,
     siwx_extension,
 )
+from gateway.solana_rpc import RpcUnavailable
 from gateway.x402.headers import decode_header, encode_header
 from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT, PaymentPayload, PaymentRequirements
+from tests.support.ports import free_port
 
 PAY_TO = str(Keypair().pubkey())
 EXACT = {
@@ -119,12 +129,67 @@ def test_the_credit_left_is_read_only_as_a_plain_number() -> None:
     assert credit_left({}) is None
 
 
-def test_a_paid_route_above_max_amount_gets_no_sign_in_to_spend_credit() -> None:
-    assert credit_refusal(Challenge(accepts=[EXACT]), SpendPolicy(max_amount=1005)) is None
-    assert credit_refusal(Challenge(accepts=[]), SpendPolicy(max_amount=0)) is None  # a sign-in route
-    refused = credit_refusal(Challenge(accepts=[EXACT]), SpendPolicy(max_amount=1004))
+async def test_a_paid_route_above_max_amount_gets_no_sign_in_when_no_credit_price_is_listed() -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1/paid"  # nothing listens: no catalog to read
+    async with aiohttp.ClientSession() as session:
+        within = await credit_refusal(session, "POST", url, Challenge(accepts=[EXACT]), SpendPolicy(1005))
+        sign_in_only = await credit_refusal(session, "POST", url, Challenge(accepts=[]), SpendPolicy(0))
+        refused = await credit_refusal(session, "POST", url, Challenge(accepts=[EXACT]), SpendPolicy(1004))
+
+    assert within is None and sign_in_only is None
     assert refused is not None and refused.code == "amount_above_max"
     assert str(refused) == (
         "refusing to pay: the challenge asks 0.001005 USDC, more than --max-amount 0.001004 USDC "
         "(from credit or paid)"
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(None, DEFAULT_RETRY_AFTER_S), ("", DEFAULT_RETRY_AFTER_S), ("3", 3.0), ("0", 0.0), ("soon", None)],
+)
+def test_retry_after_is_read_as_seconds(value: str | None, seconds: float | None) -> None:
+    assert retry_after_s(value) == seconds
+
+
+def test_retry_after_as_an_http_date_is_the_time_left_until_it() -> None:
+    later = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+    earlier = format_datetime(datetime.now(UTC) - timedelta(seconds=30), usegmt=True)
+
+    left = retry_after_s(later)
+
+    assert left is not None and 28 <= left <= 30
+    assert retry_after_s(earlier) == 0.0
+
+
+def test_an_rpc_node_without_an_answer_is_named_with_how_to_name_another() -> None:
+    failed = rpc_failure(
+        "cannot build the payment",
+        RpcUnavailable("getLatestBlockhash", "node unreachable (ClientConnectorDNSError)"),
+        "https://rpc.example.com/v2/SECRETKEY",
+    )
+
+    assert failed.code == "rpc_failed"
+    assert str(failed) == (
+        "cannot build the payment: no answer from the Solana RPC node https://rpc.example.com/*** "
+        "(getLatestBlockhash: node unreachable (ClientConnectorDNSError)); name one that answers with "
+        "--rpc URL or SOLANA_RPC_URL (the sandbox's banner prints its local chain's)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "micro"),
+    [("0.10", 100_000), ("0", 0), ("0.000005", 5), (str(MAX_USDC_AMOUNT), MAX_USDC_AMOUNT * 10**6)],
+)
+def test_max_amount_is_read_as_micro_usdc(text: str, micro: int) -> None:
+    assert parse_usdc(text) == micro
+
+
+@pytest.mark.parametrize(
+    "text", ["-1", "1e999999999", "nan", "inf", str(MAX_USDC_AMOUNT + 1), "0.0000001", "ten"]
+)
+def test_a_max_amount_out_of_range_is_one_line_never_a_traceback(text: str) -> None:
+    with pytest.raises(PayError) as refused:
+        parse_usdc(text)
+
+    assert refused.value.code == "usage" and str(refused.value).startswith(f"--max-amount {text!r} ")

@@ -19,10 +19,12 @@ from gateway.routes import (
     parse_routes,
     route_plan,
 )
+from gateway.vocabulary import HANDLERS
 from gateway.x402.challenge import ExactChallenge
 from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT, PaymentRequirements
 
 LIMITS = named_limits(Settings(base_url="https://gw.example.com"))
+KNOWN_HANDLERS = ", ".join(sorted(HANDLERS))
 """The named limits at their defaults (rpc 50/s, das 10/s, tokens 30/min, challenge 120/min, wallet 5/s)."""
 RPC_METHODS = {
     "getBalance",
@@ -325,7 +327,9 @@ def test_template_expands_cluster_by_provider_by_method() -> None:
 def test_unknown_handler_names_its_location() -> None:
     message = _load_error(_doc(_route(), _route(name="b", path="/b", handler="teapot")))
 
-    assert message == "routes.yaml: routes[1] (b).handler: unknown handler 'teapot'"
+    assert message == (
+        f"routes.yaml: routes[1] (b).handler: unknown handler 'teapot' (known: {KNOWN_HANDLERS})"
+    )
 
 
 def test_unknown_access_names_its_location() -> None:
@@ -375,15 +379,99 @@ def test_price_on_a_route_that_is_not_exact_is_refused() -> None:
     assert message == "routes.yaml: routes[0] (ping).price: only exact routes carry a price"
 
 
-def test_template_without_price_names_the_expansion() -> None:
+def test_template_without_price_is_one_problem_naming_the_template_and_its_routes() -> None:
     template = {k: v for k, v in TEMPLATE.items() if k != "price"}
 
-    message = _load_error({"upstreams": UPSTREAMS, "templates": [template]})
+    problems = _load_problems({"upstreams": UPSTREAMS, "templates": [template]})
 
-    assert message.startswith(
-        "routes.yaml: templates[0][mainnet/provider_a/getBalance] (solana.mainnet.provider_a.rpc"
-    )
-    assert message.endswith(".price: an exact route needs a price")
+    assert problems == [
+        "routes.yaml: templates[0] (solana.{cluster}.{provider}.rpc.{method}).price: "
+        "an exact route needs a price [affects all 4 routes of the template]"
+    ]
+
+
+def test_a_typo_in_a_template_is_reported_once_with_the_valid_values() -> None:
+    template = {**TEMPLATE, "handler": "jsonrcp", "upstream": "{provider}_{clustr}"}
+
+    problems = _load_problems({"upstreams": UPSTREAMS, "templates": [template]})
+
+    assert problems == [
+        "routes.yaml: templates[0] (solana.{cluster}.{provider}.rpc.{method}).handler: unknown handler "
+        f"'jsonrcp' (did you mean 'jsonrpc'?) (known: {KNOWN_HANDLERS}) "
+        "[affects all 4 routes of the template]",
+        "routes.yaml: templates[0] (solana.{cluster}.{provider}.rpc.{method}).upstream: unknown upstream "
+        "'provider_a_{clustr}' (did you mean 'provider_a_devnet'?) (declare it under upstreams; known: "
+        "['provider_a_devnet', 'provider_a_mainnet']) [affects all 4 routes of the template]",
+    ]
+
+
+def test_a_problem_of_some_of_a_templates_routes_says_how_many_and_names_one() -> None:
+    template = {**TEMPLATE, "upstream": "provider_a_{cluster}", "price": {"pricing": "p", "unit": "{method}"}}
+    pricing = {"p": {"micro_usdc_per_unit": 1, "units": {"getBalance": 5}}}
+
+    problems = _load_problems({"upstreams": UPSTREAMS, "pricing": pricing, "templates": [template]})
+
+    assert problems == [
+        "routes.yaml: templates[0] (solana.{cluster}.{provider}.rpc.{method}).price.unit: schedule 'p' has "
+        "no units for 'getSlot' [affects 2 of the template's 4 routes]"
+    ]
+
+
+def test_a_problem_of_one_route_of_a_template_names_that_route() -> None:
+    template = {**TEMPLATE, "expand": [{"cluster": ["mainnet"], "provider": ["provider_a"]}]}
+    template["methods"] = {"getBalance": {"params": {"type": "array", "uniqueItems": True}}, "getSlot": {}}
+
+    problems = _load_problems({"upstreams": UPSTREAMS, "templates": [template]})
+
+    assert problems == [
+        "routes.yaml: templates[0][mainnet/provider_a/getBalance] (solana.mainnet.provider_a.rpc.getBalance)"
+        ".input.body.properties.params: unsupported schema keyword(s) ['uniqueItems']"
+    ]
+
+
+def test_a_template_typo_in_a_file_points_at_the_templates_line_once(tmp_path: Any) -> None:
+    text = PACKAGED_ROUTES_FILE.read_text().replace("    handler: jsonrpc\n", "    handler: jsonrcp\n", 1)
+    line = text.splitlines().index("    handler: jsonrcp") + 1
+
+    problems = _file_error(tmp_path, text)
+
+    expanded = [r for r in load_routes(PACKAGED_ROUTES_FILE, LIMITS) if r.name.startswith("solana.")]
+    rpc = [r for r in expanded if ".rpc." in r.name]  # the first template's
+    assert len(rpc) > 1
+    [problem] = problems
+    assert problem.startswith(f"{tmp_path / 'my-routes.yaml'}:{line}: templates[0] (solana.")
+    assert "unknown handler 'jsonrcp' (did you mean 'jsonrpc'?) (known: " in problem
+    assert problem.endswith(f"[affects all {len(rpc)} routes of the template]")
+
+
+@pytest.mark.parametrize(
+    ("route", "message"),
+    [
+        (
+            {k: v for k, v in _route().items() if k != "access"} | {"acess": "public"},
+            "routes.yaml: routes[0]: unknown field(s) ['acess'] (did you mean 'access'?)",
+        ),
+        (
+            _route(prise=5, descripton="d"),
+            "routes.yaml: routes[0]: unknown field(s) ['descripton', 'prise'] "
+            "(did you mean 'description' for 'descripton', 'price' for 'prise'?)",
+        ),
+        (
+            _route(access="publik"),
+            "routes.yaml: routes[0] (ping).access: 'publik' is not one of "
+            "['public', 'exact', 'siwx', 'internal'] (did you mean 'public'?)",
+        ),
+        (
+            _route(rate_limits=[{"scope": "s", "limit": "rpc_walet"}]),
+            "routes.yaml: routes[0] (ping).rate_limits[0].limit: unknown named limit 'rpc_walet' "
+            f"(did you mean 'rpc_wallet'?) (known: {sorted(LIMITS)})",
+        ),
+    ],
+)
+def test_a_misspelt_key_or_value_is_one_problem_with_a_did_you_mean(
+    route: dict[str, Any], message: str
+) -> None:
+    assert _load_problems(_doc(route)) == [message]
 
 
 def test_bad_schema_keyword_names_its_location() -> None:
@@ -571,7 +659,7 @@ routes:
         f"{source}:6: routes[0] (a).access: 'free' is not one of ['public', 'exact', 'siwx', 'internal']",
         f"{source}:9: routes[1] (b).path: must start with /, got 'b'",
         f"{source}:10: routes[1] (b).method: 'FETCH' is not one of ['DELETE', 'GET', 'PATCH', 'POST', 'PUT']",
-        f"{source}:12: routes[1] (b).handler: unknown handler 'teapot'",
+        f"{source}:12: routes[1] (b).handler: unknown handler 'teapot' (known: {KNOWN_HANDLERS})",
         f"{source}:13: routes[1] (b).listed: must be true or false, got the text 'no'",
     ]
 
@@ -618,7 +706,7 @@ def test_unknown_top_level_keys_and_versions_are_refused() -> None:
     problems = _load_problems({"version": 2, "route": [], "x-anchors": {}, "routes": [_route()]})
 
     assert problems == [
-        "routes.yaml: route: unknown top-level key "
+        "routes.yaml: route: unknown top-level key (did you mean 'routes'?) "
         "(known: pricing, routes, templates, upstreams, version, or x-...)",
         "routes.yaml: version: unsupported version 2 (this gateway reads version 1)",
     ]
@@ -829,4 +917,47 @@ routes:
     assert problems == [
         f"{tmp_path / 'my-routes.yaml'}:12: routes[0] (catalog).input.query.properties.provider.enum: "
         "lists provider_z but the provider groups of the table are provider_a: list exactly those"
+    ]
+
+
+def test_a_misspelt_key_points_at_its_own_line(tmp_path: Any) -> None:
+    text = PACKAGED_ROUTES_FILE.read_text()
+    at = text.index("templates:")
+    text = text[:at] + text[at:].replace("    access: exact\n", "    acess: exact\n", 1)
+    line = text.splitlines().index("    acess: exact") + 1
+
+    [problem] = _file_error(tmp_path, text)
+
+    assert problem.startswith(f"{tmp_path / 'my-routes.yaml'}:{line}: templates[0] (solana.")
+    rpc = [
+        r
+        for r in load_routes(PACKAGED_ROUTES_FILE, LIMITS)
+        if r.name.startswith("solana.") and ".rpc." in r.name
+    ]
+    assert problem.endswith(
+        ": unknown field(s) ['acess'] (did you mean 'access'?) "
+        f"[affects all {len(rpc)} routes of the template]"
+    )
+
+
+def test_a_problem_in_a_yaml_anchor_is_said_once_naming_every_route_it_reaches(tmp_path: Any) -> None:
+    text = """\
+version: 1
+routes:
+  - &base
+    name: a
+    path: /a
+    method: GET
+    acess: public
+    handler: health
+  - <<: *base
+    name: b
+    path: /b
+"""
+
+    problems = _file_error(tmp_path, text)
+
+    source = tmp_path / "my-routes.yaml"
+    assert problems == [
+        f"{source}:7: routes[0], routes[1]: unknown field(s) ['acess'] (did you mean 'access'?)"
     ]

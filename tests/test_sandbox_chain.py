@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import io
+import re
 from typing import Any
 
+import pytest
 from solders.keypair import Keypair
+from solders.pubkey import Pubkey
+from solders.token.associated import get_associated_token_address
 
-from gateway.sandbox.chain import TOKEN_PROGRAM, LiteSvmRpcServer, UsdcChain, setup_usdc_chain
+from gateway.sandbox.chain import INVALID_PARAMS, TOKEN_PROGRAM, LiteSvmRpcServer, UsdcChain, setup_usdc_chain
+from gateway.sandbox.faucet import FUND_METHOD, fund_method, parse_amount, run_fund
 from gateway.sandbox.upstreams import das_methods
 from gateway.x402.svm import encode_transaction, sign_as_fee_payer
 from gateway.x402.svm_payer import MintInfo, build_exact_transaction
@@ -68,3 +74,97 @@ def test_das_sample_answers_are_deterministic_and_marked() -> None:
     asset = _call(server, "getAsset", {"id": owner})
     assert asset["sandbox"] is True and asset["id"] == owner
     assert _call(server, "searchAssets", [{"limit": 3}])["sandbox"] is True
+
+
+def _funding_chain() -> tuple[UsdcChain, LiteSvmRpcServer]:
+    chain = setup_usdc_chain()
+    server = LiteSvmRpcServer(svm=chain.svm)
+    server.extra_methods[FUND_METHOD] = fund_method(chain, server)
+    server.watch(*chain.addresses)
+    return chain, server
+
+
+def _supply(server: LiteSvmRpcServer, chain: UsdcChain) -> int:
+    mint = _call(server, "getAccountInfo", [str(chain.mint), {"encoding": "jsonParsed"}])
+    return int(mint["value"]["data"]["parsed"]["info"]["supply"])
+
+
+def test_sandbox_fund_adds_usdc_and_sol_to_any_wallet_and_lists_its_account() -> None:
+    chain, server = _funding_chain()
+    supply = _supply(server, chain)
+    wallet = Keypair().pubkey()
+    account = get_associated_token_address(wallet, chain.mint)
+
+    first = _call(server, FUND_METHOD, [str(wallet), {"usdcMicro": 2_500_000, "lamports": 7}])
+    second = _call(server, FUND_METHOD, [str(wallet), {"usdcMicro": 1}])
+
+    assert first == {
+        "wallet": str(wallet),
+        "usdcAccount": str(account),
+        "usdcMicro": "2500000",
+        "lamports": 7,
+    }
+    assert second == {**first, "usdcMicro": "2500001"}
+    assert chain.balance(account) == 2_500_001 and chain.lamports(wallet) == 7
+    assert _supply(server, chain) == supply + 2_500_001
+    owned = _call(server, "getTokenAccountsByOwner", [str(wallet), {"mint": str(chain.mint)}])
+    assert [entry["pubkey"] for entry in owned["value"]] == [str(account)]  # kept by a state snapshot
+    assert server.calls[FUND_METHOD] == 2
+
+
+def test_sandbox_fund_adds_to_a_wallet_that_already_holds_usdc() -> None:
+    chain, server = _funding_chain()
+    held = chain.balance(chain.payer_ata) or 0
+
+    _call(server, FUND_METHOD, [str(chain.payer.pubkey()), {"usdcMicro": 5}])
+
+    assert chain.balance(chain.payer_ata) == held + 5
+
+
+def test_sandbox_fund_refuses_malformed_params_and_moves_nothing() -> None:
+    chain, server = _funding_chain()
+    supply = _supply(server, chain)
+    wallet = str(Keypair().pubkey())
+
+    for params in (
+        None,
+        [wallet],
+        ["not-a-wallet", {"usdcMicro": 1}],
+        [wallet, {"usdcMicro": -1}],
+        [wallet, {"usdcMicro": 10**13}],
+        [wallet, {"lamports": "5"}],
+        [wallet, {"usdc": 5}],
+    ):
+        answer = server.handle({"jsonrpc": "2.0", "id": 1, "method": FUND_METHOD, "params": params})
+        assert answer["error"]["code"] == INVALID_PARAMS, (params, answer)
+    assert _supply(server, chain) == supply and chain.lamports(Pubkey.from_string(wallet)) == 0
+
+
+async def test_fund_on_a_node_without_the_sandbox_method_says_it_is_no_sandbox() -> None:
+    chain = setup_usdc_chain()
+    with LiteSvmRpcServer(svm=chain.svm) as plain:  # the tests' Solana node: no sandboxFund
+        url, err = plain.url, io.StringIO()
+        code = await run_fund(str(Keypair().pubkey()), usdc_micro=1, lamports=0, rpc=url, err=err)
+
+    assert code == 1
+    assert err.getvalue() == (
+        f"x402-gateway sandbox fund: {url} is not a sandbox's chain (it does not know sandboxFund): "
+        "only `x402-gateway sandbox` hands out test funds\n"
+    )
+    assert plain.calls[FUND_METHOD] == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "decimals", "base"),
+    [("100", 6, 100_000_000), ("0.5", 9, 500_000_000), ("0", 6, 0), ("1000", 9, 10**12)],
+)
+def test_fund_amounts_are_read_in_base_units(text: str, decimals: int, base: int) -> None:
+    assert parse_amount(text, decimals, 1000, "X") == base
+
+
+@pytest.mark.parametrize("text", ["-1", "1001", "1e99999999999", "nan", "0.0000000001", "lots"])
+def test_a_fund_amount_out_of_range_is_refused_in_words(text: str) -> None:
+    with pytest.raises(
+        ValueError, match=f"^'?{re.escape(text)}'? is (out of range: X from 0 to 1000|not an amount)"
+    ):
+        parse_amount(text, 9, 1000, "X")

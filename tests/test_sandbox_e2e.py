@@ -8,6 +8,7 @@ signs in for one asset-data call; USDC moves from the wallet to payTo by exactly
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import socket
@@ -424,3 +425,152 @@ def test_the_sandbox_chain_answers_json_parsed_token_accounts(idle_sandbox: Sand
     mint = _rpc(sandbox.rpc_url, "getAccountInfo", [USDC_MAINNET_MINT, {"encoding": "jsonParsed"}])
     assert mint["value"]["data"]["parsed"]["type"] == "mint"
     assert mint["value"]["data"]["parsed"]["info"]["decimals"] == 6
+
+
+# --- sandbox fund, and pay into a closed pipe ------------------------------------------------------
+
+
+def _fund_line(sandbox: Sandbox, wallet: str) -> list[str]:
+    """The banner's ``sandbox fund`` command, for ``wallet``."""
+    [line] = [line for line in sandbox.banner.splitlines() if line.startswith("  x402-gateway sandbox fund ")]
+    return [wallet if word == "WALLET" else word for word in shlex.split(line)]
+
+
+def test_sandbox_fund_gives_a_wallet_of_your_own_usdc_and_sol_to_pay_with(
+    idle_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """The banner's fund command as printed, for a fresh key: it then pays a call, and its summary
+    reaches stderr though stdout's reader has left (``| head -c 10``)."""
+    sandbox = idle_sandbox
+    key = Keypair()
+    key_file = tmp_path / "mine.json"
+    key_file.write_text(json.dumps(list(bytes(key))))
+    wallet = str(key.pubkey())
+
+    funded = _run_printed(sandbox, _fund_line(sandbox, wallet))
+    again = run_cli({}, "sandbox", "fund", wallet, "--usdc", "0.5", "--sol", "0", "--rpc", sandbox.rpc_url)
+
+    assert funded.returncode == 0, funded.stderr
+    account = str(get_associated_token_address(key.pubkey(), Pubkey.from_string(USDC_MAINNET_MINT)))
+    assert funded.stdout.splitlines() == [
+        f"funded {wallet} on the sandbox chain {sandbox.rpc_url}: added 100.00 USDC and 1 SOL",
+        f"USDC:           100.00 USDC  (token account {account})",
+        "SOL:            1 SOL",
+    ]
+    assert again.returncode == 0 and "USDC:           100.50 USDC" in again.stdout
+    shown = json.loads(_balance(sandbox, wallet, "--json").stdout)
+    assert (shown["usdc"], shown["lamports"], shown["token_account"]) == (100_500_000, 10**9, account)
+    pay_to_before = _usdc(sandbox, sandbox.pay_to)
+    url = f"{sandbox.url}/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getBalance", "params": [wallet]})
+    price = _advertised_price(url, "POST", body)
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has left before the answer comes
+    try:
+        paid = subprocess.run(
+            [
+                *command(),
+                "pay",
+                "POST",
+                url,
+                "--data",
+                body,
+                "--keypair",
+                str(key_file),
+                "--rpc",
+                sandbox.rpc_url,
+            ],
+            env=clean_env({}),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+
+    assert paid.returncode == 0, paid.stderr
+    assert "Traceback" not in paid.stderr and "BrokenPipe" not in paid.stderr
+    assert f"paid {usdc_text(price)} to {sandbox.pay_to} (transaction " in paid.stderr
+    assert "PAYMENT-RESPONSE: " in paid.stderr
+    assert _usdc(sandbox, wallet) == 100_500_000 - price
+    assert _usdc(sandbox, sandbox.pay_to) == pay_to_before + price
+
+
+def test_sandbox_fund_refuses_what_it_cannot_do_in_one_line(idle_sandbox: Sandbox) -> None:
+    sandbox = idle_sandbox
+    wallet = str(Keypair().pubkey())
+
+    cases = {
+        "not-a-wallet": run_cli({}, "sandbox", "fund", "not-a-wallet", "--rpc", sandbox.rpc_url),
+        "nothing": run_cli(
+            {}, "sandbox", "fund", wallet, "--usdc", "0", "--sol", "0", "--rpc", sandbox.rpc_url
+        ),
+        "no chain named": run_cli({}, "sandbox", "fund", wallet),
+        "the gateway": run_cli({}, "sandbox", "fund", wallet, "--rpc", sandbox.url),
+        "too much": run_cli({}, "sandbox", "fund", wallet, "--usdc", "1000001", "--rpc", sandbox.rpc_url),
+    }
+
+    said = {name: (done.returncode, done.stderr.splitlines()) for name, done in cases.items()}
+    prefix = "x402-gateway sandbox fund: "
+    assert said["not-a-wallet"] == (1, [f"{prefix}'not-a-wallet' is not a Solana address"])
+    assert said["nothing"] == (1, [f"{prefix}nothing to add: give --usdc N and/or --sol N above 0"])
+    assert said["no chain named"] == (
+        1,
+        [
+            f"{prefix}which sandbox? give --rpc URL (the banner's `local chain`), --state-dir DIR or set "
+            "SOLANA_RPC_URL"
+        ],
+    )
+    assert said["the gateway"][0] == 1 and said["the gateway"][1][0].startswith(
+        f"{prefix}cannot fund: no answer from the Solana RPC node {sandbox.url} (sandboxFund: HTTP 404)"
+    )
+    assert said["too much"] == (
+        2,
+        [
+            f"{prefix}argument --usdc: 1000001 is out of range: USDC from 0 to 1000000, with at most 6 "
+            "decimals (see x402-gateway sandbox fund --help)"
+        ],
+    )
+    assert json.loads(_balance(sandbox, wallet, "--json").stdout)["usdc"] == 0
+
+
+def test_funds_given_with_the_state_dir_are_kept_across_a_restart(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    wallet = str(Keypair().pubkey())
+    with run_sandbox("--state-dir", str(state)) as first:
+        funded = run_cli({}, "sandbox", "fund", wallet, "--usdc", "7", "--state-dir", str(state))
+        assert funded.returncode == 0, funded.stderr
+        port = int(first.url.rsplit(":", 1)[1])
+
+    with run_sandbox("--state-dir", str(state), port=port, port_flag=False) as second:
+        shown = json.loads(_balance(second, wallet, "--json").stdout)
+
+    assert (shown["usdc"], shown["lamports"]) == (7 * 10**6, 10**9)
+
+
+def test_pay_names_the_rpc_node_it_could_not_reach_and_how_to_name_another(
+    idle_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    sandbox = idle_sandbox
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getBalance", "params": [sandbox.wallet]})
+    url = f"{sandbox.url}/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
+    before = _usdc(sandbox, sandbox.wallet)
+
+    done = run_cli(
+        {}, "pay", "POST", url, "--data", body, "--keypair", str(sandbox.key_file), "--rpc", nowhere
+    )
+
+    assert done.returncode == 1 and done.stdout == ""
+    [line] = done.stderr.splitlines()[-1:]
+    assert line.startswith(
+        f"x402-gateway pay: cannot build the payment: no answer from the Solana RPC node {nowhere} ("
+    )
+    assert line.endswith(
+        "); name one that answers with --rpc URL or SOLANA_RPC_URL (the sandbox's banner prints its local "
+        "chain's)"
+    )
+    assert _usdc(sandbox, sandbox.wallet) == before

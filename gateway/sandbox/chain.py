@@ -12,7 +12,8 @@ getGenesisHash, and, over the
 accounts the server knows of (those given to :meth:`LiteSvmRpcServer.watch` plus every account
 a landed transaction touched; LiteSVM cannot list its accounts): getTokenAccountsByOwner (also
 jsonParsed), getProgramAccounts, getSignaturesForAddress and getTransaction (base64 encoding).
-``extra_methods`` adds more (the sandbox's DAS sample); their params may be any JSON.
+``extra_methods`` adds more (the sandbox's DAS sample and its ``sandboxFund``); their params
+may be any JSON, and each runs holding the server's lock, so it may write to the chain.
 
 Knobs: ``confirm_delay_s`` (a landed transaction reports ``processed`` for that long, then
 ``confirmed``, as a real cluster confirms some hundreds of milliseconds after landing; the
@@ -238,9 +239,10 @@ class LiteSvmRpcServer:
             method = request["method"]
             extra = self.extra_methods.get(method)
             if extra is not None:
-                with self._lock:
+                with self._lock:  # held while it runs: an added method may write to the chain
                     self.calls[method] += 1
-                return {"jsonrpc": "2.0", "result": extra(request.get("params")), "id": request_id}
+                    result = extra(request.get("params"))
+                return {"jsonrpc": "2.0", "result": result, "id": request_id}
             params = request.get("params") or []
             if not isinstance(params, list):
                 raise RpcError(INVALID_PARAMS, "Invalid params: expected an array")

@@ -58,3 +58,16 @@ def check_free(host: str, choice: PortChoice, state_dir: Path | None) -> None:
             else:
                 source = f"{choice.part}'s port; pass {choice.flag} to use another"
             raise OSError(f"cannot listen on {host}:{port}: {exc.strerror} ({source})") from None
+
+
+def check_distinct(choices: tuple[PortChoice, ...]) -> None:
+    """Fail (OSError, one line) when two parts would share a port: the second could not listen,
+    and a start-up probe would find the first one answering in its place."""
+    seen: dict[int, PortChoice] = {}
+    for choice in choices:
+        first = seen.setdefault(choice.port, choice) if choice.port else choice
+        if first is not choice:
+            raise OSError(
+                f"{first.part} and {choice.part} would both listen on port {choice.port}: "
+                f"give {choice.flag if choice.requested is not None else first.flag} another"
+            )

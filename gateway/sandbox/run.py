@@ -47,7 +47,8 @@ from gateway.payclient import PayError, load_keypair, usdc_text
 from gateway.sandbox.chain import USDC_MAINNET_MINT, LiteSvmRpcServer, UsdcChain, setup_usdc_chain
 from gateway.sandbox.credit import CreditKeepingStore, keep_credit, load_credit
 from gateway.sandbox.environment import HOST_STATE_DIR_VARIABLE, routes_file, sdk_exports, serve_env
-from gateway.sandbox.ports import PortChoice, check_free
+from gateway.sandbox.faucet import FUND_METHOD, fund_method
+from gateway.sandbox.ports import PortChoice, check_distinct, check_free
 from gateway.sandbox.state import (
     CONFIG_VERSION,
     KEY_FILE_NAME,
@@ -186,6 +187,9 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
             "Balances (USDC and SOL of any wallet on the local chain):",
             f"  x402-gateway balance {payer} --rpc {parts.chain_url}",
             "",
+            "Fund your own wallet on the local chain with test USDC and SOL (WALLET: its address):",
+            f"  x402-gateway sandbox fund WALLET --usdc 100 --sol 1 --rpc {parts.chain_url}",
+            "",
             "Try (a paid RPC call, a paid DAS call, a sign-in asset-data call):",
             f"  {rpc_call}",
             f"  x402-gateway pay POST {base}/v1/x402/solana/mainnet/provider_a/das/getAsset "
@@ -245,19 +249,24 @@ def _start_chain(
     rpc = LiteSvmRpcServer(
         svm=chain.svm, host=host, port=port, extra_methods=das_methods(), confirm_delay_s=confirm_delay_s
     )
+    rpc.extra_methods[FUND_METHOD] = fund_method(chain, rpc)  # `sandbox fund`: the sandbox's own
     rpc.watch(*chain.addresses, *restored)
     rpc.start()
     return chain, rpc, save_chain(state_dir, chain, rpc)
 
 
 async def _autosave(parts: SandboxParts) -> None:
-    """Save the chain whenever a transaction has landed since the last save, and the credit
-    whenever it moved."""
-    saved = len(parts.rpc.sent)
+    """Save the chain whenever a transaction has landed or a wallet was funded since the last
+    save, and the credit whenever it moved."""
+
+    def moved() -> int:
+        return len(parts.rpc.sent) + parts.rpc.calls[FUND_METHOD]
+
+    saved = moved()
     while True:
         await asyncio.sleep(AUTOSAVE_INTERVAL_S)
-        if len(parts.rpc.sent) != saved:
-            saved = len(parts.rpc.sent)
+        if moved() != saved:
+            saved = moved()
             await asyncio.to_thread(save_chain, parts.state_dir, parts.chain, parts.rpc)
         parts.credit = await keep_credit(parts.state_dir, parts.store, parts.credit)
 
@@ -313,6 +322,7 @@ async def run_sandbox(
     operator_env = os.environ if env is None else env
     kept = read_config(state_dir) if state_dir is not None else None
     choices = _port_choices(kept, (port, chain_port, assets_port), default_port)
+    check_distinct(choices)
     for choice in choices:
         check_free(host, choice, state_dir)
     persistent = state_dir is not None

@@ -8,7 +8,8 @@ in, is never followed: the origin it names (a second loopback server) never sees
 the sign-in. Against the real
 gateway (internal facilitator, LiteSVM): an unfunded wallet is told what it holds and what is
 needed before anything is signed, and a payment whose answer is lost to a dropped connection is
-resent with the same payment-identifier and answered once, paid once.
+resent with the same payment-identifier and answered once, paid once. A server answering 429
+forever gets one request a second, and only until the command's bound is spent.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from aiohttp import web
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
+from gateway import payclient
 from gateway.payclient import run_pay
 from gateway.x402.headers import encode_header
 from gateway.x402.types import SOLANA_MAINNET
@@ -590,3 +592,42 @@ async def test_a_redirect_before_any_challenge_is_not_followed(
     assert json.loads(done.out)["error"] == reason
     assert text.err.splitlines() == [f"x402-gateway pay: {reason}"]
     assert solana_rpc_server.sent == []
+
+
+# --- rate limits ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("retry_after", ["0", "", "Thu, 01 Jan 1970 00:00:00 GMT"])
+async def test_a_server_answering_429_forever_gets_one_request_a_second_until_the_bound(
+    solana_rpc_server: LiteSvmRpcServer, retry_after: str
+) -> None:
+    """``Retry-After: 0`` (or none, or a date long past) cannot turn the waits into a flood: each
+    wait is at least a second, and they stop once the command's bound is spent."""
+    server = Upstream()
+
+    async def answer(request: web.Request, body: bytes) -> web.StreamResponse:
+        headers = {"Retry-After": retry_after} if retry_after else {}
+        return web.json_response({"error": "slow down"}, status=429, headers=headers)
+
+    server.responder = answer
+    await server.start()
+    err = io.StringIO()
+    loop = asyncio.get_running_loop()
+    try:
+        unbound = await payclient.pay("GET", server.url + "/a", ATTACKER, rpc_url=solana_rpc_server.url)
+        started = loop.time()
+        with payclient.waiting_out_rate_limits(True, err):
+            waits = payclient.RATE_LIMIT_WAITS.get()
+            assert waits is not None
+            waits.left_s = 3.0  # the command's bound (60 s), shortened for the test
+            bound = await payclient.pay("GET", server.url + "/b", ATTACKER, rpc_url=solana_rpc_server.url)
+        elapsed = loop.time() - started
+    finally:
+        await server.stop()
+
+    assert unbound.status == 429 and [c.path for c in server.calls].count("/a") == 1  # no waits asked
+    assert bound.status == 429 and [c.path for c in server.calls].count("/b") == 4  # at once, then 3 s
+    assert 3 <= elapsed < 10
+    waited = "HTTP 429 (rate limited): waiting 1 s as Retry-After asks, then sending again "
+    waited += "(--no-wait stops at once)"
+    assert err.getvalue().splitlines() == [waited] * 3
