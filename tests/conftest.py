@@ -35,6 +35,7 @@ pytest_plugins = [
     "tests.support.facilitator_fixtures",
     "tests.support.solana_fixtures",
     "tests.support.paid_fixtures",
+    "tests.support.postgres_server",
 ]
 
 

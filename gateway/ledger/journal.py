@@ -1,0 +1,207 @@
+"""The journal in PostgreSQL: append entries, read balances and movements back.
+
+One statement records a whole batch, entries and postings together, in the order given; an
+entry whose ``ref`` is already in the journal is skipped, so a batch sent again after its answer
+was lost, or a movement recorded by two replicas, lands once. Every failure to reach or use the
+database is :class:`LedgerUnavailable`, for the caller to decide what it means (a top-up refuses
+to answer without its entry; a spend is written again later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from gateway.ledger.entries import CREDIT_PREFIX, Entry, EntryKind, credit_account
+from gateway.ledger.metrics import LEDGER_WRITE_ERRORS, LEDGER_WRITE_SECONDS
+from gateway.ledger.schema import MIGRATION
+
+
+class LedgerUnavailable(Exception):
+    """The ledger's database could not be reached, or refused the write."""
+
+
+class Recorded(msgspec.Struct, frozen=True, kw_only=True):
+    """An entry as the journal holds it: its position and when it was written."""
+
+    id: int
+    ref: str
+    kind: EntryKind
+    occurred_at_ms: int
+    recorded_at_ms: int
+    amount_micro: int
+    wallet: str
+    route: str | None
+    facilitator: str | None
+    signature: str | None
+
+
+_RECORD = """
+WITH batch AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bigint[], $5::text[],
+                         $6::text[], $7::text[], $8::text[])
+        WITH ORDINALITY AS b(ref, kind, occurred_at, amount_micro, wallet, route, facilitator, signature, n)
+), added AS (
+    INSERT INTO ledger_entries (ref, kind, occurred_at, amount_micro, wallet, route, facilitator, signature)
+    SELECT ref, kind, occurred_at, amount_micro, wallet, route, facilitator, signature
+    FROM batch ORDER BY n
+    ON CONFLICT (ref) DO NOTHING
+    RETURNING id, ref
+)
+INSERT INTO ledger_postings (entry_id, account, amount_micro)
+SELECT added.id, p.account, p.amount_micro
+FROM added JOIN unnest($9::text[], $10::text[], $11::bigint[]) AS p(ref, account, amount_micro)
+    ON p.ref = added.ref
+RETURNING entry_id
+"""
+
+_COLUMNS = "id, ref, kind, occurred_at, recorded_at, amount_micro, wallet, route, facilitator, signature"
+
+_DATABASE_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _when(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _recorded(row: Any) -> Recorded:
+    return Recorded(
+        id=row["id"],
+        ref=row["ref"],
+        kind=EntryKind(row["kind"]),
+        occurred_at_ms=_ms(row["occurred_at"]),
+        recorded_at_ms=_ms(row["recorded_at"]),
+        amount_micro=row["amount_micro"],
+        wallet=row["wallet"],
+        route=row["route"],
+        facilitator=row["facilitator"],
+        signature=row["signature"],
+    )
+
+
+class Journal:
+    """The ledger of record: an append-only, double-entry journal in PostgreSQL."""
+
+    def __init__(self, pool: asyncpg.Pool, timeout_s: float) -> None:
+        self._pool = pool
+        self.timeout_s = timeout_s
+
+    @classmethod
+    async def open(cls, url: str, *, timeout_s: float = 5.0, max_connections: int = 4) -> Journal:
+        """Connect to ``url`` and bring the schema up to date."""
+        try:
+            pool = await asyncpg.create_pool(
+                url, min_size=1, max_size=max_connections, timeout=timeout_s, command_timeout=timeout_s
+            )
+            async with pool.acquire() as connection:
+                await connection.execute("SELECT pg_advisory_lock(402402)")
+                try:
+                    await connection.execute(MIGRATION)
+                finally:
+                    await connection.execute("SELECT pg_advisory_unlock(402402)")
+        except _DATABASE_ERRORS as failed:
+            raise LedgerUnavailable(f"ledger database unavailable: {type(failed).__name__}") from None
+        return cls(pool, timeout_s)
+
+    async def close(self) -> None:
+        """Close the connections, giving queries in flight a moment (shutdown must not hang)."""
+        try:
+            await asyncio.wait_for(self._pool.close(), timeout=self.timeout_s)
+        except TimeoutError:
+            self._pool.terminate()
+
+    async def record(self, entries: Sequence[Entry]) -> int:
+        """Append ``entries`` in order, in one transaction; answer how many were new."""
+        unique = list({entry.ref: entry for entry in entries}.values())
+        if not unique:
+            return 0
+        postings = [(e.ref, p.account, p.amount_micro) for e in unique for p in e.postings]
+        arguments = (
+            [e.ref for e in unique],
+            [e.kind.value for e in unique],
+            [_when(e.occurred_at_ms) for e in unique],
+            [e.amount_micro for e in unique],
+            [e.wallet for e in unique],
+            [e.route for e in unique],
+            [e.facilitator for e in unique],
+            [e.signature for e in unique],
+            [ref for ref, _, _ in postings],
+            [account for _, account, _ in postings],
+            [amount for _, _, amount in postings],
+        )
+        with LEDGER_WRITE_SECONDS.time():
+            try:
+                rows = await self._pool.fetch(_RECORD, *arguments, timeout=self.timeout_s)
+            except _DATABASE_ERRORS as failed:
+                LEDGER_WRITE_ERRORS.inc()
+                raise LedgerUnavailable(f"ledger write failed: {type(failed).__name__}") from None
+        return len({row["entry_id"] for row in rows})
+
+    async def owed_to(self, wallet: str) -> int:
+        """The credit the operator owes ``wallet``, in micro-USDC, by the journal."""
+        total = await self._fetchval(
+            "SELECT coalesce(-sum(amount_micro), 0) FROM ledger_postings WHERE account = $1",
+            credit_account(wallet),
+        )
+        return int(total)
+
+    async def owed(self) -> dict[str, int]:
+        """Every wallet the operator owes credit to, and how much (micro-USDC)."""
+        rows = await self._fetch(
+            "SELECT substr(account, $2) AS wallet, -sum(amount_micro) AS owed FROM ledger_postings "
+            "WHERE account LIKE $1 GROUP BY account HAVING sum(amount_micro) <> 0",
+            CREDIT_PREFIX + "%",
+            len(CREDIT_PREFIX) + 1,
+        )
+        return {row["wallet"]: int(row["owed"]) for row in rows}
+
+    async def movements(self, wallet: str, limit: int = 20) -> list[Recorded]:
+        """``wallet``'s latest entries, newest first."""
+        rows = await self._fetch(
+            f"SELECT {_COLUMNS} FROM ledger_entries WHERE wallet = $1 ORDER BY id DESC LIMIT $2",
+            wallet,
+            limit,
+        )
+        return [_recorded(row) for row in rows]
+
+    async def entries(
+        self, since_ms: int = 0, until_ms: int | None = None, page: int = 1000
+    ) -> AsyncIterator[Recorded]:
+        """Every entry that occurred in ``[since_ms, until_ms)``, in journal order, a page at a time."""
+        after = 0
+        until = _when(until_ms) if until_ms is not None else datetime.max.replace(tzinfo=UTC)
+        while True:
+            rows = await self._fetch(
+                f"SELECT {_COLUMNS} FROM ledger_entries WHERE id > $1 AND occurred_at >= $2 "
+                "AND occurred_at < $3 ORDER BY id LIMIT $4",
+                after,
+                _when(since_ms),
+                until,
+                page,
+            )
+            for row in rows:
+                yield _recorded(row)
+            if len(rows) < page:
+                return
+            after = rows[-1]["id"]
+
+    async def _fetch(self, query: str, *arguments: object) -> list[Any]:
+        try:
+            return list(await self._pool.fetch(query, *arguments, timeout=self.timeout_s))
+        except _DATABASE_ERRORS as failed:
+            raise LedgerUnavailable(f"ledger read failed: {type(failed).__name__}") from None
+
+    async def _fetchval(self, query: str, *arguments: object) -> Any:
+        try:
+            return await self._pool.fetchval(query, *arguments, timeout=self.timeout_s)
+        except _DATABASE_ERRORS as failed:
+            raise LedgerUnavailable(f"ledger read failed: {type(failed).__name__}") from None
