@@ -50,7 +50,7 @@ GATEWAY_VARIABLES: tuple[str, ...] = (
     "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS",
     "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
     "CLIENT_BODY_TIMEOUT_SECONDS", "X402_MAX_COMPUTE_UNIT_LIMIT", "X402_MAX_COMPUTE_UNIT_PRICE",
-    "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "CREDITS_ENABLED", "CREDIT_LAPSE_DAYS",
+    "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "CREDITS_ENABLED", "CREDIT_LAPSE_DAYS", "LEDGER_DATABASE_URL",
 )  # fmt: skip
 UPSTREAM_VARIABLE = re.compile(r"[A-Z][A-Z0-9_]{0,99}")
 """What an upstream's URL variable may be called (the route loader refuses any other name)."""
@@ -122,6 +122,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     asset_api_key: Secret = Secret("")
     store_url: Secret = Secret("")
     store_token: Secret = Secret("")
+    ledger_url: Secret = Secret("")
+    """``LEDGER_DATABASE_URL``: the PostgreSQL the ledger of record (every sale and credit
+    movement) is written to; empty: no ledger."""
     internal_secret: Secret = Secret("")
     facilitator_wallet: Secret = Secret("")
     siwx_secret: Secret = Secret("")
@@ -334,6 +337,14 @@ def _store_url(reader: _Reader) -> str:
     return raw
 
 
+def _ledger_url(reader: _Reader) -> str:
+    raw = reader.text("LEDGER_DATABASE_URL")
+    if raw and urlsplit(raw).scheme not in ("postgres", "postgresql"):
+        reader.problems.append("LEDGER_DATABASE_URL must be a postgresql:// URL")
+        return ""
+    return raw
+
+
 def _facilitator_urls(reader: _Reader) -> tuple[str, ...]:
     """``FACILITATOR_URL``: one facilitator, or several separated by commas in order of
     preference (each ``internal`` or an http(s) URL), to fail over between."""
@@ -467,6 +478,7 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         upstreams=upstreams,
         asset_api_key=Secret(r.text("ASSET_API_KEY")),
         store_url=Secret(_store_url(r)),
+        ledger_url=Secret(_ledger_url(r)),
         store_token=Secret(r.text("STATE_STORE_REST_TOKEN")),
         internal_secret=Secret(r.text("INTERNAL_SETTLEMENT_SECRET")),
         facilitator_wallet=Secret(r.text("FACILITATOR_WALLET_BASE58")),
@@ -505,6 +517,11 @@ def startup_notes(settings: Settings) -> list[str]:
     if not settings.persistent_store:
         notes.append(
             "state store: in-memory (one process only; set STATE_STORE_REST_URL for replicas or workers)"
+        )
+    if settings.credits_enabled and not settings.ledger_url:
+        notes.append(
+            "credit is on without a ledger: a store that loses data loses the credit owed"
+            " (set LEDGER_DATABASE_URL)"
         )
     if not settings.siwx_secret:
         notes.append("SIWX_SECRET unset: sign-in nonces use a random per-process secret (one replica only)")

@@ -26,6 +26,7 @@ import secrets
 from gateway.background import cancel_and_wait
 from gateway.credit_metrics import CREDIT_LAPSED
 from gateway.credits import credit_account
+from gateway.ledger.recorder import MoneyRecorder
 from gateway.logs import log_event
 from gateway.store import Store, StoreUnavailable, keys
 
@@ -38,9 +39,15 @@ class CreditSweeper:
     """The app's sweeper of lapsed credit (started and stopped by its lifespan)."""
 
     def __init__(
-        self, store: Store, *, interval_s: float = SWEEP_INTERVAL_S, batch: int = SWEEP_BATCH
+        self,
+        store: Store,
+        recorder: MoneyRecorder | None = None,
+        *,
+        interval_s: float = SWEEP_INTERVAL_S,
+        batch: int = SWEEP_BATCH,
     ) -> None:
         self.store = store
+        self.recorder = recorder or MoneyRecorder()
         self.interval_s = interval_s
         self.batch = batch
         self.claim_ms = max(int(interval_s * 1000), 1)
@@ -55,15 +62,24 @@ class CreditSweeper:
         try:
             lapsed = 0
             for wallet, amount in (await self.store.drain_lapsed(keys.credit_lapsed())).items():
-                lapsed += _lapsed(wallet, amount)
+                lapsed += self._lapsed(wallet, amount)
             for wallet in await self.store.due_lapses(keys.credit_lapses(), self.batch):
                 swept = await self.store.lapse_credit(credit_account(wallet))
                 if swept is not None:  # None: a top-up moved its lapse since it was listed
-                    lapsed += _lapsed(wallet, swept)
+                    lapsed += self._lapsed(wallet, swept)
             return lapsed
         finally:
             with contextlib.suppress(StoreUnavailable):
                 await self.store.release(keys.credit_sweep(), token)
+
+    def _lapsed(self, wallet: str, amount: int) -> int:
+        """Book one lapse: its log line, its count and its ledger entry (a lapse of nothing is
+        none of them)."""
+        if amount > 0:
+            CREDIT_LAPSED.inc(amount)
+            log_event("credit lapsed", wallet=wallet, amount=str(amount))
+            self.recorder.credit_lapsed(wallet=wallet, amount_micro=amount)
+        return amount
 
     def start(self) -> None:
         if self._task is None:
@@ -80,11 +96,3 @@ class CreditSweeper:
             except StoreUnavailable:
                 log_event("credit sweep skipped: store unavailable", logging.WARNING)
             await asyncio.sleep(self.interval_s)
-
-
-def _lapsed(wallet: str, amount: int) -> int:
-    """Book one lapse: its log line and its count (a lapse of nothing is neither)."""
-    if amount > 0:
-        CREDIT_LAPSED.inc(amount)
-        log_event("credit lapsed", wallet=wallet, amount=str(amount))
-    return amount

@@ -14,6 +14,8 @@ from gateway.background import cancel_and_wait
 from gateway.config import INTERNAL, Settings
 from gateway.credit_lapse import CreditSweeper
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
+from gateway.ledger import Journal, JournalWriter
+from gateway.ledger.recorder import MoneyRecorder
 from gateway.metrics import Usage
 from gateway.payments.facilitator_health import FacilitatorHealth
 from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, HttpFacilitator
@@ -64,7 +66,9 @@ class Services:
         self.usage = Usage(self.store, routes, lambda route: payment_methods(route, settings))
         self.request_log = RequestLog(settings.log_challenges)
         self._usage_flusher: asyncio.Task[None] | None = None
-        self.credit_sweeper = CreditSweeper(self.store) if settings.credits_enabled else None
+        self.recorder = MoneyRecorder()
+        """The ledger of record, once :meth:`start` opened it (``LEDGER_DATABASE_URL``)."""
+        self.credit_sweeper = CreditSweeper(self.store, self.recorder) if settings.credits_enabled else None
         """Lapses credit past its lapse time, logged and counted; one replica at a time sweeps."""
         self.fee_guard = FeeGuard(
             self.store,
@@ -146,6 +150,13 @@ class Services:
         return client
 
     async def start(self) -> None:
+        """Open the ledger first (a gateway configured with one does not start without it), then
+        the background tasks."""
+        ledger_url = self.settings.ledger_url.reveal()
+        if ledger_url:
+            journal = await Journal.open(ledger_url)
+            self.recorder.journal, self.recorder.writer = journal, JournalWriter(journal)
+            self.recorder.writer.start()
         self._usage_flusher = asyncio.create_task(self.usage.run(), name="usage-flusher")
         self.limiter.start()
         self.request_log.start()
@@ -170,6 +181,10 @@ class Services:
         for facilitator in {id(f): f for f in facilitators if f}.values():
             await facilitator.close()
         await self.readiness.close()
+        if self.recorder.writer is not None:
+            await self.recorder.writer.stop()
+        if self.recorder.journal is not None:
+            await self.recorder.journal.close()
         await self.store.close()
 
     @asynccontextmanager

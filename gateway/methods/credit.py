@@ -30,6 +30,7 @@ import msgspec
 from gateway.credit_calls import AnswerAgain, CreditCall, NotAgain, StillInFlight, credit_call
 from gateway.credit_metrics import CREDIT_SPENT
 from gateway.credits import CreditBook, CreditHold, credit_book
+from gateway.ledger.recorder import MoneyRecorder
 from gateway.logs import log_event
 from gateway.methods import Admitted, Answer, Checked, Incoming, Offer, credential_headers
 from gateway.payments import Delivered, InProgress, Refused, Replay, Settled, StoredResponse
@@ -69,6 +70,7 @@ class CreditMethod:
         issuer: SiwxIssuer,
         gate: SignInGate,
         book: CreditBook,
+        recorder: MoneyRecorder | None = None,
     ) -> None:
         self.route_name = route.name
         self.description = route.description
@@ -76,6 +78,7 @@ class CreditMethod:
         self.issuer = issuer
         self.gate = gate
         self.book = book
+        self.recorder = recorder or MoneyRecorder()
         self.validator = RequestValidator(route.input)
         self.spent = CREDIT_SPENT.labels(route.name)
         self.statement = spend_statement(route, price, issuer.base_url)
@@ -158,6 +161,9 @@ class CreditMethod:
             lapsed = "the credit held for this call lapsed and was spent"
             return Refused(INSUFFICIENT_CREDIT, lapsed, grant.wallet)
         self.spent.inc(grant.amount)
+        self.recorder.credit_spent(
+            hold=grant.token, route=self.route_name, wallet=grant.wallet, amount_micro=grant.amount
+        )
         log_event(
             "credit spent",
             route=self.route_name,
@@ -205,4 +211,5 @@ def bind(route: RouteSpec, services: Services) -> CreditMethod:
         issuer=services.siwx,
         gate=SignInGate(services.store, services.limiter, route.rate_limits),
         book=credit_book(services),
+        recorder=services.recorder,
     )

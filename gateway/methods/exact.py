@@ -121,5 +121,6 @@ def bind(route: RouteSpec, services: Services) -> ExactMethod:
         replay_cap_bytes=route.replay_cap_bytes,
         guard=services.settlement_guard,
         top_up=top_up,
+        recorder=services.recorder,
     )
     return ExactMethod(route_name=route.name, offers=offers, gate=gate, settlement=settlement)

@@ -17,6 +17,8 @@ import secrets
 import msgspec
 
 from gateway.credits import TopUp
+from gateway.ledger import LedgerUnavailable
+from gateway.ledger.recorder import MoneyRecorder
 from gateway.logs import log_event
 from gateway.payments.facilitators import FacilitatorUnavailable
 from gateway.payments.fee_guard import FeeGuard, Party
@@ -60,6 +62,7 @@ class Settlement:
         guard: FeeGuard | None = None,
         guard_wait_s: float = 5.0,
         top_up: TopUp | None = None,
+        recorder: MoneyRecorder | None = None,
     ) -> None:
         self.route_name = route_name
         self.ledger = ledger
@@ -72,6 +75,9 @@ class Settlement:
         self.guard_wait_s = guard_wait_s
         self.top_up = top_up
         """A top-up route's credit: booked to the payer in the round trip that delivers, or not at all."""
+        self.recorder = recorder or MoneyRecorder()
+        """The ledger of record: a top-up is written to it before its credit is booked, a sale
+        once it is delivered."""
 
     async def settle(self, paid: PaidRequest, response: StoredResponse) -> Settled:
         """Record the intent, then settle. ``StoreUnavailable`` from the intent's write means the
@@ -196,6 +202,9 @@ class Settlement:
         kept = delivered if len(delivered.body) <= cap else None
         record = DeliveredRecord(paid.fingerprint, paid.claimant, kept)
         credits = self.top_up.credits(paid.payer) if self.top_up is not None else []
+        if credits and not await self._journal_top_up(paid, result):
+            await self._left_pending(paid, intent, result)
+            return Pending()
         try:
             first = await self.ledger.deliver(paid.key, record, credits)
         except StoreUnavailable:
@@ -220,7 +229,41 @@ class Settlement:
         )
         if self.top_up is not None:
             self.top_up.sold(paid.payer, result.transaction)
+        else:
+            self.recorder.sale(
+                route=self.route_name,
+                payer=paid.payer,
+                amount_micro=int(paid.requirements.amount),
+                signature=result.transaction,
+                facilitator=paid.facilitator,
+            )
         return Delivered(delivered, result.transaction)
+
+    async def _journal_top_up(self, paid: PaidRequest, result: SettleResponse) -> bool:
+        """Write the settled top-up to the ledger before its credit is booked: credit the store
+        holds is always in the ledger first. False when the ledger could not be written: the
+        credit is not booked, the settlement is left pending and the client's retry of the
+        identical request writes and books it (once: the entry's ref is the settlement)."""
+        assert self.top_up is not None
+        try:
+            await self.recorder.top_up(
+                route=self.route_name,
+                payer=paid.payer,
+                amount_micro=self.top_up.amount,
+                signature=result.transaction,
+                facilitator=paid.facilitator,
+            )
+        except LedgerUnavailable as failed:
+            log_event(
+                "top-up settled, its credit not booked: ledger unavailable",
+                logging.ERROR,
+                route=self.route_name,
+                payer=paid.payer,
+                settlement=result.transaction,
+                reason=str(failed),
+            )
+            return False
+        return True
 
     async def _left_pending(
         self, paid: PaidRequest, intent: PendingSettlement, result: SettleResponse | None
