@@ -64,6 +64,9 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     facilitator: str | None = None
     signature: str | None = None
     """The settlement's Solana transaction signature (sales and top-ups)."""
+    payment_key: str | None = None
+    """The payment's key (the SHA-256 of its transaction message, as the store claims it): what
+    a store restored from the ledger marks used, so a top-up is never booked twice."""
 
     def __post_init__(self) -> None:
         if self.amount_micro < 0:
@@ -72,7 +75,16 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"ledger entry {self.ref}: postings do not balance")
 
 
-def sale(*, route: str, payer: str, amount_micro: int, signature: str, facilitator: str, at_ms: int) -> Entry:
+def sale(
+    *,
+    route: str,
+    payer: str,
+    amount_micro: int,
+    signature: str,
+    facilitator: str,
+    at_ms: int,
+    payment_key: str | None = None,
+) -> Entry:
     """A settled per-call payment: USDC received, earned by the route."""
     return Entry(
         ref=f"settlement:{signature}",
@@ -83,12 +95,20 @@ def sale(*, route: str, payer: str, amount_micro: int, signature: str, facilitat
         route=route,
         facilitator=facilitator,
         signature=signature,
+        payment_key=payment_key,
         postings=(Posting(USDC_RECEIVED, amount_micro), Posting(SALES, -amount_micro)),
     )
 
 
 def top_up(
-    *, route: str, payer: str, amount_micro: int, signature: str, facilitator: str, at_ms: int
+    *,
+    route: str,
+    payer: str,
+    amount_micro: int,
+    signature: str,
+    facilitator: str,
+    at_ms: int,
+    payment_key: str | None = None,
 ) -> Entry:
     """A settled top-up: USDC received, owed back to the payer as credit."""
     return Entry(
@@ -100,6 +120,7 @@ def top_up(
         route=route,
         facilitator=facilitator,
         signature=signature,
+        payment_key=payment_key,
         postings=(Posting(USDC_RECEIVED, amount_micro), Posting(credit_account(payer), -amount_micro)),
     )
 

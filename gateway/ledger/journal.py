@@ -39,16 +39,28 @@ class Recorded(msgspec.Struct, frozen=True, kw_only=True):
     route: str | None
     facilitator: str | None
     signature: str | None
+    payment_key: str | None
+
+
+class Owed(msgspec.Struct, frozen=True):
+    """What the operator owes one wallet, and when its last top-up settled (its credit lapses
+    from there)."""
+
+    wallet: str
+    owed_micro: int
+    last_top_up_ms: int
 
 
 _RECORD = """
 WITH batch AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bigint[], $5::text[],
-                         $6::text[], $7::text[], $8::text[])
-        WITH ORDINALITY AS b(ref, kind, occurred_at, amount_micro, wallet, route, facilitator, signature, n)
+                         $6::text[], $7::text[], $8::text[], $12::text[])
+        WITH ORDINALITY AS b(ref, kind, occurred_at, amount_micro, wallet, route, facilitator, signature,
+                             payment_key, n)
 ), added AS (
-    INSERT INTO ledger_entries (ref, kind, occurred_at, amount_micro, wallet, route, facilitator, signature)
-    SELECT ref, kind, occurred_at, amount_micro, wallet, route, facilitator, signature
+    INSERT INTO ledger_entries (ref, kind, occurred_at, amount_micro, wallet, route, facilitator, signature,
+                                payment_key)
+    SELECT ref, kind, occurred_at, amount_micro, wallet, route, facilitator, signature, payment_key
     FROM batch ORDER BY n
     ON CONFLICT (ref) DO NOTHING
     RETURNING id, ref
@@ -60,7 +72,12 @@ FROM added JOIN unnest($9::text[], $10::text[], $11::bigint[]) AS p(ref, account
 RETURNING entry_id
 """
 
-_COLUMNS = "id, ref, kind, occurred_at, recorded_at, amount_micro, wallet, route, facilitator, signature"
+_COLUMNS = ", ".join(
+    [
+        *("id", "ref", "kind", "occurred_at", "recorded_at", "amount_micro", "wallet", "route"),
+        *("facilitator", "signature", "payment_key"),
+    ]
+)
 
 _DATABASE_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
@@ -85,6 +102,7 @@ def _recorded(row: Any) -> Recorded:
         route=row["route"],
         facilitator=row["facilitator"],
         signature=row["signature"],
+        payment_key=row["payment_key"],
     )
 
 
@@ -137,6 +155,7 @@ class Journal:
             [ref for ref, _, _ in postings],
             [account for _, account, _ in postings],
             [amount for _, _, amount in postings],
+            [e.payment_key for e in unique],
         )
         with LEDGER_WRITE_SECONDS.time():
             try:
@@ -163,6 +182,30 @@ class Journal:
             len(CREDIT_PREFIX) + 1,
         )
         return {row["wallet"]: int(row["owed"]) for row in rows}
+
+    async def owed_since_top_ups(self) -> list[Owed]:
+        """Every wallet owed credit, with its last top-up's time: what a lost store is restored to."""
+        rows = await self._fetch(
+            "SELECT e.wallet, -sum(p.amount_micro) AS owed, "
+            "max(e.occurred_at) FILTER (WHERE e.kind = 'top_up') AS last_top_up "
+            "FROM ledger_postings p JOIN ledger_entries e ON e.id = p.entry_id "
+            "WHERE p.account LIKE $1 GROUP BY e.wallet HAVING sum(p.amount_micro) <> 0",
+            CREDIT_PREFIX + "%",
+        )
+        return [
+            Owed(row["wallet"], int(row["owed"]), _ms(row["last_top_up"]) if row["last_top_up"] else 0)
+            for row in rows
+        ]
+
+    async def top_ups(self, since_ms: int, until_ms: int) -> list[Recorded]:
+        """The top-ups that settled in ``[since_ms, until_ms)``, in journal order."""
+        rows = await self._fetch(
+            f"SELECT {_COLUMNS} FROM ledger_entries WHERE kind = 'top_up' AND occurred_at >= $1 "
+            "AND occurred_at < $2 ORDER BY id",
+            _when(since_ms),
+            _when(until_ms),
+        )
+        return [_recorded(row) for row in rows]
 
     async def movements(self, wallet: str, limit: int = 20) -> list[Recorded]:
         """``wallet``'s latest entries, newest first."""

@@ -32,7 +32,7 @@ class MoneyRecorder:
         return self.journal is not None
 
     async def top_up(
-        self, *, route: str, payer: str, amount_micro: int, signature: str, facilitator: str
+        self, *, route: str, payer: str, amount_micro: int, signature: str, facilitator: str, payment_key: str
     ) -> None:
         """Write a settled top-up now; ``LedgerUnavailable`` if it could not be (book nothing then)."""
         if self.journal is None:
@@ -44,10 +44,13 @@ class MoneyRecorder:
             signature=signature,
             facilitator=facilitator,
             at_ms=_now_ms(),
+            payment_key=payment_key,
         )
         await self.journal.record([entry])
 
-    def sale(self, *, route: str, payer: str, amount_micro: int, signature: str, facilitator: str) -> None:
+    def sale(
+        self, *, route: str, payer: str, amount_micro: int, signature: str, facilitator: str, payment_key: str
+    ) -> None:
         if self.writer is not None:
             self.writer.record_soon(
                 entries.sale(
@@ -57,6 +60,7 @@ class MoneyRecorder:
                     signature=signature,
                     facilitator=facilitator,
                     at_ms=_now_ms(),
+                    payment_key=payment_key,
                 )
             )
 

@@ -23,10 +23,13 @@ CREATE TABLE IF NOT EXISTS ledger_entries (
     wallet       text        NOT NULL,
     route        text,
     facilitator  text,
-    signature    text
+    signature    text,
+    payment_key  text
 );
+ALTER TABLE ledger_entries ADD COLUMN IF NOT EXISTS payment_key text;
 CREATE INDEX IF NOT EXISTS ledger_entries_wallet ON ledger_entries (wallet, id);
 CREATE INDEX IF NOT EXISTS ledger_entries_occurred ON ledger_entries (occurred_at);
+CREATE INDEX IF NOT EXISTS ledger_entries_kind_occurred ON ledger_entries (kind, occurred_at);
 
 CREATE TABLE IF NOT EXISTS ledger_postings (
     entry_id     bigint NOT NULL REFERENCES ledger_entries (id),

@@ -236,6 +236,7 @@ class Settlement:
                 amount_micro=int(paid.requirements.amount),
                 signature=result.transaction,
                 facilitator=paid.facilitator,
+                payment_key=paid.key,
             )
         return Delivered(delivered, result.transaction)
 
@@ -252,6 +253,7 @@ class Settlement:
                 amount_micro=self.top_up.amount,
                 signature=result.transaction,
                 facilitator=paid.facilitator,
+                payment_key=paid.key,
             )
         except LedgerUnavailable as failed:
             log_event(

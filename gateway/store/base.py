@@ -333,6 +333,14 @@ class Store(Protocol):
         answer the balance it had (0 when none was left); else change nothing and answer None.
         Each lapse is answered once, however many sweepers race."""
 
+    async def restore_credit(
+        self, account: CreditAccount, balance: int, lapse_at_ms: int, ttl_ms: int
+    ) -> None:
+        """Atomically, in one round trip: set the wallet's balance to exactly ``balance`` (the
+        ledger's word, after the store lost data), lapsing at ``lapse_at_ms`` (Unix ms), its key
+        living ``ttl_ms``; its holds are dropped. A balance of 0 deletes the balance and its
+        lapse."""
+
     async def drain_lapsed(self, lapsed: str) -> dict[str, int]:
         """Atomically, in one round trip: the credit top-ups found lapsed (``lapsed`` of their
         accounts), by wallet, deleted as it is read, so each amount is answered once."""

@@ -386,6 +386,20 @@ return gone
 """
 )
 
+# KEYS: the balance, its hold set, the lapse index; ARGV: wallet, balance, lapse time (Unix ms),
+# the balance key's ttl_ms. Reply: 1.
+RESTORE_CREDIT_SCRIPT = """
+redis.call('DEL', KEYS[2])
+if tonumber(ARGV[2]) <= 0 then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  return 1
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
+return 1
+"""
+
 # KEYS[1]: the lapse index; ARGV[1]: the most wallets to answer. Reply: the wallets due, longest due
 # first.
 DUE_LAPSES_SCRIPT = (
@@ -418,6 +432,7 @@ CREDIT_STATE_SHA1 = hashlib.sha1(CREDIT_STATE_SCRIPT.encode()).hexdigest()
 TAKE_CREDIT_SHA1 = hashlib.sha1(TAKE_CREDIT_SCRIPT.encode()).hexdigest()
 LAPSE_CREDIT_SHA1 = hashlib.sha1(LAPSE_CREDIT_SCRIPT.encode()).hexdigest()
 DUE_LAPSES_SHA1 = hashlib.sha1(DUE_LAPSES_SCRIPT.encode()).hexdigest()
+RESTORE_CREDIT_SHA1 = hashlib.sha1(RESTORE_CREDIT_SCRIPT.encode()).hexdigest()
 DRAIN_LAPSED_SHA1 = hashlib.sha1(DRAIN_LAPSED_SCRIPT.encode()).hexdigest()
 MAX_HOLD_AMOUNT = MAX_AMOUNT
 """Amounts and caps above this lose precision in Lua's doubles: caps are clamped to it."""
@@ -510,6 +525,14 @@ def credit_state_from_reply(reply: object) -> CreditState:
 def credit_keys(account: CreditAccount) -> list[str]:
     """KEYS of every credit script: the balance, its hold set and the lapse index."""
     return [account.balance, account.holds, account.lapses]
+
+
+def restore_credit_call(
+    account: CreditAccount, balance: int, lapse_at_ms: int, ttl_ms: int
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the restore-credit script (ValueError on an amount it cannot keep)."""
+    args = [account.wallet, str(checked_amount(balance)), str(lapse_at_ms), str(max(1, ttl_ms))]
+    return credit_keys(account), args
 
 
 def take_credit_call(

@@ -372,6 +372,18 @@ class MemoryStore:
     async def lapse_credit(self, account: CreditAccount) -> int | None:
         return self._lapse_if_due(account, _now_us())
 
+    async def restore_credit(
+        self, account: CreditAccount, balance: int, lapse_at_ms: int, ttl_ms: int
+    ) -> None:
+        self._holds.pop(account.holds, None)
+        index = self._lapses.setdefault(account.lapses, {})
+        if balance <= 0:
+            self._values.pop(account.balance, None)
+            index.pop(account.wallet, None)
+            return
+        self._set_value(account.balance, str(balance), ttl_ms)
+        index[account.wallet] = lapse_at_ms * 1_000
+
     async def drain_lapsed(self, lapsed: str) -> dict[str, int]:
         return self._lapsed.pop(lapsed, {})
 

@@ -36,6 +36,7 @@ from gateway.store.lua import (
     HOLD_SCRIPT,
     LAPSE_CREDIT_SCRIPT,
     RELEASE_SCRIPT,
+    RESTORE_CREDIT_SCRIPT,
     TAKE_CREDIT_SCRIPT,
     UNDO_CLAIM_SCRIPT,
     check_then_limit_call,
@@ -51,6 +52,7 @@ from gateway.store.lua import (
     lapsed_from_reply,
     lookup_from_reply,
     released_from_reply,
+    restore_credit_call,
     take_credit_call,
     text_from_reply,
     totals_from_replies,
@@ -104,6 +106,7 @@ class RedisStore:
         self._take_credit = self._redis.register_script(TAKE_CREDIT_SCRIPT)
         self._lapse_credit = self._redis.register_script(LAPSE_CREDIT_SCRIPT)
         self._due_lapses = self._redis.register_script(DUE_LAPSES_SCRIPT)
+        self._restore_credit = self._redis.register_script(RESTORE_CREDIT_SCRIPT)
         self._drain_lapsed = self._redis.register_script(DRAIN_LAPSED_SCRIPT)
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
@@ -195,6 +198,12 @@ class RedisStore:
     async def lapse_credit(self, account: CreditAccount) -> int | None:
         reply: Any = await self._call(self._lapse_credit(keys=credit_keys(account), args=[account.wallet]))
         return lapsed_from_reply(reply)
+
+    async def restore_credit(
+        self, account: CreditAccount, balance: int, lapse_at_ms: int, ttl_ms: int
+    ) -> None:
+        script_keys, args = restore_credit_call(account, balance, lapse_at_ms, ttl_ms)
+        await self._call(self._restore_credit(keys=script_keys, args=args))
 
     async def drain_lapsed(self, lapsed: str) -> dict[str, int]:
         reply: Any = await self._call(self._drain_lapsed(keys=[lapsed], args=[]))

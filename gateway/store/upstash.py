@@ -42,6 +42,8 @@ from gateway.store.lua import (
     LAPSE_CREDIT_SHA1,
     RELEASE_SCRIPT,
     RELEASE_SHA1,
+    RESTORE_CREDIT_SCRIPT,
+    RESTORE_CREDIT_SHA1,
     TAKE_CREDIT_SCRIPT,
     TAKE_CREDIT_SHA1,
     UNDO_CLAIM_SCRIPT,
@@ -59,6 +61,7 @@ from gateway.store.lua import (
     lapsed_from_reply,
     lookup_from_reply,
     released_from_reply,
+    restore_credit_call,
     take_credit_call,
     text_from_reply,
     totals_from_replies,
@@ -188,6 +191,12 @@ class UpstashStore:
         script_keys, args = credit_keys(account), [account.wallet]
         reply = await self._call(self._script(LAPSE_CREDIT_SCRIPT, LAPSE_CREDIT_SHA1, script_keys, args))
         return lapsed_from_reply(reply)
+
+    async def restore_credit(
+        self, account: CreditAccount, balance: int, lapse_at_ms: int, ttl_ms: int
+    ) -> None:
+        script_keys, args = restore_credit_call(account, balance, lapse_at_ms, ttl_ms)
+        await self._call(self._script(RESTORE_CREDIT_SCRIPT, RESTORE_CREDIT_SHA1, script_keys, args))
 
     async def drain_lapsed(self, lapsed: str) -> dict[str, int]:
         reply = await self._call(self._script(DRAIN_LAPSED_SCRIPT, DRAIN_LAPSED_SHA1, [lapsed], []))
