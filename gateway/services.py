@@ -7,15 +7,19 @@ lives inside the running event loop and exactly once per upstream.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from gateway.background import cancel_and_wait
 from gateway.config import INTERNAL, Settings
 from gateway.credit_lapse import CreditSweeper
+from gateway.credits import credit_book
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
-from gateway.ledger import Journal, JournalWriter
+from gateway.ledger import Journal, JournalWriter, LedgerUnavailable
 from gateway.ledger.recorder import MoneyRecorder
+from gateway.ledger.restore import StoreRestorer
+from gateway.logs import log_event
 from gateway.metrics import Usage
 from gateway.payments.facilitator_health import FacilitatorHealth
 from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, HttpFacilitator
@@ -27,7 +31,7 @@ from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
 from gateway.readiness import build_readiness, facilitator_probes
 from gateway.request_log import RequestLog
 from gateway.routes import RouteSpec, named_limits, payment_methods
-from gateway.store import Store, open_store
+from gateway.store import Store, StoreUnavailable, open_store
 from gateway.synced_limit import SyncedWindowLimit
 from gateway.upstream_client import UpstreamClient
 from gateway.x402.siwx import SiwxIssuer, random_secret
@@ -68,6 +72,8 @@ class Services:
         self._usage_flusher: asyncio.Task[None] | None = None
         self.recorder = MoneyRecorder()
         """The ledger of record, once :meth:`start` opened it (``LEDGER_DATABASE_URL``)."""
+        self.restorer: StoreRestorer | None = None
+        """Brings a store that lost credit forward from the ledger (credit and a ledger on)."""
         self.credit_sweeper = CreditSweeper(self.store, self.recorder) if settings.credits_enabled else None
         """Lapses credit past its lapse time, logged and counted; one replica at a time sweeps."""
         self.fee_guard = FeeGuard(
@@ -152,11 +158,7 @@ class Services:
     async def start(self) -> None:
         """Open the ledger first (a gateway configured with one does not start without it), then
         the background tasks."""
-        ledger_url = self.settings.ledger_url.reveal()
-        if ledger_url:
-            journal = await Journal.open(ledger_url)
-            self.recorder.journal, self.recorder.writer = journal, JournalWriter(journal)
-            self.recorder.writer.start()
+        await self._open_ledger()
         self._usage_flusher = asyncio.create_task(self.usage.run(), name="usage-flusher")
         self.limiter.start()
         self.request_log.start()
@@ -165,6 +167,25 @@ class Services:
             self.credit_sweeper.start()
         for client in self._upstreams.values():
             client.open()
+
+    async def _open_ledger(self) -> None:
+        """The journal, its writer and (with credit) the check that brings a store that lost
+        credit forward from it, made once before the first request is served."""
+        ledger_url = self.settings.ledger_url.reveal()
+        if not ledger_url:
+            return
+        journal = await Journal.open(ledger_url)
+        self.recorder.journal, self.recorder.writer = journal, JournalWriter(journal)
+        self.recorder.writer.start()
+        if not self.settings.credits_enabled:
+            return
+        book = credit_book(self)
+        self.restorer = StoreRestorer(self.store, journal, lapse_ms=book.lapse_ms, grace_ms=book.grace_ms)
+        try:
+            await self.restorer.check()
+        except (StoreUnavailable, LedgerUnavailable) as failed:
+            log_event(f"ledger check at start-up skipped: {failed}", logging.WARNING)
+        self.restorer.start()
 
     async def stop(self) -> None:
         task, self._usage_flusher = self._usage_flusher, None
@@ -181,6 +202,8 @@ class Services:
         for facilitator in {id(f): f for f in facilitators if f}.values():
             await facilitator.close()
         await self.readiness.close()
+        if self.restorer is not None:
+            await self.restorer.stop()
         if self.recorder.writer is not None:
             await self.recorder.writer.stop()
         if self.recorder.journal is not None:

@@ -1455,3 +1455,37 @@ async def test_rate_limits_above_1000_per_second_keep_their_value() -> None:
 def _fields(state: CreditState) -> tuple[int, int, int]:
     """A state's balance, held amount and time left, without the store clock it was read at."""
     return state.balance, state.held, state.ttl_ms
+
+
+# --- prepaid credit: restored from the ledger ----------------------------------------------------
+
+
+async def test_restore_credit_sets_the_balance_exactly_and_drops_the_holds(store: Store) -> None:
+    await store.claim_then_put([], [], [credit("restored", 500)])
+    assert await store.hold_credit(account("restored"), 200, "in-flight", 60_000) is not None
+    lapse_at_ms = int(time.time() * 1000) + 60_000
+
+    await store.restore_credit(account("restored"), 1_234, lapse_at_ms, 120_000)
+
+    state = await store.credit_state(account("restored"))
+    assert (state.balance, state.held) == (1_234, 0)
+    assert 59_000 < state.ttl_ms <= 60_000  # lapses at the restored time, not the key's TTL
+    assert await store.hold_credit(account("restored"), 1_234, "all", 60_000) is not None
+
+
+async def test_restore_credit_to_nothing_deletes_the_balance_and_its_lapse(store: Store) -> None:
+    await store.claim_then_put([], [], [credit("emptied", 500)])
+
+    await store.restore_credit(account("emptied"), 0, int(time.time() * 1000) + 60_000, 120_000)
+
+    assert _fields(await store.credit_state(account("emptied"))) == (0, 0, 0)
+    assert await store.due_lapses(LAPSES, 10) == []
+
+
+async def test_a_balance_restored_past_its_lapse_spends_as_nothing_and_lapses_once(store: Store) -> None:
+    await store.restore_credit(account("late"), 700, int(time.time() * 1000) - 1, 60_000)
+
+    assert (await store.credit_state(account("late"))).balance == 0
+    assert await store.due_lapses(LAPSES, 10) == ["late"]
+    assert await store.lapse_credit(account("late")) == 700
+    assert await store.lapse_credit(account("late")) is None

@@ -184,12 +184,13 @@ class Journal:
         return {row["wallet"]: int(row["owed"]) for row in rows}
 
     async def owed_since_top_ups(self) -> list[Owed]:
-        """Every wallet owed credit, with its last top-up's time: what a lost store is restored to."""
+        """Every wallet that ever had credit, with what it is owed now (0 included) and its last
+        top-up's time: what a lost store is restored to."""
         rows = await self._fetch(
             "SELECT e.wallet, -sum(p.amount_micro) AS owed, "
             "max(e.occurred_at) FILTER (WHERE e.kind = 'top_up') AS last_top_up "
             "FROM ledger_postings p JOIN ledger_entries e ON e.id = p.entry_id "
-            "WHERE p.account LIKE $1 GROUP BY e.wallet HAVING sum(p.amount_micro) <> 0",
+            "WHERE p.account LIKE $1 GROUP BY e.wallet ORDER BY e.wallet",
             CREDIT_PREFIX + "%",
         )
         return [

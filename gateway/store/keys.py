@@ -34,6 +34,8 @@ credit_holds         credit-holds:{wallet}            holds: token -> amount    
 credit_lapses        credit-lapses                    wallet -> lapse time (ms)   till the sweeper lapses it
 credit_lapsed        credit-lapsed                    wallet -> lapsed credit     till the sweeper counts it
 credit_sweep         credit-sweep                     the sweeping replica        one sweep, 60 s at most
+ledger_mark          ledger-mark                      the ledger's mark on it     forever
+ledger_restore       ledger-restore                   the restoring replica       one restore, 60 s at most
 credit_call          credit-call:{wallet}:{call id}   call, its answer (JSON)     hold's TTL, then sign-in's
 ===================  ===============================  ==========================  ==========================
 
@@ -79,6 +81,8 @@ CREDIT_HOLDS: Final = _GATEWAY + "credit-holds:"
 CREDIT_LAPSES: Final = _GATEWAY + "credit-lapses"
 CREDIT_LAPSED: Final = _GATEWAY + "credit-lapsed"
 CREDIT_SWEEP: Final = _GATEWAY + "credit-sweep"
+LEDGER_MARK: Final = _GATEWAY + "ledger-mark"
+LEDGER_RESTORE: Final = _GATEWAY + "ledger-restore"
 CREDIT_CALL: Final = _GATEWAY + "credit-call:"
 SETTLEMENT: Final = _FACILITATOR + "settle:"
 _REPORTED_TAIL: Final = ":done"
@@ -195,6 +199,17 @@ def credit_call(wallet: str, call_id: str) -> str:
     return f"{CREDIT_CALL}{wallet}:{call_id}"
 
 
+def ledger_mark() -> str:
+    """The ledger's mark on this store: absent, the store is new, flushed or replaced, and what
+    the ledger says is owed must be restored to it (``gateway.ledger.restore``)."""
+    return LEDGER_MARK
+
+
+def ledger_restore() -> str:
+    """The claim of the one replica restoring the store from the ledger (``gateway.ledger.restore``)."""
+    return LEDGER_RESTORE
+
+
 def settlement(message_hash: str) -> str:
     """The internal facilitator's record of one payment (``gateway.payments.local_facilitator``)."""
     return SETTLEMENT + message_hash
@@ -227,6 +242,8 @@ FAMILIES: Final[Mapping[Callable[..., str], str]] = {
     credit_lapses: CREDIT_LAPSES,
     credit_lapsed: CREDIT_LAPSED,
     credit_sweep: CREDIT_SWEEP,
+    ledger_mark: LEDGER_MARK,
+    ledger_restore: LEDGER_RESTORE,
     credit_call: CREDIT_CALL,
     settlement: SETTLEMENT,
     settlement_reported: SETTLEMENT,

@@ -382,7 +382,8 @@ class MemoryStore:
             index.pop(account.wallet, None)
             return
         self._set_value(account.balance, str(balance), ttl_ms)
-        index[account.wallet] = lapse_at_ms * 1_000
+        # This store's clock is monotonic: the lapse time is moved onto it from the wall clock.
+        index[account.wallet] = _now_us() + (lapse_at_ms - int(time.time() * 1000)) * 1_000
 
     async def drain_lapsed(self, lapsed: str) -> dict[str, int]:
         return self._lapsed.pop(lapsed, {})

@@ -38,6 +38,18 @@ class RedisServer:
     url: str
     process: subprocess.Popen[bytes]
     workdir: Path
+    args: tuple[str, ...] = ()
+
+    def crash_and_restart(self, timeout_s: float = 10.0) -> None:
+        """Kill the server (SIGKILL: nothing saved on the way out) and start it again on the same
+        port and directory: it comes back with what it had persisted (its append-only file)."""
+        self.process.kill()
+        self.process.wait()
+        self.process = subprocess.Popen(
+            self.args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
+        if not _wait_until_answers(self, timeout_s):
+            raise RuntimeError("redis did not come back after its restart")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -56,8 +68,11 @@ class RedisServer:
         self.stop()
 
 
-def start_redis_server(binary: str | None = None, timeout_s: float = 10.0, attempts: int = 5) -> RedisServer:
-    """Start a server on a free loopback port, with no persistence, and wait until it answers.
+def start_redis_server(
+    binary: str | None = None, timeout_s: float = 10.0, attempts: int = 5, *, append_only: bool = False
+) -> RedisServer:
+    """Start a server on a free loopback port, with no persistence (or, with ``append_only``, its
+    append-only file synced at every write), and wait until it answers.
 
     A port can be taken between choosing and binding it, so a server that exits at once is
     retried on a fresh port.
@@ -68,7 +83,10 @@ def start_redis_server(binary: str | None = None, timeout_s: float = 10.0, attem
         port = free_port()
         workdir = Path(tempfile.mkdtemp(prefix="test-redis-"))
         logfile = workdir / "server.log"
-        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always"] if append_only else ["--appendonly", "no"]
+        )
+        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence]
         args += ["--dir", str(workdir), "--logfile", str(logfile)]
         process = subprocess.Popen(
             args,
@@ -76,7 +94,9 @@ def start_redis_server(binary: str | None = None, timeout_s: float = 10.0, attem
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
         )
-        server = RedisServer(url=f"redis://127.0.0.1:{port}/0", process=process, workdir=workdir)
+        server = RedisServer(
+            url=f"redis://127.0.0.1:{port}/0", process=process, workdir=workdir, args=tuple(args)
+        )
         if _wait_until_answers(server, timeout_s):
             return server
         last_log = logfile.read_text(errors="replace") if logfile.exists() else ""

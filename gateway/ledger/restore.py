@@ -1,0 +1,152 @@
+"""A store that lost data is brought forward from the ledger before credit moves again.
+
+Redis can forget: a failover to a lagging replica, a restore from a backup, a restart without
+persistence, an operator's FLUSHALL. The ledger cannot (it is the record of money), so each
+replica checks the store against it, at start-up before serving and every ``interval_s`` after:
+
+* **flushed or replaced**: the ledger's mark (a key it writes once) is missing;
+* **rolled back**: a top-up the ledger recorded between ``settle_margin_ms`` and
+  ``recent_ms`` ago has neither its delivery nor its pending settlement in the store (the
+  pending record is written before a top-up is settled and so before it is journaled; the
+  delivery when it is booked), so the store went back to before it.
+
+Either way one replica (a claim in the store) restores every wallet the ledger knows to exactly
+what the ledger says it is owed, lapsing from its last top-up, and marks the top-ups of the last
+``recent_ms`` delivered, so a pending one cannot be booked again on top of its restored credit.
+What the ledger does not know yet (spends still queued in a writer) is lost with the store, in
+the client's favour. A replay of an older top-up stays refused: its transaction landed on chain
+once and cannot be settled again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from gateway.background import cancel_and_wait
+from gateway.credits import credit_account
+from gateway.ledger.journal import Journal, LedgerUnavailable
+from gateway.logs import log_event
+from gateway.payments.ledger import PENDING_TTL_MS, DeliveredRecord
+from gateway.store import Store, StoreUnavailable, keys
+
+CHECK_INTERVAL_S = 5.0
+"""How often each replica checks the store against the ledger."""
+SETTLE_MARGIN_MS = 20_000
+"""A top-up younger than this may still be between its journal entry and its booking."""
+RECENT_MS = 9 * 60_000
+"""How far back a top-up's delivery is looked for (deliveries are kept 10 minutes)."""
+MARK_TTL_MS = 10 * 365 * 24 * 3600 * 1000
+"""The mark lives as long as the store does (ten years: a key needs a lifetime here)."""
+RESTORE_CLAIM_MS = 60_000
+RESTORED_CLAIM = "restored from the ledger"
+RESTORED = msgspec.json.encode(DeliveredRecord(fingerprint="restored from the ledger", claimant="")).decode()
+"""The delivery a restore writes for a recent top-up: it answers no request, so a retry of the
+top-up is refused as already used (its credit is in the restored balance)."""
+
+
+class StoreRestorer:
+    """Checks the store against the ledger and restores it when it lost credit."""
+
+    def __init__(
+        self,
+        store: Store,
+        journal: Journal,
+        *,
+        lapse_ms: int,
+        grace_ms: int,
+        interval_s: float | None = None,
+        settle_margin_ms: int | None = None,
+        recent_ms: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.journal = journal
+        self.lapse_ms = lapse_ms
+        self.grace_ms = grace_ms
+        self.interval_s = CHECK_INTERVAL_S if interval_s is None else interval_s
+        self.settle_margin_ms = SETTLE_MARGIN_MS if settle_margin_ms is None else settle_margin_ms
+        self.recent_ms = RECENT_MS if recent_ms is None else recent_ms
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    async def lost(self) -> str | None:
+        """Why the store lost credit the ledger knows of; None when it did not."""
+        if await self.store.get(keys.ledger_mark()) is None:
+            if not await self.journal.owed_since_top_ups():
+                await self.store.put(keys.ledger_mark(), str(self._now_ms()), MARK_TTL_MS)
+                return None  # a new store and a ledger that owes nothing: nothing to restore
+            return "the ledger's mark is missing (store new, flushed or replaced)"
+        now = self._now_ms()
+        for entry in await self.journal.top_ups(now - self.recent_ms, now - self.settle_margin_ms):
+            if entry.payment_key is None:
+                continue
+            if await self.store.get(keys.delivery(entry.payment_key)) is not None:
+                continue
+            if await self.store.get(keys.pending_settlement(entry.payment_key)) is not None:
+                continue
+            return f"top-up {entry.signature} is in the ledger, not in the store (store rolled back)"
+        return None
+
+    async def check(self) -> bool:
+        """Restore the store if it lost credit; True when this call restored it."""
+        why = await self.lost()
+        if why is None:
+            return False
+        token = secrets.token_hex(8)
+        if not await self.store.claim(keys.ledger_restore(), token, RESTORE_CLAIM_MS):
+            return False  # another replica is restoring it
+        try:
+            log_event("store lost credit: restoring it from the ledger", logging.ERROR, reason=why)
+            wallets = await self.restore()
+            log_event("store restored from the ledger", logging.WARNING, wallets=wallets)
+            return True
+        finally:
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.release(keys.ledger_restore(), token)
+
+    async def restore(self) -> int:
+        """Every wallet the ledger knows set to what it is owed; recent top-ups marked delivered;
+        then the mark. Answers how many wallets were restored."""
+        now = self._now_ms()
+        owed = await self.journal.owed_since_top_ups()
+        for wallet in owed:
+            lapse_at = (wallet.last_top_up_ms or now) + self.lapse_ms
+            await self.store.restore_credit(
+                credit_account(wallet.wallet),
+                wallet.owed_micro,
+                lapse_at,
+                max(1, lapse_at + self.grace_ms - now),
+            )
+        for entry in await self.journal.top_ups(now - PENDING_TTL_MS, now + 1):
+            if entry.payment_key is not None:  # claimed and delivered: any retry is refused as used
+                await self.store.claim(keys.payment_claim(entry.payment_key), RESTORED_CLAIM, PENDING_TTL_MS)
+                await self.store.claim(keys.delivery(entry.payment_key), RESTORED, PENDING_TTL_MS)
+        await self.store.put(keys.ledger_mark(), str(now), MARK_TTL_MS)
+        return len(owed)
+
+    async def run(self) -> None:
+        """Check every ``interval_s`` until cancelled; an outage of either side waits for the next."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.check()
+            except (StoreUnavailable, LedgerUnavailable) as failed:
+                log_event(f"ledger check skipped: {failed}", logging.WARNING)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name="ledger-restorer")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
