@@ -73,8 +73,12 @@ SECRET_VARS = frozenset(
 )
 # URLs that may carry a password or an API key (Settings keeps them as Secret): a Kubernetes
 # Secret too; in compose, any credential in them is interpolated.
-CREDENTIAL_URL_VARS = frozenset({"STATE_STORE_REST_URL", "SOLANA_MAINNET_RPC_URL", "SOLANA_DEVNET_RPC_URL"})
+CREDENTIAL_URL_VARS = frozenset(
+    {"STATE_STORE_REST_URL", "LEDGER_DATABASE_URL", "SOLANA_MAINNET_RPC_URL", "SOLANA_DEVNET_RPC_URL"}
+)
 SECRET_STORE_VARS = SECRET_VARS | CREDENTIAL_URL_VARS
+# The passwords of compose's own Redis and PostgreSQL (deploy/.env).
+COMPOSE_PASSWORDS = frozenset({"REDIS_PASSWORD", "POSTGRES_PASSWORD"})
 
 # The named rate limits routes.yaml refers to, at their defaults.
 LIMITS = named_limits(Settings(base_url="https://gateway.example.com"))
@@ -137,6 +141,10 @@ def _env_example() -> dict[str, str]:
     return pairs
 
 
+COMPOSE_FILLED = {"REDIS_PASSWORD": "p" * 32, "POSTGRES_PASSWORD": "q" * 32, "SIWX_SECRET": "s" * 32}
+"""What an operator must fill in of .env.example before compose starts."""
+
+
 def _check_settings(env: Mapping[str, str]) -> Settings:
     try:
         return load_settings(env)
@@ -145,22 +153,65 @@ def _check_settings(env: Mapping[str, str]) -> Settings:
 
 
 # --- compose interpolation (${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?message}, $$) ------
+# A default may itself interpolate (${LEDGER_DATABASE_URL:-postgresql://...${POSTGRES_PASSWORD:?...}...}).
 
 _INTERPOLATION = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
+"""One flat ``${...}`` expression (no nested default)."""
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OPERATORS = (":-", ":?", "-", "?")
 
 
-def _interpolate(value: str, env: Mapping[str, str]) -> str:
-    def substitute(match: re.Match[str]) -> str:
-        name, op, arg = match["name"], match["op"], match["arg"]
-        current = env.get(name)
-        unset = current is None or (op is not None and op.startswith(":") and current == "")
-        if op in (":-", "-"):
-            return arg if unset else str(current)
-        if op in (":?", "?") and unset:
-            raise KeyError(f"{name} is required: {arg}")
-        return current or ""
+def _interpolate(value: str, env: Mapping[str, str], *, lenient: bool = False) -> str:
+    """``value`` as compose interpolates it from ``env``; ``lenient``: an unset required
+    variable reads as empty instead of stopping (to see what a value holds literally)."""
+    out, i = [], 0
+    while i < len(value):
+        if value.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif value.startswith("${", i):
+            end = _closing_brace(value, i + 2)
+            out.append(_substitute(value[i + 2 : end], env, lenient))
+            i = end + 1
+        else:
+            out.append(value[i])
+            i += 1
+    return "".join(out)
 
-    return _INTERPOLATION.sub(substitute, value.replace("$$", "\0")).replace("\0", "$")
+
+def _closing_brace(value: str, start: int) -> int:
+    depth = 0
+    for j in range(start, len(value)):
+        if value.startswith("${", j):
+            depth += 1
+        elif value[j] == "}":
+            if depth == 0:
+                return j
+            depth -= 1
+    raise ValueError(f"unclosed ${{ in {value!r}")
+
+
+def _substitute(expression: str, env: Mapping[str, str], lenient: bool) -> str:
+    name = _VARIABLE.match(expression)
+    assert name, f"not a variable: ${{{expression}}}"
+    rest = expression[name.end() :]
+    op = next((o for o in _OPERATORS if rest.startswith(o)), None)
+    assert op or not rest, f"unknown interpolation: ${{{expression}}}"
+    arg = rest[len(op or "") :]
+    current = env.get(name[0])
+    unset = current is None or (op is not None and op.startswith(":") and current == "")
+    if op in (":-", "-"):
+        return _interpolate(arg, env, lenient=lenient) if unset else str(current)
+    if op in (":?", "?") and unset:
+        if lenient:
+            return ""
+        raise KeyError(f"{name[0]} is required: {arg}")
+    return current or ""
+
+
+def _interpolated_names(text: str) -> set[str]:
+    """Every variable ``text`` interpolates, nested defaults included."""
+    return set(re.findall(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)", text))
 
 
 def _interpolated_defaults(value: str) -> str:
@@ -182,8 +233,8 @@ def test_every_json_file_in_deploy_parses(path: Path) -> None:
 
 def test_env_example_is_key_value_lines_with_no_secret_filled_in() -> None:
     example = _env_example()
-    assert {"REDIS_PASSWORD", "SIWX_SECRET"} <= set(example)
-    filled = {key for key in example.keys() & (SECRET_STORE_VARS | {"REDIS_PASSWORD"}) if example[key]}
+    assert {"REDIS_PASSWORD", "POSTGRES_PASSWORD", "SIWX_SECRET", "LEDGER_DATABASE_URL"} <= set(example)
+    filled = {key for key in example.keys() & (SECRET_STORE_VARS | COMPOSE_PASSWORDS) if example[key]}
     assert not filled, f".env.example must leave secrets empty: {sorted(filled)}"
 
 
@@ -519,7 +570,7 @@ def test_compose_gateways_set_only_gateway_variables_and_interpolate_every_secre
                 assert whole and whole["name"] == var, f"{var} must be exactly ${{{var}...}}"
                 assert whole["op"] in (None, ":?", "?") or not whole["arg"], f"{var} has a default"
             elif var in CREDENTIAL_URL_VARS:
-                literal = urlsplit(_INTERPOLATION.sub("", value))
+                literal = urlsplit(_interpolate(value, {}, lenient=True))
                 assert not literal.password and not literal.query, f"{var} holds a literal credential"
         # Required secrets stop compose when unset.
         assert re.fullmatch(r"\$\{SIWX_SECRET:\?[^}]+\}", environment["SIWX_SECRET"])
@@ -545,19 +596,19 @@ def test_compose_lets_deploy_env_set_every_setting_of_the_gateway() -> None:
             continue
         assert var in environment, f"compose.yaml does not pass {var} to the gateway"
         # Set from deploy/.env: the value interpolates variables .env.example lists.
-        names = {m["name"] for m in _INTERPOLATION.finditer(str(environment[var]))}
+        names = _interpolated_names(str(environment[var]))
         assert names, f"compose.yaml fixes {var}: deploy/.env cannot change it"
         assert names <= set(example), f"{var}: .env.example lacks {sorted(names - set(example))}"
     # A filled-in deploy/.env reaches the gateway unchanged.
     chosen = {"CREDITS_ENABLED": "true", "CREDIT_LAPSE_DAYS": "30", "RATE_LIMIT_WALLET_RPS": "3"}
-    env = {**example, "REDIS_PASSWORD": "p" * 32, "SIWX_SECRET": "s" * 32, **chosen}
+    env = {**example, **COMPOSE_FILLED, **chosen}
     passed = {k: _interpolate(str(v), env) for k, v in environment.items()}
     assert chosen.items() <= passed.items()
 
 
 def test_env_example_lists_only_what_compose_reads() -> None:
     text = (DEPLOY / "compose.yaml").read_text(encoding="utf-8")
-    read = {m["name"] for m in _INTERPOLATION.finditer(text)}
+    read = _interpolated_names(text)
     assert set(_env_example()) <= read, f"unused: {sorted(set(_env_example()) - read)}"
 
 
@@ -594,7 +645,7 @@ def test_promtool_accepts_the_shipped_prometheus_files(check: str, file: str) ->
 
 def test_compose_gateway_environment_with_the_example_values_loads() -> None:
     compose = _compose()
-    env = {**_env_example(), "REDIS_PASSWORD": "p" * 32, "SIWX_SECRET": "s" * 32}
+    env = {**_env_example(), **COMPOSE_FILLED}
     environment = {
         k: _interpolate(str(v), env) for k, v in compose["services"]["gateway"]["environment"].items()
     }
@@ -1021,7 +1072,7 @@ def test_dockerfile_bakes_in_no_secret() -> None:
     for op, arg in instructions:
         if op in ("ENV", "ARG"):
             env_names |= {item.split("=", 1)[0] for item in shlex.split(arg)}
-    assert not env_names & (SECRET_STORE_VARS | {"REDIS_PASSWORD"})
+    assert not env_names & (SECRET_STORE_VARS | COMPOSE_PASSWORDS)
     assert "PYTHONUNBUFFERED=1" in " ".join(arg for op, arg in instructions if op == "ENV")
     copied = " ".join(arg for op, arg in instructions if op in ("COPY", "ADD"))
     assert ".env" not in copied
