@@ -388,6 +388,8 @@ def test_deployment_sets_only_gateway_variables_and_every_secret_from_the_secret
     # Replicas cannot run without a shared store and one sign-in secret.
     assert from_secret["STATE_STORE_REST_URL"].get("optional") is False
     assert from_secret["SIWX_SECRET"].get("optional") is False
+    # The shipped deployment runs with a ledger (an empty value in the Secret runs without one).
+    assert from_secret["LEDGER_DATABASE_URL"].get("optional") is False
 
 
 def test_configmap_holds_only_non_secret_gateway_variables_that_load() -> None:
@@ -499,6 +501,114 @@ def test_kubernetes_redis_is_reached_by_its_service_and_only_by_the_gateway() ->
     assert policy["spec"]["policyTypes"] == ["Ingress"]
 
 
+# --- the ledger of record: PostgreSQL beside Redis -------------------------------------------
+
+
+def _postgres_env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container["env"]}
+
+
+def test_kubernetes_postgres_keeps_the_ledger_on_a_persistent_volume() -> None:
+    postgres = _k8s("StatefulSet", "x402-gateway-postgres")
+    pod = postgres["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert re.fullmatch(r"postgres:\d+-alpine", container["image"])  # official, one major
+    assert postgres["spec"]["replicas"] == 1  # one server: a second volume is a second ledger
+    env = _postgres_env(container)
+    # The data directory sits inside a volume claimed from a template: it outlives the pod.
+    pgdata = env["PGDATA"]["value"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    claims = {t["metadata"]["name"]: t for t in postgres["spec"]["volumeClaimTemplates"]}
+    [(data_mount, claim)] = [(path, name) for path, name in mounts.items() if name in claims]
+    assert pgdata.startswith(data_mount.rstrip("/") + "/"), "initdb refuses the volume's root (lost+found)"
+    assert claims[claim]["spec"]["resources"]["requests"]["storage"]
+    assert not {v["name"] for v in pod["spec"].get("volumes", [])} & set(claims)
+    # The read-only root leaves it only volumes to write: every other mount is an emptyDir.
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert {"/var/run/postgresql", "/tmp"} <= set(mounts)
+    assert all("emptyDir" in volumes[name] for path, name in mounts.items() if name != claim)
+    # The password comes from its own Secret, whose template holds no value.
+    assert "value" not in env["POSTGRES_PASSWORD"]
+    ref = env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert ref["optional"] is False
+    assert _k8s("Secret", ref["name"])["stringData"] == {ref["key"]: ""}
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # Ready only once it accepts connections over TCP (the first-start init listens on its socket).
+    for probe in ("readinessProbe", "livenessProbe"):
+        command = " ".join(container[probe]["exec"]["command"])
+        assert "pg_isready" in command and "-h 127.0.0.1" in command, probe
+
+
+def test_kubernetes_postgres_is_reached_by_its_service_and_only_by_the_gateway() -> None:
+    postgres = _k8s("StatefulSet", "x402-gateway-postgres")
+    labels = postgres["spec"]["template"]["metadata"]["labels"]
+    assert postgres["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    service = _k8s("Service", postgres["spec"]["serviceName"])
+    assert service["spec"]["selector"].items() <= labels.items()
+    (container,) = postgres["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= set(ports)
+    gateway_labels = _k8s("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert not service["spec"]["selector"].items() <= gateway_labels.items()
+    assert not _k8s("Service", "x402-gateway")["spec"]["selector"].items() <= labels.items()
+    policy = _k8s("NetworkPolicy", "x402-gateway-postgres")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    (rule,) = policy["spec"]["ingress"]
+    (peer,) = rule["from"]
+    assert peer["podSelector"]["matchLabels"].items() <= gateway_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    # The URL the comments tell the operator to put in the gateway's Secret names this Service,
+    # its port, user and database (the password a placeholder).
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    (port,) = service["spec"]["ports"]
+    host = f"{service['metadata']['name']}:{port['port']}"
+    url = f"postgresql://{env['POSTGRES_USER']}:<>@{host}/{env['POSTGRES_DB']}"
+    for path in (K8S / "secret.example.yaml", K8S / "postgres.yaml"):
+        assert url in re.sub(r"<[^>]*>", "<>", path.read_text(encoding="utf-8")), path
+
+
+def test_the_gateway_waits_for_the_ledger_named_by_its_secret() -> None:
+    """A gateway with a ledger does not start without it: its pod waits for PostgreSQL to accept
+    connections, on the URL of the same Secret key the gateway reads, and skips the wait when
+    that key is empty (no ledger)."""
+    pod = _k8s("Deployment")["spec"]["template"]["spec"]
+    gateway_ref = next(e for e in _container()["env"] if e["name"] == "LEDGER_DATABASE_URL")["valueFrom"]
+    (init,) = pod["initContainers"]
+    (postgres,) = _k8s("StatefulSet", "x402-gateway-postgres")["spec"]["template"]["spec"]["containers"]
+    assert init["image"] == postgres["image"]  # its pg_isready, one image to pull
+    (entry,) = init["env"]
+    assert entry == {"name": "LEDGER_DATABASE_URL", "valueFrom": gateway_ref}
+    script = init["command"][-1]
+    assert init["command"][:2] == ["sh", "-c"]
+    assert 'pg_isready -q -t 3 -d "$LEDGER_DATABASE_URL"' in script  # -q: the URL is never printed
+    assert script.startswith('if [ -n "$LEDGER_DATABASE_URL" ]; then until ')
+    assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    assert init["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(init["resources"][kind])
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no POSIX shell")
+def test_the_gateways_wait_for_the_ledger_runs_in_a_shell_until_postgres_answers(tmp_path: Path) -> None:
+    """The init container's script, run by sh with a stand-in pg_isready that fails twice: it
+    keeps asking, and returns once the server answers; with no ledger it asks nothing."""
+    (init,) = _k8s("Deployment")["spec"]["template"]["spec"]["initContainers"]
+    calls = tmp_path / "calls"
+    fake = tmp_path / "pg_isready"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n[ "$(wc -l < {calls})" -ge 3 ]\n', encoding="utf-8")
+    fake.chmod(0o755)
+    script = init["command"][-1].replace("sleep 2", "sleep 0")
+    env = {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    url = "postgresql://ledger:pw@x402-gateway-postgres:5432/ledger"
+    for ledger, asked in ((url, [f"-q -t 3 -d {url}"] * 3), ("", [])):
+        calls.write_text("", encoding="utf-8")
+        run = {**env, "LEDGER_DATABASE_URL": ledger}
+        done = subprocess.run(["sh", "-c", script], env=run, timeout=30, check=False)
+        assert done.returncode == 0
+        assert calls.read_text(encoding="utf-8").splitlines() == asked
+
+
 # --- compose --------------------------------------------------------------------------------
 
 
@@ -537,6 +647,46 @@ def test_compose_runs_redis_two_gateway_replicas_and_a_proxy_with_healthchecks()
     assert services["proxy"]["depends_on"]["gateway"]["condition"] == "service_started"
     build = services["gateway"]["build"]
     assert (DEPLOY / build["context"] / build["dockerfile"]).is_file()
+
+
+def test_compose_postgres_keeps_the_ledger_on_a_named_volume_behind_a_healthcheck() -> None:
+    compose = _compose()
+    postgres = compose["services"]["postgres"]
+    assert re.fullmatch(r"postgres:\d+-alpine", postgres["image"])
+    environment = postgres["environment"]
+    assert re.fullmatch(r"\$\{POSTGRES_PASSWORD:\?[^}]+\}", environment["POSTGRES_PASSWORD"])
+    # The image's data directory (PGDATA) is a named volume, not the container's layer.
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in postgres["volumes"]}
+    assert mounts["/var/lib/postgresql/data"] in compose["volumes"]
+    # Healthy once it accepts connections on TCP, as the user and database the gateway uses.
+    test = " ".join(postgres["healthcheck"]["test"])
+    assert "pg_isready" in test and "-h 127.0.0.1" in test
+    assert '-U "$$POSTGRES_USER"' in test and '-d "$$POSTGRES_DB"' in test
+    # It shares no network with the proxy and the outside.
+    assert not set(postgres["networks"]) & set(compose["services"]["proxy"]["networks"])
+    assert all(compose["networks"][n].get("internal") for n in postgres["networks"])
+
+
+def test_compose_gateways_write_the_ledger_to_compose_postgres_unless_deploy_env_names_another() -> None:
+    compose = _compose()
+    postgres = compose["services"]["postgres"]["environment"]
+    for name, service in _gateway_services(compose).items():
+        assert service["depends_on"]["postgres"]["condition"] == "service_healthy", name
+        assert set(compose["services"]["postgres"]["networks"]) & set(service["networks"]), name
+        value = service["environment"]["LEDGER_DATABASE_URL"]
+        # The default: compose's PostgreSQL, with the password deploy/.env sets.
+        url = urlsplit(_interpolate(value, COMPOSE_FILLED))
+        assert (url.scheme, url.hostname, url.port) == ("postgresql", "postgres", 5432)
+        assert url.username == postgres["POSTGRES_USER"]
+        assert url.password == COMPOSE_FILLED["POSTGRES_PASSWORD"]
+        assert url.path == f"/{postgres['POSTGRES_DB']}"
+        # Left empty in deploy/.env, the default holds; filled in, it wins.
+        assert _interpolate(value, {**COMPOSE_FILLED, "LEDGER_DATABASE_URL": ""}) == url.geturl()
+        managed = "postgresql://ledger:secret@db.example.com:5432/ledger?sslmode=require"
+        assert _interpolate(value, {**COMPOSE_FILLED, "LEDGER_DATABASE_URL": managed}) == managed
+        # Without a password compose stops and names it.
+        with pytest.raises(KeyError, match="POSTGRES_PASSWORD"):
+            _interpolate(value, {})
 
 
 def test_compose_mounts_files_that_exist() -> None:
@@ -652,6 +802,7 @@ def test_compose_gateway_environment_with_the_example_values_loads() -> None:
     settings = _check_settings({**environment, "ROUTES_FILE": str(ROUTES_YAML)})
     assert settings.store_url.reveal().startswith("redis://")
     assert urlsplit(settings.store_url.reveal()).hostname == "redis"
+    assert urlsplit(settings.ledger_url.reveal()).hostname == "postgres"
     with pytest.raises(KeyError, match="REDIS_PASSWORD"):
         _interpolate(compose["services"]["gateway"]["environment"]["STATE_STORE_REST_URL"], {})
 
