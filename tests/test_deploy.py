@@ -42,6 +42,7 @@ from gateway.config import (
     load_settings,
     upstream_variables,
 )
+from gateway.ledger import metrics as ledger_metrics
 from gateway.routes import named_limits, parse_routes
 from tests.support.gateway_process import serve
 from tests.support.gateway_server import SERVICE_ONLY_ENV
@@ -1369,6 +1370,61 @@ def test_dashboard_shows_credit_sold_spent_per_route_and_lapsed_beside_revenue()
     beside = [e for e in panels if all(s in " ".join(e) for s in (*credit, "x402_revenue_micro_usdc_total"))]
     assert beside and all(expr.endswith("/ 1e6") for expr in beside[0])
     assert any(p["type"] == "row" and "credit" in p["title"].lower() for p in _grafana()["panels"])
+
+
+def _ledger_series() -> dict[str, str]:
+    """The series of every metric in gateway/ledger/metrics.py (histograms by their buckets), and
+    each one's type."""
+    suffix = {"counter": "_total", "histogram": "_bucket", "gauge": ""}
+    return {
+        family.name + suffix[family.type]: family.type
+        for collector in vars(ledger_metrics).values()
+        if isinstance(collector, (ledger_metrics.Counter, ledger_metrics.Gauge, ledger_metrics.Histogram))
+        for family in collector.describe()
+    }
+
+
+def _alert(name: str) -> dict[str, Any]:
+    rules = yaml.safe_load((DEPLOY / "prometheus-alerts.yml").read_text(encoding="utf-8"))
+    [rule] = [r for g in rules["groups"] for r in g["rules"] if r["alert"] == name]
+    return rule  # type: ignore[no-any-return]
+
+
+def test_dashboard_shows_every_ledger_metric_and_alerts_on_write_errors_and_lag() -> None:
+    panels = {p["title"]: p for p in _grafana()["panels"]}
+    joined = "\n".join(_panel_exprs())
+    series = _ledger_series()
+    assert set(series) == {
+        "x402_ledger_write_seconds_bucket",
+        "x402_ledger_write_errors_total",
+        "x402_ledger_backlog_entries",
+        "x402_ledger_lag_seconds",
+        "x402_ledger_entries_dropped_total",
+    }
+    # The dashboard queries every ledger series gateway/ledger/metrics.py exports, and no other.
+    assert set(re.findall(r"\bx402_ledger_[a-z0-9_]+", joined)) == set(series)
+    assert any(p["type"] == "row" and "ledger" in p["title"].lower() for p in panels.values())
+    for quantile in ("0.5", "0.99"):
+        assert f"histogram_quantile({quantile}, sum by (le) (rate(x402_ledger_write_seconds_bucket" in joined
+    # Counters only inside a rate or an increase over a range, never raw.
+    for name, kind in series.items():
+        if kind == "counter":
+            assert set(re.findall(rf"(\w+)\({name}\[", joined)) <= {"rate", "increase"}, name
+            assert joined.count(name) == len(re.findall(rf"\({name}\[", joined)), name
+    # Write errors alert at the first one; the lag alert fires past 60 s, where its panel turns red.
+    errors = _alert("X402LedgerWriteErrors")
+    assert re.fullmatch(
+        r"sum\(increase\(x402_ledger_write_errors_total\[\d+m\]\)\) > 0", errors["expr"].strip()
+    )
+    assert errors["labels"]["severity"] == "critical"
+    lag = _alert("X402LedgerLagging")
+    threshold = re.fullmatch(r"max by \(instance\) \(x402_ledger_lag_seconds\) > (\d+)", lag["expr"].strip())
+    assert threshold and int(threshold[1]) == 60
+    assert "$labels.instance" in lag["annotations"]["summary"]
+    steps = panels["Ledger lag"]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert steps[-1]["color"] == "red" and steps[-1]["value"] == int(threshold[1])
+    assert [t["expr"] for t in panels["Ledger lag"]["targets"]] == ["max(x402_ledger_lag_seconds)"]
+    assert "x402_ledger_entries_dropped_total" in _alert("X402LedgerEntriesDropped")["expr"]
 
 
 def test_prometheus_scrapes_each_gateway_replica_at_the_metrics_path() -> None:
