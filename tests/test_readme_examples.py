@@ -366,6 +366,7 @@ def test_the_quick_start_and_credit_shell_blocks_run_as_pasted_against_the_sandb
 RUN_HERE = ("export X402_KEYPAIR=", "x402-gateway pay ", "x402-gateway credits ")
 E2E_TESTS, DEPLOY_TESTS = "tests/test_sandbox_e2e.py", "tests/test_deploy.py"
 DOCKER_TESTS = "tests/test_sandbox_docker_recipe.py"
+BACKUP_TESTS = "tests/test_ledger_backup.py"
 CHECKED_BY: dict[str, tuple[str, str]] = {
     "pip install -e . && x402-gateway sandbox": (
         E2E_TESTS,
@@ -414,6 +415,22 @@ CHECKED_BY: dict[str, tuple[str, str]] = {
     "kubectl create secret generic x402-gateway-redis": (
         DEPLOY_TESTS,
         "test_secret_template_lists_the_referenced_keys_without_values",
+    ),
+    "kubectl create secret generic x402-gateway-postgres": (
+        DEPLOY_TESTS,
+        "test_kubernetes_postgres_keeps_the_ledger_on_a_persistent_volume",
+    ),
+    "docker compose -f deploy/compose.yaml exec -T postgres pg_": (
+        BACKUP_TESTS,
+        "test_the_readmes_dump_and_restore_bring_the_ledger_back_and_an_empty_store_with_it",
+    ),
+    "kubectl exec x402-gateway-postgres-0 -- pg_dump": (
+        BACKUP_TESTS,
+        "test_the_readmes_dump_and_restore_bring_the_ledger_back_and_an_empty_store_with_it",
+    ),
+    "kubectl exec -i x402-gateway-postgres-0 -- pg_restore": (
+        BACKUP_TESTS,
+        "test_the_readmes_dump_and_restore_bring_the_ledger_back_and_an_empty_store_with_it",
     ),
     "kubectl create secret generic x402-gateway ": (
         DEPLOY_TESTS,
