@@ -17,10 +17,12 @@ LEDGER_WRITE_ERRORS = Counter(
 LEDGER_BACKLOG = Gauge(
     "x402_ledger_backlog_entries",
     "Entries recorded in the store and waiting in this process to be written to the ledger.",
+    multiprocess_mode="livesum",  # a dead worker's backlog is not left standing
 )
 LEDGER_LAG_SECONDS = Gauge(
     "x402_ledger_lag_seconds",
     "Age of the oldest entry waiting in this process to be written to the ledger, in seconds.",
+    multiprocess_mode="livemax",  # a dead worker's lag is not left firing the alert
 )
 LEDGER_DROPPED = Counter(
     "x402_ledger_entries_dropped_total",
