@@ -50,6 +50,7 @@ GATEWAY_VARIABLES: tuple[str, ...] = (
     "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
     "CLIENT_BODY_TIMEOUT_SECONDS", "X402_MAX_COMPUTE_UNIT_LIMIT", "X402_MAX_COMPUTE_UNIT_PRICE",
     "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "CREDITS_ENABLED", "CREDIT_LAPSE_DAYS",
+    "CLIENT_IPV6_PREFIX_LENGTH",
 )  # fmt: skip
 UPSTREAM_VARIABLE = re.compile(r"[A-Z][A-Z0-9_]{0,99}")
 """What an upstream's URL variable may be called (the route loader refuses any other name)."""
@@ -124,6 +125,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     client_header_timeout_s: float = 10.0
     client_body_timeout_s: float = 10.0
     trusted_proxies: tuple[IpNetwork, ...] = ()
+    client_ipv6_prefix_length: int = 64
+    """An IPv6 client is its address's network of this length to every per-IP limit and guard
+    (``CLIENT_IPV6_PREFIX_LENGTH``): one site holds a whole /64 or more, not one address."""
     log_level: str = "INFO"
     log_challenges: str = "summary"
     """``LOG_CHALLENGES``: how plain 402 challenges are logged (``summary``, ``all``, ``off``)."""
@@ -466,6 +470,7 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         client_header_timeout_s=r.number("CLIENT_HEADER_TIMEOUT_SECONDS", 10.0, 0.5, 600.0),
         client_body_timeout_s=r.number("CLIENT_BODY_TIMEOUT_SECONDS", 10.0, 0.5, 600.0),
         trusted_proxies=_trusted_proxies(r),
+        client_ipv6_prefix_length=r.integer("CLIENT_IPV6_PREFIX_LENGTH", 64, 32, 128),
         log_level=_log_level(r),
         payment_timeout_s=r.integer("X402_MAX_TIMEOUT_SECONDS", 60, 5, 3600),
         route_groups=_route_groups(r),

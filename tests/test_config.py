@@ -211,6 +211,11 @@ def test_trusted_proxies_are_parsed_as_networks() -> None:
     )
 
 
+def test_an_ipv6_client_is_keyed_by_its_slash_64_unless_configured() -> None:
+    assert load_settings(BASE).client_ipv6_prefix_length == 64
+    assert load_settings({**BASE, "CLIENT_IPV6_PREFIX_LENGTH": "56"}).client_ipv6_prefix_length == 56
+
+
 def test_routes_file_is_read(tmp_path: Path) -> None:
     table = tmp_path / "routes.yaml"
     table.write_text("routes: []\n")
@@ -261,6 +266,8 @@ def test_malformed_integer_is_a_config_error(value: str) -> None:
         ("MAX_BODY_BYTES", "10"),
         ("FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "-1"),
         ("FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "1000001"),
+        ("CLIENT_IPV6_PREFIX_LENGTH", "31"),
+        ("CLIENT_IPV6_PREFIX_LENGTH", "129"),
     ],
 )
 def test_integer_out_of_range_is_a_config_error(variable: str, value: str) -> None:
