@@ -94,4 +94,3 @@ class FacilitatorHealth:
         while True:
             await self.sync()
             await asyncio.sleep(self.sync_s)
-
