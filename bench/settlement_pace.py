@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
+from solders.hash import Hash
 from solders.keypair import Keypair
 from solders.message import MessageV0
 from solders.pubkey import Pubkey
@@ -405,7 +406,7 @@ async def drain_race(wallet: Wallet, job: dict[str, Any]) -> dict[str, Any]:
     return {"answers": [asdict(a) for a in answers], "lost_lamports": lost}
 
 
-def _drain(owner: Keypair, account: Pubkey, thief: Pubkey, amount: int, blockhash: Any) -> str:
+def _drain(owner: Keypair, account: Pubkey, thief: Pubkey, amount: int, blockhash: str) -> str:
     """The owner's own transaction moving ``amount`` out of ``account`` (base64, paying its fee)."""
     instruction = transfer_checked_instruction(
         source=account,
@@ -415,7 +416,7 @@ def _drain(owner: Keypair, account: Pubkey, thief: Pubkey, amount: int, blockhas
         amount=amount,
         decimals=6,
     )
-    message = MessageV0.try_compile(owner.pubkey(), [instruction], [], blockhash)
+    message = MessageV0.try_compile(owner.pubkey(), [instruction], [], Hash.from_string(blockhash))
     return base64.b64encode(bytes(VersionedTransaction(message, [owner]))).decode()
 
 
