@@ -9,6 +9,8 @@
   payer what one IPv4 address does: one failed settlement (it was 20, 220,000 lamports).
 * A neighbour inside a subnet the proxy lives in cannot pick its own bucket by writing an
   ``X-Forwarded-For`` hop, once only the proxy's own address is trusted (as ``deploy/`` does).
+* A wallet that paid for a record costs the fee payer at most its own allowance (``1 + 2 x``
+  its settled payments), then cools down everywhere.
 * 10 paid calls at once from a wallet that settled 5 are broadcast in one round: its record
   allows 11 in flight, and every one of them lands before the first is confirmed.
 """
@@ -146,6 +148,44 @@ async def test_an_honest_wallet_with_a_record_is_served_on_the_ip_of_a_draining_
     assert paid.chain.lamports(fee_payer) == lamports_before
     assert_answered(await _pay(paid, _sign(paid, requirements, resource, stranger), "198.51.100.24"))
     assert paid.chain.balance(stranger_ata) == 9 * price
+
+
+@pytest.mark.slow
+async def test_a_wallet_with_a_record_costs_at_most_its_own_allowance_then_cools_down(
+    start_paid_gateway: StartPaidGateway,
+) -> None:
+    """What an attacker that paid for a record can cost: one settled payment allows it 3
+    settlements in flight (``1 + 2 x 1``), all of which its drain makes fail; then it cools down
+    everywhere, and its record is gone."""
+    paid = await _internal(start_paid_gateway)
+    paid.rpc.land_delay_s = LAND_DELAY_S
+    requirements, resource = await paid.requirements()
+    price = int(requirements.amount)
+    owner, ata = funded_wallet(paid.chain, 10 * price)
+    paid.chain.svm.airdrop(owner.pubkey(), 100_000_000)  # pays its own drain's fee
+    assert_answered(await _pay(paid, _sign(paid, requirements, resource, owner), "198.51.100.31"))
+    fee_payer = paid.chain.fee_payer.pubkey()
+    before = paid.chain.lamports(fee_payer)
+    accounts = [
+        set_token_account(paid.chain.svm, owner.pubkey(), paid.chain.mint, price, address=Keypair().pubkey())
+        for _ in range(6)
+    ]
+    payments = [_sign(paid, requirements, resource, owner, account) for account in accounts]
+    rpc = SolanaRpc(paid.rpc.url)
+    try:
+        drain = drain_transaction(paid.chain, owner, accounts, price)
+        await rpc.send_transaction(drain, skip_preflight=True)
+        replies = await asyncio.gather(*(_pay(paid, payment, "198.51.100.31") for payment in payments))
+    finally:
+        await rpc.close()
+
+    assert [r.status for r in replies] == [402] * 6
+    assert before - paid.chain.lamports(fee_payer) == 3 * ONE_SETTLEMENT_FEE  # its allowance, no more
+    # Cooling down itself: refused from any IP, nothing moved, however much it still holds.
+    refused = await _pay(paid, _sign(paid, requirements, resource, owner), "198.51.100.32")
+    assert_challenge(refused, "invalid_transaction_state", price)
+    assert paid.chain.balance(ata) == 9 * price
+    assert before - paid.chain.lamports(fee_payer) == 3 * ONE_SETTLEMENT_FEE
 
 
 async def _lost_to_drain_race(paid: PaidGateway, ips: Sequence[str]) -> int:
