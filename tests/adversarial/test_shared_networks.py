@@ -18,11 +18,15 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import re
 import secrets
 from collections.abc import Sequence
+from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
@@ -232,6 +236,15 @@ async def test_keyed_per_address_the_same_64_is_twenty_clients(start_paid_gatewa
     assert lost % ONE_SETTLEMENT_FEE == 0
 
 
+def _deploy_trust_prefix() -> int:
+    """The prefix length of what deploy/compose.yaml's gateways trust by default."""
+    compose = yaml.safe_load((Path(__file__).parents[2] / "deploy" / "compose.yaml").read_text("utf-8"))
+    trusted = compose["services"]["gateway"]["environment"]["TRUSTED_PROXIES"]
+    default = re.fullmatch(r"\$\{\w+:-([^}]+)\}", trusted)
+    assert default, trusted
+    return ipaddress.ip_network(default[1], strict=False).prefixlen
+
+
 async def _challenges(paid: PaidGateway, via_ip: str, hops: Sequence[str]) -> list[int]:
     """Unpaid 402s on the paid route, each sent from ``via_ip`` with an ``X-Forwarded-For``."""
     connector = aiohttp.TCPConnector(local_addr=(via_ip, 0))
@@ -247,12 +260,17 @@ async def _challenges(paid: PaidGateway, via_ip: str, hops: Sequence[str]) -> li
 async def test_a_neighbour_of_the_proxy_cannot_pick_its_own_bucket(
     start_paid_gateway: StartPaidGateway,
 ) -> None:
-    """The proxy at 127.0.0.2 is trusted alone (deploy/ trusts the proxy's own address, not its
-    subnet). A neighbour at 127.0.0.3 writes a random first hop, straight to the gateway or
-    through the proxy (which appends the neighbour's address): either way it is counted as
-    127.0.0.3, and its unpaid challenges stop at the limit."""
+    """The proxy at 127.0.0.2 is trusted as deploy/compose.yaml trusts its nginx by default (the
+    same prefix length: the proxy's own address, not its subnet). A neighbour at 127.0.0.3 writes
+    a random first hop, straight to the gateway or through the proxy (which appends the
+    neighbour's address): either way it is counted as 127.0.0.3, and its unpaid challenges stop
+    at the limit."""
     paid = await start_paid_gateway(
-        internal=True, env={"TRUSTED_PROXIES": "127.0.0.2", "RATE_LIMIT_CHALLENGE_PER_MINUTE": "4"}
+        internal=True,
+        env={
+            "TRUSTED_PROXIES": f"127.0.0.2/{_deploy_trust_prefix()}",
+            "RATE_LIMIT_CHALLENGE_PER_MINUTE": "4",
+        },
     )
     random_hops = [f"{secrets.randbelow(223) + 1}.{secrets.randbelow(256)}.7.9" for _ in range(6)]
 
