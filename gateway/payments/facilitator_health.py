@@ -94,3 +94,4 @@ class FacilitatorHealth:
         while True:
             await self.sync()
             await asyncio.sleep(self.sync_s)
+

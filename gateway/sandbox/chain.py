@@ -138,9 +138,10 @@ class _Landed:
 class _RpcHttpServer(ThreadingHTTPServer):
     """The node's HTTP server, accepting bursts of connections as a real node does.
 
-    Python's servers listen with a backlog of 5: an 11th connection opened at once (a gateway
-    settling 10 payments opens one per simulation) has its SYN dropped, and the client's kernel
-    sends it again a whole second later, which looked like a settlement waiting a second round.
+    Python's servers listen with a backlog of 5: of a burst of connections opened at once (a
+    gateway settling 10 payments opens about one per simulation), those past the backlog have
+    their SYN dropped, and the client's kernel sends it again a whole second later, which looked
+    like a settlement waiting for a second round.
     """
 
     request_queue_size = 1024
