@@ -52,6 +52,9 @@ GATEWAY_VARIABLES: tuple[str, ...] = (
     "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "CREDITS_ENABLED", "CREDIT_LAPSE_DAYS",
     "CLIENT_IPV6_PREFIX_LENGTH",
 )  # fmt: skip
+WIDEST_TRUSTED_NETWORK = 256
+"""A trusted network wider than this (an IPv4 /24) is likely a subnet or a pod CIDR, not a proxy's
+own addresses: worth a start-up note, since every address in it may write X-Forwarded-For."""
 UPSTREAM_VARIABLE = re.compile(r"[A-Z][A-Z0-9_]{0,99}")
 """What an upstream's URL variable may be called (the route loader refuses any other name)."""
 ALL_GROUPS = "all"
@@ -502,6 +505,12 @@ def startup_notes(settings: Settings) -> list[str]:
         )
     if not settings.siwx_secret:
         notes.append("SIWX_SECRET unset: sign-in nonces use a random per-process secret (one replica only)")
+    for network in settings.trusted_proxies:
+        if network.num_addresses > WIDEST_TRUSTED_NETWORK:
+            notes.append(
+                f"TRUSTED_PROXIES {network} trusts {network.num_addresses:,} addresses: any of them that "
+                "a client can send from picks its own rate-limit bucket; name only your proxy's addresses"
+            )
     secret = settings.internal_secret.reveal()
     if secret and len(secret) < 32:
         notes.append("INTERNAL_SETTLEMENT_SECRET is shorter than 32 characters: use a longer random secret")

@@ -371,6 +371,17 @@ def test_internal_facilitator_keys_are_checked_at_start_up_without_echoing_them(
     assert "INTERNAL_SETTLEMENT_SECRET is shorter than 32 characters: use a longer random secret" in notes
 
 
+def test_a_trusted_subnet_wider_than_a_slash_24_is_noted_at_start_up() -> None:
+    wide = startup_notes(load_settings({**BASE, "TRUSTED_PROXIES": "10.0.0.0/8, 172.30.80.2, 10.9.8.0/24"}))
+    narrow = startup_notes(load_settings({**BASE, "TRUSTED_PROXIES": "172.30.80.2, 10.9.8.0/24, fd00::/120"}))
+
+    assert [n for n in wide if n.startswith("TRUSTED_PROXIES")] == [
+        "TRUSTED_PROXIES 10.0.0.0/8 trusts 16,777,216 addresses: any of them that a client can send "
+        "from picks its own rate-limit bucket; name only your proxy's addresses"
+    ]
+    assert not [n for n in narrow if n.startswith("TRUSTED_PROXIES")]
+
+
 def test_every_problem_is_listed_in_one_message() -> None:
     env = {
         "PORT": "eighty",
