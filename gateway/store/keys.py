@@ -33,6 +33,7 @@ credit_holds         credit-holds:{wallet}            holds: token -> amount    
 credit_lapses        credit-lapses                    wallet -> lapse time (ms)   till the sweeper lapses it
 credit_lapsed        credit-lapsed                    wallet -> lapsed credit     till the sweeper counts it
 credit_sweep         credit-sweep                     the sweeping replica        one sweep, 60 s at most
+credit_session       credit-session:{token digest}    wallet, cap, spent (hash)   the session's lifetime
 ===================  ===============================  ==========================  ==========================
 
 Under ``x402:svm:``, the internal facilitator's:
@@ -76,6 +77,7 @@ CREDIT_HOLDS: Final = _GATEWAY + "credit-holds:"
 CREDIT_LAPSES: Final = _GATEWAY + "credit-lapses"
 CREDIT_LAPSED: Final = _GATEWAY + "credit-lapsed"
 CREDIT_SWEEP: Final = _GATEWAY + "credit-sweep"
+CREDIT_SESSION: Final = _GATEWAY + "credit-session:"
 SETTLEMENT: Final = _FACILITATOR + "settle:"
 _REPORTED_TAIL: Final = ":done"
 
@@ -179,6 +181,12 @@ def credit_sweep() -> str:
     return CREDIT_SWEEP
 
 
+def credit_session(digest: str) -> str:
+    """A credit session: its wallet, signed cap and credit spent so far, under the SHA-256 of its
+    origin and token, never the token itself (``gateway.credit_sessions``)."""
+    return CREDIT_SESSION + digest
+
+
 def settlement(message_hash: str) -> str:
     """The internal facilitator's record of one payment (``gateway.payments.local_facilitator``)."""
     return SETTLEMENT + message_hash
@@ -210,6 +218,7 @@ FAMILIES: Final[Mapping[Callable[..., str], str]] = {
     credit_lapses: CREDIT_LAPSES,
     credit_lapsed: CREDIT_LAPSED,
     credit_sweep: CREDIT_SWEEP,
+    credit_session: CREDIT_SESSION,
     settlement: SETTLEMENT,
     settlement_reported: SETTLEMENT,
 }

@@ -15,11 +15,15 @@ from gateway.store.base import (
     Credit,
     CreditAccount,
     CreditHoldOrder,
+    CreditSessionSpend,
+    CreditSessionState,
     CreditState,
     Entry,
     Hold,
     Lookup,
     RateDecision,
+    SessionLookup,
+    SessionSpent,
     TakeTooLate,
     checked_amount,
     taken_mark,
@@ -70,6 +74,8 @@ class MemoryStore:
         """lapse index -> wallet -> lapses_us (the Redis backends keep Unix ms: the store's clock)."""
         self._lapsed: dict[str, dict[str, int]] = {}
         """lapsed key -> wallet -> credit a top-up found lapsed."""
+        self._sessions: dict[str, tuple[CreditSessionState, int]] = {}
+        """credit session key -> (its state, expires_us); dropped when found expired."""
         self._expiries: list[tuple[int, int, str]] = []
         """(expires_us, kind, key): kind 0 is a value, 1 a rate-limit bucket."""
 
@@ -290,6 +296,70 @@ class MemoryStore:
             balance -= amount
             self._values[account.balance] = (str(balance), self._values[account.balance][1])
         return CreditState(balance=balance, held=others, ttl_ms=left, at_us=now)
+
+    def _live_session(self, key: str, now: int) -> CreditSessionState | None:
+        found = self._sessions.get(key)
+        if found is None:
+            return None
+        if found[1] <= now:
+            del self._sessions[key]
+            return None
+        return found[0]
+
+    def _drop_expired_sessions(self, now: int) -> None:
+        """Forget expired sessions (each open pays for a sweep, so memory stays bounded)."""
+        for key in [k for k, (_, expires) in self._sessions.items() if expires <= now]:
+            del self._sessions[key]
+
+    async def open_credit_session(self, key: str, wallet: str, cap: int, ttl_ms: int) -> None:
+        now = _now_us()
+        self._drop_expired_sessions(now)
+        self._sessions[key] = (CreditSessionState(wallet, checked_amount(cap), 0), now + ttl_ms * 1_000)
+
+    async def spend_credit_session(
+        self, spend: CreditSessionSpend, buckets: Sequence[Bucket]
+    ) -> SessionLookup:
+        hold = spend.hold
+        now = _now_us()
+        session = self._live_session(spend.session, now)
+        if session is None or session.wallet != hold.account.wallet:
+            return SessionLookup(SessionSpent.UNKNOWN)
+        if session.cap - session.spent < hold.amount:
+            return SessionLookup(SessionSpent.CAP, spent=session.spent, cap=session.cap)
+        held = self._credit_cover(hold.account, hold.token, hold.amount)
+        if held is None:
+            return SessionLookup(SessionSpent.UNCOVERED)
+        decisions: list[RateDecision] = []
+        for bucket in buckets:
+            decisions.append(self._gcra(bucket))
+            if not decisions[-1].allowed:
+                return SessionLookup(SessionSpent.LIMITED, decisions)
+        spent = session.spent + hold.amount
+        self._sessions[spend.session] = (
+            CreditSessionState(session.wallet, session.cap, spent),
+            self._sessions[spend.session][1],
+        )
+        self._holds.setdefault(hold.account.holds, {})[hold.token] = (
+            hold.amount,
+            held.at_us + hold.ttl_ms * 1_000,
+        )
+        return SessionLookup(SessionSpent.SPENT, decisions, held, spent, session.cap)
+
+    async def refund_credit_session(self, key: str, holds: str, token: str, amount: int) -> None:
+        await self.unhold([holds], token)
+        session = self._live_session(key, _now_us())
+        if session is not None:
+            spent = max(session.spent - amount, 0)
+            self._sessions[key] = (
+                CreditSessionState(session.wallet, session.cap, spent),
+                self._sessions[key][1],
+            )
+
+    async def revoke_credit_session(self, key: str) -> CreditSessionState | None:
+        session = self._live_session(key, _now_us())
+        if session is not None:
+            del self._sessions[key]
+        return session
 
     async def credit_state(self, account: CreditAccount) -> CreditState:
         now = _now_us()
