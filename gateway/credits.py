@@ -68,6 +68,9 @@ class CreditHold:
     """The store's clock when the hold was made."""
     local_clock_s: float = 0.0
     """This process's monotonic clock when it heard of the hold (at or after the store made it)."""
+    session: str = ""
+    """The store key of the credit session it was spent under (``gateway.credit_sessions``), if any:
+    a call that takes nothing gives its amount back to that session's cap too."""
 
 
 @dataclass(frozen=True, slots=True)

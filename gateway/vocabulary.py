@@ -75,6 +75,12 @@ class AccessMode(msgspec.Struct, frozen=True, kw_only=True):
 SIGN_IN = Credential(
     "SIGN-IN-WITH-X", "Signed sign-in-with-x payload (base64 JSON) answering the 402 challenge."
 )
+CREDIT_SESSION = Credential(
+    "X-CREDIT-SESSION",
+    "A credit session's token (POST /v1/x402/credits/sessions): spends prepaid credit with no 402 "
+    "and no signature, up to the cap its wallet signed, until it expires (at most 1 hour) or is "
+    "revoked (DELETE /v1/x402/credits/sessions).",
+)
 
 EXACT_OUTCOMES = (
     Outcome.CHALLENGED,
@@ -107,7 +113,7 @@ PAYMENT_METHODS: dict[str, AccessMode] = {
         rate_limit_per=("scope", "wallet", "ip"),
         error_statuses=(400, 402, 405, 413, 429, 502, 503, 504),
         sells=True,
-        credentials=(SIGN_IN,),
+        credentials=(SIGN_IN, CREDIT_SESSION),
         outcomes=(Outcome.REJECTED, Outcome.CREDIT_SPENT, Outcome.UPSTREAM_FAILED),
         binder="gateway.methods.credit:bind",
         beside_only=True,
@@ -170,6 +176,8 @@ HANDLERS: dict[str, Handler] = {
     "facilitator_settle": Handler(),
     "credit_top_up": Handler(sells_credit=True),
     "credit_balance": Handler(),
+    "credit_session_open": Handler(),
+    "credit_session_revoke": Handler(),
 }
 
 CREDIT_METHOD = "credit"
