@@ -82,7 +82,12 @@ def test_packaged_table_has_69_routes(packaged: list[RouteSpec]) -> None:
     session), served when credit is on."""
     assert len(packaged) == 69
     assert sorted(r.name for r in packaged if r.group == "credits") == [
-        "credits.balance", "credits.topUp.1", "credits.topUp.20", "credits.topUp.5"
+        "credits.balance",
+        "credits.sessions.open",
+        "credits.sessions.revoke",
+        "credits.topUp.1",
+        "credits.topUp.20",
+        "credits.topUp.5",
     ]
 
 
