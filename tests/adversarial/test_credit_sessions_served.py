@@ -201,6 +201,7 @@ async def test_a_revoked_session_is_refused_on_every_replica(
     assert (credit.balance, credit.held) == (95, 0)
 
 
+@pytest.mark.slow  # starts a third gateway
 async def test_a_token_of_another_origin_or_altered_spends_nothing_of_anyones(
     replicas: PaidProcesses, replica_env: dict[str, str], answering: Upstream, store: Store
 ) -> None:
