@@ -29,7 +29,7 @@ from gateway.pricing import (
     usd_display,
 )
 from gateway.routes import RouteSpec, published
-from gateway.vocabulary import ACCESS_MODES, CREDIT_METHOD, Credential
+from gateway.vocabulary import ACCESS_MODES, CREDIT_METHOD, HANDLERS, Credential
 from gateway.x402.types import SOLANA_MAINNET
 
 OPENAPI_VERSION = "3.1.0"
@@ -128,7 +128,7 @@ def _header_param(name: str, description: str) -> dict[str, Any]:
 def _credentials(route: RouteSpec, credit: CreditTerms | None) -> tuple[Credential, ...]:
     """The credential headers ``route`` answers to: its access mode's, and a sign-in where it
     takes prepaid credit."""
-    own = ACCESS_MODES[route.access].credentials
+    own = (*ACCESS_MODES[route.access].credentials, *HANDLERS[route.handler].credentials)
     if credit is not None and credit_price(route) is not None:
         return (*own, *ACCESS_MODES[CREDIT_METHOD].credentials)
     return own

@@ -160,6 +160,8 @@ class Handler(msgspec.Struct, frozen=True, kw_only=True):
     sells_credit: bool = False
     """Its paid answer is prepaid credit worth its price: no settlement fee is added to the price,
     and the credit is booked atomically with the payment's delivery."""
+    credentials: tuple[Credential, ...] = ()
+    """Credential headers the handler itself reads (the OpenAPI document lists them)."""
 
 
 HANDLERS: dict[str, Handler] = {
@@ -177,7 +179,7 @@ HANDLERS: dict[str, Handler] = {
     "credit_top_up": Handler(sells_credit=True),
     "credit_balance": Handler(),
     "credit_session_open": Handler(),
-    "credit_session_revoke": Handler(),
+    "credit_session_revoke": Handler(credentials=(CREDIT_SESSION,)),
 }
 
 CREDIT_METHOD = "credit"
