@@ -89,7 +89,12 @@ async def test_the_balance_of_a_new_wallet_is_zero(gateway: RunningGateway) -> N
 async def test_the_catalog_states_credit_prices_and_the_lapse(gateway: RunningGateway) -> None:
     _, _, catalog = await _get(gateway.url + "/v1/catalog")
 
-    assert catalog["credit"] == {"scheme": "sign-in-with-x", "lapseDays": 90}
+    assert catalog["credit"] == {
+        "scheme": "sign-in-with-x",
+        "lapseDays": 90,
+        "sessionHeader": "X-CREDIT-SESSION",
+        "sessionMaxSeconds": 3600,
+    }
     entries = {r["path"]: r for r in catalog["routes"]}
     assert entries[BALANCE]["creditPrice"] == {"microUsdc": "5", "usd": "$0.000005"}
     assert entries[BALANCE]["price"]["microUsdc"] == "5"  # the external facilitator's fee is 0 here
