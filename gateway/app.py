@@ -118,7 +118,7 @@ def _credit_session_open(route: RouteSpec, services: Services) -> ASGIApp:
 
 
 def _credit_session_revoke(route: RouteSpec, services: Services) -> ASGIApp:
-    return SessionRevokeHandler(credit_sessions(services))
+    return SessionRevokeHandler(credit_sessions(services), services.limiter)
 
 
 def _internal(route: RouteSpec, services: Services) -> ASGIApp:

@@ -68,9 +68,9 @@ def _open_route() -> RouteSpec:
     )
 
 
-def _sessions_app(store: Store, origin: str = BASE_URL) -> ASGIApp:
+def _sessions_app(store: Store, origin: str = BASE_URL, challenge_limit: int = 1000) -> ASGIApp:
     """The two session routes of one gateway, as the app builds them."""
-    limiter = paid_route(store).limiter
+    limiter = paid_route(store, challenge_limit=challenge_limit).limiter
     sessions = CreditSessions(store, origin, _book(store))
     route = _open_route()
     issuer = SiwxIssuer(SECRET, origin, "Sign in to spend credit.")
@@ -92,7 +92,7 @@ def _sessions_app(store: Store, origin: str = BASE_URL) -> ASGIApp:
         group="credits",
         description="Revoke a credit session",
     )
-    pipelines = {"POST": (route, opener), "DELETE": (revoke, SessionRevokeHandler(sessions))}
+    pipelines = {"POST": (route, opener), "DELETE": (revoke, SessionRevokeHandler(sessions, limiter))}
     return MethodDispatcher(pipelines, "POST, DELETE, OPTIONS")
 
 
@@ -287,6 +287,16 @@ async def test_a_revocation_without_a_token_is_a_400(store: Store, header: str) 
     answer = await call(_sessions_app(store), "DELETE", SESSIONS, headers={"x-credit-session": header})
 
     assert answer.status == 400 and answer.reason == "invalid_request"
+
+
+async def test_guessing_tokens_to_revoke_is_bounded_by_the_ips_challenge_limit(store: Store) -> None:
+    app = _sessions_app(store, challenge_limit=3)
+    guesses = [new_token(str(Keypair().pubkey())) for _ in range(5)]
+
+    answers = [await call(app, "DELETE", SESSIONS, headers={"x-credit-session": g}) for g in guesses]
+
+    assert [a.status for a in answers] == [404, 404, 404, 429, 429]
+    assert answers[3].reason == "rate_limited" and "retry-after" in answers[3].headers
 
 
 async def test_a_token_naming_another_wallet_spends_nothing_of_either(store: Store) -> None:

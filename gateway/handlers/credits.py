@@ -30,6 +30,7 @@ from gateway.credit_sessions import (
 )
 from gateway.credits import Balance, CreditBook
 from gateway.errors import ErrorCode, GatewayError
+from gateway.rate_limiter import RateLimiter
 
 PROVIDER: Final = "credits"
 
@@ -137,13 +138,17 @@ class SessionOpenHandler:
 
 
 class SessionRevokeHandler:
-    """Revoke the credit session whose token the request carries: it spends nothing more."""
+    """Revoke the credit session whose token the request carries: it spends nothing more. Each
+    revocation counts against the client IP's challenge limit before the store is asked (429
+    past it), so guessing tokens is bounded like any other unpaid request."""
 
-    def __init__(self, sessions: CreditSessions) -> None:
+    def __init__(self, sessions: CreditSessions, limiter: RateLimiter) -> None:
         self.sessions = sessions
+        self.limiter = limiter
         self.header = SESSION_HEADER.lower().encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.limiter.challenge(scope)
         token = header(scope, self.header)
         if not token or token_wallet(token) is None:
             raise GatewayError(
