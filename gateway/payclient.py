@@ -5,10 +5,13 @@ Built on the same builders the tests use (:mod:`gateway.x402.svm_payer`,
 
 1. send the request;
 2. on 402 read the challenge (``PAYMENT-REQUIRED`` header, else the JSON body);
-3. if it carries a ``sign-in-with-x`` extension, sign in and retry with ``SIGN-IN-WITH-X``
-   (tried before paying: on a sign-in route it is all that is asked, and on a paid route of a
-   gateway selling prepaid credit it spends the wallet's credit, with no transaction; the answer
-   then carries ``X-Credit-Balance``, the credit left);
+3. if it carries a ``sign-in-with-x`` extension, sign in (tried before paying): on a sign-in
+   route, the request again with ``SIGN-IN-WITH-X``; on a paid route of a gateway selling
+   prepaid credit, through a credit session (:mod:`gateway.sessionclient`: one sign-in opens
+   it, or one kept from before serves), the request again with ``X-CREDIT-SESSION``, spending
+   the wallet's credit with no transaction; the answer then carries ``X-Credit-Balance``, the
+   credit left. A URL whose 402 the session cache saw within the policy is called on the
+   session straight away, with no 402 (step 1 carries the session);
 4. if the answer is (still) 402 (e.g. ``insufficient_credit``: the wallet's credit does not
    cover the call) and ``accepts`` holds an exact Solana requirement the wallet's
    :class:`SpendPolicy` allows, check the wallet holds enough USDC, build and sign the payment
