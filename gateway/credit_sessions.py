@@ -38,8 +38,9 @@ from gateway.rate_limiter import Limited, RateLimiter
 from gateway.routes import RateLimitSpec
 from gateway.store import CreditSessionSpend, CreditSessionState, SessionSpent, Store, keys
 from gateway.vocabulary import CREDIT_SESSION
+from gateway.x402.headers import HeaderError, decode_header
 from gateway.x402.siwx import EXTENSION_KEY
-from gateway.x402.types import PaymentRequired
+from gateway.x402.types import PaymentRequired, SiwxPayload
 
 SESSION_HEADER = CREDIT_SESSION.header
 DEFAULT_LIFETIME_S = 3600
@@ -53,6 +54,8 @@ _TOKEN = re.compile(rf"{TOKEN_PREFIX}\.([1-9A-HJ-NP-Za-km-z]{{32,44}})\.([A-Za-z
 
 SESSION_UNKNOWN = "credit_session_unknown"
 """The 402 reason of a token that names no live session: never opened, expired or revoked."""
+STATEMENT_MISMATCH = "siwx_statement_mismatch"
+"""The 402 reason of a session sign-in whose signed statement is not the one its terms state."""
 SESSION_CAP_REACHED = "credit_session_cap_reached"
 """The 402 reason of a call the session's cap less what it spent does not cover."""
 
@@ -104,6 +107,14 @@ class SessionTerms:
             f"credit for {lifetime_words(lifetime)}."
         )
         return url, statement
+
+
+def signed_statement(header_value: str) -> str | None:
+    """The statement a (verified) ``SIGN-IN-WITH-X`` header signed."""
+    try:
+        return decode_header(header_value, SiwxPayload).statement
+    except HeaderError:
+        return None
 
 
 def with_statement(document: PaymentRequired, statement: str) -> PaymentRequired:

@@ -15,7 +15,8 @@ and the :class:`ValidatedInput` as ``input``.
 A route whose sign-in authorises terms given in its query (a credit session's cap and lifetime:
 :class:`SignedTerms`) validates the query first (400 before any challenge), and its challenge's
 resource URL carries the terms, so the wallet's signature covers them, and its statement names
-them.
+them; a sign-in whose signed statement is not that one is refused (``siwx_statement_mismatch``),
+so a relay cannot show the wallet other words for the same terms.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from gateway.asgi import (
     send_error,
 )
 from gateway.context import request_context
-from gateway.credit_sessions import with_statement
+from gateway.credit_sessions import STATEMENT_MISMATCH, signed_statement, with_statement
 from gateway.rate_limiter import Limited, RateLimiter
 from gateway.routes import RouteSpec
 from gateway.sign_in import Replayed, SignInGate
@@ -97,6 +98,9 @@ class SignInWithX:
             verified = self.issuer.verify(signed, resource)
         except SiwxError as refused:
             await self._refuse(scope, send, resource, refused.reason.value, statement)
+            return
+        if statement is not None and signed_statement(signed) != statement:
+            await self._refuse(scope, send, resource, STATEMENT_MISMATCH, statement)
             return
         ctx.wallet = verified.address
         receive, validated = await self._validate(scope, receive)

@@ -177,6 +177,20 @@ async def test_a_sign_in_for_one_cap_cannot_open_another(store: Store) -> None:
     assert raised.status == 402 and raised.json()["error"] == "siwx_uri_mismatch"
 
 
+async def test_a_sign_in_that_signed_other_words_opens_nothing(store: Store) -> None:
+    """A relay that shows the wallet a reassuring statement for the same terms gets nothing."""
+    app = _sessions_app(store)
+    challenge = await call(app, path=SESSIONS, query=b"capMicroUsdc=5")
+    siwx = _required(challenge)["extensions"]["sign-in-with-x"]
+    siwx["info"]["statement"] = "Sign in. No funds move."
+    header = sign_in(siwx, Keypair())
+
+    answer = await call(app, path=SESSIONS, query=b"capMicroUsdc=5", headers={"sign-in-with-x": header})
+
+    assert answer.status == 402 and answer.json()["error"] == "siwx_statement_mismatch"
+    assert "token" not in answer.body.decode()
+
+
 # --- spending ------------------------------------------------------------------------------------
 
 
