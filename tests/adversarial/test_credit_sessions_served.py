@@ -9,6 +9,7 @@ each balance is exact; every limit that is not credit's own is lifted.
 * a session opened on one replica is honoured by the other (the session lives in the store);
 * 50 calls at once on one session, across both replicas, spend exactly what its cap allows;
 * a revoked session is refused with ``credit_session_unknown`` on every replica;
+* a call whose provider fails takes nothing and gives its share of the cap back;
 * a token of another origin, or altered to name another wallet, spends nothing of anyone's;
 * the store keeps the session under a digest, never the token, and forgets it with its lifetime.
 """
@@ -27,7 +28,7 @@ from solders.keypair import Keypair
 from gateway.store import Store, keys
 from gateway.store.redis import RedisStore
 from gateway.x402.siwx_signer import sign_in
-from tests.support.adversarial_credit import CALL_CREDIT, credit_env, credit_of, fund, own_chain
+from tests.support.adversarial_credit import CALL_CREDIT, credit_env, credit_of, fund, hold_fields, own_chain
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     GET_BALANCE_PRICE_INTERNAL,
@@ -199,6 +200,31 @@ async def test_a_revoked_session_is_refused_on_every_replica(
     assert len(answering.calls) == 1
     credit = await credit_of(store, wallet)
     assert (credit.balance, credit.held) == (95, 0)
+
+
+async def test_a_call_whose_provider_fails_takes_nothing_and_gives_the_cap_back(
+    replicas: PaidProcesses, answering: Upstream, store: Store, redis_url: str
+) -> None:
+    first, second = replicas.replicas
+    wallet = Keypair()
+    await fund(store, wallet, 100)
+    token = await token_of(first, wallet, CALL_CREDIT)  # a cap of exactly one call
+    answering.responder = static(500, {"error": "provider down"})
+
+    failed = await spend(second, token)
+    answering.responder = static(200, PROVIDER_ANSWER)
+    served = await spend(first, token)
+    capped = await spend(second, token)
+
+    assert failed.status == 502 and "x-credit-balance" not in failed.headers
+    assert_spent(served, 95)
+    assert_challenge(capped, "credit_session_cap_reached", GET_BALANCE_PRICE_INTERNAL)
+    assert len(answering.calls) == 2
+    credit = await credit_of(store, wallet)
+    assert (credit.balance, credit.held) == (95, 0)
+    assert (await hold_fields(redis_url, wallet))[0] == []
+    revoked = await revoke(first, token)
+    assert revoked.json()["result"]["spentMicroUsdc"] == str(CALL_CREDIT)
 
 
 @pytest.mark.slow  # starts a third gateway
