@@ -169,7 +169,7 @@ def _responses(route: RouteSpec) -> dict[str, Any]:
     if route.paid:
         receipt = _ref("headers", "PaymentResponse")
         ok["headers"] = {"PAYMENT-RESPONSE": receipt, "X-PAYMENT-RESPONSE": receipt}
-    statuses = set(ACCESS_MODES[route.access].error_statuses)
+    statuses = {*ACCESS_MODES[route.access].error_statuses, *HANDLERS[route.handler].error_statuses}
     if route.input:
         statuses.add(400)
     if route.rate_limits:

@@ -162,6 +162,8 @@ class Handler(msgspec.Struct, frozen=True, kw_only=True):
     and the credit is booked atomically with the payment's delivery."""
     credentials: tuple[Credential, ...] = ()
     """Credential headers the handler itself reads (the OpenAPI document lists them)."""
+    error_statuses: tuple[int, ...] = ()
+    """Statuses other than 200 the handler itself answers, beyond its access mode's."""
 
 
 HANDLERS: dict[str, Handler] = {
@@ -179,7 +181,7 @@ HANDLERS: dict[str, Handler] = {
     "credit_top_up": Handler(sells_credit=True),
     "credit_balance": Handler(),
     "credit_session_open": Handler(),
-    "credit_session_revoke": Handler(credentials=(CREDIT_SESSION,)),
+    "credit_session_revoke": Handler(credentials=(CREDIT_SESSION,), error_statuses=(400, 404, 429, 503)),
 }
 
 CREDIT_METHOD = "credit"

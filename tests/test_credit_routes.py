@@ -117,6 +117,14 @@ async def test_openapi_documents_the_credit_session_header_and_routes(gateway: R
     session = {"$ref": "#/components/parameters/XCreditSession"}
     assert session in document["paths"][BALANCE]["post"]["parameters"]
     assert session in document["paths"][SESSIONS]["delete"]["parameters"]
+    assert sorted(document["paths"][SESSIONS]["delete"]["responses"]) == [
+        "200",
+        "400",
+        "404",
+        "405",
+        "429",
+        "503",
+    ]
     header = document["components"]["parameters"]["XCreditSession"]
     assert header["name"] == "X-CREDIT-SESSION" and header["in"] == "header"
     assert "at most 1 hour" in header["description"] and "revoked" in header["description"]
