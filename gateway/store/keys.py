@@ -35,6 +35,7 @@ credit_lapses        credit-lapses                    wallet -> lapse time (ms) 
 credit_lapsed        credit-lapsed                    wallet -> lapsed credit     till the sweeper counts it
 credit_sweep         credit-sweep                     the sweeping replica        one sweep, 60 s at most
 credit_call          credit-call:{wallet}:{call id}   call, its answer (JSON)     hold's TTL, then sign-in's
+credit_session       credit-session:{token digest}    wallet, cap, spent (hash)   the session's lifetime
 ===================  ===============================  ==========================  ==========================
 
 Under ``x402:svm:``, the internal facilitator's:
@@ -80,6 +81,7 @@ CREDIT_LAPSES: Final = _GATEWAY + "credit-lapses"
 CREDIT_LAPSED: Final = _GATEWAY + "credit-lapsed"
 CREDIT_SWEEP: Final = _GATEWAY + "credit-sweep"
 CREDIT_CALL: Final = _GATEWAY + "credit-call:"
+CREDIT_SESSION: Final = _GATEWAY + "credit-session:"
 SETTLEMENT: Final = _FACILITATOR + "settle:"
 _REPORTED_TAIL: Final = ":done"
 
@@ -193,6 +195,10 @@ def credit_call(wallet: str, call_id: str) -> str:
     """One call on a wallet's credit, named by its call id (a sign-in's nonce), and the answer it
     was charged for (``gateway.credit_calls``)."""
     return f"{CREDIT_CALL}{wallet}:{call_id}"
+def credit_session(digest: str) -> str:
+    """A credit session: its wallet, signed cap and credit spent so far, under the SHA-256 of its
+    origin and token, never the token itself (``gateway.credit_sessions``)."""
+    return CREDIT_SESSION + digest
 
 
 def settlement(message_hash: str) -> str:
@@ -228,6 +234,7 @@ FAMILIES: Final[Mapping[Callable[..., str], str]] = {
     credit_lapsed: CREDIT_LAPSED,
     credit_sweep: CREDIT_SWEEP,
     credit_call: CREDIT_CALL,
+    credit_session: CREDIT_SESSION,
     settlement: SETTLEMENT,
     settlement_reported: SETTLEMENT,
 }
