@@ -11,6 +11,11 @@ and ``top_up``). Each call is one fresh SIGN-IN-WITH-X spending the route's cred
 nonce claimed, the price held, the provider called, the hold taken. Within a run the wallet's
 calls follow one another as a busy client's do.
 
+Beside those pre-signed sign-ins, in the same rounds: calls on one credit session (the wallet
+signs in once, before the clock, to ``POST /v1/x402/credits/sessions``; each call then carries
+``X-CREDIT-SESSION``: no 402, no signature, one store round trip before the provider) and the
+per-call sign-in as a client makes it, on the clock (the route's 402, a signature, the call).
+
 In the same interleaved rounds, at c=1 and at c=32: the provider called directly, and the same
 route paid per call with a unique exact payment, on this gateway and on the run's Redis gateway
 (credit off). Then the same comparison at c=32 where per-call payments settle as they do for
@@ -23,7 +28,9 @@ confirmation). Targets:
   twice: against a facilitator that settles in no time (what the gateway's own work allows:
   both paths share the answer's two writes and the provider's round trip, and a per-call
   payment adds two facilitator round trips and one store round trip to credit's two) and
-  against one that settles at a chain's pace (what a client of per-call payments gets).
+  against one that settles at a chain's pace (what a client of per-call payments gets);
+* a call on a credit session: at most 1.5 ms over the provider at p50 (c=1), and at least 1.5x
+  the req/s of the per-call sign-in (402, signature, call) at c=32.
 """
 
 from __future__ import annotations
@@ -53,6 +60,24 @@ FROM_CREDIT_WAITS = "credit gateway, realistic waits: paid from credit"
 EXACT_WAITS = "credit gateway, realistic waits: paid per call (exact)"
 ADDED_TARGET_MS = 2.0
 SPEEDUP_TARGET = 3.0
+ON_SESSION = "gateway, credit on: paid from credit on a session"
+SIGN_IN_LIVE = "gateway, credit on: paid from credit, 402 + sign-in per call"
+SESSION_PATH = "/v1/x402/credits/sessions"
+SESSION_CAP = 1_000_000
+"""What each run's session may spend: its whole top-up."""
+SESSION_ADDED_TARGET_MS = 1.5
+SESSION_SPEEDUP_TARGET = 1.5
+
+
+def session_job(url: str, c: int, counts: tuple[int, int], kind: str) -> dict[str, Any]:
+    """Calls of the paid route on one credit session (``session``), or each signing in on the
+    clock (``siwx_live``), by a fresh wallet that bought credit before the clock."""
+    return {
+        **credit_job(url, c, counts),
+        "kind": kind,
+        "session_path": SESSION_PATH,
+        "session_cap": SESSION_CAP,
+    }
 
 
 def credit_job(url: str, c: int, counts: tuple[int, int]) -> dict[str, Any]:
@@ -113,6 +138,8 @@ def run_credit(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server
                         None,
                     ),
                     (credit_job(gateway.url, conc, counts), CREDIT, FROM_CREDIT, gateway),
+                    (session_job(gateway.url, conc, counts, "session"), CREDIT, ON_SESSION, gateway),
+                    (session_job(gateway.url, conc, counts, "siwx_live"), CREDIT, SIGN_IN_LIVE, gateway),
                     (
                         paid_job(gateway.url, PAID_PATH, challenges["on"], conc, counts),
                         CREDIT,
@@ -198,6 +225,7 @@ def credit_summary(bench: Bench) -> list[str]:
             f"| paid from credit (h): req/s per call (exact), credit on / credit off (c={c}) "
             f"| {exact_c['rps'] / off['rps']:.2f} | |"
         )
+    lines += session_summary(bench, direct)
     credit_w, exact_w = bench.find(WAITS, FROM_CREDIT_WAITS, c), bench.find(WAITS, EXACT_WAITS, c)
     if credit_w is not None and exact_w is not None:
         speedup_w = credit_w["rps"] / exact_w["rps"]
@@ -207,6 +235,28 @@ def credit_summary(bench: Bench) -> list[str]:
             f"| >= {SPEEDUP_TARGET:.0f}x: {_verdict(speedup_w >= SPEEDUP_TARGET, credit_w, exact_w)} |"
         )
     return lines
+
+
+def session_summary(bench: Bench, direct: dict[str, Any]) -> list[str]:
+    """The credit session's lines: its added latency, and its req/s against signing in per call."""
+    c = bench.profile.concurrency
+    session1, session_c = bench.find(CREDIT, ON_SESSION, 1), bench.find(CREDIT, ON_SESSION, c)
+    live_c, signed_c = bench.find(CREDIT, SIGN_IN_LIVE, c), bench.find(CREDIT, FROM_CREDIT, c)
+    if session1 is None or session_c is None or live_c is None or signed_c is None:
+        return []
+    added = session1["p50_ms"] - direct["p50_ms"]
+    added_ok = _verdict(added <= SESSION_ADDED_TARGET_MS, session1, direct)
+    speedup = session_c["rps"] / live_c["rps"]
+    return [
+        f"| credit session (h): latency added over the provider, p50 / p99 (c=1) "
+        f"| {added:.3f} / {session1['p99_ms'] - direct['p99_ms']:.3f} ms "
+        f"| p50 <= {SESSION_ADDED_TARGET_MS} ms: {added_ok} |",
+        f"| credit session (h): req/s on a session / per-call sign-in (402, signature, call) (c={c}) "
+        f"| {speedup:.2f} ({session_c['rps']:.0f} vs {live_c['rps']:.0f}) "
+        f"| >= {SESSION_SPEEDUP_TARGET}x: {_verdict(speedup >= SESSION_SPEEDUP_TARGET, session_c, live_c)} |",
+        f"| credit session (h): req/s on a session / pre-signed sign-ins, the gateway's work alone (c={c}) "
+        f"| {session_c['rps'] / signed_c['rps']:.2f} ({session_c['rps']:.0f} vs {signed_c['rps']:.0f}) | |",
+    ]
 
 
 def credit_report(bench: Bench) -> list[str]:
@@ -224,8 +274,11 @@ def credit_report(bench: Bench) -> list[str]:
         "with a top-up and fetches the paid route's 402 once per call; each call from credit carries a "
         "fresh SIGN-IN-WITH-X signed over one of them: the nonce claimed, the credit price held, the "
         "provider called, the hold taken. The per-call (exact) rows carry a unique exact payment per "
-        "call, on the same gateway and on the run's Redis gateway (credit off). Added latency is over "
-        "`direct to provider` at the same concurrency.",
+        "call, on the same gateway and on the run's Redis gateway (credit off). The session row's wallet "
+        "signs in once before the clock to open a credit session and each call carries its token "
+        "(`X-CREDIT-SESSION`); the `402 + sign-in per call` row times the whole per-call pattern a client "
+        "runs (the 402, a signature, the call). Added latency is over `direct to provider` at the same "
+        "concurrency.",
         "",
         *table(bench, CREDIT, DIRECT),
         "",

@@ -13,7 +13,12 @@ before the clock starts:
   over a challenge fetched from the server just before the run (nonces live 300 s); on a paid
   route (a POST with its body) each sign-in spends the wallet's prepaid credit. With ``top_up``
   (a top-up route's path) the wallet is a fresh one that first buys credit there with one exact
-  payment, so every run starts from a wallet with no calls behind it.
+  payment, so every run starts from a wallet with no calls behind it;
+* ``siwx_live``: the same, but each request is the whole per-call sign-in as a client makes it,
+  timed as one: the route's 402, a signature over its challenge, the call;
+* ``session``: a fresh wallet buys credit (``top_up``) and opens one credit session
+  (``session_path``, its cap ``session_cap``) before the clock; every request then carries its
+  token in ``X-CREDIT-SESSION``: no 402, no signature.
 
 When ``cpu_pids`` are given (the server's worker processes), the CPU time they spent during the
 measured phase is reported, in total and per request, so a reader can tell whether the server or
@@ -61,6 +66,8 @@ class Call:
     path: str
     headers: dict[str, str]
     body: bytes
+    signer: Keypair | None = None
+    """Sign in per call, on the clock: ask the 402, sign its challenge, then call."""
 
 
 @dataclass
@@ -186,6 +193,50 @@ async def siwx_calls(session: aiohttp.ClientSession, job: dict[str, Any], count:
     return signed
 
 
+def _fresh_wallet(job: dict[str, Any]) -> str:
+    return f"{job.get('wallet_seed', 'bench-wallet')}-{os.urandom(8).hex()}"
+
+
+async def live_calls(session: aiohttp.ClientSession, job: dict[str, Any], count: int) -> list[Call]:
+    """``count`` calls that each sign in on the clock, by a fresh wallet holding credit."""
+    seed = _fresh_wallet(job)
+    await buy_credit(session, job, seed)
+    signer = Keypair.from_seed(hashlib.sha256(seed.encode()).digest())
+    method, body = job.get("method", "POST"), job.get("body", "").encode()
+    headers = {"content-type": "application/json"} if body else {}
+    return [Call(method, job["path"], headers, body, signer)] * count
+
+
+async def session_calls(session: aiohttp.ClientSession, job: dict[str, Any], count: int) -> list[Call]:
+    """``count`` calls on one credit session of a fresh wallet holding credit."""
+    seed = _fresh_wallet(job)
+    await buy_credit(session, job, seed)
+    signer = Keypair.from_seed(hashlib.sha256(seed.encode()).digest())
+    url = f"{job['url']}{job['session_path']}?capMicroUsdc={job['session_cap']}"
+    async with session.post(url) as resp:
+        await resp.read()
+        required = json.loads(base64.b64decode(resp.headers["payment-required"]))
+    signed = sign_in(required["extensions"]["sign-in-with-x"], signer)
+    async with session.post(url, headers={"sign-in-with-x": signed}) as resp:
+        opened = await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"session refused: {resp.status} {opened[:300]!r}")
+    token = json.loads(opened)["result"]["token"]
+    method, body = job.get("method", "POST"), job.get("body", "").encode()
+    headers = {"content-type": "application/json", "x-credit-session": token}
+    return [Call(method, job["path"], headers, body)] * count
+
+
+async def signed_headers(session: aiohttp.ClientSession, base_url: str, call: Call) -> dict[str, str]:
+    """The per-call sign-in's first half: the route's 402, and its challenge signed."""
+    assert call.signer is not None
+    url = base_url + call.path
+    async with session.request(call.method, url, headers=call.headers, data=call.body or None) as resp:
+        await resp.read()
+        required = json.loads(base64.b64decode(resp.headers["payment-required"]))
+    return {**call.headers, "sign-in-with-x": sign_in(required["extensions"]["sign-in-with-x"], call.signer)}
+
+
 # --- driving ---------------------------------------------------------------------------------
 
 
@@ -215,12 +266,15 @@ async def drive(
             index += 1
             started = time.perf_counter()
             try:
+                headers = (
+                    call.headers if call.signer is None else await signed_headers(session, base_url, call)
+                )
                 async with session.request(
-                    call.method, base_url + call.path, headers=call.headers, data=call.body or None
+                    call.method, base_url + call.path, headers=headers, data=call.body or None
                 ) as resp:
                     body = await resp.read()
                     status = resp.status
-            except aiohttp.ClientError as exc:
+            except (aiohttp.ClientError, KeyError, ValueError) as exc:
                 status, body = 0, repr(exc).encode()
             elapsed = time.perf_counter() - started
             statuses[status] += 1
@@ -249,6 +303,10 @@ async def run_job(job: dict[str, Any]) -> Result:
             calls = paid_calls(job, warmup + count)
         elif kind == "siwx":
             calls = await siwx_calls(session, job, warmup + count)
+        elif kind == "siwx_live":
+            calls = await live_calls(session, job, warmup + count)
+        elif kind == "session":
+            calls = await session_calls(session, job, warmup + count)
         else:
             raise ValueError(f"unknown job kind {kind!r}")
         prepare_s = time.perf_counter() - prepared

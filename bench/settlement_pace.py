@@ -9,7 +9,10 @@ realistic waits.
   balance from the chain) and times each paid request from sending PAYMENT-SIGNATURE to the 200
   carrying a successful PAYMENT-RESPONSE: one call at a time; 10 at once from a wallet that
   settled 5 payments just before (its record allows 11 in flight); 12 at once from a wallet
-  that affords one (how many transactions reach the chain).
+  that affords one (how many transactions reach the chain); the drain race from shared
+  networks: 20 fresh wallets at once, each paying from an account its own transaction empties
+  while the chain lands broadcasts 300 ms late, through one IPv4 address and through 20
+  addresses of one IPv6 /64 (forwarded by a trusted proxy), counting the fee payer's lamports lost.
 * **(g) realistic waits**: the paid path at c=1 with a provider that takes 50 ms, a facilitator
   whose verify takes 30 ms and whose settle takes 700 ms (100 ms plus a 600 ms confirmation), as
   loopback stubs with those sleeps; the gateway (Redis), the reference SDK's middleware and the
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import json
 import statistics
@@ -42,8 +46,11 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
+from solders.hash import Hash
 from solders.keypair import Keypair
+from solders.message import MessageV0
 from solders.pubkey import Pubkey
+from solders.transaction import VersionedTransaction
 
 from bench.apps import PEER_PATH
 from bench.load import CLK_TCK, machine_busy_s, own_ticks, percentile
@@ -59,7 +66,13 @@ from gateway.payclient import (
 from gateway.sandbox.chain import USDC_MAINNET_MINT, LiteSvmRpcServer, set_token_account, setup_usdc_chain
 from gateway.solana_rpc import SolanaRpc
 from gateway.x402.headers import HeaderError, decode_header
-from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload, fetch_mint_info
+from gateway.x402.svm_payer import (
+    MintInfo,
+    build_exact_transaction,
+    build_payment_payload,
+    fetch_mint_info,
+    transfer_checked_instruction,
+)
 from gateway.x402.types import PaymentRequirements, ResourceInfo, SettleResponse
 
 if TYPE_CHECKING:
@@ -80,6 +93,10 @@ WAITS_TARGET = 1.05
 RECORD = 5
 BURST = 10
 POOR_BURST = 12
+DRAIN_WALLETS = 20
+DRAIN_LAND_DELAY_S = 0.300
+"""The drain race: how late the chain lands a broadcast after its preflight (a slot or more on a
+real cluster), so the wallets' own drains land between our checks and our settlements."""
 WALLET_USDC = 1_000 * 10**6
 FEE_PAYER = Keypair.from_seed(hashlib.sha256(b"x402-gateway-bench-pace-fee-payer").digest())
 PACE = "pace"
@@ -87,6 +104,8 @@ WAITS = "waits"
 ONE_AT_A_TIME = "one call at a time"
 RECORD_BURST = f"{BURST} at once, a record of {RECORD}"
 POOR = f"{POOR_BURST} at once, funds for one"
+DRAIN_V4 = f"drain race, {DRAIN_WALLETS} wallets on one IPv4 address"
+DRAIN_V6 = f"drain race, {DRAIN_WALLETS} wallets on {DRAIN_WALLETS} addresses of one IPv6 /64"
 GATEWAY_WAITS = "gateway, Redis store"
 PEER_WAITS = "peer (x402 SDK)"
 FLOOR_WAITS = "I-O floor, Redis"
@@ -121,10 +140,18 @@ class BenchChain(LiteSvmRpcServer):
         return answer
 
     def _rpc_benchFund(self, params: list[Any]) -> dict[str, Any]:
+        """``owner``'s USDC account holding ``micro_usdc``, and 1 SOL for the owner's own
+        transactions' fees."""
         owner = Pubkey.from_string(params[0])
         account = set_token_account(self.svm, owner, USDC_MAINNET_MINT, int(params[1]))
+        self.svm.airdrop(owner, 1_000_000_000)
         self.watch(owner, account)
         return {"jsonrpc": "2.0", "result": str(account)}
+
+    def _rpc_benchLandDelay(self, params: list[Any]) -> dict[str, Any]:
+        """From now on, land each broadcast ``seconds`` after its preflight."""
+        self.land_delay_s = float(params[0])
+        return {"jsonrpc": "2.0", "result": self.land_delay_s}
 
     def _rpc_benchSent(self, params: list[Any]) -> dict[str, Any]:
         return {"jsonrpc": "2.0", "result": len(self.sent)}
@@ -240,8 +267,10 @@ class Wallet:
             signed.append(payment_header(challenge, payload))
         return signed
 
-    async def pay(self, header: tuple[str, str]) -> Answer:
+    async def pay(self, header: tuple[str, str], forwarded_for: str = "") -> Answer:
         headers = {"content-type": "application/json", "accept": "application/json", header[0]: header[1]}
+        if forwarded_for:
+            headers["x-forwarded-for"] = forwarded_for
         sent_at = time.monotonic()
         started = time.perf_counter()
         async with self.session.post(
@@ -345,10 +374,57 @@ async def poor_burst(wallet: Wallet, job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def drain_race(wallet: Wallet, job: dict[str, Any]) -> dict[str, Any]:
+    """One fresh wallet per address in ``job["ips"]`` (forwarded for by the trusted proxy, the
+    client's own address), each holding one price, pays it while its own transaction (sent just
+    before, landing first) empties its account: the fee payer's lamports lost are the failed
+    settlements' fees (nothing can settle)."""
+    _, requirement = await wallet.challenge()
+    price = int(requirement.amount)
+    thief = await wallet.rpc.call("benchFund", [str(Keypair().pubkey()), 0], str)
+    racers = []
+    for ip in job["ips"]:
+        racer = Wallet(wallet.session, wallet.rpc, wallet.url, wallet.body, Keypair())
+        account = await racer.rpc.call("benchFund", [str(racer.keypair.pubkey()), price], str)
+        (header,) = await racer.payments(1)
+        racers.append((racer, header, Pubkey.from_string(account), ip))
+    blockhash = (await wallet.rpc.get_latest_blockhash()).blockhash
+    await wallet.rpc.call("benchLandDelay", [job["land_delay_s"]], float)
+    fee_payer = str(FEE_PAYER.pubkey())
+    try:
+        before = await wallet.rpc.get_balance(fee_payer)
+        for racer, _, account, _ in racers:
+            drain = _drain(racer.keypair, account, Pubkey.from_string(thief), price, blockhash)
+            await wallet.rpc.send_transaction(drain, skip_preflight=True)
+        answers = await asyncio.gather(
+            *(racer.pay(header, forwarded_for=ip) for racer, header, _, ip in racers)
+        )
+        await asyncio.sleep(2 * job["land_delay_s"] + CONFIRM_S)  # every broadcast landed
+        lost = before - await wallet.rpc.get_balance(fee_payer)
+    finally:
+        await wallet.rpc.call("benchLandDelay", [0.0], float)
+    return {"answers": [asdict(a) for a in answers], "lost_lamports": lost}
+
+
+def _drain(owner: Keypair, account: Pubkey, thief: Pubkey, amount: int, blockhash: str) -> str:
+    """The owner's own transaction moving ``amount`` out of ``account`` (base64, paying its fee)."""
+    instruction = transfer_checked_instruction(
+        source=account,
+        mint=USDC_MAINNET_MINT,
+        destination=thief,
+        authority=owner.pubkey(),
+        amount=amount,
+        decimals=6,
+    )
+    message = MessageV0.try_compile(owner.pubkey(), [instruction], [], Hash.from_string(blockhash))
+    return base64.b64encode(bytes(VersionedTransaction(message, [owner]))).decode()
+
+
 PHASES: dict[str, Callable[[Wallet, dict[str, Any]], Awaitable[dict[str, Any]]]] = {
     "single": one_at_a_time,
     "burst": record_then_burst,
     "poor": poor_burst,
+    "drain": drain_race,
 }
 
 
@@ -444,12 +520,16 @@ def run_chain_pace(bench: Bench, servers: dict[str, Server], stubs: dict[str, Se
             SOLANA_MAINNET_RPC_URL=chain.url,
             SOLANA_DEVNET_RPC_URL=chain.url,
             STATE_STORE_REST_URL=_redis(servers, REDIS_DATABASES["pace"]),
+            # The drain race's client speaks for its wallets' addresses as a proxy would.
+            TRUSTED_PROXIES="127.0.0.0/8",
         )
         gateway.env = env
         with started(bench, [chain, gateway], ["/", "/healthz"]):
             base = {"url": gateway.url + PAID_PATH, "chain": chain.url, "body": RPC_BODY}
             single = {"kind": "single", "warmup": 2, "count": 20 if quick else 50}
             rounds = 3 if quick else 5
+            drain = {"kind": "drain", "land_delay_s": DRAIN_LAND_DELAY_S}
+            drain_rounds = 2 if quick else 3
             results = {
                 ONE_AT_A_TIME: [_client(bench, {**base, **single})],
                 RECORD_BURST: [
@@ -457,8 +537,19 @@ def run_chain_pace(bench: Bench, servers: dict[str, Server], stubs: dict[str, Se
                     for _ in range(rounds)
                 ],
                 POOR: [_client(bench, {**base, "kind": "poor", "size": POOR_BURST}) for _ in range(3)],
+                # Fresh addresses each round: a round's failure cools its IP down for 10 minutes.
+                DRAIN_V4: [
+                    _client(bench, {**base, **drain, "ips": [f"203.0.113.{10 + r}"] * DRAIN_WALLETS})
+                    for r in range(drain_rounds)
+                ],
+                DRAIN_V6: [_client(bench, {**base, **drain, "ips": _one_64(r)}) for r in range(drain_rounds)],
             }
     _record_pace(bench, results)
+
+
+def _one_64(n: int) -> list[str]:
+    """``DRAIN_WALLETS`` addresses of the ``n``-th /64, each in its own /80."""
+    return [f"2001:db8:{n + 1:x}:1:{i:x}::1" for i in range(DRAIN_WALLETS)]
 
 
 def _client(bench: Bench, job: dict[str, Any]) -> dict[str, Any]:
@@ -535,6 +626,7 @@ def _record_pace(bench: Bench, results: dict[str, list[dict[str, Any]]]) -> None
         earned = [Answer(**a) for a in found["record"]]
         rounds.append(
             {
+                "confirm_to_last_ms": _confirm_to_last_ms(burst),
                 "slowest_ms": max(a.ms for a in burst),
                 "fastest_ms": min(a.ms for a in burst),
                 "to_land_max_ms": max((a.to_land_ms for a in burst if a.to_land_ms is not None), default=0.0),
@@ -564,6 +656,8 @@ def _record_pace(bench: Bench, results: dict[str, list[dict[str, Any]]]) -> None
                 "rounds": rounds,
                 "slowest_over_ms": round(max(slowest) - confirm_ms, 1),
                 "median_slowest_over_ms": round(statistics.median(slowest) - confirm_ms, 1),
+                "confirm_to_last_ms": max(r["confirm_to_last_ms"] for r in rounds),
+                "median_confirm_to_last_ms": statistics.median(r["confirm_to_last_ms"] for r in rounds),
                 "unexpected": sum(r["unexpected"] for r in rounds),
                 "foreign_cpu_pct": max(r["foreign_cpu_pct"] for r in rounds),
             },
@@ -585,6 +679,9 @@ def _record_pace(bench: Bench, results: dict[str, list[dict[str, Any]]]) -> None
                 "foreign_cpu_pct": found["foreign_cpu_pct"],
             }
         )
+    for target in (DRAIN_V4, DRAIN_V6):
+        if target in results:
+            _record_drain(bench, target, results[target])
     bench.rows.append(
         Row(
             PACE,
@@ -594,6 +691,48 @@ def _record_pace(bench: Bench, results: dict[str, list[dict[str, Any]]]) -> None
                 "rounds": poor,
                 "unexpected": sum(1 for r in poor if r["sent"] != 1 or r["settled"] != 1),
                 "foreign_cpu_pct": max(r["foreign_cpu_pct"] for r in poor),
+            },
+        )
+    )
+
+
+def _confirm_to_last_ms(burst: Sequence[Answer]) -> float:
+    """From the chain's first confirmation of the burst's transactions to its last answer: a
+    settlement held for a second round shows here (its answer comes a round later), where each
+    answer timed from its own transaction's confirmation would hide it."""
+    landed = [a.sent_at + a.to_land_ms / 1000 for a in burst if a.to_land_ms is not None]
+    if not landed:
+        return float("nan")
+    last = max(a.sent_at + a.ms / 1000 for a in burst)
+    return round((last - (min(landed) + CONFIRM_S)) * 1000, 1)
+
+
+def _record_drain(bench: Bench, target: str, found: Sequence[dict[str, Any]]) -> None:
+    """The drain race's rounds: the fee payer's lamports lost, and what the wallets were told."""
+    from bench.run import Row
+
+    rounds = []
+    for result in found:
+        answers = [Answer(**a) for a in result["answers"]]
+        rounds.append(
+            {
+                "lost_lamports": result["lost_lamports"],
+                "statuses": _statuses(answers),
+                "errors": dict(Counter(a.error for a in answers)),
+                "settled": sum(a.settled for a in answers),
+                "foreign_cpu_pct": result["foreign_cpu_pct"],
+            }
+        )
+    bench.rows.append(
+        Row(
+            PACE,
+            target,
+            DRAIN_WALLETS,
+            {
+                "rounds": rounds,
+                "lost_lamports": max(r["lost_lamports"] for r in rounds),
+                "unexpected": sum(r["settled"] for r in rounds),
+                "foreign_cpu_pct": max(r["foreign_cpu_pct"] for r in rounds),
             },
         )
     )
@@ -733,6 +872,24 @@ def pace_summary(bench: Bench) -> list[str]:
             f"{sum(r['settled'] for r in rounds)}/{BURST * len(rounds)} settled "
             f"| <= {BURST_TARGET_MS:.0f} ms: {_met(ok, burst)} |"
         )
+    if burst is not None:
+        ok = burst["confirm_to_last_ms"] <= BURST_TARGET_MS
+        lines.append(
+            f"| chain pace (f): {BURST} at once from a wallet with {RECORD} settled, the chain's first "
+            f"confirmation to the last answer, worst of {len(burst['rounds'])} rounds (median) "
+            f"| {burst['confirm_to_last_ms']:.0f} ms ({burst['median_confirm_to_last_ms']:.0f}) "
+            f"| <= {BURST_TARGET_MS:.0f} ms: {_met(ok, burst)} |"
+        )
+    v4, v6 = _find(bench, PACE, DRAIN_V4), _find(bench, PACE, DRAIN_V6)
+    if v4 is not None and v6 is not None:
+        ok = v6["lost_lamports"] <= v4["lost_lamports"] and not v4["unexpected"] + v6["unexpected"]
+        per_round = ", ".join(str(r["lost_lamports"]) for r in v6["rounds"])
+        lines.append(
+            f"| chain pace (f): drain race, {DRAIN_WALLETS} fresh wallets at once, fee payer's lamports "
+            f"lost per round: one IPv6 /64 ({per_round}) vs one IPv4 address (worst) "
+            f"| {v6['lost_lamports']} vs {v4['lost_lamports']} "
+            f"| /64 <= IPv4: {_met(ok, v4 if v4['foreign_cpu_pct'] > v6['foreign_cpu_pct'] else v6)} |"
+        )
     poor = _find(bench, PACE, POOR)
     if poor is not None:
         sent = ", ".join(str(r["sent"]) for r in poor["rounds"])
@@ -826,13 +983,15 @@ def _pace_section(bench: Bench) -> list[str]:
         f"its record allows {1 + 2 * RECORD} settlements in flight. One row per round.",
         "",
         "| round | answers | settled | transactions sent | fastest ms | slowest ms | slowest over "
+        "| first confirmation to last answer ms "
         "| latest landing ms | longest landing to answer ms | longest heard late ms | other CPU % |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n, r in enumerate(burst["rounds"], 1):
         out.append(
             f"| {n} | {_counts(r['statuses'])} | {r['settled']} | {r['sent']} | {r['fastest_ms']:.1f} "
-            f"| {r['slowest_ms']:.1f} | {r['slowest_ms'] - confirm:.1f} | {r['to_land_max_ms']:.1f} "
+            f"| {r['slowest_ms']:.1f} | {r['slowest_ms'] - confirm:.1f} | {r['confirm_to_last_ms']:.1f} "
+            f"| {r['to_land_max_ms']:.1f} "
             f"| {r['after_land_max_ms']:.1f} | {r['heard_late_max_ms']:.1f} | {r['foreign_cpu_pct']:.0f} |"
         )
     out += [
@@ -851,6 +1010,28 @@ def _pace_section(bench: Bench) -> list[str]:
             f"| {n} | {r['sent']} | {_counts(r['statuses'])} | {errors} | {held} "
             f"| {r['first_refusal_ms']:.1f} | {r['slowest_ms']:.1f} | {r['foreign_cpu_pct']:.0f} |"
         )
+    drains = [(t, _find(bench, PACE, t)) for t in (DRAIN_V4, DRAIN_V6)]
+    if all(found is not None for _, found in drains):
+        out += [
+            "",
+            f"The drain race from shared networks: {DRAIN_WALLETS} fresh wallets, each holding one price, "
+            "each pays while its own transaction (sent just before) empties its account; the chain lands "
+            f"broadcasts {DRAIN_LAND_DELAY_S * 1000:.0f} ms after their preflight, so a settlement "
+            "broadcast before the drains land fails on chain at the fee payer's expense. The client speaks "
+            "for the wallets' addresses as a trusted proxy does (`X-Forwarded-For`). One row per round, "
+            "each on fresh addresses.",
+            "",
+            "| addresses | round | fee payer lamports lost | answers | errors | other CPU % |",
+            "|---|---:|---:|---|---|---:|",
+        ]
+        for target, found in drains:
+            assert found is not None
+            for n, r in enumerate(found["rounds"], 1):
+                errors = ", ".join(f"{v} {k}" for k, v in sorted(r["errors"].items())) or "none"
+                out.append(
+                    f"| {target.split(' on ', 1)[1]} | {n} | {r['lost_lamports']} | {_counts(r['statuses'])} "
+                    f"| {errors} | {r['foreign_cpu_pct']:.0f} |"
+                )
     return out
 
 

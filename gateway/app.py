@@ -19,9 +19,10 @@ from starlette.types import ASGIApp as StarletteASGIApp
 
 from gateway.asgi import ASGIApp, BodyReadDeadline
 from gateway.config import Settings, startup_notes
+from gateway.credit_sessions import CreditSessions, SessionTerms
 from gateway.credits import credit_book
 from gateway.handlers.catalog import CatalogHandler
-from gateway.handlers.credits import BalanceHandler, TopUpHandler
+from gateway.handlers.credits import BalanceHandler, SessionOpenHandler, SessionRevokeHandler, TopUpHandler
 from gateway.handlers.docs import DocsHandler
 from gateway.handlers.health import HealthHandler
 from gateway.handlers.jsonrpc import JsonRpcProxy
@@ -107,6 +108,19 @@ def _credit_balance(route: RouteSpec, services: Services) -> ASGIApp:
     return BalanceHandler(credit_book(services))
 
 
+def credit_sessions(services: Services) -> CreditSessions:
+    """The app's credit sessions: on its store, for its sign-in origin."""
+    return CreditSessions(services.store, services.siwx.base_url, credit_book(services))
+
+
+def _credit_session_open(route: RouteSpec, services: Services) -> ASGIApp:
+    return SessionOpenHandler(credit_sessions(services))
+
+
+def _credit_session_revoke(route: RouteSpec, services: Services) -> ASGIApp:
+    return SessionRevokeHandler(credit_sessions(services), services.limiter)
+
+
 def _internal(route: RouteSpec, services: Services) -> ASGIApp:
     """An internal facilitator operation; its path's dispatcher checks the shared secret first."""
     operation: ASGIApp = getattr(services.internal_routes, route.handler.removeprefix("facilitator_"))
@@ -127,6 +141,8 @@ HANDLER_FACTORIES: dict[str, HandlerFactory] = {
     "facilitator_settle": _internal,
     "credit_top_up": _credit_top_up,
     "credit_balance": _credit_balance,
+    "credit_session_open": _credit_session_open,
+    "credit_session_revoke": _credit_session_revoke,
 }
 """One factory per handler of :data:`gateway.vocabulary.HANDLERS` (a test holds the two equal)."""
 
@@ -149,6 +165,7 @@ def _siwx(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
         gate=SignInGate(services.store, services.limiter, route.rate_limits),
         limiter=services.limiter,
         max_body=services.settings.max_body_bytes,
+        terms=SessionTerms(services.siwx.base_url) if route.handler == "credit_session_open" else None,
     )
 
 

@@ -402,6 +402,8 @@ def cmd_pay(args: argparse.Namespace) -> int:
             usdc_mint=usdc_mint,
             output=output,
             wait=not args.no_wait,
+            session_file=args.session_file,
+            session_cap_usdc=args.session_cap,
         )
     )
 
@@ -409,10 +411,31 @@ def cmd_pay(args: argparse.Namespace) -> int:
 def cmd_credits(args: argparse.Namespace) -> int:
     import asyncio
 
-    from gateway.creditclient import run_credits
+    from gateway.creditclient import run_credits, run_open_session, run_revoke_session
     from gateway.payclient import waiting_out_rate_limits
 
     with waiting_out_rate_limits(True, None if args.json else sys.stderr):  # as pay does
+        if args.open_session is not None:
+            return asyncio.run(
+                run_open_session(
+                    args.base_url,
+                    args.open_session,
+                    keypair_file=args.keypair,
+                    ttl_s=args.session_ttl,
+                    session_file=args.session_file,
+                    as_json=args.json,
+                )
+            )
+        if args.revoke_session is not None:
+            return asyncio.run(
+                run_revoke_session(
+                    args.base_url,
+                    args.revoke_session,
+                    keypair_file=args.keypair,
+                    session_file=args.session_file,
+                    as_json=args.json,
+                )
+            )
         return asyncio.run(run_credits(args.base_url, keypair_file=args.keypair, as_json=args.json))
 
 
@@ -616,6 +639,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="on a 429 answer, exit at once instead of waiting out its Retry-After "
         "(at most 60 s in all) and sending the request again",
     )
+    pay.add_argument(
+        "--session-cap",
+        default=None,
+        metavar="USDC",
+        help="on prepaid credit, the most the credit session pay opens may spend in all (default: 1.00); "
+        "a call on it is sent without a 402 only to a URL whose price was seen within --max-amount",
+    )
+    pay.add_argument(
+        "--session-file",
+        default=None,
+        metavar="PATH",
+        help="keep the credit session in PATH (owner-only JSON holding its token) for the next runs; "
+        "by default it lives as long as this process",
+    )
     shown = pay.add_mutually_exclusive_group()
     shown.add_argument("--quiet", action="store_true", help="print the response body only (errors on stderr)")
     shown.add_argument("--json", action="store_true", help="print one JSON object for scripts")
@@ -640,6 +677,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     credits.add_argument("base_url", metavar="BASE_URL", help="the gateway, e.g. http://127.0.0.1:8080")
     credits.add_argument("--keypair", required=True, help="solana-keygen JSON file (or base58 64-byte key)")
     credits.add_argument("--json", action="store_true", help="print one JSON object for scripts")
+    session = credits.add_mutually_exclusive_group()
+    session.add_argument(
+        "--open-session",
+        default=None,
+        metavar="CAP",
+        help="sign in to open a credit session spending at most CAP USDC; prints its X-CREDIT-SESSION token",
+    )
+    session.add_argument(
+        "--revoke-session",
+        default=None,
+        nargs="?",
+        const="",
+        metavar="TOKEN",
+        help="revoke the credit session of TOKEN (default: the wallet's in --session-file); "
+        "prints what it spent",
+    )
+    credits.add_argument(
+        "--session-ttl",
+        type=int,
+        default=3600,
+        metavar="SECONDS",
+        help="the session's lifetime, at most 3600 (default: %(default)s)",
+    )
+    credits.add_argument(
+        "--session-file", default=None, metavar="PATH", help="keep the session opened in PATH, as pay does"
+    )
     credits.set_defaults(func=cmd_credits)
     with guarded_streams():
         args = parser.parse_args(argv)

@@ -51,7 +51,11 @@ GATEWAY_VARIABLES: tuple[str, ...] = (
     "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
     "CLIENT_BODY_TIMEOUT_SECONDS", "X402_MAX_COMPUTE_UNIT_LIMIT", "X402_MAX_COMPUTE_UNIT_PRICE",
     "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "CREDITS_ENABLED", "CREDIT_LAPSE_DAYS", "LEDGER_DATABASE_URL",
+    "CLIENT_IPV6_PREFIX_LENGTH",
 )  # fmt: skip
+WIDEST_TRUSTED_NETWORK = 256
+"""A trusted network wider than this (an IPv4 /24) is likely a subnet or a pod CIDR, not a proxy's
+own addresses: worth a start-up note, since every address in it may write X-Forwarded-For."""
 UPSTREAM_VARIABLE = re.compile(r"[A-Z][A-Z0-9_]{0,99}")
 """What an upstream's URL variable may be called (the route loader refuses any other name)."""
 ALL_GROUPS = "all"
@@ -134,6 +138,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     client_header_timeout_s: float = 10.0
     client_body_timeout_s: float = 10.0
     trusted_proxies: tuple[IpNetwork, ...] = ()
+    client_ipv6_prefix_length: int = 64
+    """An IPv6 client is its address's network of this length to every per-IP limit and guard
+    (``CLIENT_IPV6_PREFIX_LENGTH``): one site holds a whole /64 or more, not one address."""
     log_level: str = "INFO"
     log_challenges: str = "summary"
     """``LOG_CHALLENGES``: how plain 402 challenges are logged (``summary``, ``all``, ``off``)."""
@@ -489,6 +496,7 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         client_header_timeout_s=r.number("CLIENT_HEADER_TIMEOUT_SECONDS", 10.0, 0.5, 600.0),
         client_body_timeout_s=r.number("CLIENT_BODY_TIMEOUT_SECONDS", 10.0, 0.5, 600.0),
         trusted_proxies=_trusted_proxies(r),
+        client_ipv6_prefix_length=r.integer("CLIENT_IPV6_PREFIX_LENGTH", 64, 32, 128),
         log_level=_log_level(r),
         payment_timeout_s=r.integer("X402_MAX_TIMEOUT_SECONDS", 60, 5, 3600),
         route_groups=_route_groups(r),
@@ -525,6 +533,12 @@ def startup_notes(settings: Settings) -> list[str]:
         )
     if not settings.siwx_secret:
         notes.append("SIWX_SECRET unset: sign-in nonces use a random per-process secret (one replica only)")
+    for network in settings.trusted_proxies:
+        if network.num_addresses > WIDEST_TRUSTED_NETWORK:
+            notes.append(
+                f"TRUSTED_PROXIES {network} trusts {network.num_addresses:,} addresses: any of them that "
+                "a client can send from picks its own rate-limit bucket; name only your proxy's addresses"
+            )
     secret = settings.internal_secret.reveal()
     if secret and len(secret) < 32:
         notes.append("INTERNAL_SETTLEMENT_SECRET is shorter than 32 characters: use a longer random secret")

@@ -1,5 +1,9 @@
 """``x402-gateway credits`` and ``x402-gateway pay --top-up``: a wallet's prepaid credit at a gateway.
 
+A credit session (``--open-session CAP``) is opened by one sign-in and printed (its token goes
+in ``X-CREDIT-SESSION``; ``--session-file`` keeps it for ``pay``); ``--revoke-session`` ends one
+and prints what it spent.
+
 Credit is bought with an exact payment (``POST {base}/v1/x402/credits/top-up/{AMOUNT}``, priced at
 exactly the AMOUNT of USDC it sells) and spent by signing in on any paid route, which is what
 ``pay`` does first (:mod:`gateway.payclient`). The balance (``GET {base}/v1/x402/credits``) is
@@ -35,10 +39,12 @@ from gateway.payclient import (
     pay,
     report,
     report_refusal,
+    session_cap,
     sign_in_request,
     spend_policy,
     usdc_text,
 )
+from gateway.sessionclient import SessionCache, SessionError, open_session, revoke_session
 from gateway.x402.types import USDC_DECIMALS
 
 TOP_UP_PATH = "/v1/x402/credits/top-up/"
@@ -200,4 +206,89 @@ async def run_credits(
     print(f"credit:         {usdc_text(_micro(answer.balanceMicroUsdc))}", file=out)
     print(f"held:           {usdc_text(_micro(answer.heldMicroUsdc))}  (by calls in flight)", file=out)
     print(f"lapses:         {lapse_text(answer.expiresAt)}", file=out)
+    return 0
+
+
+async def run_open_session(
+    base: str,
+    cap_usdc: str,
+    *,
+    keypair_file: str,
+    ttl_s: int = 3600,
+    session_file: str | None = None,
+    as_json: bool = False,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """``credits BASE_URL --open-session CAP``: sign in once, print the session's token."""
+    out, err = out or sys.stdout, err or sys.stderr
+    output = "json" if as_json else "text"
+    try:
+        base = base_url(base)
+        cap = session_cap(cap_usdc, "--open-session")
+        if not 0 < ttl_s <= 3600:
+            raise PayError(f"--session-ttl {ttl_s} must be from 1 to 3600 seconds", "usage")
+        keypair = load_keypair(keypair_file)
+        timeout = aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            opened = await open_session(http, base, keypair, cap, ttl_s)
+    except SessionError as exc:
+        return report_refusal(
+            PayError(one_line(str(exc), UNTRUSTED_CHARS), "session_failed"), output, out, err, "credits"
+        )
+    except PayError as exc:
+        return report_refusal(exc, output, out, err, command="credits")
+    if session_file:
+        SessionCache(session_file).put(opened)
+    if as_json:
+        found = {"wallet": opened.wallet, "token": opened.token, "capMicroUsdc": str(opened.cap)}
+        print(json.dumps({"ok": True, **found, "expiresAt": opened.expires_at}), file=out)
+        return 0
+    print(f"wallet:         {opened.wallet}", file=out)
+    print(f"session:        {opened.token}", file=out)
+    print(f"cap:            {usdc_text(opened.cap)}", file=out)
+    print(f"expires:        {lapse_text(opened.expires_at)}", file=out)
+    print("send it as X-CREDIT-SESSION; revoke it with credits --revoke-session TOKEN", file=err)
+    return 0
+
+
+async def run_revoke_session(
+    base: str,
+    token: str,
+    *,
+    keypair_file: str,
+    session_file: str | None = None,
+    as_json: bool = False,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """``credits BASE_URL --revoke-session [TOKEN]``: end a session, print what it spent."""
+    out, err = out or sys.stdout, err or sys.stderr
+    output = "json" if as_json else "text"
+    try:
+        base = base_url(base)
+        cache = SessionCache(session_file) if session_file else None
+        if not token:
+            wallet = str(load_keypair(keypair_file).pubkey())
+            kept = cache.get(base, wallet) if cache is not None else None
+            if kept is None:
+                raise PayError("give the session's TOKEN, or a --session-file holding one", "usage")
+            token = kept.token
+        timeout = aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            revoked = await revoke_session(http, base, token)
+    except SessionError as exc:
+        return report_refusal(
+            PayError(one_line(str(exc), UNTRUSTED_CHARS), "session_failed"), output, out, err, "credits"
+        )
+    except PayError as exc:
+        return report_refusal(exc, output, out, err, command="credits")
+    if cache is not None:
+        cache.drop(base, revoked.wallet)
+    if as_json:
+        print(json.dumps({"ok": True, "revoked": True, **msgspec.to_builtins(revoked)}), file=out)
+        return 0
+    print(f"wallet:         {revoked.wallet}", file=out)
+    spent, cap = usdc_text(_micro(revoked.spentMicroUsdc)), usdc_text(_micro(revoked.capMicroUsdc))
+    print(f"revoked:        spent {spent} of {cap}", file=out)
     return 0

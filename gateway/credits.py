@@ -72,6 +72,9 @@ class CreditHold:
     """This process's monotonic clock when it heard of the hold (at or after the store made it)."""
     call: CreditCall | None = None
     """The call it pays for, when the call has an id: its answer is kept with the take."""
+    session: str = ""
+    """The store key of the credit session it was spent under (``gateway.credit_sessions``), if any:
+    a call that takes nothing gives its amount back to that session's cap too."""
 
 
 @dataclass(frozen=True, slots=True)

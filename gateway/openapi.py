@@ -131,7 +131,7 @@ def _header_param(name: str, description: str) -> dict[str, Any]:
 def _credentials(route: RouteSpec, credit: CreditTerms | None) -> tuple[Credential, ...]:
     """The credential headers ``route`` answers to: its access mode's, and a sign-in where it
     takes prepaid credit."""
-    own = ACCESS_MODES[route.access].credentials
+    own = (*ACCESS_MODES[route.access].credentials, *HANDLERS[route.handler].credentials)
     if credit is not None and credit_price(route) is not None:
         return (*own, *ACCESS_MODES[CREDIT_METHOD].credentials)
     return own
@@ -172,7 +172,7 @@ def _responses(route: RouteSpec) -> dict[str, Any]:
     if route.paid:
         receipt = _ref("headers", "PaymentResponse")
         ok["headers"] = {"PAYMENT-RESPONSE": receipt, "X-PAYMENT-RESPONSE": receipt}
-    statuses = set(ACCESS_MODES[route.access].error_statuses)
+    statuses = {*ACCESS_MODES[route.access].error_statuses, *HANDLERS[route.handler].error_statuses}
     if route.input:
         statuses.add(400)
     if route.rate_limits:

@@ -5,10 +5,13 @@ Built on the same builders the tests use (:mod:`gateway.x402.svm_payer`,
 
 1. send the request;
 2. on 402 read the challenge (``PAYMENT-REQUIRED`` header, else the JSON body);
-3. if it carries a ``sign-in-with-x`` extension, sign in and retry with ``SIGN-IN-WITH-X``
-   (tried before paying: on a sign-in route it is all that is asked, and on a paid route of a
-   gateway selling prepaid credit it spends the wallet's credit, with no transaction; the answer
-   then carries ``X-Credit-Balance``, the credit left);
+3. if it carries a ``sign-in-with-x`` extension, sign in (tried before paying): on a sign-in
+   route, the request again with ``SIGN-IN-WITH-X``; on a paid route of a gateway selling
+   prepaid credit, through a credit session (:mod:`gateway.sessionclient`: one sign-in opens
+   it, or one kept from before serves), the request again with ``X-CREDIT-SESSION``, spending
+   the wallet's credit with no transaction; the answer then carries ``X-Credit-Balance``, the
+   credit left. A URL whose 402 the session cache saw within the policy is called on the
+   session straight away, with no 402 (step 1 carries the session);
 4. if the answer is (still) 402 (e.g. ``insufficient_credit``: the wallet's credit does not
    cover the call) and ``accepts`` holds an exact Solana requirement the wallet's
    :class:`SpendPolicy` allows, check the wallet holds enough USDC, build and sign the payment
@@ -68,6 +71,17 @@ from solders.pubkey import Pubkey
 from gateway.config import PUBLIC_MAINNET_RPC_URL
 from gateway.pricing import usd_display
 from gateway.redact import redact_url
+from gateway.sessionclient import (
+    DEFAULT_SESSION_CAP,
+    MAX_SESSION_CAP,
+    PROCESS_CACHE,
+    RENEWED,
+    SESSION_HEADER,
+    CreditSession,
+    SessionCache,
+    SessionError,
+    open_session,
+)
 from gateway.solana_rpc import RpcUnavailable, SolanaRpc, SolanaRpcError
 from gateway.x402.challenge import PAYMENT_IDENTIFIER
 from gateway.x402.headers import HeaderError, decode_header, encode_header
@@ -144,20 +158,30 @@ def usdc_text(micro: int) -> str:
     return f"{usd_display(micro)[1:]} USDC"
 
 
-def parse_usdc(text: str) -> int:
+def parse_usdc(text: str, option: str = "--max-amount") -> int:
     """``"0.10"`` (whole USDC, at most 6 decimals) -> micro-USDC; PayError when malformed."""
     try:
         value = Decimal(text.strip())
     except InvalidOperation:
-        raise PayError(f"--max-amount {text[:30]!r} is not a USDC amount such as 0.10", "usage") from None
+        raise PayError(f"{option} {text[:30]!r} is not a USDC amount such as 0.10", "usage") from None
     if not value.is_finite() or value < 0 or value > MAX_USDC_AMOUNT:
         raise PayError(
-            f"--max-amount {text[:30]!r} must be from 0 to {MAX_USDC_AMOUNT} with at most 6 decimals", "usage"
+            f"{option} {text[:30]!r} must be from 0 to {MAX_USDC_AMOUNT} with at most 6 decimals", "usage"
         )
     micro = value * 10**USDC_DECIMALS
     if micro != micro.to_integral_value():
-        raise PayError(f"--max-amount {text[:30]!r} must be >= 0 with at most 6 decimals", "usage")
+        raise PayError(f"{option} {text[:30]!r} must be >= 0 with at most 6 decimals", "usage")
     return int(micro)
+
+
+def session_cap(text: str | None, option: str = "--session-cap") -> int:
+    """The most a credit session may spend (micro-USDC): more than 0, at most 1,000 USDC."""
+    if text is None:
+        return DEFAULT_SESSION_CAP
+    cap = parse_usdc(text, option)
+    if not 0 < cap <= MAX_SESSION_CAP:
+        raise PayError(f"{option} {text[:30]!r} must be more than 0 and at most 1000 USDC", "usage")
+    return cap
 
 
 # --- keypair files --------------------------------------------------------------------------
@@ -491,6 +515,8 @@ class PayResult:
     """The reason of the 402 a sign-in got (e.g. ``insufficient_credit``) before paying instead."""
     credit_left: int | None = None
     """Answered on prepaid credit: the credit left (``X-Credit-Balance``, micro-USDC)."""
+    credit_session: str | None = None
+    """Called on a credit session: ``opened`` for this call, or ``reused``."""
     payment_id: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -661,6 +687,49 @@ async def _sign_in(
     return PayResult(status, body, headers, url, signed_in_as=str(keypair.pubkey()), credit_left=left)
 
 
+async def _on_session(
+    http: aiohttp.ClientSession, method: str, url: str, data: bytes | None, credit: CreditSession, how: str
+) -> PayResult:
+    """The request on a credit session: ``X-CREDIT-SESSION``, no 402, no signature."""
+    status, body, headers = await _send(http, method, url, data, {SESSION_HEADER: credit.token})
+    left = credit_left(headers) if status != 402 else None
+    return PayResult(
+        status, body, headers, url, signed_in_as=credit.wallet, credit_left=left, credit_session=how
+    )
+
+
+async def _spend_credit(
+    http: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    data: bytes | None,
+    keypair: Keypair,
+    extension: dict[str, Any],
+    challenge: Challenge,
+    cache: SessionCache,
+    session_cap: int,
+) -> PayResult:
+    """Answer a challenge's sign-in: on a paid route (it offers payments beside), through a
+    credit session, reused or opened (a gateway that opens none gets a sign-in per call); on a
+    sign-in route, with a sign-in."""
+    if not challenge.accepts:
+        return await _sign_in(http, method, url, data, keypair, extension)
+    origin, wallet = _origin(url), str(keypair.pubkey())
+    credit, how = cache.get(origin, wallet), "reused"
+    if credit is None:
+        try:
+            credit, how = await open_session(http, origin, keypair, session_cap), "opened"
+        except SessionError:
+            return await _sign_in(http, method, url, data, keypair, extension)
+        cache.put(credit)
+    asked = max((int(r.amount) for r in exact_solana_requirements(challenge)), default=0)
+    cache.approve(credit, url, asked)
+    result = await _on_session(http, method, url, data, credit, how)
+    if result.status == 402 and parse_challenge(result.headers, result.body).error in RENEWED:
+        cache.drop(origin, wallet)
+    return result
+
+
 async def sign_in_request(
     method: str, url: str, keypair: Keypair, *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> PayResult:
@@ -682,23 +751,44 @@ async def pay(
     rpc_url: str = PUBLIC_MAINNET_RPC_URL,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     policy: SpendPolicy | None = None,
+    sessions: SessionCache | None = None,
+    session_cap: int = DEFAULT_SESSION_CAP,
 ) -> PayResult:
-    """Send the request, answering a 402 with a sign-in and/or an exact Solana payment."""
+    """Send the request, answering a 402 with prepaid credit (a credit session on a paid route, a
+    sign-in on a sign-in route) and/or an exact Solana payment. ``sessions`` keeps the credit
+    sessions opened (default: this process's); a paid route this cache saw within the policy
+    is called on its session straight away, with no 402."""
     policy = policy or SpendPolicy()
     wallet = str(keypair.pubkey())
+    cache = PROCESS_CACHE if sessions is None else sessions
+    origin = _origin(url)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        status, body, headers = await _send(session, method, url, data, {})
-        result = PayResult(status, body, headers, url)
-        if status != 402:
-            return result
-        challenge = parse_challenge(headers, body)
+        cached = cache.get(origin, wallet)
+        if cached is not None and cached.prices.get(url, U64_MAX) <= policy.max_amount:
+            result = await _on_session(session, method, url, data, cached, "reused")
+            if result.status != 402:
+                return result
+            challenge = parse_challenge(result.headers, result.body)
+            if challenge.error in RENEWED:
+                cache.drop(origin, wallet)
+                result = PayResult(result.status, result.body, result.headers, url)
+            else:
+                result.sign_in_refused = one_line(challenge.error or "refused", UNTRUSTED_CHARS)
+        else:
+            status, body, headers = await _send(session, method, url, data, {})
+            result = PayResult(status, body, headers, url)
+            if status != 402:
+                return result
+            challenge = parse_challenge(headers, body)
         extension = siwx_extension(challenge)
-        if extension is not None:
+        if extension is not None and result.sign_in_refused is None:
             refused = await credit_refusal(session, method, url, challenge, policy)
             if refused is not None:
                 raise refused
-            result = await _sign_in(session, method, url, data, keypair, extension)
+            result = await _spend_credit(
+                session, method, url, data, keypair, extension, challenge, cache, session_cap
+            )
             if result.status != 402:
                 return result
             challenge = parse_challenge(result.headers, result.body)
@@ -726,6 +816,7 @@ async def pay(
             paid=requirement,
             signed_in_as=result.signed_in_as,
             sign_in_refused=result.sign_in_refused,
+            credit_session=result.credit_session,
             payment_id=extensions[PAYMENT_IDENTIFIER]["info"]["id"] if extensions else None,
         )
         settlement = headers.get("payment-response") or headers.get("x-payment-response")
@@ -812,6 +903,7 @@ def _summary(result: PayResult) -> dict[str, Any]:
         "signedInAs": result.signed_in_as,
         "signInRefused": result.sign_in_refused,
         "creditLeftMicroUsdc": str(result.credit_left) if result.credit_left is not None else None,
+        "creditSession": result.credit_session,
         "paid": paid,
         "paymentResponse": msgspec.to_builtins(result.settlement) if result.settlement else None,
         "paymentId": result.payment_id,
@@ -821,13 +913,15 @@ def _summary(result: PayResult) -> dict[str, Any]:
 
 def _narrate(result: PayResult, err: TextIO) -> None:
     """What happened, for a person, on stderr."""
+    who = f"signed in as {result.signed_in_as}"
+    if result.credit_session == "opened":
+        who += ", credit session opened"
+    elif result.credit_session == "reused":
+        who = f"credit session of {result.signed_in_as} reused"
     if result.signed_in_as and result.sign_in_refused:
-        print(
-            f"signed in as {result.signed_in_as}: refused ({result.sign_in_refused}), paying instead",
-            file=err,
-        )
+        print(f"{who}: refused ({result.sign_in_refused}), paying instead", file=err)
     elif result.signed_in_as:
-        print(f"signed in as {result.signed_in_as}", file=err)
+        print(who, file=err)
     if result.credit_left is not None and result.ok:
         print(
             f"paid from prepaid credit, no transaction: {usdc_text(result.credit_left)} of credit left "
@@ -909,8 +1003,11 @@ async def run_pay(
     wait: bool = True,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    session_file: str | None = None,
+    session_cap_usdc: str | None = None,
 ) -> int:
     """The ``pay`` command: 0 on a 2xx answer, 1 otherwise, with a one-line reason on ``err``.
+    On prepaid credit it calls on a credit session (``session_file`` keeps it for the next run).
 
     ``output``: ``text`` (body on ``out``, narration on ``err``), ``quiet`` (body only; errors
     still on ``err``) or ``json`` (one JSON object on ``out``, nothing on ``err``). ``wait``:
@@ -919,7 +1016,18 @@ async def run_pay(
     out, err = out or sys.stdout, err or sys.stderr
     with waiting_out_rate_limits(wait, err if output == "text" else None):
         return await _run_pay(
-            method, url, keypair_file, data, rpc_url, max_amount, usdc_mint, output, out, err
+            method,
+            url,
+            keypair_file,
+            data,
+            rpc_url,
+            max_amount,
+            usdc_mint,
+            output,
+            out,
+            err,
+            session_file,
+            session_cap_usdc,
         )
 
 
@@ -934,6 +1042,8 @@ async def _run_pay(
     output: str,
     out: TextIO,
     err: TextIO,
+    session_file: str | None,
+    session_cap_usdc: str | None,
 ) -> int:
     try:
         policy = spend_policy(max_amount, usdc_mint)
@@ -944,8 +1054,17 @@ async def _run_pay(
                 body = msgspec.json.encode(msgspec.json.decode(data))
             except msgspec.DecodeError:
                 raise PayError("--data is not valid JSON", "usage") from None
+        cap = session_cap(session_cap_usdc)
+        cache = SessionCache(session_file) if session_file else None
         result = await pay(
-            method.upper(), url, keypair, data=body, rpc_url=rpc_url or default_rpc_url(), policy=policy
+            method.upper(),
+            url,
+            keypair,
+            data=body,
+            rpc_url=rpc_url or default_rpc_url(),
+            policy=policy,
+            sessions=cache,
+            session_cap=cap,
         )
     except PayError as exc:
         return report_refusal(exc, output, out, err)

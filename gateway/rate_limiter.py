@@ -34,7 +34,7 @@ import msgspec
 
 from gateway.asgi import Scope
 from gateway.background import cancel_and_wait
-from gateway.clientip import client_ip
+from gateway.clientip import IPV6_PREFIX_LENGTH, client_ip, client_subject
 from gateway.config import IpNetwork
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routes import RateLimitSpec
@@ -105,10 +105,12 @@ class RateLimiter:
         challenge_limit: SyncedWindowLimit | None = None,
         trusted_proxies: Sequence[IpNetwork] = (),
         refused_per_minute: int | None = None,
+        ipv6_prefix_length: int = IPV6_PREFIX_LENGTH,
     ) -> None:
         self.store = store
         self.challenge_limit = challenge_limit
         self.trusted_proxies = tuple(trusted_proxies)
+        self.ipv6_prefix_length = ipv6_prefix_length
         self.refusal_guards: tuple[RateLimitSpec, ...] = (
             ()
             if refused_per_minute is None
@@ -121,7 +123,8 @@ class RateLimiter:
         self._sync: asyncio.Task[None] | None = None
 
     def client_ip(self, scope: Scope) -> str:
-        return client_ip(scope, self.trusted_proxies)
+        """The client as every per-IP limit and guard keys it: an IPv6 client by its prefix."""
+        return client_subject(client_ip(scope, self.trusted_proxies), self.ipv6_prefix_length)
 
     async def challenge(self, scope: Scope, *, probe: bool = False) -> None:
         """Count one 402 challenge against the client's IP (no store round trip); a ``probe``

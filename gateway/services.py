@@ -65,7 +65,11 @@ class Services:
             self.store, CHALLENGE_SCOPE, limit, period_ms, sync_interval_s=settings.rate_limit_sync_s
         )
         self.limiter = RateLimiter(
-            self.store, challenge_limit, settings.trusted_proxies, settings.rate_limit_refused_per_minute
+            self.store,
+            challenge_limit,
+            settings.trusted_proxies,
+            settings.rate_limit_refused_per_minute,
+            ipv6_prefix_length=settings.client_ipv6_prefix_length,
         )
         self.usage = Usage(self.store, routes, lambda route: payment_methods(route, settings))
         self.request_log = RequestLog(settings.log_challenges)

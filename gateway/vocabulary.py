@@ -82,6 +82,12 @@ class AccessMode(msgspec.Struct, frozen=True, kw_only=True):
 SIGN_IN = Credential(
     "SIGN-IN-WITH-X", "Signed sign-in-with-x payload (base64 JSON) answering the 402 challenge."
 )
+CREDIT_SESSION = Credential(
+    "X-CREDIT-SESSION",
+    "A credit session's token (POST /v1/x402/credits/sessions): spends prepaid credit with no 402 "
+    "and no signature, up to the cap its wallet signed, until it expires (at most 1 hour) or is "
+    "revoked (DELETE /v1/x402/credits/sessions).",
+)
 
 EXACT_OUTCOMES = (
     Outcome.CHALLENGED,
@@ -114,7 +120,7 @@ PAYMENT_METHODS: dict[str, AccessMode] = {
         rate_limit_per=("scope", "wallet", "ip"),
         error_statuses=(400, 402, 405, 409, 413, 429, 502, 503, 504),
         sells=True,
-        credentials=(SIGN_IN,),
+        credentials=(SIGN_IN, CREDIT_SESSION),
         outcomes=(
             Outcome.REJECTED,
             Outcome.CREDIT_UNCOVERED,
@@ -168,6 +174,10 @@ class Handler(msgspec.Struct, frozen=True, kw_only=True):
     sells_credit: bool = False
     """Its paid answer is prepaid credit worth its price: no settlement fee is added to the price,
     and the credit is booked atomically with the payment's delivery."""
+    credentials: tuple[Credential, ...] = ()
+    """Credential headers the handler itself reads (the OpenAPI document lists them)."""
+    error_statuses: tuple[int, ...] = ()
+    """Statuses other than 200 the handler itself answers, beyond its access mode's."""
 
 
 HANDLERS: dict[str, Handler] = {
@@ -184,6 +194,8 @@ HANDLERS: dict[str, Handler] = {
     "facilitator_settle": Handler(),
     "credit_top_up": Handler(sells_credit=True),
     "credit_balance": Handler(),
+    "credit_session_open": Handler(),
+    "credit_session_revoke": Handler(credentials=(CREDIT_SESSION,), error_statuses=(400, 404, 429, 503)),
 }
 
 CREDIT_METHOD = "credit"

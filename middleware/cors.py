@@ -12,7 +12,7 @@ from gateway.asgi import ASGIApp, Message, RawHeaders, Receive, Scope, Send, sen
 
 ALLOW_HEADERS = (
     "Content-Type, PAYMENT-SIGNATURE, X-PAYMENT, X-PAYMENT-RESPONSE, PAYMENT-RESPONSE, "
-    "SIGN-IN-WITH-X, Authorization"
+    "SIGN-IN-WITH-X, X-CREDIT-SESSION, Authorization"
 )
 EXPOSE_HEADERS = (
     "Content-Type, WWW-Authenticate, X-PAYMENT-RESPONSE, PAYMENT-RESPONSE, PAYMENT-REQUIRED, Retry-After, "

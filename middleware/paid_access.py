@@ -102,9 +102,13 @@ class PaidAccess:
             ctx.outcome = Outcome.CHALLENGED
             await self.answers.send_challenge(scope, send)
             return
-        credential, method = found
+        credential, method, name = found
         incoming = Incoming(
-            credential, request_path(scope), self.client_ip(scope), lambda: read_body(receive, self.max_body)
+            credential,
+            request_path(scope),
+            self.client_ip(scope),
+            lambda: read_body(receive, self.max_body),
+            name.decode("latin-1"),
         )
         checked = await method.check(incoming)
         ctx.payer = checked.payer
@@ -128,12 +132,12 @@ class PaidAccess:
             case Limited(error=error):
                 await send_error(send, error)
 
-    def _credential(self, scope: Scope) -> tuple[str, RouteMethod[Any]] | None:
-        """The first non-empty credential header, and the method it selects."""
+    def _credential(self, scope: Scope) -> tuple[str, RouteMethod[Any], bytes] | None:
+        """The first non-empty credential header, the method it selects and its name."""
         for name, method in self.selectors:
             credential = header(scope, name)
             if credential:
-                return credential, method
+                return credential, method, name
         return None
 
     async def _serve(

@@ -295,7 +295,7 @@ def test_routes_prints_the_whole_expanded_table_without_any_environment() -> Non
 
     assert result.returncode == 0, result.stderr
     table = _table(result.stdout)
-    assert len(table) == 1 + 67  # the whole table, the prepaid-credit routes included
+    assert len(table) == 1 + 69  # the whole table, the prepaid-credit routes included
     assert (
         ["POST", "exact", "5000000", "5000000", "0", "-"]
         in [  # a top-up: its credit, no fee

@@ -7,8 +7,10 @@ from typing import Any
 
 import aiohttp
 
-from gateway.clientip import client_ip
+from gateway.clientip import client_ip, client_subject
 from gateway.config import IpNetwork
+from gateway.rate_limiter import RateLimiter
+from gateway.store.memory import MemoryStore
 from tests.support.gateway_server import RunningGateway, run_gateway
 
 PROXIES: tuple[IpNetwork, ...] = (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("fd00::/8"))
@@ -72,6 +74,48 @@ def test_missing_client_is_unknown() -> None:
     assert client_ip(_scope(None, "198.51.100.7"), PROXIES) == "unknown"
 
 
+# --- the client as per-IP limits key it: an IPv6 client by its prefix ---------------------------
+
+
+def test_an_ipv4_client_is_its_address() -> None:
+    assert client_subject("198.51.100.7") == "198.51.100.7"
+
+
+def test_an_ipv6_client_is_its_slash_64_by_default() -> None:
+    assert client_subject("2001:db8:1:2:aaaa:bbbb:cccc:dddd") == "2001:db8:1:2::/64"
+    assert client_subject("2001:db8:1:2::1") == client_subject("2001:db8:1:2:ffff:ffff:ffff:ffff")
+    assert client_subject("2001:db8:1:3::1") == "2001:db8:1:3::/64"
+
+
+def test_the_ipv6_prefix_length_is_configurable() -> None:
+    assert client_subject("2001:db8:1:2::1", 56) == "2001:db8:1::/56"
+    assert client_subject("2001:db8:1:ff::1", 56) == "2001:db8:1::/56"
+    assert client_subject("2001:db8:1:100::1", 56) == "2001:db8:1:100::/56"
+    assert client_subject("2001:db8:1:2::1", 128) == "2001:db8:1:2::1"
+
+
+def test_an_ipv4_mapped_ipv6_client_is_its_ipv4_address() -> None:
+    assert client_subject("::ffff:198.51.100.7") == "198.51.100.7"
+
+
+def test_what_is_no_address_is_left_as_is() -> None:
+    assert client_subject("unknown") == "unknown"
+
+
+def test_the_limiter_keys_forwarded_ipv6_clients_by_prefix_and_keeps_ipv4_whole() -> None:
+    limiter = RateLimiter(MemoryStore(), trusted_proxies=PROXIES)
+    twenty = {limiter.client_ip(_scope("10.1.2.3", f"2001:db8:5:6::{i:x}")) for i in range(1, 21)}
+
+    assert twenty == {"2001:db8:5:6::/64"}
+    assert limiter.client_ip(_scope("10.1.2.3", "198.51.100.7")) == "198.51.100.7"
+    assert (
+        RateLimiter(MemoryStore(), (), PROXIES, ipv6_prefix_length=128).client_ip(
+            _scope("10.1.2.3", "2001:db8:5:6::1")
+        )
+        == "2001:db8:5:6::1"
+    )
+
+
 # --- over the socket: the unpaid-challenge limit per IP ---------------------------------------------
 
 SIWX_ENV = {
@@ -129,3 +173,20 @@ async def test_rate_limited_challenge_carries_retry_after(http: aiohttp.ClientSe
             assert int(response.headers["Retry-After"]) >= 1
 
     assert body["error"]["code"] == "rate_limited"
+
+
+async def test_addresses_of_one_ipv6_prefix_share_one_bucket_behind_the_trusted_proxy(
+    http: aiohttp.ClientSession,
+) -> None:
+    async with run_gateway({**SIWX_ENV, "TRUSTED_PROXIES": "127.0.0.1"}) as gateway:
+        statuses = []
+        for i in range(5):  # five addresses of one /64, then one of the next /64
+            headers = {"X-Forwarded-For": f"2001:db8:7:8::{i + 1:x}", **REFUSED_SIGN_IN}
+            async with http.get(f"{gateway.url}{CHALLENGED}", headers=headers) as response:
+                statuses.append(response.status)
+        headers = {"X-Forwarded-For": "2001:db8:7:9::1", **REFUSED_SIGN_IN}
+        async with http.get(f"{gateway.url}{CHALLENGED}", headers=headers) as response:
+            other = response.status
+
+    assert statuses == [402, 402, 402, 429, 429]
+    assert other == 402

@@ -211,6 +211,11 @@ def test_trusted_proxies_are_parsed_as_networks() -> None:
     )
 
 
+def test_an_ipv6_client_is_keyed_by_its_slash_64_unless_configured() -> None:
+    assert load_settings(BASE).client_ipv6_prefix_length == 64
+    assert load_settings({**BASE, "CLIENT_IPV6_PREFIX_LENGTH": "56"}).client_ipv6_prefix_length == 56
+
+
 def test_routes_file_is_read(tmp_path: Path) -> None:
     table = tmp_path / "routes.yaml"
     table.write_text("routes: []\n")
@@ -261,6 +266,8 @@ def test_malformed_integer_is_a_config_error(value: str) -> None:
         ("MAX_BODY_BYTES", "10"),
         ("FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "-1"),
         ("FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "1000001"),
+        ("CLIENT_IPV6_PREFIX_LENGTH", "31"),
+        ("CLIENT_IPV6_PREFIX_LENGTH", "129"),
     ],
 )
 def test_integer_out_of_range_is_a_config_error(variable: str, value: str) -> None:
@@ -362,6 +369,17 @@ def test_internal_facilitator_keys_are_checked_at_start_up_without_echoing_them(
 
     assert "FACILITATOR_WALLET_BASE58" in problem and wallet[:-4] not in problem
     assert "INTERNAL_SETTLEMENT_SECRET is shorter than 32 characters: use a longer random secret" in notes
+
+
+def test_a_trusted_subnet_wider_than_a_slash_24_is_noted_at_start_up() -> None:
+    wide = startup_notes(load_settings({**BASE, "TRUSTED_PROXIES": "10.0.0.0/8, 172.30.80.2, 10.9.8.0/24"}))
+    narrow = startup_notes(load_settings({**BASE, "TRUSTED_PROXIES": "172.30.80.2, 10.9.8.0/24, fd00::/120"}))
+
+    assert [n for n in wide if n.startswith("TRUSTED_PROXIES")] == [
+        "TRUSTED_PROXIES 10.0.0.0/8 trusts 16,777,216 addresses: any of them that a client can send "
+        "from picks its own rate-limit bucket; name only your proxy's addresses"
+    ]
+    assert not [n for n in narrow if n.startswith("TRUSTED_PROXIES")]
 
 
 def test_every_problem_is_listed_in_one_message() -> None:

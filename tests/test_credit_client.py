@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gateway.creditclient import run_credits, run_top_up
+from gateway.creditclient import run_credits, run_open_session, run_revoke_session, run_top_up
 from gateway.payclient import run_pay, usdc_text
 from tests.support.gateway_process import clean_env, command
 from tests.support.gateway_server import PAID_GROUPS
@@ -117,7 +117,7 @@ async def test_a_top_up_buys_credit_that_pay_then_spends_without_a_transaction(
     assert spent.code == 0, spent.err
     assert "result" in json.loads(spent.out) and gateway.upstream_calls == 1
     assert spent.lines == [
-        f"signed in as {wallet}",
+        f"signed in as {wallet}, credit session opened",
         f"paid from prepaid credit, no transaction: {usdc_text(left)} of credit left "
         f"(X-Credit-Balance: {left})",
     ]
@@ -147,12 +147,13 @@ async def test_without_credit_pay_says_so_and_pays_per_call(
 
     assert text.code == 0, text.err
     assert text.lines[:2] == [
-        f"signed in as {wallet}: refused (insufficient_credit), paying instead",
+        f"signed in as {wallet}, credit session opened: refused (insufficient_credit), paying instead",
         f"paid {usdc_text(GET_BALANCE_PRICE_INTERNAL)} to {usdc_chain.pay_to} "
         f"(transaction {solana_rpc_server.sent[0]})",
     ]
     result = json.loads(scripted.out)
     assert result["signInRefused"] == "insufficient_credit" and result["creditLeftMicroUsdc"] is None
+    assert result["creditSession"] == "reused"  # the session this process opened, no 402 first
     assert result["paid"]["transaction"] == solana_rpc_server.sent[1]
     assert usdc(usdc_chain)[1] == 2 * GET_BALANCE_PRICE_INTERNAL
     balance = json.loads((await credits(gateway, key_file, as_json=True)).out)
@@ -289,4 +290,88 @@ async def test_the_console_script_tops_up_and_reads_the_balance(
     assert balance.code == 0 and f"credit:         {usdc_text(ONE_USDC)}" in balance.out.splitlines()
     assert both.code == 2 and both.lines == [
         "x402-gateway pay: --top-up AMOUNT takes one BASE_URL and no --data"
+    ]
+
+
+# --- credit sessions ---------------------------------------------------------------------------
+
+
+async def test_pay_keeps_its_credit_session_and_calls_on_it_with_no_402(
+    gateway: PaidGateway,
+    usdc_chain: UsdcChain,
+    solana_rpc_server: LiteSvmRpcServer,
+    key_file: Path,
+    tmp_path: Path,
+) -> None:
+    wallet = str(usdc_chain.payer.pubkey())
+    assert (await top_up(gateway, key_file, "1")).code == 0
+    sent, kept = len(solana_rpc_server.sent), tmp_path / "sessions.json"
+
+    first = await call(gateway, key_file, session_file=str(kept), session_cap_usdc="0.00001", output="json")
+    second = await call(gateway, key_file, session_file=str(kept), output="json")
+    third = await call(gateway, key_file, session_file=str(kept), output="json")
+
+    one, two, three = (json.loads(o.out) for o in (first, second, third))
+    assert (one["creditSession"], two["creditSession"]) == ("opened", "reused")
+    assert (one["creditLeftMicroUsdc"], two["creditLeftMicroUsdc"]) == (str(ONE_USDC - 5), str(ONE_USDC - 10))
+    # the cap of 10 is spent: a new session (1 USDC by default) serves the third call
+    assert (three["creditSession"], three["creditLeftMicroUsdc"]) == ("opened", str(ONE_USDC - 15))
+    assert kept.stat().st_mode & 0o777 == 0o600
+    stored = json.loads(kept.read_text())
+    assert [s["wallet"] for s in stored.values()] == [wallet]
+    assert len(solana_rpc_server.sent) == sent and gateway.upstream_calls == 3
+    balance = json.loads((await credits(gateway, key_file, as_json=True)).out)
+    assert balance["balanceMicroUsdc"] == str(ONE_USDC - 15)
+
+
+async def test_credits_opens_and_revokes_a_session(
+    gateway: PaidGateway, usdc_chain: UsdcChain, key_file: Path, tmp_path: Path
+) -> None:
+    wallet = str(usdc_chain.payer.pubkey())
+    assert (await top_up(gateway, key_file, "1")).code == 0
+    kept = tmp_path / "sessions.json"
+
+    out, err = io.StringIO(), io.StringIO()
+    code = await run_open_session(
+        gateway.url, "0.5", keypair_file=str(key_file), ttl_s=600, session_file=str(kept), out=out, err=err
+    )
+    shown = out.getvalue().splitlines()
+    token = shown[1].split()[-1]
+    spent = await call(gateway, key_file, session_file=str(kept), output="json")
+    out, err = io.StringIO(), io.StringIO()
+    revoked = await run_revoke_session(
+        gateway.url, "", keypair_file=str(key_file), session_file=str(kept), as_json=True, out=out, err=err
+    )
+    answer = json.loads(out.getvalue())
+    out, err = io.StringIO(), io.StringIO()
+    again = await run_revoke_session(gateway.url, token, keypair_file=str(key_file), out=out, err=err)
+
+    assert code == 0 and shown[0] == f"wallet:         {wallet}" and token.startswith(f"xcs1.{wallet}.")
+    assert shown[2:] and shown[2] == "cap:            0.50 USDC"
+    assert json.loads(spent.out)["creditSession"] == "reused"  # the session credits opened
+    assert revoked == 0
+    assert answer == {
+        "ok": True,
+        "revoked": True,
+        "wallet": wallet,
+        "capMicroUsdc": "500000",
+        "spentMicroUsdc": str(GET_BALANCE_PROVIDER_PRICE),
+    }
+    assert json.loads(kept.read_text()) == {}
+    assert again == 1
+    assert err.getvalue().splitlines() == [
+        f"x402-gateway credits: {gateway.url} revoked nothing: no live credit session under this token"
+    ]
+
+
+async def test_a_session_cap_out_of_bounds_is_a_usage_line(gateway: PaidGateway, key_file: Path) -> None:
+    refused = await call(gateway, key_file, session_cap_usdc="0")
+    out, err = io.StringIO(), io.StringIO()
+    opened = await run_open_session(gateway.url, "1001", keypair_file=str(key_file), out=out, err=err)
+
+    assert refused.code == 1 and refused.lines == [
+        "x402-gateway pay: --session-cap '0' must be more than 0 and at most 1000 USDC"
+    ]
+    assert opened == 1 and err.getvalue().splitlines() == [
+        "x402-gateway credits: --open-session '1001' must be more than 0 and at most 1000 USDC"
     ]

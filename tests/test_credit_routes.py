@@ -25,6 +25,7 @@ from tests.support.gateway_server import FULL_ENV, RunningGateway, run_gateway
 BALANCE = "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
 TOP_UP_5 = "/v1/x402/credits/top-up/5"
 CREDITS = "/v1/x402/credits"
+SESSIONS = "/v1/x402/credits/sessions"
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
@@ -88,7 +89,12 @@ async def test_the_balance_of_a_new_wallet_is_zero(gateway: RunningGateway) -> N
 async def test_the_catalog_states_credit_prices_and_the_lapse(gateway: RunningGateway) -> None:
     _, _, catalog = await _get(gateway.url + "/v1/catalog")
 
-    assert catalog["credit"] == {"scheme": "sign-in-with-x", "lapseDays": 90}
+    assert catalog["credit"] == {
+        "scheme": "sign-in-with-x",
+        "lapseDays": 90,
+        "sessionHeader": "X-CREDIT-SESSION",
+        "sessionMaxSeconds": 3600,
+    }
     entries = {r["path"]: r for r in catalog["routes"]}
     assert entries[BALANCE]["creditPrice"] == {"microUsdc": "5", "usd": "$0.000005"}
     assert entries[BALANCE]["price"]["microUsdc"] == "5"  # the external facilitator's fee is 0 here
@@ -108,6 +114,53 @@ async def test_openapi_lists_the_sign_in_and_credit_price_of_paid_routes(gateway
     top_up = document["paths"][TOP_UP_5]["post"]["x-x402"]
     assert top_up["buysCredit"] == top_up["price"] == {"microUsdc": "5000000", "usd": "$5.00"}
     assert "creditPrice" not in top_up
+
+
+async def test_openapi_documents_the_credit_session_header_and_routes(gateway: RunningGateway) -> None:
+    _, _, document = await _get(gateway.url + "/openapi.json")
+
+    session = {"$ref": "#/components/parameters/XCreditSession"}
+    assert session in document["paths"][BALANCE]["post"]["parameters"]
+    assert session in document["paths"][SESSIONS]["delete"]["parameters"]
+    assert sorted(document["paths"][SESSIONS]["delete"]["responses"]) == [
+        "200",
+        "400",
+        "404",
+        "405",
+        "429",
+        "503",
+    ]
+    header = document["components"]["parameters"]["XCreditSession"]
+    assert header["name"] == "X-CREDIT-SESSION" and header["in"] == "header"
+    assert "at most 1 hour" in header["description"] and "revoked" in header["description"]
+    opened = {p["name"]: p for p in document["paths"][SESSIONS]["post"]["parameters"] if "name" in p}
+    assert opened["capMicroUsdc"]["required"] is True
+    assert opened["capMicroUsdc"]["schema"] == {"type": "integer", "minimum": 1, "maximum": 1000000000}
+    assert (
+        opened["ttlSeconds"]["schema"]["maximum"] == 3600
+        and opened["ttlSeconds"]["schema"]["default"] == 3600
+    )
+
+
+async def test_a_session_is_opened_and_revoked_over_http(gateway: RunningGateway) -> None:
+    url = gateway.url + SESSIONS + "?capMicroUsdc=1500000&ttlSeconds=60"
+    status, headers, _ = await _get(url, "POST")
+    siwx = _required(headers)["extensions"]["sign-in-with-x"]
+    assert status == 402 and siwx["info"]["uri"] == url
+    assert siwx["info"]["statement"] == (
+        f"Open a credit session on {gateway.url}: spend at most 1.5 USDC of prepaid credit for 1 minute."
+    )
+    wallet = Keypair()
+
+    status, _, opened = await _get(url, "POST", headers={"SIGN-IN-WITH-X": sign_in(siwx, wallet)})
+    token = opened["result"]["token"]
+    revoked = await _get(gateway.url + SESSIONS, "DELETE", headers={"X-CREDIT-SESSION": token})
+    preflight = await _get(gateway.url + SESSIONS, "OPTIONS")
+
+    assert status == 200 and opened["method"] == "openSession"
+    assert (opened["result"]["wallet"], opened["result"]["capMicroUsdc"]) == (str(wallet.pubkey()), "1500000")
+    assert revoked[0] == 200 and revoked[2]["result"]["spentMicroUsdc"] == "0"
+    assert preflight[0] == 204 and preflight[1]["ACCESS-CONTROL-ALLOW-METHODS"] == "POST, DELETE, OPTIONS"
 
 
 def test_credit_is_refused_on_a_store_that_forgets_it() -> None:

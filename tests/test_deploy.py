@@ -9,6 +9,7 @@ import fnmatch
 import functools
 import importlib.resources
 import importlib.util
+import ipaddress
 import json
 import os
 import re
@@ -86,6 +87,11 @@ LIMITS = named_limits(Settings(base_url="https://gateway.example.com"))
 
 # Values that satisfy load_settings for the variables a deployment must supply itself.
 DUMMY_SECRETS = {"STATE_STORE_REST_URL": "redis://redis:6379/0", "SIWX_SECRET": "s" * 32}
+BASE_ENV = {
+    "GATEWAY_BASE_URL": "https://gateway.example.com",
+    "ROUTES_FILE": str(ROUTES_YAML),
+    **DUMMY_SECRETS,
+}
 
 TEXT_SUFFIXES = (".yaml", ".yml", ".json", ".conf", ".example", "Dockerfile", ".md")
 
@@ -397,8 +403,7 @@ def test_configmap_holds_only_non_secret_gateway_variables_that_load() -> None:
     data = _k8s("ConfigMap", "x402-gateway-config")["data"]
     assert set(data) <= set(ENV_VARS), f"unknown variables: {sorted(set(data) - set(ENV_VARS))}"
     assert not set(data) & SECRET_STORE_VARS, "a secret variable sits in the ConfigMap"
-    settings = _check_settings({**data, **DUMMY_SECRETS, "ROUTES_FILE": str(ROUTES_YAML)})
-    assert settings.trusted_proxies
+    _check_settings({**data, **DUMMY_SECRETS, "ROUTES_FILE": str(ROUTES_YAML)})
 
 
 def test_secret_template_lists_the_referenced_keys_without_values() -> None:
@@ -808,20 +813,43 @@ def test_compose_gateway_environment_with_the_example_values_loads() -> None:
         _interpolate(compose["services"]["gateway"]["environment"]["STATE_STORE_REST_URL"], {})
 
 
-def test_compose_trusts_x_forwarded_for_only_from_the_proxy_network() -> None:
+def test_compose_trusts_x_forwarded_for_only_from_the_proxys_own_address() -> None:
     compose = _compose()
     services = compose["services"]
-    proxy_networks = set(services["proxy"]["networks"])
+    proxy_networks = services["proxy"]["networks"]
     assert len(proxy_networks) == 1
     (edge,) = proxy_networks
-    subnets = [c["subnet"] for c in compose["networks"][edge]["ipam"]["config"]]
+    (ipam,) = compose["networks"][edge]["ipam"]["config"]
     trusted = services["gateway"]["environment"]["TRUSTED_PROXIES"]
-    assert [_interpolated_defaults(s) for s in subnets] == [_interpolated_defaults(trusted)]
-    assert subnets == [trusted], "the subnet and TRUSTED_PROXIES must follow one variable"
+    assert trusted == proxy_networks[edge]["ipv4_address"], "TRUSTED_PROXIES names the proxy's address"
+    for env in ({}, _env_example()):
+        subnet = ipaddress.ip_network(_interpolate(ipam["subnet"], env))
+        dynamic = ipaddress.ip_network(_interpolate(ipam["ip_range"], env))
+        settings = _check_settings({**BASE_ENV, "TRUSTED_PROXIES": _interpolate(trusted, env)})
+        (proxy,) = settings.trusted_proxies
+        # One address, the proxy's: no neighbour on the edge network may speak for a client.
+        assert proxy.num_addresses == 1
+        assert proxy.network_address in subnet
+        assert dynamic.network_address in subnet and dynamic.broadcast_address in subnet
+        # Docker hands the replicas addresses from the dynamic range only: never the proxy's.
+        assert proxy.network_address not in dynamic
     assert edge in services["gateway"]["networks"]
     # Redis shares no network with the proxy and the outside.
-    assert not set(services["redis"]["networks"]) & proxy_networks
+    assert not set(services["redis"]["networks"]) & set(proxy_networks)
     assert all(compose["networks"][n].get("internal") for n in services["redis"]["networks"])
+
+
+def test_no_deploy_default_trusts_more_than_single_addresses() -> None:
+    """A trusted subnet lets any neighbour in it append its own X-Forwarded-For hops: the
+    shipped defaults trust the compose proxy's one address, and nothing in Kubernetes."""
+    environment = _compose()["services"]["gateway"]["environment"]
+    trusted = _interpolated_defaults(environment["TRUSTED_PROXIES"])
+    compose = _check_settings({**BASE_ENV, "TRUSTED_PROXIES": trusted})
+    data = _k8s("ConfigMap", "x402-gateway-config")["data"]
+    kubernetes = _check_settings({**data, **DUMMY_SECRETS, "ROUTES_FILE": str(ROUTES_YAML)})
+    assert [n.num_addresses for n in compose.trusted_proxies] == [1]
+    assert kubernetes.trusted_proxies == ()
+    assert kubernetes.client_ipv6_prefix_length == compose.client_ipv6_prefix_length == 64
 
 
 def test_nginx_forwards_the_client_address_to_the_gateway_replicas() -> None:

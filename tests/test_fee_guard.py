@@ -6,14 +6,18 @@ preflight and our landing)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
+import pytest
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
+from gateway.payments.fee_guard import FeeGuard, Party
 from gateway.payments.local_facilitator import LocalFacilitator
 from gateway.solana_rpc import SolanaRpc
+from gateway.store import Store
 from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
 from gateway.x402.svm_payer import (
     MintInfo,
     build_exact_transaction,
@@ -136,3 +140,64 @@ async def test_the_drain_race_costs_the_fee_payer_one_failed_settlement_in_two_r
 
     assert failed_on_chain == 1
     assert before - chain.lamports(chain.fee_payer.pubkey()) == FEE  # at most 2 fees lost: here 1
+
+
+# --- a shared client IP: a payer's own record vouches for it ------------------------------------
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def guard_store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    """The guard's state on the in-process store and on Redis (the one replicas share)."""
+    store: Store = (
+        MemoryStore() if request.param == "memory" else RedisStore(request.getfixturevalue("clean_redis_url"))
+    )
+    yield store
+    await store.close()
+
+
+IP = Party("ip", "2001:db8:1:2::/64")
+HONEST = Party("owner", "HonestOwner1111111111111111111111111111111")
+STRANGER = Party("owner", "Stranger11111111111111111111111111111111111")
+
+
+async def test_an_ip_cooling_down_binds_only_payers_without_a_record_of_their_own(guard_store: Store) -> None:
+    guard = FeeGuard(guard_store)
+    for _ in range(3):
+        await guard.landed([HONEST])
+    await guard.failed([IP])  # another wallet of this IP failed on chain
+
+    honest = await guard.standing([IP], voucher=HONEST)
+    stranger = await guard.standing([IP], voucher=STRANGER)
+    alone = await guard.standing([IP])
+
+    assert honest.cooling is None and honest.vouched
+    assert honest.records[IP] == 3  # its own record: 7 in flight, as anywhere else
+    assert guard.allowance(honest.records[IP]) == 7
+    assert stranger.cooling == IP and not stranger.vouched
+    assert alone.cooling == IP and alone.records[IP] == 0
+
+
+async def test_a_payer_cooling_down_itself_is_not_vouched_for(guard_store: Store) -> None:
+    guard = FeeGuard(guard_store)
+    await guard.landed([HONEST])
+    await guard.failed([HONEST, IP])
+    await guard.landed([HONEST])  # a settlement in flight before the failure landed after it
+
+    standing = await guard.standing([IP], voucher=HONEST)
+
+    assert standing.cooling in (IP, HONEST) and not standing.vouched
+
+
+async def test_vouched_payers_never_hold_more_than_max_in_flight_of_one_ip(guard_store: Store) -> None:
+    guard = FeeGuard(guard_store, max_in_flight=4)
+    payers = [Party("owner", f"Payer{i}") for i in range(3)]
+    for payer in payers:
+        for _ in range(5):
+            await guard.landed([payer])
+
+    admitted = []
+    for n in range(9):
+        standing = await guard.standing([IP], voucher=payers[n % 3])
+        admitted.append(await guard.enter(f"token-{n}", standing, [IP]))
+
+    assert admitted == [True] * 4 + [False] * 5  # each payer's allowance is 4: the IP holds 4 in all

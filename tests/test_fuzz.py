@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import hashlib
 import json
 import threading
@@ -301,6 +302,8 @@ class World:
         self.fuzzed = 0
         self.paid_fuzzed = 0
         """Cases on paid routes: only a worker that fuzzed one can have reached a verify."""
+        self.paid_answers: collections.Counter[tuple[int, str]] = collections.Counter()
+        """What those cases were answered (status, error), for the final check's message."""
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -394,7 +397,9 @@ def fuzzing_settled_nothing_and_reached_no_provider(world: World) -> None:
     assert world.providers.calls == [], "a fuzzed paid request reached a provider"
     assert world.settles() == 0, "a fuzzed paid request was settled"
     if world.paid_fuzzed:  # workers that fuzzed only unpaid operations never pay
-        assert world.facilitator.count("verify") > 0, "no fuzzed payment got as far as verify"
+        assert world.facilitator.count("verify") > 0, (
+            f"no fuzzed payment got as far as verify: {world.paid_answers.most_common(12)}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -502,6 +507,10 @@ def test_fuzz_every_operation_never_fails_leaks_or_reaches_upstream(
     response = case.call(base_url=world.url, session=http, timeout=10)
     world.fuzzed += 1  # counted for the module's final check (the signed-in pass pays nothing)
     world.paid_fuzzed += case.path.startswith("/v1/x402/solana/")
+    if case.path.startswith("/v1/x402/solana/"):
+        error = response.json().get("error") if response.content.startswith(b"{") else None
+        reason = error.get("code") if isinstance(error, dict) else error
+        world.paid_answers[(response.status_code, str(reason))] += 1
 
     check_answer(world, response)
     assert world.upstream_calls() == upstream_before, "an unauthenticated request reached an upstream"

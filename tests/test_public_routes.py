@@ -23,6 +23,7 @@ ALLOW_HEADERS = [
     "X-PAYMENT-RESPONSE",
     "PAYMENT-RESPONSE",
     "SIGN-IN-WITH-X",
+    "X-CREDIT-SESSION",
     "Authorization",
 ]
 # The CORS headers plus PAYMENT-REQUIRED (the v2 challenge header), Retry-After (for 429s) and

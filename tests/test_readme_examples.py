@@ -211,8 +211,8 @@ def _credit_price(sandbox: Sandbox) -> int:
 
 
 def _buys_credit_and_calls_on_it(command: list[str], example: str) -> None:
-    """Run the credit example against a fresh sandbox: one top-up moves its USDC, the two calls
-    after it none, each printing the credit it left."""
+    """Run the credit example against a fresh sandbox: one top-up moves its USDC, the four calls
+    after it (two signing in, two on a credit session) none, each printing the credit it left."""
     with run_sandbox() as sandbox:
         assert _variables_read(example) == set(sandbox.exports)
         price = _credit_price(sandbox)
@@ -227,11 +227,14 @@ def _buys_credit_and_calls_on_it(command: list[str], example: str) -> None:
         )
         after = (_usdc_of(sandbox, sandbox.wallet), _usdc_of(sandbox, sandbox.pay_to))
     assert done.returncode == 0, done.stderr
-    bought, *calls = done.stdout.strip().splitlines()[-3:]
+    bought, *calls = done.stdout.strip().splitlines()[-6:]
     assert bought == f"200 credit {TOP_UP_USDC}"
-    assert calls == [
+    assert calls == [  # two calls signing in, a session opened, two calls on it
         f"200 X-Credit-Balance {TOP_UP_USDC - price}",
         f"200 X-Credit-Balance {TOP_UP_USDC - 2 * price}",
+        "200 session cap 100000",
+        f"200 X-Credit-Balance {TOP_UP_USDC - 3 * price}",
+        f"200 X-Credit-Balance {TOP_UP_USDC - 4 * price}",
     ]
     assert after == (before[0] - TOP_UP_USDC, before[1] + TOP_UP_USDC)
 

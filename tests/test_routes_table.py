@@ -79,11 +79,14 @@ def _solana(routes: list[RouteSpec], surface: str) -> set[tuple[str, str, str]]:
 # --- the packaged table --------------------------------------------------------------------------
 
 
-def test_packaged_table_has_67_routes(packaged: list[RouteSpec]) -> None:
-    """63, and the prepaid-credit routes (three top-ups and the balance), served when credit is on."""
-    assert len(packaged) == 67
+def test_packaged_table_has_69_routes(packaged: list[RouteSpec]) -> None:
+    """63, and the prepaid-credit routes (three top-ups, the balance, opening and revoking a credit
+    session), served when credit is on."""
+    assert len(packaged) == 69
     assert sorted(r.name for r in packaged if r.group == "credits") == [
         "credits.balance",
+        "credits.sessions.open",
+        "credits.sessions.revoke",
         "credits.topUp.1",
         "credits.topUp.20",
         "credits.topUp.5",

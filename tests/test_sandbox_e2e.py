@@ -249,7 +249,7 @@ def test_credit_bought_in_the_sandbox_is_spent_without_a_transaction_and_kept_ac
     assert f"paid 1.00 USDC to {first.pay_to}" in bought.stderr
     assert spent.returncode == 0, spent.stderr
     assert spent.stderr.splitlines() == [
-        f"signed in as {first.wallet}",
+        f"signed in as {first.wallet}, credit session opened",
         "paid from prepaid credit, no transaction: 0.999995 USDC of credit left (X-Credit-Balance: 999995)",
     ]
     assert after == (start - 1_000_000, 1_000_000)  # the top-up only: the call moved no USDC

@@ -78,6 +78,7 @@ def test_the_key_strings_are_the_ones_a_running_store_holds() -> None:
     assert keys.ledger_mark() == "x402gw:ledger-mark"
     assert keys.ledger_restore() == "x402gw:ledger-restore"
     assert keys.credit_call("W1", "n0nce") == "x402gw:credit-call:W1:n0nce"
+    assert keys.credit_session(DIGEST) == f"x402gw:credit-session:{DIGEST}"
     assert keys.settlement(DIGEST) == f"x402:svm:settle:{DIGEST}"
     assert keys.settlement_reported(keys.settlement(DIGEST)) == f"x402:svm:settle:{DIGEST}:done"
 

@@ -9,6 +9,7 @@ import msgspec
 
 from gateway import SERVICE_NAME
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
+from gateway.credit_sessions import MAX_LIFETIME_S, SESSION_HEADER
 from gateway.errors import ErrorCode, GatewayError
 from gateway.pricing import (
     CreditTerms,
@@ -61,10 +62,14 @@ class CatalogEntry(msgspec.Struct, omit_defaults=True, kw_only=True):
 
 class CatalogCredit(msgspec.Struct):
     """Prepaid credit: bought on the top-up routes, spent by signing in (sign-in-with-x) on any
-    route with a ``creditPrice``; it lapses ``lapseDays`` after the wallet's last top-up."""
+    route with a ``creditPrice``, or by a credit session's token in ``sessionHeader`` (opened by
+    one sign-in, for at most ``sessionMaxSeconds``); it lapses ``lapseDays`` after the wallet's
+    last top-up."""
 
     scheme: str
     lapseDays: int
+    sessionHeader: str
+    sessionMaxSeconds: int
 
 
 class Catalog(msgspec.Struct, omit_defaults=True):
@@ -142,7 +147,10 @@ class CatalogHandler:
     ) -> None:
         self.validator = RequestValidator(route.input)
         entries = [catalog_entry(r, base_url, asset, pay_to, fee, credit) for r in published(mounted)]
-        terms = CatalogCredit(ACCESS_MODES[CREDIT_METHOD].scheme or "", credit.lapse_days) if credit else None
+        terms = None
+        if credit is not None:
+            scheme = ACCESS_MODES[CREDIT_METHOD].scheme or ""
+            terms = CatalogCredit(scheme, credit.lapse_days, SESSION_HEADER, MAX_LIFETIME_S)
 
         def body(listed: list[CatalogEntry]) -> bytes:
             catalog = Catalog(

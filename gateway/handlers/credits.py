@@ -4,7 +4,10 @@ A top-up (``handler: credit_top_up``, an ``exact`` route whose price is the cred
 answers once its payment was verified; the credit itself is booked by the settlement, in the
 round trip that delivers this answer, so the answer states the balance the wallet will have
 (its balance read now plus the top-up) and when it lapses. The balance route
-(``handler: credit_balance``, behind sign-in) reads the signed-in wallet's credit.
+(``handler: credit_balance``, behind sign-in) reads the signed-in wallet's credit. A credit
+session is opened behind a sign-in that signed its cap and lifetime
+(``handler: credit_session_open``) and revoked by its token (``handler: credit_session_revoke``,
+:mod:`gateway.credit_sessions`).
 Amounts are decimal strings of micro-USDC, times Unix seconds.
 """
 
@@ -15,10 +18,19 @@ from typing import Final
 
 import msgspec
 
-from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
+from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, header, send_bytes
 from gateway.context import request_context
+from gateway.credit_sessions import (
+    CAP_PARAM,
+    DEFAULT_LIFETIME_S,
+    LIFETIME_PARAM,
+    SESSION_HEADER,
+    CreditSessions,
+    token_wallet,
+)
 from gateway.credits import Balance, CreditBook
 from gateway.errors import ErrorCode, GatewayError
+from gateway.rate_limiter import RateLimiter
 
 PROVIDER: Final = "credits"
 
@@ -36,15 +48,32 @@ class BalanceResult(msgspec.Struct):
     expiresAt: int
 
 
+class SessionResult(msgspec.Struct):
+    token: str
+    wallet: str
+    capMicroUsdc: str
+    expiresAt: int
+
+
+class RevokedResult(msgspec.Struct):
+    wallet: str
+    capMicroUsdc: str
+    spentMicroUsdc: str
+    """What the session spent, the calls still in flight included."""
+
+
+Result = TopUpResult | BalanceResult | SessionResult | RevokedResult
+
+
 class CreditEnvelope(msgspec.Struct):
     ok: bool
     provider: str
     surface: str
     method: str
-    result: TopUpResult | BalanceResult
+    result: Result
 
 
-def _envelope(method: str, result: TopUpResult | BalanceResult) -> bytes:
+def _envelope(method: str, result: Result) -> bytes:
     return msgspec.json.encode(CreditEnvelope(True, PROVIDER, PROVIDER, method, result))
 
 
@@ -86,3 +115,48 @@ class BalanceHandler:
             expiresAt=balance.expires_at,
         )
         await send_bytes(send, 200, _envelope("balance", result), (JSON_CONTENT_TYPE,))
+
+
+class SessionOpenHandler:
+    """Open a credit session for the signed-in wallet, with the cap and lifetime it signed (the
+    sign-in's resource carried them: :class:`gateway.credit_sessions.SessionTerms`)."""
+
+    def __init__(self, sessions: CreditSessions) -> None:
+        self.sessions = sessions
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx = request_context(scope)
+        signed, given = ctx.sign_in, ctx.input
+        if signed is None or given is None:
+            raise GatewayError(ErrorCode.INTERNAL_ERROR, "a credit session is opened without sign-in")
+        cap = int(given.query[CAP_PARAM])
+        lifetime = int(given.query.get(LIFETIME_PARAM, DEFAULT_LIFETIME_S))
+        opened = await self.sessions.open(signed.address, cap, lifetime)
+        result = SessionResult(opened.token, opened.wallet, str(opened.cap), opened.expires_at)
+        headers = (JSON_CONTENT_TYPE, (b"cache-control", b"no-store"))
+        await send_bytes(send, 200, _envelope("openSession", result), headers)
+
+
+class SessionRevokeHandler:
+    """Revoke the credit session whose token the request carries: it spends nothing more. Each
+    revocation counts against the client IP's challenge limit before the store is asked (429
+    past it), so guessing tokens is bounded like any other unpaid request."""
+
+    def __init__(self, sessions: CreditSessions, limiter: RateLimiter) -> None:
+        self.sessions = sessions
+        self.limiter = limiter
+        self.header = SESSION_HEADER.lower().encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.limiter.challenge(scope)
+        token = header(scope, self.header)
+        if not token or token_wallet(token) is None:
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST, f"{SESSION_HEADER} must carry a credit session token"
+            )
+        revoked = await self.sessions.revoke(token)
+        if revoked is None:
+            gone = "no live credit session under this token (expired, revoked or never opened)"
+            raise GatewayError(ErrorCode.NOT_FOUND, gone)
+        result = RevokedResult(revoked.wallet, str(revoked.cap), str(revoked.spent))
+        await send_bytes(send, 200, _envelope("revokeSession", result), (JSON_CONTENT_TYPE,))

@@ -44,6 +44,8 @@ class Incoming:
     client_ip: str
     read_body: BodyReader
     """Reads the body (bounded); call it once, only after the credential decoded."""
+    header: str = ""
+    """The (lower-case) header that carried the credential, for a method that reads several."""
 
 
 @dataclass(frozen=True, slots=True)

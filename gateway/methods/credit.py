@@ -17,6 +17,9 @@ gateway (:func:`spend_statement`), and a sign-in that signed other words is refu
 named by its sign-in's nonce (:mod:`gateway.credit_calls`): the identical request retried with
 the same sign-in (a client whose connection dropped) gets the answer it was charged for, kept
 with the take; nothing is taken twice.
+
+A call may instead carry a credit session (``X-CREDIT-SESSION``, :mod:`gateway.credit_sessions`):
+one store round trip spends it, with no 402 and no signature, within the cap its wallet signed.
 """
 
 from __future__ import annotations
@@ -29,6 +32,13 @@ import msgspec
 
 from gateway.credit_calls import AnswerAgain, CreditCall, NotAgain, StillInFlight, credit_call
 from gateway.credit_metrics import CREDIT_SPENT
+from gateway.credit_sessions import (
+    SESSION_CAP_REACHED,
+    SESSION_HEADER,
+    SESSION_UNKNOWN,
+    CreditSessions,
+    token_wallet,
+)
 from gateway.credits import CreditBook, CreditHold, credit_book
 from gateway.ledger.recorder import MoneyRecorder
 from gateway.logs import log_event
@@ -39,7 +49,7 @@ from gateway.rate_limiter import Limited
 from gateway.routes import RouteSpec
 from gateway.sign_in import Admitted as SignedIn
 from gateway.sign_in import Replayed, SignInGate, Uncovered
-from gateway.store import StoreUnavailable
+from gateway.store import SessionSpent, StoreUnavailable
 from gateway.validation import RequestValidator
 from gateway.vocabulary import CREDIT_METHOD, PAYMENT_METHODS, Outcome
 from gateway.x402.headers import encode_header
@@ -49,6 +59,7 @@ if TYPE_CHECKING:
     from gateway.services import Services
 
 INSUFFICIENT_CREDIT = "insufficient_credit"
+_SESSION_HEADER = SESSION_HEADER.lower()
 
 
 def spend_statement(route: RouteSpec, price: int, origin: str) -> str:
@@ -71,6 +82,7 @@ class CreditMethod:
         gate: SignInGate,
         book: CreditBook,
         recorder: MoneyRecorder | None = None,
+        sessions: CreditSessions | None = None,
     ) -> None:
         self.route_name = route.name
         self.description = route.description
@@ -79,6 +91,7 @@ class CreditMethod:
         self.gate = gate
         self.book = book
         self.recorder = recorder or MoneyRecorder()
+        self.sessions = sessions or CreditSessions(gate.store, issuer.base_url, book)
         self.validator = RequestValidator(route.input)
         self.spent = CREDIT_SPENT.labels(route.name)
         self.statement = spend_statement(route, price, issuer.base_url)
@@ -109,6 +122,8 @@ class CreditMethod:
         return {EXTENSION_KEY: self.issuer.extension(resource, statement=self.statement)}
 
     async def check(self, incoming: Incoming) -> Checked[CreditHold]:
+        if incoming.header == _SESSION_HEADER:
+            return await self._check_session(incoming)
         resource = self.issuer.resource_url(incoming.path)
         try:
             signed = self.issuer.verify(incoming.credential, resource, statement=self.statement)
@@ -148,6 +163,33 @@ class CreditMethod:
                 return InProgress("the call made with this sign-in is still being answered; retry it")
             case NotAgain(message=message):
                 return Refused(SiwxReason.REPLAYED.value, message, wallet)
+    async def _check_session(self, incoming: Incoming) -> Checked[CreditHold]:
+        """A call on a credit session: the body first (400 spends nothing), then one store round
+        trip holds the price within the session's cap, the wallet's credit and the buckets."""
+        token = incoming.credential
+        wallet = token_wallet(token)
+        if wallet is None:
+            return Checked(Refused(SESSION_UNKNOWN, f"{SESSION_HEADER} is not a credit session token"))
+        body = self.validator.body(await incoming.read_body())
+        gate = self.gate
+        call = await self.sessions.spend(
+            token, wallet, self.price, gate.limiter, gate.limits, incoming.client_ip
+        )
+        match call.outcome:
+            case SessionSpent.SPENT if call.hold is not None:
+                return Checked(Admitted(call.hold, body, str(self.price)), wallet)
+            case SessionSpent.UNKNOWN:
+                unknown = "no live credit session under this token (expired, revoked or never opened)"
+                return Checked(Refused(SESSION_UNKNOWN, unknown, wallet), wallet)
+            case SessionSpent.CAP:
+                capped = "the credit session's cap less what it spent does not cover this call"
+                return Checked(Refused(SESSION_CAP_REACHED, capped, wallet), wallet)
+            case SessionSpent.UNCOVERED:
+                short = Refused(INSUFFICIENT_CREDIT, "the wallet's credit does not cover this call", wallet)
+                return Checked(short, wallet)
+            case SessionSpent.LIMITED if call.limited is not None:
+                return Checked(call.limited, wallet)
+        raise StoreUnavailable("state store neither refused nor held a credit session call")
 
     async def finish(self, grant: CreditHold, answer: Answer) -> Settled:
         """Take the held price, keeping the answer for the call's identical retries in the same
@@ -158,6 +200,8 @@ class CreditMethod:
         balance = await self.book.take(grant, keep)
         if balance is None:
             await self._failed(grant)
+            if grant.session:
+                await self._release(grant)
             lapsed = "the credit held for this call lapsed and was spent"
             return Refused(INSUFFICIENT_CREDIT, lapsed, grant.wallet)
         self.spent.inc(grant.amount)
@@ -195,7 +239,10 @@ class CreditMethod:
     async def _release(self, hold: CreditHold) -> None:
         """Give the held price back; a store outage leaves the hold to lapse by itself."""
         try:
-            await self.book.release(hold)
+            if hold.session:
+                await self.sessions.refund(hold)
+            else:
+                await self.book.release(hold)
         except StoreUnavailable:
             log_event(
                 "credit hold left to lapse: store unavailable", route=self.route_name, wallet=hold.wallet

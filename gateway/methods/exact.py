@@ -110,6 +110,7 @@ def bind(route: RouteSpec, services: Services) -> ExactMethod:
         ledger=ledger,
         limiter=services.limiter,
         limits=route.rate_limits,
+        guard=services.settlement_guard,
     )
     top_up = None
     if HANDLERS[route.handler].sells_credit and route.provider_price_micro_usdc is not None:

@@ -17,9 +17,19 @@ it lands, so the guard allows concurrency only as far as a party has earned it:
   client IP in a cool-down (``cooldown_s``, 10 minutes) in which they cannot pay (verify and the
   gateway refuse them before the provider is called), and wipes their record.
 
-So one payer owner and one IP can make the fee payer lose at most one failed settlement per
-cool-down while they have no record, and ``max_in_flight`` once they have earned one (by paying
-for it: every settled payment was a sale). The state lives in the shared store, so replicas
+A client IP is shared (a NAT, a cloud egress, an IPv6 /64), so its cool-down and its record bind
+only payers *without a record of their own*: a payer that settled payments recently (its owner's
+record, which it paid for) is **vouched for** by it. It is served through its IP's cool-down, and
+within its IP's places in flight up to its own allowance, so it stays bounded by its own record
+and is never refused because another wallet of its IP failed. Its settlements count for its own
+record, not its IP's: an IP's record is what payers without one settled from it, so it cannot be
+rebuilt for them by others during its cool-down. Whatever the payers, an IP never has more than
+``max_in_flight`` settlements in flight at once.
+
+So one IP can make the fee payer lose at most its allowance (one settlement without a record) per
+cool-down through payers without a record, and each payer with a record at most its own
+allowance, ``1 + 2 x settled`` (at most ``max_in_flight``), bought by ``settled`` payments, after
+which it cools down and its record is gone. The state lives in the shared store, so replicas
 agree; a settlement in flight whose process dies frees its place when its hold lapses.
 """
 
@@ -81,11 +91,19 @@ WAIT_POLL_S = 0.1
 @dataclass(frozen=True, slots=True)
 class Standing:
     """What the store knows of some parties: the first one cooling down, and each one's record
-    (and the values of the other keys read in the same round trip)."""
+    (and the values of the other keys read in the same round trip). A client IP vouched for by
+    its payer's record counts as not cooling, and with that record if it is the longer."""
 
     cooling: Party | None
     records: Mapping[Party, int]
     found: Sequence[str | None] = ()
+    vouched: bool = False
+    """The voucher (the payer) has a record of its own and is not cooling down."""
+
+
+def _vouches(voucher: Party | None, cooling: bool, record: int) -> bool:
+    """``voucher`` (the payer owner) has a record of its own and is not cooling down itself."""
+    return voucher is not None and not cooling and record > 0
 
 
 class FeeGuard:
@@ -110,16 +128,29 @@ class FeeGuard:
         """How many settlements a party with ``settled`` recent ones may have in flight."""
         return min(self.max_in_flight, 1 + 2 * settled)
 
-    async def standing(self, parties: Sequence[Party], also: Sequence[str] = ()) -> Standing:
+    async def standing(
+        self, parties: Sequence[Party], also: Sequence[str] = (), *, voucher: Party | None = None
+    ) -> Standing:
         """Who is cooling down and each party's record, and the values at ``also``, in one
-        store round trip."""
-        n = len(parties)
-        read = [*also, *(p.cooldown_key for p in parties), *(p.record_key for p in parties)]
+        store round trip. With a ``voucher`` (the payer owner, read too), a client IP among
+        ``parties`` is vouched for while the voucher has a record and is not cooling down: its
+        cool-down is waived and its allowance is at least the voucher's (see the module)."""
+        everyone = [*parties, voucher] if voucher is not None else list(parties)
+        n = len(everyone)
+        read = [*also, *(p.cooldown_key for p in everyone), *(p.record_key for p in everyone)]
         values = (await self.store.check_then_limit(read, [])).values
         first = len(also)
         found, cooldowns, records = values[:first], values[first : first + n], values[first + n :]
-        cooling = next((p for p, v in zip(parties, cooldowns, strict=True) if v is not None), None)
-        return Standing(cooling, {p: _count(v) for p, v in zip(parties, records, strict=True)}, found)
+        counts = {p: _count(v) for p, v in zip(everyone, records, strict=True)}
+        cools = {p: v is not None for p, v in zip(everyone, cooldowns, strict=True)}
+        own = counts.get(voucher, 0) if voucher is not None else 0
+        vouched = _vouches(voucher, voucher is not None and cools[voucher], own)
+        cooling = next(
+            (p for p in everyone if cools[p] and not (vouched and p.kind == "ip")),
+            None,
+        )
+        records_of = {p: max(counts[p], own) if vouched and p.kind == "ip" else counts[p] for p in parties}
+        return Standing(cooling, records_of, found, vouched)
 
     async def enter(
         self, token: str, standing: Standing, parties: Sequence[Party], funds: Hold | None = None
@@ -139,10 +170,12 @@ class FeeGuard:
         *,
         wait_s: float,
         funds: Funds | None = None,
+        voucher: Party | None = None,
     ) -> Turn:
         """Wait up to ``wait_s`` for a place in flight for every party (and the funds), looking
-        again every :data:`WAIT_POLL_S` with fresh standing: records grow as other settlements
-        land, and one of them failing on chain puts the parties in a cool-down meanwhile."""
+        again every :data:`WAIT_POLL_S` with fresh standing (read with ``voucher``, as
+        ``standing`` was): records grow as other settlements land, and one of them failing on
+        chain puts the parties in a cool-down meanwhile."""
         deadline = time.monotonic() + wait_s
         while True:
             if standing.cooling is not None:
@@ -155,7 +188,7 @@ class FeeGuard:
             if time.monotonic() >= deadline:
                 return Turn("in_flight")
             await asyncio.sleep(WAIT_POLL_S)
-            standing = await self.standing(parties)
+            standing = await self.standing(parties, voucher=voucher)
 
     async def leave(self, token: str, parties: Sequence[Party], funds: Hold | None = None) -> None:
         held = [p.in_flight_key for p in parties] + ([funds.key] if funds is not None else [])

@@ -6,7 +6,9 @@ facilitator before the request is known to be well formed and signed by its paye
     (no header at all: the route's 402, rendered by the access layer before anything else)
     decode header -> validate body (InvalidInput: 400) -> payment matches this route,
     payer != payTo, the client's signature verifies over the message        (:meth:`inspect`)
-    -> payment-identifier lookup (409 for another request)
+    -> payment-identifier lookup (409 for another request); a client IP cooling down after a
+       failed settlement refuses payers without a record of their own (a payer with one is
+       vouched for by it: looked up, and the claim made again, only while its IP cools)
     -> already claimed? (its answer delivered to this very request: Replay; the pending
        settlement of this very request: Reconcile; else Refused)
     -> the payer's own bucket, the refusal guards (its IP's and its payer's refused payments),
@@ -34,7 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import log_event
 from gateway.payments.facilitators import FacilitatorUnavailable
-from gateway.payments.fee_guard import Party
+from gateway.payments.fee_guard import FeeGuard, Party
 from gateway.payments.ledger import ClaimAttempt, PaymentLedger, PendingSettlement, fingerprint
 from gateway.payments.matching import as_v2, match_payment, payment_identifier
 from gateway.payments.offer import Option, RouteOffers
@@ -72,6 +74,7 @@ class PaymentGate:
         ledger: PaymentLedger,
         limiter: RateLimiter,
         limits: Sequence[RateLimitSpec],
+        guard: FeeGuard | None = None,
     ) -> None:
         self.route_name = route_name
         self.offers = offers
@@ -79,6 +82,8 @@ class PaymentGate:
         self.ledger = ledger
         self.limiter = limiter
         self.limits = tuple(limits)
+        self.guard = guard
+        """Our own fee payer's guard: whether a payer's record vouches for it on a cooling IP."""
 
     async def inspect(self, header: str, read_body: BodyReader) -> Inspection:
         """The local checks: no store, no shared bucket, no facilitator. A body that breaks the
@@ -125,6 +130,12 @@ class PaymentGate:
             plan.buckets,
             blockers,
         )
+        if attempt.blocked and await self._vouched(candidate.payer, client_ip):
+            # Another wallet of this IP failed; this payer's own record vouches for it (nothing
+            # was charged by the blocked attempt, so it is simply made again without the IP's).
+            attempt = await self.ledger.claim(
+                candidate.key, self.route_name, candidate.payment_id, candidate.fingerprint, plan.buckets
+            )
         if attempt.payment_id is not None and attempt.payment_id.fingerprint != candidate.fingerprint:
             return Conflict("payment identifier was used with another payment or request")
         # A used payment is refused from the store, before any shared bucket or the facilitator
@@ -167,6 +178,14 @@ class PaymentGate:
             await self._release(attempt, candidate.payer, plan.shared, plan.refusal_debts)
             return refused
         return Paid(_paid(candidate, payload, requirements, client_ip), candidate.body)
+
+    async def _vouched(self, payer: str, client_ip: str) -> bool:
+        """The payer has a record of its own and is not cooling down: its IP's cool-down (set by
+        another wallet's failure) does not bind it. One more round trip, only while its IP cools."""
+        if self.guard is None:
+            return False
+        standing = await self.guard.standing([Party("ip", client_ip)], voucher=Party("owner", payer))
+        return standing.cooling is None
 
     async def _release(
         self, attempt: ClaimAttempt, payer: str, refunds: Sequence[Bucket], debts: Sequence[Bucket] = ()

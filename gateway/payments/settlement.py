@@ -71,7 +71,8 @@ class Settlement:
         self.replay_cap_bytes = replay_cap_bytes
         self.guard = guard
         """Our own fee payer's guard (internal facilitator): a client IP's settlements in flight
-        stay within its allowance, and one that fails on chain cools the IP down."""
+        stay within its allowance (or its payer's, vouching with a record of its own), and one
+        that fails on chain cools the IP down for payers without a record."""
         self.guard_wait_s = guard_wait_s
         self.top_up = top_up
         """A top-up route's credit: booked to the payer in the round trip that delivers, or not at all."""
@@ -156,16 +157,22 @@ class Settlement:
     async def _settle_as_client(self, paid: PaidRequest, reconciling: bool) -> SettleResponse:
         """The facilitator's settle; with the fee guard, inside the client IP's place in flight
         (waiting up to ``guard_wait_s`` for one, else ``settlement_pending`` with nothing asked),
-        its outcome counted for the IP. A client cooling down is not asked for: the payment
-        fails, unless a retry of the request is settling it (this request is one, or one of its
-        copies reconciles its intent), for then it may have settled: the client retries later."""
+        its outcome counted for the IP. A payer with a record of its own is vouched for by it
+        (:class:`~gateway.payments.fee_guard.FeeGuard`). A client cooling down is not asked for:
+        the payment fails, unless a retry of the request is settling it (this request is one, or
+        one of its copies reconciles its intent), for then it may have settled: the client
+        retries later."""
         settling = self.offers.named(paid.facilitator).settling
         guard = self.guard if settling.ours else None
         if guard is None or not paid.client_ip:
             return await settling.facilitator.settle(paid.payload, paid.requirements)
         client = [Party("ip", paid.client_ip)]
+        # The payer's own record vouches for it on a shared IP: neither another wallet's failure
+        # there nor the IP's short record holds it below its own allowance.
+        payer = Party("owner", paid.payer)
         token = secrets.token_hex(16)
-        turn = await guard.take_turn(token, client, await guard.standing(client), wait_s=self.guard_wait_s)
+        standing = await guard.standing(client, voucher=payer)
+        turn = await guard.take_turn(token, client, standing, wait_s=self.guard_wait_s, voucher=payer)
         if turn.outcome == "cooling_down":  # a settlement of this client failed on chain
             why = "this client cools down after a failure"
             if reconciling or await self.ledger.settled_by_retry(paid.key, paid.fingerprint):
@@ -181,7 +188,7 @@ class Settlement:
                 with contextlib.suppress(Exception):
                     await guard.leave(token, client)
         with contextlib.suppress(StoreUnavailable):
-            if result.success:
+            if result.success and not standing.vouched:  # a vouched payer's counts for it alone
                 await guard.landed(client)
             elif result.errorReason == TRANSACTION_FAILED:
                 await guard.failed(client)

@@ -136,6 +136,18 @@ class _Landed:
     post_balances: list[int] = field(default_factory=list)
 
 
+class _RpcHttpServer(ThreadingHTTPServer):
+    """The node's HTTP server, accepting bursts of connections as a real node does.
+
+    Python's servers listen with a backlog of 5: of a burst of connections opened at once (a
+    gateway settling 10 payments opens about one per simulation), those past the backlog have
+    their SYN dropped, and the client's kernel sends it again a whole second later, which looked
+    like a settlement waiting for a second round.
+    """
+
+    request_queue_size = 1024
+
+
 @dataclass
 class LiteSvmRpcServer:
     """JSON-RPC over one LiteSVM, served by a background thread on 127.0.0.1."""
@@ -157,7 +169,7 @@ class LiteSvmRpcServer:
         self._landing: collections.deque[VersionedTransaction] = collections.deque()
         self._known: dict[Pubkey, None] = {}  # insertion-ordered set
         self._history: dict[Pubkey, list[str]] = {}  # address -> signatures, oldest first
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: _RpcHttpServer | None = None
         self._thread: threading.Thread | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -178,7 +190,7 @@ class LiteSvmRpcServer:
 
     def start(self) -> LiteSvmRpcServer:
         handler = type("_Handler", (_Handler,), {"rpc": self})
-        httpd = ThreadingHTTPServer((self.host, self.port), handler)
+        httpd = _RpcHttpServer((self.host, self.port), handler)
         httpd.daemon_threads = True
         httpd.block_on_close = False
         self._httpd = httpd

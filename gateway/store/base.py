@@ -17,6 +17,11 @@ Semantics are shared by all backends and pinned by ``tests/test_store_contract.p
   also records when the balance lapses in a lapse index; past that time the balance spends as
   nothing, and ``lapse_credit`` takes it out of the books (``due_lapses`` finds the wallets due,
   ``drain_lapsed`` what top-ups found lapsed), so every lapse can be counted.
+* A credit session is a hash of its wallet, the cap the wallet signed and the credit spent under
+  it so far (``open_credit_session``); ``spend_credit_session`` is a credit hold that also
+  checks the session is live, that its cap less what it spent covers the amount, and the route's
+  buckets, then adds the amount to what it spent, in one atomic step; ``refund_credit_session``
+  drops a hold and gives its amount back to the session; ``revoke_credit_session`` ends it.
 * ``rate_limit`` is GCRA: up to ``limit`` requests in any ``period_ms`` window, with the
   allowance refilling evenly; one atomic decision per call, using the store's clock so that
   many gateway processes share one bucket exactly.
@@ -25,6 +30,7 @@ Semantics are shared by all backends and pinned by ``tests/test_store_contract.p
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -199,6 +205,49 @@ class CreditState(msgspec.Struct, frozen=True):
     from a hold's."""
 
 
+class CreditSessionSpend(msgspec.Struct, frozen=True):
+    """Spend ``hold.amount`` under the credit session at ``session`` (a hash: wallet, cap, spent)
+    by making ``hold``, as long as the session is live, belongs to the hold's wallet and its cap
+    less what it spent covers the amount."""
+
+    session: str
+    hold: CreditHoldOrder
+
+
+class SessionSpent(enum.StrEnum):
+    """What :meth:`Store.spend_credit_session` came to."""
+
+    SPENT = "spent"
+    UNKNOWN = "unknown"
+    """No live session there for that wallet: never opened, expired or revoked."""
+    CAP = "cap"
+    """The session's cap less what it spent does not cover the amount."""
+    UNCOVERED = "uncovered"
+    """The wallet's free credit does not cover the amount."""
+    LIMITED = "limited"
+    """A bucket refused (the last decision)."""
+
+
+class SessionLookup(msgspec.Struct, frozen=True):
+    """What :meth:`Store.spend_credit_session` found: its outcome, a decision per bucket taken
+    (when the session, its cap and the credit allowed the call), and once spent the credit's
+    state after the hold and the session's spent total and cap."""
+
+    outcome: SessionSpent
+    decisions: list[RateDecision] = msgspec.field(default_factory=list)
+    held: CreditState | None = None
+    spent: int = 0
+    cap: int = 0
+
+
+class CreditSessionState(msgspec.Struct, frozen=True):
+    """A credit session as one atomic read saw it."""
+
+    wallet: str
+    cap: int
+    spent: int
+
+
 class TakeTooLate(StoreUnavailable):
     """A take reached the store after its deadline, when its caller may have given up waiting:
     nothing was taken, exactly as if the store had not answered."""
@@ -318,6 +367,30 @@ class Store(Protocol):
         repeated take of the token meanwhile takes nothing (None). Every ``keep`` entry is
         written in the same step, exactly when the take takes (a call's answer, kept for its
         retries: a take without its kept answer cannot happen, nor a kept answer never paid)."""
+
+    async def open_credit_session(self, key: str, wallet: str, cap: int, ttl_ms: int) -> None:
+        """Write the credit session at ``key``: ``wallet``, its signed ``cap`` and nothing spent,
+        deleted ``ttl_ms`` from now (one atomic round trip)."""
+
+    async def spend_credit_session(
+        self, spend: CreditSessionSpend, buckets: Sequence[Bucket]
+    ) -> SessionLookup:
+        """Atomically, in one round trip: the session at ``spend.session`` live and the hold's
+        wallet's (else ``UNKNOWN``), its cap less what it spent covering the amount (else ``CAP``),
+        the wallet's free credit covering it as ``hold_credit`` decides (else ``UNCOVERED``), then
+        one GCRA decision per bucket in order, stopping at the first refusal (``LIMITED``); and
+        only when all allowed it, add the amount to the session's spent total and make the hold
+        (``SPENT``). Every refusal changes nothing (lapsed holds aside, forgotten), so concurrent
+        calls on one session never spend more than its cap."""
+
+    async def refund_credit_session(self, key: str, holds: str, token: str, amount: int) -> None:
+        """Atomically, in one round trip: drop ``token``'s hold at ``holds`` and, while the
+        session at ``key`` is live, take ``amount`` off what it spent (never below 0): a call that
+        took nothing gives its share of the cap back."""
+
+    async def revoke_credit_session(self, key: str) -> CreditSessionState | None:
+        """Atomically, in one round trip: delete the session at ``key`` and answer what it was
+        (its spent total counts the calls still in flight); None when there was none live."""
 
     async def credit_state(self, account: CreditAccount) -> CreditState:
         """In one round trip: the balance (0 past its lapse time), the sum of the live holds and

@@ -37,6 +37,7 @@ credit_sweep         credit-sweep                     the sweeping replica      
 ledger_mark          ledger-mark                      the ledger's mark on it     forever
 ledger_restore       ledger-restore                   the restoring replica       one restore, 60 s at most
 credit_call          credit-call:{wallet}:{call id}   call, its answer (JSON)     hold's TTL, then sign-in's
+credit_session       credit-session:{token digest}    wallet, cap, spent (hash)   the session's lifetime
 ===================  ===============================  ==========================  ==========================
 
 Under ``x402:svm:``, the internal facilitator's:
@@ -84,6 +85,7 @@ CREDIT_SWEEP: Final = _GATEWAY + "credit-sweep"
 LEDGER_MARK: Final = _GATEWAY + "ledger-mark"
 LEDGER_RESTORE: Final = _GATEWAY + "ledger-restore"
 CREDIT_CALL: Final = _GATEWAY + "credit-call:"
+CREDIT_SESSION: Final = _GATEWAY + "credit-session:"
 SETTLEMENT: Final = _FACILITATOR + "settle:"
 _REPORTED_TAIL: Final = ":done"
 
@@ -197,6 +199,10 @@ def credit_call(wallet: str, call_id: str) -> str:
     """One call on a wallet's credit, named by its call id (a sign-in's nonce), and the answer it
     was charged for (``gateway.credit_calls``)."""
     return f"{CREDIT_CALL}{wallet}:{call_id}"
+def credit_session(digest: str) -> str:
+    """A credit session: its wallet, signed cap and credit spent so far, under the SHA-256 of its
+    origin and token, never the token itself (``gateway.credit_sessions``)."""
+    return CREDIT_SESSION + digest
 
 
 def ledger_mark() -> str:
@@ -245,6 +251,7 @@ FAMILIES: Final[Mapping[Callable[..., str], str]] = {
     ledger_mark: LEDGER_MARK,
     ledger_restore: LEDGER_RESTORE,
     credit_call: CREDIT_CALL,
+    credit_session: CREDIT_SESSION,
     settlement: SETTLEMENT,
     settlement_reported: SETTLEMENT,
 }

@@ -17,11 +17,15 @@ from gateway.store.base import (
     Credit,
     CreditAccount,
     CreditHoldOrder,
+    CreditSessionSpend,
+    CreditSessionState,
     CreditState,
     Entry,
     Hold,
     Lookup,
     RateDecision,
+    SessionLookup,
+    SessionSpent,
     StoreUnavailable,
     TakeTooLate,
     checked_amount,
@@ -346,6 +350,65 @@ return {values, waits, 1, held}
 """
 )
 
+# A credit session is a hash: wallet, cap (micro-USDC, what the wallet signed), spent. KEYS: the
+# session. ARGV: wallet, cap, ttl_ms. Reply: 1.
+OPEN_CREDIT_SESSION_SCRIPT = """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'wallet', ARGV[1], 'cap', ARGV[2], 'spent', '0')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+# KEYS: the session, the balance, its hold set, the lapse index, then the buckets. ARGV: wallet,
+# token, amount, the hold's ttl_ms, then limit, period_ms and guard (1 or 0) per bucket. Reply:
+# {'unknown'} (no live session for this wallet), {'cap', cap, spent}, {'uncovered'},
+# {'limited', retry_after_ms per bucket taken}, or {'spent', the decisions (0s), the credit state
+# after the hold, the session's spent total, its cap}. Checks in that order, and writes nothing
+# before the last: a refused call spends neither the session's cap, nor credit, nor a bucket.
+SPEND_CREDIT_SESSION_SCRIPT = (
+    _CREDIT_PRELUDE
+    + """
+local wallet, token, amount, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local session = redis.call('HMGET', KEYS[1], 'wallet', 'cap', 'spent')
+if session[1] ~= wallet or not session[2] or not session[3] then return {'unknown'} end
+if tonumber(session[2]) - tonumber(session[3]) < amount then return {'cap', session[2], session[3]} end
+local clock = now_us()
+local others = credit_holds(KEYS[3], token, clock, true)
+local balance, left = live_balance(KEYS[2], KEYS[4], wallet, now_ms(clock))
+if tonumber(balance) - others < amount then return {'uncovered'} end
+local waits = {}
+for j = 1, #KEYS - 4 do
+  local at = 2 + 3 * j
+  local wait = gcra(KEYS[4 + j], tonumber(ARGV[at]), tonumber(ARGV[at + 1]), clock, ARGV[at + 2] == '1')
+  waits[j] = wait
+  if wait > 0 then return {'limited', waits} end
+end
+local spent = redis.call('HINCRBY', KEYS[1], 'spent', amount)
+redis.call('HSET', KEYS[3], token, ARGV[3] .. ' ' .. string.format('%d', clock + ttl * 1000))
+if redis.call('PTTL', KEYS[3]) < ttl then redis.call('PEXPIRE', KEYS[3], ttl) end
+return {'spent', waits, {balance, others + amount, left, clock}, spent, session[2]}
+"""
+)
+
+# KEYS: the session, the hold set. ARGV: the hold's token, its amount. Reply: 1.
+REFUND_CREDIT_SESSION_SCRIPT = """
+redis.call('HDEL', KEYS[2], ARGV[1])
+local spent = redis.call('HGET', KEYS[1], 'spent')
+if spent then
+  local back = math.min(tonumber(spent), tonumber(ARGV[2]))
+  if back > 0 then redis.call('HINCRBY', KEYS[1], 'spent', -back) end
+end
+return 1
+"""
+
+# KEYS: the session. Reply: {wallet, cap, spent} of the session deleted, or nil when none was live.
+REVOKE_CREDIT_SESSION_SCRIPT = """
+local session = redis.call('HMGET', KEYS[1], 'wallet', 'cap', 'spent')
+if not session[1] then return false end
+redis.call('DEL', KEYS[1])
+return session
+"""
+
 # ARGV: wallet, token, amount, the deadline on the store's clock (µs; empty: none), then value and
 # ttl_ms per entry to keep. Reply: the credit state after the take, nil when nothing was taken, or
 # 'late' past the deadline. KEYS[4]: the token's taken mark, set while its hold would have lived;
@@ -434,6 +497,10 @@ LAPSE_CREDIT_SHA1 = hashlib.sha1(LAPSE_CREDIT_SCRIPT.encode()).hexdigest()
 DUE_LAPSES_SHA1 = hashlib.sha1(DUE_LAPSES_SCRIPT.encode()).hexdigest()
 RESTORE_CREDIT_SHA1 = hashlib.sha1(RESTORE_CREDIT_SCRIPT.encode()).hexdigest()
 DRAIN_LAPSED_SHA1 = hashlib.sha1(DRAIN_LAPSED_SCRIPT.encode()).hexdigest()
+OPEN_CREDIT_SESSION_SHA1 = hashlib.sha1(OPEN_CREDIT_SESSION_SCRIPT.encode()).hexdigest()
+SPEND_CREDIT_SESSION_SHA1 = hashlib.sha1(SPEND_CREDIT_SESSION_SCRIPT.encode()).hexdigest()
+REFUND_CREDIT_SESSION_SHA1 = hashlib.sha1(REFUND_CREDIT_SESSION_SCRIPT.encode()).hexdigest()
+REVOKE_CREDIT_SESSION_SHA1 = hashlib.sha1(REVOKE_CREDIT_SESSION_SCRIPT.encode()).hexdigest()
 MAX_HOLD_AMOUNT = MAX_AMOUNT
 """Amounts and caps above this lose precision in Lua's doubles: caps are clamped to it."""
 
@@ -553,6 +620,64 @@ def credit_change_from_reply(reply: object) -> CreditState | None:
     if reply in ("late", b"late"):
         raise TakeTooLate("the take reached the store after its deadline: nothing was taken")
     return None if reply is None else credit_state_from_reply(reply)
+
+
+def open_credit_session_call(key: str, wallet: str, cap: int, ttl_ms: int) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the open-credit-session script (ValueError on a cap or TTL it cannot keep)."""
+    return [key], [wallet, str(checked_amount(cap)), str(checked_ttl(ttl_ms))]
+
+
+def spend_credit_session_call(
+    spend: CreditSessionSpend, buckets: Sequence[Bucket]
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the spend-credit-session script."""
+    hold = spend.hold
+    args = [hold.account.wallet, hold.token, str(hold.amount), str(hold.ttl_ms)]
+    for bucket in buckets:
+        args += [str(bucket.limit), str(bucket.period_ms), "1" if bucket.guard else "0"]
+    return [spend.session, *credit_keys(hold.account), *(bucket.key for bucket in buckets)], args
+
+
+def _whole(value: object) -> int:
+    """An integer reply, or an integer's text (a hash field); anything else is garbage."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    raise StoreUnavailable("state store answered a credit session script with garbage")
+
+
+def _waits(value: object) -> list[RateDecision]:
+    if not isinstance(value, list):
+        raise StoreUnavailable("state store answered a credit session script with garbage")
+    return [RateDecision(allowed=w == 0, retry_after_ms=w) for w in map(_whole, value)]
+
+
+def session_lookup_from_reply(reply: object) -> SessionLookup:
+    """The spend-credit-session script's outcome and what goes with it; anything else is garbage."""
+    if isinstance(reply, list) and reply and isinstance(reply[0], str):
+        match reply:
+            case ["unknown"]:
+                return SessionLookup(SessionSpent.UNKNOWN)
+            case ["uncovered"]:
+                return SessionLookup(SessionSpent.UNCOVERED)
+            case ["cap", cap, spent]:
+                return SessionLookup(SessionSpent.CAP, spent=_whole(spent), cap=_whole(cap))
+            case ["limited", waits]:
+                return SessionLookup(SessionSpent.LIMITED, _waits(waits))
+            case ["spent", waits, state, spent, cap]:
+                held = credit_state_from_reply(state)
+                return SessionLookup(SessionSpent.SPENT, _waits(waits), held, _whole(spent), _whole(cap))
+    raise StoreUnavailable("state store answered the spend-credit-session script with garbage")
+
+
+def session_state_from_reply(reply: object) -> CreditSessionState | None:
+    """The revoke-credit-session script's ``{wallet, cap, spent}``, or nil: none was live."""
+    if reply is None:
+        return None
+    if isinstance(reply, list) and len(reply) == 3 and isinstance(reply[0], str):
+        return CreditSessionState(reply[0], _whole(reply[1]), _whole(reply[2]))
+    raise StoreUnavailable("state store answered the revoke-credit-session script with garbage")
 
 
 def lapsed_from_reply(reply: object) -> int | None:

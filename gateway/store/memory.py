@@ -16,11 +16,15 @@ from gateway.store.base import (
     Credit,
     CreditAccount,
     CreditHoldOrder,
+    CreditSessionSpend,
+    CreditSessionState,
     CreditState,
     Entry,
     Hold,
     Lookup,
     RateDecision,
+    SessionLookup,
+    SessionSpent,
     TakeTooLate,
     checked_amount,
     checked_ttl,
@@ -76,6 +80,8 @@ class MemoryStore:
         self._contention: dict[str, dict[str, int]] = {}
         """contention mark -> subject (its share's bucket key) -> refused at (µs); at most
         ``MAX_CONTENDERS`` subjects a mark, one mark a share scope."""
+        self._sessions: dict[str, tuple[CreditSessionState, int]] = {}
+        """credit session key -> (its state, expires_us); dropped when found expired."""
         self._expiries: list[tuple[int, int, str]] = []
         """(expires_us, kind, key): kind 0 is a value, 1 a rate-limit bucket."""
 
@@ -357,6 +363,70 @@ class MemoryStore:
         for entry in keep:
             self._set_value(entry.key, entry.value, entry.ttl_ms)
         return CreditState(balance=balance, held=others, ttl_ms=left, at_us=now)
+
+    def _live_session(self, key: str, now: int) -> CreditSessionState | None:
+        found = self._sessions.get(key)
+        if found is None:
+            return None
+        if found[1] <= now:
+            del self._sessions[key]
+            return None
+        return found[0]
+
+    def _drop_expired_sessions(self, now: int) -> None:
+        """Forget expired sessions (each open pays for a sweep, so memory stays bounded)."""
+        for key in [k for k, (_, expires) in self._sessions.items() if expires <= now]:
+            del self._sessions[key]
+
+    async def open_credit_session(self, key: str, wallet: str, cap: int, ttl_ms: int) -> None:
+        now = _now_us()
+        self._drop_expired_sessions(now)
+        self._sessions[key] = (CreditSessionState(wallet, checked_amount(cap), 0), now + ttl_ms * 1_000)
+
+    async def spend_credit_session(
+        self, spend: CreditSessionSpend, buckets: Sequence[Bucket]
+    ) -> SessionLookup:
+        hold = spend.hold
+        now = _now_us()
+        session = self._live_session(spend.session, now)
+        if session is None or session.wallet != hold.account.wallet:
+            return SessionLookup(SessionSpent.UNKNOWN)
+        if session.cap - session.spent < hold.amount:
+            return SessionLookup(SessionSpent.CAP, spent=session.spent, cap=session.cap)
+        held = self._credit_cover(hold.account, hold.token, hold.amount)
+        if held is None:
+            return SessionLookup(SessionSpent.UNCOVERED)
+        decisions: list[RateDecision] = []
+        for bucket in buckets:
+            decisions.append(self._gcra(bucket))
+            if not decisions[-1].allowed:
+                return SessionLookup(SessionSpent.LIMITED, decisions)
+        spent = session.spent + hold.amount
+        self._sessions[spend.session] = (
+            CreditSessionState(session.wallet, session.cap, spent),
+            self._sessions[spend.session][1],
+        )
+        self._holds.setdefault(hold.account.holds, {})[hold.token] = (
+            hold.amount,
+            held.at_us + hold.ttl_ms * 1_000,
+        )
+        return SessionLookup(SessionSpent.SPENT, decisions, held, spent, session.cap)
+
+    async def refund_credit_session(self, key: str, holds: str, token: str, amount: int) -> None:
+        await self.unhold([holds], token)
+        session = self._live_session(key, _now_us())
+        if session is not None:
+            spent = max(session.spent - amount, 0)
+            self._sessions[key] = (
+                CreditSessionState(session.wallet, session.cap, spent),
+                self._sessions[key][1],
+            )
+
+    async def revoke_credit_session(self, key: str) -> CreditSessionState | None:
+        session = self._live_session(key, _now_us())
+        if session is not None:
+            del self._sessions[key]
+        return session
 
     async def credit_state(self, account: CreditAccount) -> CreditState:
         now = _now_us()

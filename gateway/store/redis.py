@@ -21,10 +21,13 @@ from gateway.store.base import (
     Credit,
     CreditAccount,
     CreditHoldOrder,
+    CreditSessionSpend,
+    CreditSessionState,
     CreditState,
     Entry,
     Hold,
     Lookup,
+    SessionLookup,
     StoreUnavailable,
 )
 from gateway.store.lua import (
@@ -35,8 +38,12 @@ from gateway.store.lua import (
     DUE_LAPSES_SCRIPT,
     HOLD_SCRIPT,
     LAPSE_CREDIT_SCRIPT,
+    OPEN_CREDIT_SESSION_SCRIPT,
+    REFUND_CREDIT_SESSION_SCRIPT,
     RELEASE_SCRIPT,
     RESTORE_CREDIT_SCRIPT,
+    REVOKE_CREDIT_SESSION_SCRIPT,
+    SPEND_CREDIT_SESSION_SCRIPT,
     TAKE_CREDIT_SCRIPT,
     UNDO_CLAIM_SCRIPT,
     check_then_limit_call,
@@ -51,8 +58,12 @@ from gateway.store.lua import (
     hold_call,
     lapsed_from_reply,
     lookup_from_reply,
+    open_credit_session_call,
     released_from_reply,
     restore_credit_call,
+    session_lookup_from_reply,
+    session_state_from_reply,
+    spend_credit_session_call,
     take_credit_call,
     text_from_reply,
     totals_from_replies,
@@ -108,6 +119,10 @@ class RedisStore:
         self._due_lapses = self._redis.register_script(DUE_LAPSES_SCRIPT)
         self._restore_credit = self._redis.register_script(RESTORE_CREDIT_SCRIPT)
         self._drain_lapsed = self._redis.register_script(DRAIN_LAPSED_SCRIPT)
+        self._open_session = self._redis.register_script(OPEN_CREDIT_SESSION_SCRIPT)
+        self._spend_session = self._redis.register_script(SPEND_CREDIT_SESSION_SCRIPT)
+        self._refund_session = self._redis.register_script(REFUND_CREDIT_SESSION_SCRIPT)
+        self._revoke_session = self._redis.register_script(REVOKE_CREDIT_SESSION_SCRIPT)
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
         """Await one command, turning every client failure into StoreUnavailable."""
@@ -186,6 +201,24 @@ class RedisStore:
         script_keys, args = take_credit_call(account, token, amount, not_after_us, keep)
         reply: Any = await self._call(self._take_credit(keys=script_keys, args=args))
         return credit_change_from_reply(reply)
+
+    async def open_credit_session(self, key: str, wallet: str, cap: int, ttl_ms: int) -> None:
+        script_keys, args = open_credit_session_call(key, wallet, cap, ttl_ms)
+        await self._call(self._open_session(keys=script_keys, args=args))
+
+    async def spend_credit_session(
+        self, spend: CreditSessionSpend, buckets: Sequence[Bucket]
+    ) -> SessionLookup:
+        script_keys, args = spend_credit_session_call(spend, buckets)
+        reply: Any = await self._call(self._spend_session(keys=script_keys, args=args))
+        return session_lookup_from_reply(reply)
+
+    async def refund_credit_session(self, key: str, holds: str, token: str, amount: int) -> None:
+        await self._call(self._refund_session(keys=[key, holds], args=[token, str(amount)]))
+
+    async def revoke_credit_session(self, key: str) -> CreditSessionState | None:
+        reply: Any = await self._call(self._revoke_session(keys=[key], args=[]))
+        return session_state_from_reply(reply)
 
     async def credit_state(self, account: CreditAccount) -> CreditState:
         reply: Any = await self._call(self._credit_state(keys=credit_keys(account), args=[account.wallet]))

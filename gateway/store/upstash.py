@@ -19,10 +19,13 @@ from gateway.store.base import (
     Credit,
     CreditAccount,
     CreditHoldOrder,
+    CreditSessionSpend,
+    CreditSessionState,
     CreditState,
     Entry,
     Hold,
     Lookup,
+    SessionLookup,
     StoreUnavailable,
 )
 from gateway.store.lua import (
@@ -40,10 +43,18 @@ from gateway.store.lua import (
     HOLD_SHA1,
     LAPSE_CREDIT_SCRIPT,
     LAPSE_CREDIT_SHA1,
+    OPEN_CREDIT_SESSION_SCRIPT,
+    OPEN_CREDIT_SESSION_SHA1,
+    REFUND_CREDIT_SESSION_SCRIPT,
+    REFUND_CREDIT_SESSION_SHA1,
     RELEASE_SCRIPT,
     RELEASE_SHA1,
     RESTORE_CREDIT_SCRIPT,
     RESTORE_CREDIT_SHA1,
+    REVOKE_CREDIT_SESSION_SCRIPT,
+    REVOKE_CREDIT_SESSION_SHA1,
+    SPEND_CREDIT_SESSION_SCRIPT,
+    SPEND_CREDIT_SESSION_SHA1,
     TAKE_CREDIT_SCRIPT,
     TAKE_CREDIT_SHA1,
     UNDO_CLAIM_SCRIPT,
@@ -60,8 +71,12 @@ from gateway.store.lua import (
     hold_call,
     lapsed_from_reply,
     lookup_from_reply,
+    open_credit_session_call,
     released_from_reply,
     restore_credit_call,
+    session_lookup_from_reply,
+    session_state_from_reply,
+    spend_credit_session_call,
     take_credit_call,
     text_from_reply,
     totals_from_replies,
@@ -177,6 +192,27 @@ class UpstashStore:
         script_keys, args = take_credit_call(account, token, amount, not_after_us, keep)
         reply = await self._call(self._script(TAKE_CREDIT_SCRIPT, TAKE_CREDIT_SHA1, script_keys, args))
         return credit_change_from_reply(reply)
+
+    async def open_credit_session(self, key: str, wallet: str, cap: int, ttl_ms: int) -> None:
+        script_keys, args = open_credit_session_call(key, wallet, cap, ttl_ms)
+        await self._call(
+            self._script(OPEN_CREDIT_SESSION_SCRIPT, OPEN_CREDIT_SESSION_SHA1, script_keys, args)
+        )
+
+    async def spend_credit_session(
+        self, spend: CreditSessionSpend, buckets: Sequence[Bucket]
+    ) -> SessionLookup:
+        script_keys, args = spend_credit_session_call(spend, buckets)
+        script, sha1 = SPEND_CREDIT_SESSION_SCRIPT, SPEND_CREDIT_SESSION_SHA1
+        return session_lookup_from_reply(await self._call(self._script(script, sha1, script_keys, args)))
+
+    async def refund_credit_session(self, key: str, holds: str, token: str, amount: int) -> None:
+        script, sha1 = REFUND_CREDIT_SESSION_SCRIPT, REFUND_CREDIT_SESSION_SHA1
+        await self._call(self._script(script, sha1, [key, holds], [token, str(amount)]))
+
+    async def revoke_credit_session(self, key: str) -> CreditSessionState | None:
+        script, sha1 = REVOKE_CREDIT_SESSION_SCRIPT, REVOKE_CREDIT_SESSION_SHA1
+        return session_state_from_reply(await self._call(self._script(script, sha1, [key], [])))
 
     async def credit_state(self, account: CreditAccount) -> CreditState:
         script_keys, args = credit_keys(account), [account.wallet]
