@@ -431,6 +431,125 @@ def cmd_balance(args: argparse.Namespace) -> int:
     )
 
 
+def _ledger_database(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    """``--database`` or ``$LEDGER_DATABASE_URL``, a postgresql:// URL (never printed: it may hold
+    a password)."""
+    from gateway.ledger.commands import database_url
+
+    given = args.database or os.environ.get("LEDGER_DATABASE_URL") or ""
+    if not given:
+        parser.error("give --database URL or set LEDGER_DATABASE_URL")
+    try:
+        return database_url(given)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.ledger.commands import run_export, run_reconcile
+
+    url = _ledger_database(args, args.action_parser)
+    if args.action == "export":
+        if args.until is not None and args.until <= args.since:
+            args.action_parser.error("--until must be later than --since")
+        return asyncio.run(
+            run_export(url, since_ms=args.since, until_ms=args.until, form=args.format, out=sys.stdout)
+        )
+    rpc = args.rpc or os.environ.get("SOLANA_RPC_URL") or ""
+    pay_to = args.pay_to or _env_address("X402_PAY_TO_WALLET", args.action_parser)
+    if not rpc:
+        args.action_parser.error("give --rpc URL or set SOLANA_RPC_URL")
+    if pay_to is None:
+        args.action_parser.error("give --pay-to WALLET or set X402_PAY_TO_WALLET")
+    mint = args.usdc_mint or _env_address("X402_USDC_MINT", args.action_parser) or _mainnet_usdc()
+    return asyncio.run(
+        run_reconcile(
+            url, rpc, pay_to=pay_to, usdc_mint=mint, since_ms=args.since, as_json=args.format == "json"
+        )
+    )
+
+
+def _env_address(name: str, parser: argparse.ArgumentParser) -> Any:
+    from gateway.ledger.commands import address
+
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return address(text)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"{name}: {exc}")
+
+
+def _mainnet_usdc() -> Any:
+    from solders.pubkey import Pubkey
+
+    from gateway.x402.types import USDC_MAINNET_MINT
+
+    return Pubkey.from_string(USDC_MAINNET_MINT)
+
+
+def _add_ledger(sub: Any) -> None:
+    from gateway.ledger.commands import address, moment_ms
+
+    ledger = sub.add_parser(
+        "ledger",
+        help="read the ledger of record: export it, reconcile it with the chain",
+        description="Read the ledger of record (LEDGER_DATABASE_URL, or --database): export the "
+        "journal for an accountant, or reconcile its sales and top-ups with the USDC transfers "
+        "into payTo on chain. Both only read; a read-only database role will do.",
+    )
+    ledger.set_defaults(func=cmd_ledger)
+    actions = ledger.add_subparsers(dest="action", metavar="ACTION", prog=ledger.prog, required=True)
+    moment_help = "Unix seconds or an ISO-8601 date or time (UTC unless it has an offset)"
+    export = actions.add_parser(
+        "export",
+        help="write the journal as CSV or JSON, one row per settlement and credit movement",
+        description="Write every journal entry that occurred in [--since, --until): id, occurred_at "
+        "(ISO-8601 UTC), kind (sale, top_up, credit_spent, credit_lapsed), wallet, route, the amount "
+        "in micro-USDC and in USDC, settlement signature, facilitator, ref. Streams: any size.",
+    )
+    export.add_argument(
+        "--since", type=moment_ms, required=True, metavar="WHEN", help=f"from ({moment_help})"
+    )
+    export.add_argument(
+        "--until", type=moment_ms, default=None, metavar="WHEN", help="before (exclusive; default: now on)"
+    )
+    export.add_argument("--format", choices=("csv", "json"), default="csv", help="(default: %(default)s)")
+    reconcile = actions.add_parser(
+        "reconcile",
+        help="match every USDC transfer into payTo on chain against the journal",
+        description="Match every USDC transfer into payTo's token account on chain with the sale or "
+        "top-up journaled under its signature; report transfers without an entry, entries whose "
+        "transfer is missing or failed, and entries whose amount or payer differs. Exit 0 when all "
+        "match, 1 on any difference, 2 on a usage error, 3 when the database or the node failed.",
+    )
+    reconcile.add_argument(
+        "--rpc", default=None, metavar="URL", help="Solana RPC URL (default: $SOLANA_RPC_URL)"
+    )
+    reconcile.add_argument("--since", type=moment_ms, default=None, metavar="WHEN", help=moment_help)
+    reconcile.add_argument(
+        "--pay-to", type=address, default=None, metavar="WALLET", help="(default: $X402_PAY_TO_WALLET)"
+    )
+    reconcile.add_argument(
+        "--usdc-mint",
+        type=address,
+        default=None,
+        metavar="MINT",
+        help="(default: $X402_USDC_MINT or the mainnet USDC mint)",
+    )
+    reconcile.add_argument(
+        "--format", choices=("text", "json"), default="text", help="(default: %(default)s)"
+    )
+    for action in (export, reconcile):
+        action.add_argument(
+            "--database", default=None, metavar="URL", help="PostgreSQL URL (default: $LEDGER_DATABASE_URL)"
+        )
+        action.set_defaults(action_parser=action)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(
         prog="x402-gateway",
@@ -641,6 +760,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     credits.add_argument("--keypair", required=True, help="solana-keygen JSON file (or base58 64-byte key)")
     credits.add_argument("--json", action="store_true", help="print one JSON object for scripts")
     credits.set_defaults(func=cmd_credits)
+    _add_ledger(sub)
     with guarded_streams():
         args = parser.parse_args(argv)
         try:
