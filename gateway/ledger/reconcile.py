@@ -20,7 +20,7 @@ from solders.pubkey import Pubkey
 from gateway.ledger.entries import EntryKind
 from gateway.ledger.journal import Journal, Recorded
 from gateway.ledger.onchain import ChainPayment, payment, payments_into
-from gateway.solana_rpc import SolanaRpc
+from gateway.solana_rpc import MAX_SIGNATURES_PAGE, SolanaRpc
 
 SETTLED = (EntryKind.SALE, EntryKind.TOP_UP)
 LOOKUP_BATCH = 500
@@ -103,6 +103,7 @@ async def reconcile(
     pay_to: Pubkey,
     token_account: Pubkey,
     since_ms: int | None = None,
+    page: int = MAX_SIGNATURES_PAGE,
 ) -> Reconciliation:
     """Match the chain's transfers into ``token_account`` since ``since_ms`` with the journal.
 
@@ -125,7 +126,7 @@ async def reconcile(
     )
     since_s = since_ms // 1000 if since_ms is not None else None
     unmatched: list[ChainPayment] = []
-    async for paid in payments_into(rpc, token_account, since_s=since_s):
+    async for paid in payments_into(rpc, token_account, since_s=since_s, page=page):
         if not paid.failed and paid.amount_micro:
             result.transfers += 1
         entry = pending.pop(paid.signature, None)
