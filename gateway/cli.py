@@ -515,7 +515,7 @@ def _add_ledger(sub: Any) -> None:
         "--since", type=moment_ms, required=True, metavar="WHEN", help=f"from ({moment_help})"
     )
     export.add_argument(
-        "--until", type=moment_ms, default=None, metavar="WHEN", help="before (exclusive; default: now on)"
+        "--until", type=moment_ms, default=None, metavar="WHEN", help="up to, not including (default: no end)"
     )
     export.add_argument("--format", choices=("csv", "json"), default="csv", help="(default: %(default)s)")
     reconcile = actions.add_parser(

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 import pytest_asyncio
+from solders.keypair import Keypair
 from solders.signature import Signature
 
 from gateway.ledger import entries
@@ -30,7 +31,7 @@ from tests.support.ledger_served import (
     settle_activity,
     transfer_to_pay_to,
 )
-from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
+from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_token_account
 from tests.support.upstream import Upstream
 
 pytestmark = [
@@ -63,6 +64,9 @@ async def _findings(served: LedgerGateway, *args: str) -> tuple[int, dict[str, A
     assert done.stderr == ""
     answer: dict[str, Any] = msgspec.json.decode(done.stdout)
     return done.returncode, answer
+
+
+T0_MS = 1_764_201_600_000  # 2025-11-27T00:00:00Z
 
 
 def _unknown_signature() -> str:
@@ -124,7 +128,7 @@ async def test_a_journal_entry_whose_signature_is_not_on_chain_is_reported(serve
         amount_micro=TOP_UP_1_CREDIT,
         signature=signature,
         facilitator="internal",
-        at_ms=1_764_201_600_000,
+        at_ms=T0_MS,
     )
     assert await served.journal.record([forged]) == 1
 
@@ -145,7 +149,7 @@ async def test_a_journal_entry_whose_signature_is_not_on_chain_is_reported(serve
             "entryKind": "top_up",
             "journalAmountMicroUsdc": TOP_UP_1_CREDIT,
             "journalWallet": str(wallet.pubkey()),
-            "occurredAtMs": 1_764_201_600_000,
+            "occurredAtMs": T0_MS,
         }
     ]
 
@@ -180,6 +184,34 @@ async def test_an_entry_whose_amount_and_payer_differ_from_its_transfer_is_repor
     ]
     assert answer["findings"][0]["chainAmountMicroUsdc"] == 250_000
     assert answer["findings"][0]["journalAmountMicroUsdc"] == 300_000
+
+
+async def test_an_entry_whose_transaction_pays_elsewhere_is_reported_missing(served: LedgerGateway) -> None:
+    await settle_activity(served)
+    elsewhere = set_token_account(served.chain.svm, Keypair().pubkey(), served.chain.mint, 0)
+    signature, sender = await transfer_to_pay_to(served.chain, served.rpc.url, 700_000, to=elsewhere)
+    claimed = entries.sale(
+        route="solana.mainnet.provider_a.rpc.getBalance",
+        payer=str(sender.pubkey()),
+        amount_micro=700_000,
+        signature=signature,
+        facilitator="internal",
+        at_ms=T0_MS,
+    )
+    assert await served.journal.record([claimed]) == 1
+
+    done = await _reconcile(served)
+    code, answer = await _findings(served)
+
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[1:] == [
+        f"entry without its transfer: sale settlement:{signature} at 2025-11-27T00:00:00.000Z: "
+        f"0.700000 USDC from {sender.pubkey()}; its transaction pays nothing into payTo"
+    ]
+    assert code == 1 and (answer["transfers"], answer["entries"], answer["matched"]) == (3, 4, 3)
+    [finding] = answer["findings"]
+    assert (finding["difference"], finding["signature"]) == ("entry_without_transfer", signature)
+    assert "slot" in finding  # the transaction was found (LiteSVM's clock stays at slot 0)
 
 
 async def test_an_entry_whose_transfer_failed_on_chain_is_reported_and_the_failure_is_no_transfer(

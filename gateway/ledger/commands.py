@@ -134,9 +134,10 @@ def _line(finding: Finding) -> str:
             amount = _usdc(finding.chainAmountMicroUsdc)
             return f"transfer without an entry: {finding.signature}: {amount} from {payers}"
         case Difference.MISSING:
+            where = "not on chain" if finding.slot is None else "its transaction pays nothing into payTo"
             return (
                 f"entry without its transfer: {entry}{when}: {_usdc(finding.journalAmountMicroUsdc)} "
-                f"from {finding.journalWallet}; not on chain"
+                f"from {finding.journalWallet}; {where}"
             )
         case Difference.FAILED:
             amount = _usdc(finding.journalAmountMicroUsdc)

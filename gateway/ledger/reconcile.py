@@ -82,6 +82,8 @@ def _compare(paid: ChainPayment, entry: Recorded) -> list[Finding]:
     """What differs between a transaction and the entry journaled under its signature."""
     if paid.failed:
         return [msgspec.structs.replace(_entry_finding(Difference.FAILED, entry), slot=paid.slot)]
+    if not paid.amount_micro:  # landed, but paid nothing into payTo
+        return [msgspec.structs.replace(_entry_finding(Difference.MISSING, entry), slot=paid.slot)]
     seen = msgspec.structs.replace(
         _entry_finding(Difference.AMOUNT, entry),
         slot=paid.slot,
@@ -152,8 +154,9 @@ async def reconcile(
         landed = await payment(rpc, entry.signature or "", token_account)
         if landed is None:
             result.findings.append(_entry_finding(Difference.MISSING, entry))
-        else:
-            _record(result, landed, entry)
+            continue
+        result.transfers += not landed.failed and landed.amount_micro > 0
+        _record(result, landed, entry)
     return result
 
 

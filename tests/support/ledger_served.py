@@ -5,8 +5,8 @@ back do to it: real payments through it, a transfer around it, the journal as it
   with its own fee payer on the test's LiteSVM chain, journaling to a fresh PostgreSQL schema).
 * :func:`settle_activity`: two top-ups, one call paid per call, two calls paid from credit,
   all settled through the gateway and journaled (waits for the background writer).
-* :func:`transfer_to_pay_to`: a USDC transfer into payTo made on the chain directly, as a
-  customer's wallet would, never seen by the gateway.
+* :func:`transfer_to_pay_to`: a USDC transfer into payTo (or elsewhere) made on the chain
+  directly, as a customer's wallet would, never seen by the gateway.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import aiohttp
 from solders.keypair import Keypair
 from solders.message import MessageV0
+from solders.pubkey import Pubkey
 from solders.transaction import VersionedTransaction
 
-from gateway.ledger import EntryKind, Journal, Recorded
+from gateway.ledger import Journal, Recorded
 from gateway.solana_rpc import SolanaRpc
 from gateway.x402.svm_payer import transfer_checked_instruction
 from tests.support.adversarial_credit import CreditClient, credit_env
@@ -97,17 +98,18 @@ async def journaled(served: LedgerGateway, count: int) -> list[Recorded]:
 
 
 async def transfer_to_pay_to(
-    chain: UsdcChain, rpc_url: str, amount: int, *, funds: int | None = None
+    chain: UsdcChain, rpc_url: str, amount: int, *, funds: int | None = None, to: Pubkey | None = None
 ) -> tuple[str, Keypair]:
     """A fresh wallet holding ``funds`` (default ``amount``) sends ``amount`` micro-USDC into
-    payTo's token account with a transaction of its own, broadcast without preflight (so one
-    asking more than the wallet holds lands, and fails); its signature and the wallet."""
+    payTo's token account (or the token account ``to``) with a transaction of its own, broadcast
+    without preflight (so one asking more than the wallet holds lands, and fails); its signature
+    and the wallet."""
     wallet, account = funded_wallet(chain, amount if funds is None else funds)
     chain.svm.airdrop(wallet.pubkey(), 1_000_000_000)
     transfer = transfer_checked_instruction(
         source=account,
         mint=chain.mint,
-        destination=chain.pay_to_ata,
+        destination=chain.pay_to_ata if to is None else to,
         authority=wallet.pubkey(),
         amount=amount,
         decimals=chain.decimals,
@@ -120,6 +122,3 @@ async def transfer_to_pay_to(
         return await rpc.send_transaction(signed), wallet
     finally:
         await rpc.close()
-
-
-SETTLEMENTS = (EntryKind.SALE, EntryKind.TOP_UP)
