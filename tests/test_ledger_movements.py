@@ -17,10 +17,11 @@ import pytest_asyncio
 from solders.keypair import Keypair
 
 from gateway.x402.siwx_signer import sign_in
-from tests.support.adversarial_credit import BALANCES, CALL_CREDIT, TOP_UP_1_CREDIT, credit_env
+from tests.support.adversarial_credit import BALANCES, CALL_CREDIT, TOP_UP_1_CREDIT, CreditClient, credit_env
 from tests.support.gateway_server import run_gateway
-from tests.support.ledger_served import LedgerGateway, ledger_gateway, settle_activity
+from tests.support.ledger_served import LedgerGateway, allow_connections, ledger_gateway, settle_activity
 from tests.support.paid_fixtures import Reply
+from tests.support.postgres_server import create_database
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream
 
@@ -106,6 +107,37 @@ async def test_a_count_out_of_bounds_is_refused(served: LedgerGateway, query: st
     assert reply.status == 400, reply.body
     assert reply.error_code == "invalid_request"
     assert "movements" in reply.json()["error"]["message"]
+
+
+async def test_a_ledger_it_cannot_reach_is_503_and_the_balance_alone_still_answers(
+    usdc_chain: UsdcChain,
+    solana_rpc_server: LiteSvmRpcServer,
+    upstream: Upstream,
+    redis_url: str,
+    postgres_url: str,
+) -> None:
+    database = await create_database(postgres_url)
+    async with ledger_gateway(
+        usdc_chain, solana_rpc_server, upstream, redis_url, postgres_url, journal_url=database
+    ) as served:
+        client = CreditClient(served.gateway, served.chain)
+        wallet, _ = client.wallet()
+        assert (await client.top_up(await client.top_up_payment(wallet))).status == 200
+        await allow_connections(postgres_url, database, allowed=False)
+        try:
+            refused = await _signed_get(served.gateway.url, "?movements=5", wallet)
+            plain = await _signed_get(served.gateway.url, "", wallet)
+        finally:
+            await allow_connections(postgres_url, database, allowed=True)
+        again = await _signed_get(served.gateway.url, "?movements=5", wallet)
+
+    assert refused.status == 503, refused.body
+    assert refused.json()["error"] == {
+        "code": "store_unavailable",
+        "message": "the ledger of record is unavailable",
+    }
+    assert plain.status == 200 and plain.json()["result"]["balanceMicroUsdc"] == str(TOP_UP_1_CREDIT)
+    assert again.status == 200 and [m["kind"] for m in again.json()["result"]["movements"]] == ["top_up"]
 
 
 async def test_without_a_ledger_movements_are_refused_not_shown_empty(

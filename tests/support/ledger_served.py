@@ -16,8 +16,10 @@ import base64
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
+import asyncpg
 from solders.keypair import Keypair
 from solders.message import MessageV0
 from solders.pubkey import Pubkey
@@ -55,9 +57,15 @@ class LedgerGateway:
 
 @asynccontextmanager
 async def ledger_gateway(
-    chain: UsdcChain, rpc: LiteSvmRpcServer, provider: Upstream, redis_url: str, postgres_url: str
+    chain: UsdcChain,
+    rpc: LiteSvmRpcServer,
+    provider: Upstream,
+    redis_url: str,
+    postgres_url: str,
+    journal_url: str | None = None,
 ) -> AsyncIterator[LedgerGateway]:
-    journal_url = await create_schema(postgres_url)
+    """``journal_url`` default: a fresh schema on ``postgres_url``."""
+    journal_url = journal_url or await create_schema(postgres_url)
     env = credit_env(chain, rpc, provider, redis_url, LEDGER_DATABASE_URL=journal_url)
     async with run_gateway(env) as running, aiohttp.ClientSession() as http:
         journal = await Journal.open(journal_url)
@@ -122,3 +130,17 @@ async def transfer_to_pay_to(
         return await rpc.send_transaction(signed), wallet
     finally:
         await rpc.close()
+
+
+async def allow_connections(postgres_url: str, database_url: str, *, allowed: bool) -> None:
+    """Open or close the ledger's database to new connections; closing also ends the open ones
+    (the ledger goes away under a running gateway, as a database failing over does)."""
+    name = urlsplit(database_url).path.lstrip("/")
+    admin = await asyncpg.connect(postgres_url)
+    try:
+        await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
+        if not allowed:
+            terminate = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1"
+            await admin.execute(terminate, name)
+    finally:
+        await admin.close()
