@@ -448,47 +448,31 @@ def _ledger_database(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 def cmd_ledger(args: argparse.Namespace) -> int:
     import asyncio
 
-    from gateway.ledger.commands import run_export, run_reconcile
+    from gateway.ledger.commands import env_address, run_export, run_reconcile, usdc_mint_of
 
-    url = _ledger_database(args, args.action_parser)
+    parser: argparse.ArgumentParser = args.action_parser  # its errors name the action
+    url = _ledger_database(args, parser)
     if args.action == "export":
         if args.until is not None and args.until <= args.since:
-            args.action_parser.error("--until must be later than --since")
+            parser.error("--until must be later than --since")
         return asyncio.run(
             run_export(url, since_ms=args.since, until_ms=args.until, form=args.format, out=sys.stdout)
         )
     rpc = args.rpc or os.environ.get("SOLANA_RPC_URL") or ""
-    pay_to = args.pay_to or _env_address("X402_PAY_TO_WALLET", args.action_parser)
     if not rpc:
-        args.action_parser.error("give --rpc URL or set SOLANA_RPC_URL")
+        parser.error("give --rpc URL or set SOLANA_RPC_URL")
+    try:
+        pay_to = args.pay_to or env_address("X402_PAY_TO_WALLET", os.environ)
+        mint = args.usdc_mint or usdc_mint_of(os.environ)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
     if pay_to is None:
-        args.action_parser.error("give --pay-to WALLET or set X402_PAY_TO_WALLET")
-    mint = args.usdc_mint or _env_address("X402_USDC_MINT", args.action_parser) or _mainnet_usdc()
+        parser.error("give --pay-to WALLET or set X402_PAY_TO_WALLET")
     return asyncio.run(
         run_reconcile(
             url, rpc, pay_to=pay_to, usdc_mint=mint, since_ms=args.since, as_json=args.format == "json"
         )
     )
-
-
-def _env_address(name: str, parser: argparse.ArgumentParser) -> Any:
-    from gateway.ledger.commands import address
-
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        return address(text)
-    except argparse.ArgumentTypeError as exc:
-        parser.error(f"{name}: {exc}")
-
-
-def _mainnet_usdc() -> Any:
-    from solders.pubkey import Pubkey
-
-    from gateway.x402.types import USDC_MAINNET_MINT
-
-    return Pubkey.from_string(USDC_MAINNET_MINT)
 
 
 def _add_ledger(sub: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Mapping
 from datetime import UTC, date, datetime
 from typing import Final, TextIO
 from urllib.parse import urlsplit
@@ -23,6 +24,7 @@ from gateway.ledger.journal import Journal, LedgerUnavailable
 from gateway.ledger.reconcile import Difference, Finding, Reconciliation, reconcile
 from gateway.solana_rpc import SolanaRpc, SolanaRpcError
 from gateway.x402.svm import TOKEN_PROGRAMS, associated_token_address
+from gateway.x402.types import USDC_MAINNET_MINT
 
 EXIT_DIFFERENCES: Final = 1
 EXIT_UNAVAILABLE: Final = 3
@@ -64,6 +66,22 @@ def address(text: str) -> Pubkey:
         return Pubkey.from_string(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text[:50]!r} is not a base58 Solana address") from None
+
+
+def env_address(name: str, env: Mapping[str, str]) -> Pubkey | None:
+    """The address in ``env[name]``, None when unset."""
+    text = env.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return address(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
+
+
+def usdc_mint_of(env: Mapping[str, str]) -> Pubkey:
+    """``$X402_USDC_MINT``, as the gateway reads it, else the mainnet USDC mint."""
+    return env_address("X402_USDC_MINT", env) or Pubkey.from_string(USDC_MAINNET_MINT)
 
 
 async def _open(url: str) -> Journal:
