@@ -105,7 +105,7 @@ async def test_a_transfer_into_pay_to_the_gateway_never_journaled_is_reported(se
 
     assert done.returncode == 1 and done.stderr == ""
     assert done.stdout.splitlines()[1:] == [
-        f"transfer without an entry: {signature}: 0.250000 USDC from {sender.pubkey()}"
+        f"transfer without an entry: {signature}: 0.25 USDC from {sender.pubkey()}"
     ]
     assert code == 1
     assert (answer["transfers"], answer["matched"]) == (4, 3)
@@ -138,7 +138,7 @@ async def test_a_journal_entry_whose_signature_is_not_on_chain_is_reported(serve
     assert done.returncode == 1
     assert done.stdout.splitlines()[1:] == [
         f"entry without its transfer: top_up settlement:{signature} at 2025-11-27T00:00:00.000Z: "
-        f"1.000000 USDC from {wallet.pubkey()}; not on chain"
+        f"1.00 USDC from {wallet.pubkey()}; not on chain"
     ]
     assert code == 1 and (answer["entries"], answer["matched"]) == (4, 3)
     assert answer["findings"] == [
@@ -175,7 +175,7 @@ async def test_an_entry_whose_amount_and_payer_differ_from_its_transfer_is_repor
     assert done.returncode == 1
     lines = done.stdout.splitlines()
     assert lines[1].startswith(f"amount differs: sale settlement:{signature} at ")
-    assert lines[1].endswith(": journal 0.300000 USDC, chain 0.250000 USDC")
+    assert lines[1].endswith(": journal 0.30 USDC, chain 0.25 USDC")
     assert lines[2].endswith(f": journal {wallet.pubkey()}, chain {sender.pubkey()}")
     assert code == 1 and (answer["transfers"], answer["entries"], answer["matched"]) == (4, 4, 3)
     assert [(f["difference"], f["signature"]) for f in answer["findings"]] == [
@@ -206,7 +206,7 @@ async def test_an_entry_whose_transaction_pays_elsewhere_is_reported_missing(ser
     assert done.returncode == 1
     assert done.stdout.splitlines()[1:] == [
         f"entry without its transfer: sale settlement:{signature} at 2025-11-27T00:00:00.000Z: "
-        f"0.700000 USDC from {sender.pubkey()}; its transaction pays nothing into payTo"
+        f"0.70 USDC from {sender.pubkey()}; its transaction pays nothing into payTo"
     ]
     assert code == 1 and (answer["transfers"], answer["entries"], answer["matched"]) == (3, 4, 3)
     [finding] = answer["findings"]

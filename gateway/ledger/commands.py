@@ -19,9 +19,10 @@ from urllib.parse import urlsplit
 import msgspec
 from solders.pubkey import Pubkey
 
-from gateway.ledger.export import Format, iso_utc, usdc_text, write_export
+from gateway.ledger.export import Format, iso_utc, write_export
 from gateway.ledger.journal import Journal, LedgerUnavailable
 from gateway.ledger.reconcile import Difference, Finding, Reconciliation, reconcile
+from gateway.payclient import usdc_text
 from gateway.solana_rpc import SolanaRpc, SolanaRpcError
 from gateway.x402.svm import TOKEN_PROGRAMS, associated_token_address
 from gateway.x402.types import USDC_MAINNET_MINT
@@ -140,7 +141,7 @@ async def run_reconcile(
 
 
 def _usdc(micro: int | None) -> str:
-    return f"{usdc_text(micro or 0)} USDC"
+    return usdc_text(micro or 0)  # as every other command shows an amount
 
 
 def _line(finding: Finding) -> str:

@@ -44,7 +44,8 @@ class Sink(Protocol):
 
 
 def usdc_text(micro: int) -> str:
-    """``1234567`` -> ``"1.234567"``: exact, six decimals."""
+    """``1234567`` -> ``"1.234567"``, ``5`` -> ``"0.000005"``: exact, always six decimals (a
+    column an accountant's tools read as one fixed-point number; the CLI's display trims them)."""
     sign = "-" if micro < 0 else ""
     whole, fraction = divmod(abs(micro), MICRO_PER_USDC)
     return f"{sign}{whole}.{fraction:06d}"
