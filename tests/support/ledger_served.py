@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import asyncpg
+from solders.instruction import AccountMeta, Instruction
 from solders.keypair import Keypair
 from solders.message import MessageV0
 from solders.pubkey import Pubkey
@@ -106,23 +107,38 @@ async def journaled(served: LedgerGateway, count: int) -> list[Recorded]:
 
 
 async def transfer_to_pay_to(
-    chain: UsdcChain, rpc_url: str, amount: int, *, funds: int | None = None, to: Pubkey | None = None
+    chain: UsdcChain,
+    rpc_url: str,
+    amount: int,
+    *,
+    funds: int | None = None,
+    to: Pubkey | None = None,
+    checked: bool = True,
 ) -> tuple[str, Keypair]:
     """A fresh wallet holding ``funds`` (default ``amount``) sends ``amount`` micro-USDC into
     payTo's token account (or the token account ``to``) with a transaction of its own, broadcast
-    without preflight (so one asking more than the wallet holds lands, and fails); its signature
-    and the wallet."""
+    without preflight (so one asking more than the wallet holds lands, and fails); a
+    ``TransferChecked``, or with ``checked=False`` a plain ``Transfer``. Its signature and the
+    wallet."""
     wallet, account = funded_wallet(chain, amount if funds is None else funds)
     chain.svm.airdrop(wallet.pubkey(), 1_000_000_000)
+    destination = chain.pay_to_ata if to is None else to
     transfer = transfer_checked_instruction(
         source=account,
         mint=chain.mint,
-        destination=chain.pay_to_ata if to is None else to,
+        destination=destination,
         authority=wallet.pubkey(),
         amount=amount,
         decimals=chain.decimals,
         token_program=chain.token_program,
     )
+    if not checked:  # SPL Token Transfer: [3, u64 amount LE]; source, destination, authority
+        accounts = [
+            AccountMeta(account, is_signer=False, is_writable=True),
+            AccountMeta(destination, is_signer=False, is_writable=True),
+            AccountMeta(wallet.pubkey(), is_signer=True, is_writable=False),
+        ]
+        transfer = Instruction(chain.token_program, bytes([3]) + amount.to_bytes(8, "little"), accounts)
     message = MessageV0.try_compile(wallet.pubkey(), [transfer], [], chain.blockhash)
     signed = base64.b64encode(bytes(VersionedTransaction(message, [wallet]))).decode()
     rpc = SolanaRpc(rpc_url)
