@@ -69,6 +69,10 @@ def timeout_seconds(text: str) -> float:
     return float(_number(text, float, 0.0, MAX_GRACEFUL_TIMEOUT_S, "a number of seconds"))
 
 
+def movement_count(text: str) -> int:
+    return int(_number(text, int, 1, 100, "a number of movements"))
+
+
 def delay_ms(text: str) -> int:
     return int(_number(text, int, 0, MAX_CONFIRM_DELAY_MS, "a number of milliseconds"))
 
@@ -413,7 +417,9 @@ def cmd_credits(args: argparse.Namespace) -> int:
     from gateway.payclient import waiting_out_rate_limits
 
     with waiting_out_rate_limits(True, None if args.json else sys.stderr):  # as pay does
-        return asyncio.run(run_credits(args.base_url, keypair_file=args.keypair, as_json=args.json))
+        return asyncio.run(
+            run_credits(args.base_url, keypair_file=args.keypair, as_json=args.json, movements=args.movements)
+        )
 
 
 def cmd_balance(args: argparse.Namespace) -> int:
@@ -743,6 +749,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     credits.add_argument("base_url", metavar="BASE_URL", help="the gateway, e.g. http://127.0.0.1:8080")
     credits.add_argument("--keypair", required=True, help="solana-keygen JSON file (or base58 64-byte key)")
     credits.add_argument("--json", action="store_true", help="print one JSON object for scripts")
+    credits.add_argument(
+        "--movements",
+        type=movement_count,
+        default=None,
+        metavar="N",
+        help="also list the wallet's N latest movements (1 to 100: top-ups, calls, lapses), from the "
+        "gateway's ledger of record",
+    )
     credits.set_defaults(func=cmd_credits)
     _add_ledger(sub)
     with guarded_streams():

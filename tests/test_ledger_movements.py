@@ -7,8 +7,12 @@ PostgreSQL ledger) settles real top-ups and calls; the wallet then signs in and 
 
 from __future__ import annotations
 
+import asyncio
+import io
+import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,8 +20,10 @@ import pytest
 import pytest_asyncio
 from solders.keypair import Keypair
 
+from gateway.creditclient import run_credits
 from gateway.x402.siwx_signer import sign_in
 from tests.support.adversarial_credit import BALANCES, CALL_CREDIT, TOP_UP_1_CREDIT, CreditClient, credit_env
+from tests.support.gateway_process import run_cli
 from tests.support.gateway_server import run_gateway
 from tests.support.ledger_served import LedgerGateway, allow_connections, ledger_gateway, settle_activity
 from tests.support.paid_fixtures import Reply
@@ -169,3 +175,38 @@ async def test_openapi_documents_the_movements_parameter(
     [parameter] = [p for p in document["paths"][BALANCES]["get"]["parameters"] if p.get("in") == "query"]
     assert (parameter["name"], parameter["in"], parameter["required"]) == ("movements", "query", False)
     assert parameter["schema"]["minimum"] == 1 and parameter["schema"]["maximum"] == 100
+
+
+async def test_the_credits_command_lists_the_movements(served: LedgerGateway, tmp_path: Path) -> None:
+    [wallet, _] = await settle_activity(served)
+    key_file = tmp_path / "wallet.json"
+    key_file.write_text(json.dumps(list(bytes(wallet))))
+    top_up = next(
+        e for e in await served.entries() if e.wallet == str(wallet.pubkey()) and e.kind.value == "top_up"
+    )
+    out, err = io.StringIO(), io.StringIO()
+
+    code = await run_credits(served.gateway.url, keypair_file=str(key_file), movements=2, out=out, err=err)
+    as_json = io.StringIO()
+    json_code = await run_credits(
+        served.gateway.url, keypair_file=str(key_file), movements=4, as_json=True, out=as_json, err=err
+    )
+
+    assert (code, json_code, err.getvalue()) == (0, 0, "")
+    lines = out.getvalue().splitlines()
+    assert lines[4] == "movements:      2 latest, newest first"
+    assert [line.split()[2:] for line in lines[5:]] == [
+        ["UTC", "credit_spent", "0.000005", "USDC", "solana.mainnet.provider_a.rpc.getBalance"]
+    ] * 2
+    listed = json.loads(as_json.getvalue())["movements"]
+    assert [m["kind"] for m in listed] == ["credit_spent", "credit_spent", "sale", "top_up"]
+    assert listed[3]["signature"] == top_up.signature
+
+
+async def test_the_credits_command_refuses_a_count_out_of_bounds_in_one_line() -> None:
+    for count in ("0", "101", "some"):
+        done = await asyncio.to_thread(
+            run_cli, {}, "credits", "http://127.0.0.1:9", "--keypair", "k.json", "--movements", count
+        )
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+        assert "a number of movements" in done.stderr
