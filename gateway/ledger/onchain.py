@@ -116,8 +116,8 @@ async def payments_into(
             for paid in found:
                 if paid is not None:  # listed but not served back (pruned): looked up again by entry
                     yield paid
-        if len(listed) < page or len(recent) < len(listed):
-            return
+        if len(listed) < page or len(recent) < len(listed) or listed[-1].signature == before:
+            return  # the end, the window's start, or a node that ignored ``before``
         before = listed[-1].signature
 
 
