@@ -105,7 +105,7 @@ def _credit_top_up(route: RouteSpec, services: Services) -> ASGIApp:
 
 
 def _credit_balance(route: RouteSpec, services: Services) -> ASGIApp:
-    return BalanceHandler(credit_book(services))
+    return BalanceHandler(credit_book(services), services.recorder)
 
 
 def credit_sessions(services: Services) -> CreditSessions:

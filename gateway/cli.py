@@ -69,6 +69,10 @@ def timeout_seconds(text: str) -> float:
     return float(_number(text, float, 0.0, MAX_GRACEFUL_TIMEOUT_S, "a number of seconds"))
 
 
+def movement_count(text: str) -> int:
+    return int(_number(text, int, 1, 100, "a number of movements"))
+
+
 def delay_ms(text: str) -> int:
     return int(_number(text, int, 0, MAX_CONFIRM_DELAY_MS, "a number of milliseconds"))
 
@@ -436,7 +440,9 @@ def cmd_credits(args: argparse.Namespace) -> int:
                     as_json=args.json,
                 )
             )
-        return asyncio.run(run_credits(args.base_url, keypair_file=args.keypair, as_json=args.json))
+        return asyncio.run(
+            run_credits(args.base_url, keypair_file=args.keypair, as_json=args.json, movements=args.movements)
+        )
 
 
 def cmd_balance(args: argparse.Namespace) -> int:
@@ -452,6 +458,109 @@ def cmd_balance(args: argparse.Namespace) -> int:
             as_json=args.json,
         )
     )
+
+
+def _ledger_database(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    """``--database`` or ``$LEDGER_DATABASE_URL``, a postgresql:// URL (never printed: it may hold
+    a password)."""
+    from gateway.ledger.commands import database_url
+
+    given = args.database or os.environ.get("LEDGER_DATABASE_URL") or ""
+    if not given:
+        parser.error("give --database URL or set LEDGER_DATABASE_URL")
+    try:
+        return database_url(given)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.ledger.commands import env_address, run_export, run_reconcile, usdc_mint_of
+
+    parser: argparse.ArgumentParser = args.action_parser  # its errors name the action
+    url = _ledger_database(args, parser)
+    if args.action == "export":
+        if args.until is not None and args.until <= args.since:
+            parser.error("--until must be later than --since")
+        return asyncio.run(
+            run_export(url, since_ms=args.since, until_ms=args.until, form=args.format, out=sys.stdout)
+        )
+    rpc = args.rpc or os.environ.get("SOLANA_RPC_URL") or ""
+    if not rpc:
+        parser.error("give --rpc URL or set SOLANA_RPC_URL")
+    try:
+        pay_to = args.pay_to or env_address("X402_PAY_TO_WALLET", os.environ)
+        mint = args.usdc_mint or usdc_mint_of(os.environ)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    if pay_to is None:
+        parser.error("give --pay-to WALLET or set X402_PAY_TO_WALLET")
+    return asyncio.run(
+        run_reconcile(
+            url, rpc, pay_to=pay_to, usdc_mint=mint, since_ms=args.since, as_json=args.format == "json"
+        )
+    )
+
+
+def _add_ledger(sub: Any) -> None:
+    from gateway.ledger.commands import address, moment_ms
+
+    ledger = sub.add_parser(
+        "ledger",
+        help="read the ledger of record: export it, reconcile it with the chain",
+        description="Read the ledger of record (LEDGER_DATABASE_URL, or --database): export the "
+        "journal for an accountant, or reconcile its sales and top-ups with the USDC transfers "
+        "into payTo on chain. Both only read; a read-only database role will do.",
+    )
+    ledger.set_defaults(func=cmd_ledger)
+    actions = ledger.add_subparsers(dest="action", metavar="ACTION", prog=ledger.prog, required=True)
+    moment_help = "Unix seconds or an ISO-8601 date or time (UTC unless it has an offset)"
+    export = actions.add_parser(
+        "export",
+        help="write the journal as CSV or JSON, one row per settlement and credit movement",
+        description="Write every journal entry that occurred in [--since, --until): id, occurred_at "
+        "(ISO-8601 UTC), kind (sale, top_up, credit_spent, credit_lapsed), wallet, route, the amount "
+        "in micro-USDC and in USDC, settlement signature, facilitator, ref. Streams: any size.",
+    )
+    export.add_argument(
+        "--since", type=moment_ms, required=True, metavar="WHEN", help=f"from ({moment_help})"
+    )
+    export.add_argument(
+        "--until", type=moment_ms, default=None, metavar="WHEN", help="up to, not including (default: no end)"
+    )
+    export.add_argument("--format", choices=("csv", "json"), default="csv", help="(default: %(default)s)")
+    reconcile = actions.add_parser(
+        "reconcile",
+        help="match every USDC transfer into payTo on chain against the journal",
+        description="Match every USDC transfer into payTo's token account on chain with the sale or "
+        "top-up journaled under its signature; report transfers without an entry, entries whose "
+        "transfer is missing or failed, and entries whose amount or payer differs. Exit 0 when all "
+        "match, 1 on any difference, 2 on a usage error, 3 when the database or the node failed.",
+    )
+    reconcile.add_argument(
+        "--rpc", default=None, metavar="URL", help="Solana RPC URL (default: $SOLANA_RPC_URL)"
+    )
+    reconcile.add_argument("--since", type=moment_ms, default=None, metavar="WHEN", help=moment_help)
+    reconcile.add_argument(
+        "--pay-to", type=address, default=None, metavar="WALLET", help="(default: $X402_PAY_TO_WALLET)"
+    )
+    reconcile.add_argument(
+        "--usdc-mint",
+        type=address,
+        default=None,
+        metavar="MINT",
+        help="(default: $X402_USDC_MINT or the mainnet USDC mint)",
+    )
+    reconcile.add_argument(
+        "--format", choices=("text", "json"), default="text", help="(default: %(default)s)"
+    )
+    for action in (export, reconcile):
+        action.add_argument(
+            "--database", default=None, metavar="URL", help="PostgreSQL URL (default: $LEDGER_DATABASE_URL)"
+        )
+        action.set_defaults(action_parser=action)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -703,7 +812,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     credits.add_argument(
         "--session-file", default=None, metavar="PATH", help="keep the session opened in PATH, as pay does"
     )
+    credits.add_argument(
+        "--movements",
+        type=movement_count,
+        default=None,
+        metavar="N",
+        help="also list the wallet's N latest movements (1 to 100: top-ups, calls, lapses), from the "
+        "gateway's ledger of record",
+    )
     credits.set_defaults(func=cmd_credits)
+    _add_ledger(sub)
     with guarded_streams():
         args = parser.parse_args(argv)
         try:

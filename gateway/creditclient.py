@@ -61,11 +61,20 @@ class TopUpAnswer(msgspec.Struct):
     expiresAt: int
 
 
-class BalanceAnswer(msgspec.Struct):
+class MovementAnswer(msgspec.Struct, omit_defaults=True):
+    kind: str
+    amountMicroUsdc: str
+    route: str | None
+    at: int
+    signature: str | None = None
+
+
+class BalanceAnswer(msgspec.Struct, omit_defaults=True):
     wallet: str
     balanceMicroUsdc: str
     heldMicroUsdc: str
     expiresAt: int
+    movements: list[MovementAnswer] | None = None
 
 
 def base_url(text: str) -> str:
@@ -181,16 +190,19 @@ async def run_credits(
     *,
     keypair_file: str,
     as_json: bool = False,
+    movements: int | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
-    """``credits BASE_URL``: sign in and print the wallet's credit; 0 when read, else 1."""
+    """``credits BASE_URL``: sign in and print the wallet's credit (and its ``movements`` latest
+    movements, when asked); 0 when read, else 1."""
     out, err = out or sys.stdout, err or sys.stderr
     output = "json" if as_json else "text"
+    query = f"?movements={movements}" if movements is not None else ""
     try:
         base = base_url(base)
         keypair = load_keypair(keypair_file)
-        result = await sign_in_request("GET", base + CREDITS_PATH, keypair)
+        result = await sign_in_request("GET", base + CREDITS_PATH + query, keypair)
         if result.status == 404:
             raise PayError(f"{base} sells no prepaid credit (404 at {CREDITS_PATH})", "no_credit")
         answer = _result(result.body, BalanceAnswer) if result.ok else None
@@ -206,6 +218,10 @@ async def run_credits(
     print(f"credit:         {usdc_text(_micro(answer.balanceMicroUsdc))}", file=out)
     print(f"held:           {usdc_text(_micro(answer.heldMicroUsdc))}  (by calls in flight)", file=out)
     print(f"lapses:         {lapse_text(answer.expiresAt)}", file=out)
+    if answer.movements is not None:
+        print(f"movements:      {len(answer.movements)} latest, newest first", file=out)
+        for moved in answer.movements:
+            print(movement_line(moved), file=out)
     return 0
 
 
@@ -292,3 +308,14 @@ async def run_revoke_session(
     spent, cap = usdc_text(_micro(revoked.spentMicroUsdc)), usdc_text(_micro(revoked.capMicroUsdc))
     print(f"revoked:        spent {spent} of {cap}", file=out)
     return 0
+
+
+def movement_line(moved: MovementAnswer) -> str:
+    """One movement as ``credits`` prints it: when, what, how much, where (the gateway's words
+    are untrusted: cut to one line)."""
+    when = datetime.fromtimestamp(moved.at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    fields = [when, f"{one_line(moved.kind, 16):<13}", f"{usdc_text(_micro(moved.amountMicroUsdc)):>16}"]
+    fields.append(one_line(moved.route or "-", UNTRUSTED_CHARS))
+    if moved.signature:
+        fields.append(one_line(moved.signature, 100))
+    return "  " + "  ".join(fields)

@@ -1,6 +1,7 @@
 """A small async Solana JSON-RPC client: aiohttp transport, msgspec shapes, typed errors.
 
-Only the calls the gateway needs (payment building, simulation, settlement, balances).
+Only the calls the gateway needs (payment building, simulation, settlement, balances, and the
+history of an account the ledger is reconciled with).
 One session is shared for the client's life (:class:`gateway.upstream_client.UpstreamClient`):
 pass an aiohttp session in, or a client to share its session with, or let the client open
 (and later close) its own.
@@ -20,6 +21,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import aiohttp
 import msgspec
+from solders.transaction_status import EncodedConfirmedTransactionWithStatusMeta
 
 from gateway.upstream_client import ANY_STATUS, UpstreamClient, UpstreamFailure, UpstreamTooLarge
 from gateway.upstream_metrics import ErrorKind, status_kind
@@ -121,6 +123,20 @@ class SignatureStatus(msgspec.Struct, frozen=True):
     def confirmed(self) -> bool:
         """Confirmed or finalized (``processed`` is not enough to call a payment settled)."""
         return self.confirmationStatus in ("confirmed", "finalized")
+
+
+class SignatureInfo(msgspec.Struct, frozen=True):
+    """One entry of ``getSignaturesForAddress``: a transaction that touched the address."""
+
+    signature: str
+    slot: int
+    err: Any = None
+    blockTime: int | None = None
+    confirmationStatus: str | None = None
+
+
+MAX_SIGNATURES_PAGE = 1000
+"""The most signatures a node answers per ``getSignaturesForAddress`` call."""
 
 
 # --- the client -------------------------------------------------------------------------------
@@ -274,3 +290,37 @@ class SolanaRpc:
             "getBalance", [address, {"commitment": commitment}], WithContext[int]
         )
         return answer.value
+
+    async def get_signatures_for_address(
+        self,
+        address: str,
+        *,
+        before: str | None = None,
+        limit: int = MAX_SIGNATURES_PAGE,
+        commitment: str = "confirmed",
+    ) -> list[SignatureInfo]:
+        """One page of the transactions that touched ``address``, newest first, older than
+        ``before`` when given (the last signature of the previous page)."""
+        config: dict[str, Any] = {"limit": limit, "commitment": commitment}
+        if before is not None:
+            config["before"] = before
+        page: list[SignatureInfo] = await self.call(
+            "getSignaturesForAddress", [address, config], list[SignatureInfo]
+        )
+        return page
+
+    async def get_transaction(
+        self, signature: str, commitment: str = "confirmed"
+    ) -> EncodedConfirmedTransactionWithStatusMeta | None:
+        """The landed transaction (base64, parsed by solders) with its status, or None when the
+        node does not know it."""
+        method = "getTransaction"
+        config = {"encoding": "base64", "commitment": commitment, "maxSupportedTransactionVersion": 0}
+        raw: msgspec.Raw = await self.call(method, [signature, config], msgspec.Raw)
+        text = bytes(raw).decode("utf-8", "replace")
+        if text.strip() == "null":
+            return None
+        try:
+            return EncodedConfirmedTransactionWithStatusMeta.from_json(text)
+        except Exception:  # solders' SerdeJSONError and ValueError: an answer that is no transaction
+            raise RpcUnavailable(method, "answer is not a transaction") from None

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from urllib.parse import urlsplit
 
 import aiohttp
-import asyncpg
 import pytest
 import pytest_asyncio
 
@@ -28,6 +26,7 @@ from tests.support.adversarial_credit import (
     own_chain,
 )
 from tests.support.gateway_server import run_gateway
+from tests.support.ledger_served import allow_connections
 from tests.support.paid_fixtures import GET_BALANCE, PaidGateway, balance_body
 from tests.support.postgres_server import create_database, create_schema
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
@@ -157,18 +156,6 @@ async def test_a_call_paid_per_call_is_journaled_as_a_sale(served: PaidGateway, 
     assert sale.amount_micro == served.balance_price
 
 
-async def _allow_connections(postgres_url: str, ledger_url: str, allowed: bool) -> None:
-    name = urlsplit(ledger_url).path.lstrip("/")
-    admin = await asyncpg.connect(postgres_url)
-    try:
-        await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
-        if not allowed:
-            terminate = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1"
-            await admin.execute(terminate, name)
-    finally:
-        await admin.close()
-
-
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_top_up_the_ledger_cannot_record_is_not_credited_until_a_retry_records_it(
     chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str, postgres_url: str
@@ -178,13 +165,13 @@ async def test_a_top_up_the_ledger_cannot_record_is_not_credited_until_a_retry_r
         client = CreditClient(gateway, gateway.chain)
         payer, _ = client.wallet()
         payment = await client.top_up_payment(payer)
-        await _allow_connections(postgres_url, ledger_url, allowed=False)
+        await allow_connections(postgres_url, ledger_url, allowed=False)
 
         pending = await client.top_up(payment)
 
         assert pending.status == 503 and pending.error_code == "settlement_pending", pending.body
         assert (await credit_of(_store(gateway), payer)).balance == 0
-        await _allow_connections(postgres_url, ledger_url, allowed=True)
+        await allow_connections(postgres_url, ledger_url, allowed=True)
 
         retried = await client.top_up(payment)
 

@@ -443,6 +443,14 @@ CHECKED_BY: dict[str, tuple[str, str]] = {
         DEPLOY_TESTS,
         "test_kustomization_applies_every_manifest_except_the_secret_template",
     ),
+    "x402-gateway ledger export --since": (
+        "tests/test_ledger_export.py",
+        "test_since_and_until_select_a_window_however_they_are_written",
+    ),
+    "x402-gateway ledger reconcile --rpc": (
+        "tests/test_ledger_reconcile.py",
+        "test_real_top_ups_and_sales_reconcile_with_nothing_wrong",
+    ),
 }
 
 

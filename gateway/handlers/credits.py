@@ -4,11 +4,12 @@ A top-up (``handler: credit_top_up``, an ``exact`` route whose price is the cred
 answers once its payment was verified; the credit itself is booked by the settlement, in the
 round trip that delivers this answer, so the answer states the balance the wallet will have
 (its balance read now plus the top-up) and when it lapses. The balance route
-(``handler: credit_balance``, behind sign-in) reads the signed-in wallet's credit. A credit
-session is opened behind a sign-in that signed its cap and lifetime
+(``handler: credit_balance``, behind sign-in) reads the signed-in wallet's credit and, asked
+with ``?movements=N``, its N latest movements from the ledger of record (a gateway without a
+ledger refuses that with 400: it keeps no movements to list, and an empty list would say there
+were none). A credit session is opened behind a sign-in that signed its cap and lifetime
 (``handler: credit_session_open``) and revoked by its token (``handler: credit_session_revoke``,
-:mod:`gateway.credit_sessions`).
-Amounts are decimal strings of micro-USDC, times Unix seconds.
+:mod:`gateway.credit_sessions`). Amounts are decimal strings of micro-USDC, times Unix seconds.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Final
 import msgspec
 
 from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, header, send_bytes
-from gateway.context import request_context
+from gateway.context import request_context, validated_input
 from gateway.credit_sessions import (
     CAP_PARAM,
     DEFAULT_LIFETIME_S,
@@ -30,6 +31,8 @@ from gateway.credit_sessions import (
 )
 from gateway.credits import Balance, CreditBook
 from gateway.errors import ErrorCode, GatewayError
+from gateway.ledger import LedgerUnavailable, Recorded
+from gateway.ledger.recorder import MoneyRecorder
 from gateway.rate_limiter import RateLimiter
 
 PROVIDER: Final = "credits"
@@ -41,11 +44,24 @@ class TopUpResult(msgspec.Struct):
     expiresAt: int
 
 
-class BalanceResult(msgspec.Struct):
+class Movement(msgspec.Struct, omit_defaults=True):
+    """One journal entry of the wallet: a top-up, a sale, a spend of credit, a lapse."""
+
+    kind: str
+    amountMicroUsdc: str
+    route: str | None
+    at: int
+    signature: str | None = None
+    """The settlement's transaction (top-ups and sales)."""
+
+
+class BalanceResult(msgspec.Struct, omit_defaults=True):
     wallet: str
     balanceMicroUsdc: str
     heldMicroUsdc: str
     expiresAt: int
+    movements: list[Movement] | None = None
+    """Only when asked for (``?movements=N``), newest first."""
 
 
 class SessionResult(msgspec.Struct):
@@ -97,22 +113,49 @@ class TopUpHandler:
         await send_bytes(send, 200, _envelope("topUp", result), (JSON_CONTENT_TYPE,))
 
 
-class BalanceHandler:
-    """The signed-in wallet's credit."""
+def _movement(entry: Recorded) -> Movement:
+    return Movement(
+        kind=entry.kind.value,
+        amountMicroUsdc=str(entry.amount_micro),
+        route=entry.route,
+        at=entry.occurred_at_ms // 1000,
+        signature=entry.signature,
+    )
 
-    def __init__(self, book: CreditBook) -> None:
+
+class BalanceHandler:
+    """The signed-in wallet's credit, and its latest movements when asked."""
+
+    def __init__(self, book: CreditBook, recorder: MoneyRecorder) -> None:
         self.book = book
+        self.recorder = recorder
+        """Read at each request: the ledger opens when the services start, after the app is built."""
+
+    async def _movements(self, wallet: str, limit: int) -> list[Movement]:
+        journal = self.recorder.journal
+        if journal is None:
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST,
+                "movements are listed from the ledger of record, which this gateway does not keep",
+            )
+        try:
+            return [_movement(entry) for entry in await journal.movements(wallet, limit)]
+        except LedgerUnavailable:
+            raise GatewayError(ErrorCode.STORE_UNAVAILABLE, "the ledger of record is unavailable") from None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         signed = request_context(scope).sign_in
         if signed is None:
             raise GatewayError(ErrorCode.INTERNAL_ERROR, "balance is served without sign-in")
+        limit: int | None = validated_input(scope).query.get("movements")
+        movements = await self._movements(signed.address, limit) if limit is not None else None
         balance: Balance = await self.book.balance(signed.address)
         result = BalanceResult(
             wallet=balance.wallet,
             balanceMicroUsdc=str(balance.balance),
             heldMicroUsdc=str(balance.held),
             expiresAt=balance.expires_at,
+            movements=movements,
         )
         await send_bytes(send, 200, _envelope("balance", result), (JSON_CONTENT_TYPE,))
 

@@ -114,12 +114,17 @@ class Journal:
         self.timeout_s = timeout_s
 
     @classmethod
-    async def open(cls, url: str, *, timeout_s: float = 5.0, max_connections: int = 4) -> Journal:
-        """Connect to ``url`` and bring the schema up to date."""
+    async def open(
+        cls, url: str, *, timeout_s: float = 5.0, max_connections: int = 4, migrate: bool = True
+    ) -> Journal:
+        """Connect to ``url`` and bring the schema up to date (``migrate=False``: only read, as a
+        role that may not create tables reads, e.g. the CLI's export and reconcile)."""
         try:
             pool = await asyncpg.create_pool(
                 url, min_size=1, max_size=max_connections, timeout=timeout_s, command_timeout=timeout_s
             )
+            if not migrate:
+                return cls(pool, timeout_s)
             async with pool.acquire() as connection:
                 await connection.execute("SELECT pg_advisory_lock(402402)")
                 try:
@@ -218,19 +223,27 @@ class Journal:
         return [_recorded(row) for row in rows]
 
     async def entries(
-        self, since_ms: int = 0, until_ms: int | None = None, page: int = 1000
+        self,
+        since_ms: int = 0,
+        until_ms: int | None = None,
+        page: int = 1000,
+        kinds: Sequence[EntryKind] | None = None,
     ) -> AsyncIterator[Recorded]:
-        """Every entry that occurred in ``[since_ms, until_ms)``, in journal order, a page at a time."""
+        """Every entry (of ``kinds``, default all) that occurred in ``[since_ms, until_ms)``, in
+        journal order, a page at a time: a journal of any size is read in constant memory."""
         after = 0
         until = _when(until_ms) if until_ms is not None else datetime.max.replace(tzinfo=UTC)
+        wanted = [kind.value for kind in kinds] if kinds is not None else None
         while True:
             rows = await self._fetch(
                 f"SELECT {_COLUMNS} FROM ledger_entries WHERE id > $1 AND occurred_at >= $2 "
-                "AND occurred_at < $3 ORDER BY id LIMIT $4",
+                "AND occurred_at < $3 AND ($5::text[] IS NULL OR kind = ANY($5::text[])) "
+                "ORDER BY id LIMIT $4",
                 after,
                 _when(since_ms),
                 until,
                 page,
+                wanted,
             )
             for row in rows:
                 yield _recorded(row)
@@ -238,9 +251,21 @@ class Journal:
                 return
             after = rows[-1]["id"]
 
+    async def settled(self, signatures: Sequence[str]) -> dict[str, Recorded]:
+        """The sales and top-ups journaled under ``signatures``, by signature, whenever they
+        occurred."""
+        rows = await self._fetch(
+            f"SELECT {_COLUMNS} FROM ledger_entries WHERE signature = ANY($1::text[]) "
+            "AND kind IN ('sale', 'top_up') ORDER BY id",
+            list(signatures),
+        )
+        return {row["signature"]: _recorded(row) for row in rows}
+
     async def _fetch(self, query: str, *arguments: object) -> list[Any]:
         try:
             return list(await self._pool.fetch(query, *arguments, timeout=self.timeout_s))
+        except asyncpg.UndefinedTableError:
+            raise LedgerUnavailable("the database holds no ledger (no ledger_entries table)") from None
         except _DATABASE_ERRORS as failed:
             raise LedgerUnavailable(f"ledger read failed: {type(failed).__name__}") from None
 

@@ -30,6 +30,8 @@ ALTER TABLE ledger_entries ADD COLUMN IF NOT EXISTS payment_key text;
 CREATE INDEX IF NOT EXISTS ledger_entries_wallet ON ledger_entries (wallet, id);
 CREATE INDEX IF NOT EXISTS ledger_entries_occurred ON ledger_entries (occurred_at);
 CREATE INDEX IF NOT EXISTS ledger_entries_kind_occurred ON ledger_entries (kind, occurred_at);
+CREATE INDEX IF NOT EXISTS ledger_entries_signature ON ledger_entries (signature)
+    WHERE signature IS NOT NULL;
 
 CREATE TABLE IF NOT EXISTS ledger_postings (
     entry_id     bigint NOT NULL REFERENCES ledger_entries (id),
