@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -32,6 +35,19 @@ from tests.support.sandbox_process import Sandbox, banner_value, run_sandbox
 pytestmark = pytest.mark.slow
 
 CREDIT_PRICE = 5  # micro-USDC: the banner's getBalance call, paid from credit
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """A directory of the test's own outside pytest's base directory: every pytest session run
+    as root takes group and other rights off ``/tmp/pytest-of-root`` as it starts, which would
+    lock the server's own user out of a data directory under it mid-run (the suite's PostgreSQL
+    lives in ``/tmp`` too, see tests/support/postgres_server.py)."""
+    path = Path(tempfile.mkdtemp(prefix="test-sandbox-ledger-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _ledger_url(sandbox: Sandbox) -> str:
@@ -111,8 +127,8 @@ def _credit_line(sandbox: Sandbox) -> str:
     return _run(balance).stdout.splitlines()[1]
 
 
-def test_sales_top_ups_and_credit_are_journaled_and_kept_across_a_restart(tmp_path: Path) -> None:
-    state = tmp_path / "state"
+def test_sales_top_ups_and_credit_are_journaled_and_kept_across_a_restart(workdir: Path) -> None:
+    state = workdir / "state"
     with run_sandbox("--state-dir", str(state)) as first:
         url = _ledger_url(first)
         assert "(PostgreSQL, kept in the state directory)" in first.banner
@@ -162,8 +178,8 @@ def test_sales_top_ups_and_credit_are_journaled_and_kept_across_a_restart(tmp_pa
     assert owed_after == 1_000_000 - 2 * CREDIT_PRICE
 
 
-def test_a_killed_sandbox_leaves_no_server_and_its_credit_is_neither_lost_nor_doubled(tmp_path: Path) -> None:
-    state = tmp_path / "state"
+def test_a_killed_sandbox_leaves_no_server_and_its_credit_is_neither_lost_nor_doubled(workdir: Path) -> None:
+    state = workdir / "state"
     with run_sandbox("--state-dir", str(state)) as first:
         url = _ledger_url(first)
         pid = _server_pid(url)
@@ -193,7 +209,7 @@ def test_a_killed_sandbox_leaves_no_server_and_its_credit_is_neither_lost_nor_do
     assert (state / CREDIT_FILE_NAME).stat().st_mode & 0o077 == 0
 
 
-def test_without_a_state_dir_the_ledger_is_temporary_and_removed_with_its_server(tmp_path: Path) -> None:
+def test_without_a_state_dir_the_ledger_is_temporary_and_removed_with_its_server(workdir: Path) -> None:
     with run_sandbox() as sandbox:
         url = _ledger_url(sandbox)
         assert "(PostgreSQL, temporary, removed on exit)" in sandbox.banner
@@ -209,8 +225,8 @@ def test_without_a_state_dir_the_ledger_is_temporary_and_removed_with_its_server
     assert not Path(data_dir).exists()
 
 
-def test_a_sandbox_whose_postgres_cannot_start_runs_without_a_ledger_and_says_so(tmp_path: Path) -> None:
-    state = tmp_path / "state"
+def test_a_sandbox_whose_postgres_cannot_start_runs_without_a_ledger_and_says_so(workdir: Path) -> None:
+    state = workdir / "state"
     state.mkdir()
     (state / "ledger").write_text("not a data directory")
     with run_sandbox("--state-dir", str(state)) as sandbox:
@@ -230,8 +246,8 @@ def test_a_sandbox_whose_postgres_cannot_start_runs_without_a_ledger_and_says_so
     assert read_credit(state) is not None and not read_credit(state).journaled  # type: ignore[union-attr]
 
 
-def test_no_ledger_runs_without_one_and_keeps_that_state_dir_off_the_ledger(tmp_path: Path) -> None:
-    state = tmp_path / "state"
+def test_no_ledger_runs_without_one_and_keeps_that_state_dir_off_the_ledger(workdir: Path) -> None:
+    state = workdir / "state"
     with run_sandbox("--state-dir", str(state)) as first:
         _run(first.credit_commands[0])  # 1 USDC, journaled
     port = int(first.url.rsplit(":", 1)[1])
@@ -248,8 +264,8 @@ def test_no_ledger_runs_without_one_and_keeps_that_state_dir_off_the_ledger(tmp_
     assert credit == "credit:         0.999995 USDC"
 
 
-async def test_a_data_dir_too_deep_for_a_socket_gets_a_short_one_removed_with_it(tmp_path: Path) -> None:
-    state = tmp_path / ("deep-" * 12) / "state"
+async def test_a_data_dir_too_deep_for_a_socket_gets_a_short_one_removed_with_it(workdir: Path) -> None:
+    state = workdir / ("deep-" * 12) / "state"
     state.mkdir(parents=True, mode=0o700)
     server = LedgerServer(state / "ledger", state / "ledger.log", durable=False)
     url = await server.start()
@@ -269,3 +285,4 @@ async def test_a_data_dir_too_deep_for_a_socket_gets_a_short_one_removed_with_it
     assert pid is not None and _gone(pid)
     assert server.pid is None
     assert not await asyncio.to_thread(Path(socket_dir).exists)
+
