@@ -143,15 +143,20 @@ class LedgerServer:
         if self._user is not None:
             self.opened_up = _traversable(self.data_dir.parent)
         if not (self.data_dir / "PG_VERSION").is_file():
-            shutil.rmtree(self.data_dir, ignore_errors=True)  # a half-made one, from an initdb killed
-            self.data_dir.mkdir(mode=0o700)
-            self._own(self.data_dir)
+            # Made beside it and renamed once whole: an initdb stopped halfway leaves no data
+            # directory that looks made (the cluster does not record its own path).
+            partial = self.data_dir.with_name(self.data_dir.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(mode=0o700)
+            self._own(partial)
             self._run(
                 bin_dir / "initdb",
-                "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
+                "-D", str(partial), "-U", "postgres", "--auth=trust",
                 "--encoding=UTF8", "--no-locale", "--no-instructions",
                 *(() if self.durable else ("--no-sync",)),
             )  # fmt: skip
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            os.replace(partial, self.data_dir)
         socket_dir = self.data_dir
         if len(str(socket_dir / f".s.PGSQL.{PORT}")) > SOCKET_PATH_MAX:
             socket_dir = Path(tempfile.mkdtemp(prefix="x402-ledger-"))
