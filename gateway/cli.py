@@ -281,10 +281,10 @@ def cmd_sandbox_fund(args: argparse.Namespace) -> int:
     given = {"--host": args.host, "--port": args.port, "--chain-port": args.chain_port}
     given |= {"--assets-port": args.assets_port, "--state-dir (give it after fund)": args.state_dir}
     ignored = ", ".join(flag for flag, value in given.items() if value is not None)
-    if ignored or args.print_env or args.confirm_delay_ms:
+    if ignored or args.print_env or args.confirm_delay_ms or args.no_ledger:
         print(
             "x402-gateway sandbox fund: options of the sandbox itself do not apply: "
-            f"drop {ignored or '--print-env, --confirm-delay-ms'}",
+            f"drop {ignored or '--print-env, --confirm-delay-ms, --no-ledger'}",
             file=sys.stderr,
         )
         return 2
