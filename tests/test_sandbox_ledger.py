@@ -134,6 +134,10 @@ def test_sales_top_ups_and_credit_are_journaled_and_kept_across_a_restart(workdi
         assert "(PostgreSQL, kept in the state directory)" in first.banner
         psql = _psql_command(first)
         assert parse_qs(urlsplit(url).query)["host"] == [str(state / "ledger")]
+        opened = f"other users may now pass through (not list) {workdir} to reach its data directory"
+        if os.geteuid() == 0:  # workdir was 0700: the server's own user may now traverse it
+            assert opened in first.banner
+            assert stat.S_IMODE(workdir.stat().st_mode) == 0o701
         pid = _server_pid(url)
         top_up, on_credit, _ = first.credit_commands
         _run(first.commands[1])  # a paid call, settled on chain: a sale
@@ -165,6 +169,7 @@ def test_sales_top_ups_and_credit_are_journaled_and_kept_across_a_restart(workdi
     port = int(first.url.rsplit(":", 1)[1])
     with run_sandbox("--state-dir", str(state), port=port, port_flag=False) as second:
         assert _ledger_url(second) == url
+        assert opened not in second.banner  # nothing to open up twice
         kept, _ = _journal(url, second.wallet)
         credit = _credit_line(second)  # restored once: by the file, then set to the ledger's word
         _, on_credit, _ = second.credit_commands

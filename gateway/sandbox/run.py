@@ -54,7 +54,14 @@ from gateway.sandbox.credit import CreditKeepingStore, keep_credit, load_credit,
 from gateway.sandbox.environment import HOST_STATE_DIR_VARIABLE, routes_file, sdk_exports, serve_env
 from gateway.sandbox.faucet import FUND_METHOD, fund_method
 from gateway.sandbox.ports import PortChoice, check_distinct, check_free
-from gateway.sandbox.postgres import DATA_DIR_NAME, LOG_FILE_NAME, LedgerServer, LedgerServerError, binaries
+from gateway.sandbox.postgres import (
+    DATA_DIR_NAME,
+    LOG_FILE_NAME,
+    SERVER_USER,
+    LedgerServer,
+    LedgerServerError,
+    binaries,
+)
 from gateway.sandbox.state import (
     CONFIG_VERSION,
     KEY_FILE_NAME,
@@ -420,6 +427,11 @@ async def run_sandbox(
         save_config(state_dir, config)
         bound = (config.gateway_port, config.chain_port, config.assets_port)
         notes = [n for c, b in zip(choices, bound, strict=True) if (n := c.moved_note(b))]
+        if ledger_server is not None and (opened := [d for d in ledger_server.opened_up if d != state_dir]):
+            notes.append(
+                f"the ledger's server runs as the user {SERVER_USER}: other users may now pass through "
+                f"(not list) {', '.join(map(str, opened))} to reach its data directory"
+            )
         shown_dir = _shown_state_dir(state_dir, persistent, operator_env)
         config_env = serve_env(config, snapshot, port=config.gateway_port, routes=routes_file(operator_env))
         config_env.update({k: operator_env[k] for k in PASSED_THROUGH if operator_env.get(k)})
