@@ -18,8 +18,9 @@ data directory to everyone. Here the server is a child of the sandbox:
   wheel's layer uses, created when missing), which owns the data directory; each parent
   directory gets the right to be traversed (never listed) by other users when it lacks it.
 
-``initdb`` takes about a second, on the first start in a directory only; a start after it takes
-some tens of milliseconds.
+``initdb`` takes about a second (more on a busy machine), run beside the chain's set-up: on the
+first start in a state directory, and on every start of a temporary ledger; a start on a data
+directory already made takes some tens of milliseconds.
 """
 
 from __future__ import annotations
