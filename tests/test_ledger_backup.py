@@ -19,7 +19,7 @@ from solders.keypair import Keypair
 
 from gateway.credits import CreditBook
 from gateway.ledger import Entry, Journal
-from gateway.ledger.entries import credit_spent, sale, top_up
+from gateway.ledger.entries import SettledPayment, credit_spent, sale, top_up
 from gateway.ledger.restore import StoreRestorer
 from gateway.store.memory import MemoryStore
 from tests.support.postgres_server import create_database
@@ -105,33 +105,39 @@ def _restore(url: str, dump: bytes) -> None:
 def _books(now_ms: int) -> list[Entry]:
     return [
         top_up(
-            route="credits.top-up.5",
-            payer=ALICE,
-            amount_micro=5_000_000,
-            signature="sigA",
-            facilitator="internal",
-            at_ms=now_ms - 3_000,
-            payment_key="keyA",
+            SettledPayment(
+                route="credits.top-up.5",
+                payer=ALICE,
+                amount_micro=5_000_000,
+                signature="sigA",
+                facilitator="internal",
+                at_ms=now_ms - 3_000,
+                payment_key="keyA",
+            )
         ),
         top_up(
-            route="credits.top-up.1",
-            payer=BOB,
-            amount_micro=1_000_000,
-            signature="sigB",
-            facilitator="internal",
-            at_ms=now_ms - 2_000,
-            payment_key="keyB",
+            SettledPayment(
+                route="credits.top-up.1",
+                payer=BOB,
+                amount_micro=1_000_000,
+                signature="sigB",
+                facilitator="internal",
+                at_ms=now_ms - 2_000,
+                payment_key="keyB",
+            )
         ),
         credit_spent(
             ref="hold1", route="rpc.getBalance", wallet=ALICE, amount_micro=1_200, at_ms=now_ms - 1_000
         ),
         sale(
-            route="rpc.getBalance",
-            payer=BOB,
-            amount_micro=3_300,
-            signature="sigC",
-            facilitator="internal",
-            at_ms=now_ms - 500,
+            SettledPayment(
+                route="rpc.getBalance",
+                payer=BOB,
+                amount_micro=3_300,
+                signature="sigC",
+                facilitator="internal",
+                at_ms=now_ms - 500,
+            )
         ),
     ]
 

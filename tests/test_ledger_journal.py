@@ -12,7 +12,7 @@ import pytest_asyncio
 from solders.keypair import Keypair
 
 from gateway.ledger import Entry, EntryKind, Journal, JournalWriter, LedgerUnavailable, Posting
-from gateway.ledger.entries import credit_lapsed, credit_spent, sale, top_up
+from gateway.ledger.entries import SettledPayment, credit_lapsed, credit_spent, sale, top_up
 from tests.support.ports import refusing_port
 from tests.support.postgres_server import create_database
 
@@ -30,12 +30,14 @@ async def journal(ledger_url: str) -> AsyncIterator[Journal]:
 
 def _top_up(wallet: str, amount: int, n: int) -> Entry:
     return top_up(
-        route="credits.top-up.1",
-        payer=wallet,
-        amount_micro=amount,
-        signature=f"sig{n}",
-        facilitator="internal",
-        at_ms=T0 + n,
+        SettledPayment(
+            route="credits.top-up.1",
+            payer=wallet,
+            amount_micro=amount,
+            signature=f"sig{n}",
+            facilitator="internal",
+            at_ms=T0 + n,
+        )
     )
 
 
@@ -68,12 +70,14 @@ async def test_every_entry_balances_and_the_books_sum_to_zero(journal: Journal, 
             _top_up(WALLET, 1_000_000, 1),
             _spent(WALLET, 7, 2),
             sale(
-                route="rpc.getBalance",
-                payer=OTHER,
-                amount_micro=2205,
-                signature="sig9",
-                facilitator="cdp",
-                at_ms=T0 + 9,
+                SettledPayment(
+                    route="rpc.getBalance",
+                    payer=OTHER,
+                    amount_micro=2205,
+                    signature="sig9",
+                    facilitator="cdp",
+                    at_ms=T0 + 9,
+                )
             ),
         ]
     )

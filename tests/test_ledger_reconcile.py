@@ -21,6 +21,7 @@ from solders.keypair import Keypair
 from solders.signature import Signature
 
 from gateway.ledger import entries
+from gateway.ledger.entries import SettledPayment
 from gateway.ledger.reconcile import Difference, reconcile
 from gateway.solana_rpc import SolanaRpc
 from tests.support.adversarial_credit import TOP_UP_1_CREDIT
@@ -125,12 +126,14 @@ async def test_a_journal_entry_whose_signature_is_not_on_chain_is_reported(serve
     [wallet, _] = await settle_activity(served)
     signature = _unknown_signature()
     forged = entries.top_up(
-        route="credits.topUp.1",
-        payer=str(wallet.pubkey()),
-        amount_micro=TOP_UP_1_CREDIT,
-        signature=signature,
-        facilitator="internal",
-        at_ms=T0_MS,
+        SettledPayment(
+            route="credits.topUp.1",
+            payer=str(wallet.pubkey()),
+            amount_micro=TOP_UP_1_CREDIT,
+            signature=signature,
+            facilitator="internal",
+            at_ms=T0_MS,
+        )
     )
     assert await served.journal.record([forged]) == 1
 
@@ -162,12 +165,14 @@ async def test_an_entry_whose_amount_and_payer_differ_from_its_transfer_is_repor
     [wallet, _] = await settle_activity(served)
     signature, sender = await transfer_to_pay_to(served.chain, served.rpc.url, 250_000)
     wrong = entries.sale(
-        route="solana.mainnet.provider_a.rpc.getBalance",
-        payer=str(wallet.pubkey()),
-        amount_micro=300_000,
-        signature=signature,
-        facilitator="internal",
-        at_ms=int(time.time() * 1000),
+        SettledPayment(
+            route="solana.mainnet.provider_a.rpc.getBalance",
+            payer=str(wallet.pubkey()),
+            amount_micro=300_000,
+            signature=signature,
+            facilitator="internal",
+            at_ms=int(time.time() * 1000),
+        )
     )
     assert await served.journal.record([wrong]) == 1
 
@@ -193,12 +198,14 @@ async def test_an_entry_whose_transaction_pays_elsewhere_is_reported_missing(ser
     elsewhere = set_token_account(served.chain.svm, Keypair().pubkey(), served.chain.mint, 0)
     signature, sender = await transfer_to_pay_to(served.chain, served.rpc.url, 700_000, to=elsewhere)
     claimed = entries.sale(
-        route="solana.mainnet.provider_a.rpc.getBalance",
-        payer=str(sender.pubkey()),
-        amount_micro=700_000,
-        signature=signature,
-        facilitator="internal",
-        at_ms=T0_MS,
+        SettledPayment(
+            route="solana.mainnet.provider_a.rpc.getBalance",
+            payer=str(sender.pubkey()),
+            amount_micro=700_000,
+            signature=signature,
+            facilitator="internal",
+            at_ms=T0_MS,
+        )
     )
     assert await served.journal.record([claimed]) == 1
 
@@ -223,12 +230,14 @@ async def test_an_entry_whose_transfer_failed_on_chain_is_reported_and_the_failu
     unjournaled_failure, _ = await transfer_to_pay_to(served.chain, served.rpc.url, 500_000, funds=1)
     failed, sender = await transfer_to_pay_to(served.chain, served.rpc.url, 400_000, funds=1)
     claimed = entries.top_up(
-        route="credits.topUp.1",
-        payer=str(sender.pubkey()),
-        amount_micro=400_000,
-        signature=failed,
-        facilitator="internal",
-        at_ms=int(time.time() * 1000),
+        SettledPayment(
+            route="credits.topUp.1",
+            payer=str(sender.pubkey()),
+            amount_micro=400_000,
+            signature=failed,
+            facilitator="internal",
+            at_ms=int(time.time() * 1000),
+        )
     )
     assert await served.journal.record([claimed]) == 1
 

@@ -75,53 +75,43 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"ledger entry {self.ref}: postings do not balance")
 
 
-def sale(
-    *,
-    route: str,
-    payer: str,
-    amount_micro: int,
-    signature: str,
-    facilitator: str,
-    at_ms: int,
-    payment_key: str | None = None,
-) -> Entry:
+class SettledPayment(msgspec.Struct, frozen=True, kw_only=True):
+    """A payment a facilitator settled: what a sale's or a top-up's entry records."""
+
+    route: str
+    payer: str
+    amount_micro: int
+    signature: str
+    """The settlement's Solana transaction signature."""
+    facilitator: str
+    at_ms: int
+    payment_key: str | None = None
+
+
+def sale(payment: SettledPayment) -> Entry:
     """A settled per-call payment: USDC received, earned by the route."""
-    return Entry(
-        ref=f"settlement:{signature}",
-        kind=EntryKind.SALE,
-        occurred_at_ms=at_ms,
-        amount_micro=amount_micro,
-        wallet=payer,
-        route=route,
-        facilitator=facilitator,
-        signature=signature,
-        payment_key=payment_key,
-        postings=(Posting(USDC_RECEIVED, amount_micro), Posting(SALES, -amount_micro)),
-    )
+    return _settled(payment, EntryKind.SALE, SALES)
 
 
-def top_up(
-    *,
-    route: str,
-    payer: str,
-    amount_micro: int,
-    signature: str,
-    facilitator: str,
-    at_ms: int,
-    payment_key: str | None = None,
-) -> Entry:
+def top_up(payment: SettledPayment) -> Entry:
     """A settled top-up: USDC received, owed back to the payer as credit."""
+    return _settled(payment, EntryKind.TOP_UP, credit_account(payment.payer))
+
+
+def _settled(payment: SettledPayment, kind: EntryKind, credited: str) -> Entry:
+    """USDC received for ``payment``, credited to ``credited`` (what it earned or is owed)."""
+    amount = payment.amount_micro
     return Entry(
-        ref=f"settlement:{signature}",
-        kind=EntryKind.TOP_UP,
-        occurred_at_ms=at_ms,
-        amount_micro=amount_micro,
-        wallet=payer,
-        route=route,
-        facilitator=facilitator,
-        signature=signature,
-        payment_key=payment_key,
-        postings=(Posting(USDC_RECEIVED, amount_micro), Posting(credit_account(payer), -amount_micro)),
+        ref=f"settlement:{payment.signature}",
+        kind=kind,
+        occurred_at_ms=payment.at_ms,
+        amount_micro=amount,
+        wallet=payment.payer,
+        route=payment.route,
+        facilitator=payment.facilitator,
+        signature=payment.signature,
+        payment_key=payment.payment_key,
+        postings=(Posting(USDC_RECEIVED, amount), Posting(credited, -amount)),
     )
 
 

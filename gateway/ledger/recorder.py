@@ -12,6 +12,7 @@ import secrets
 import time
 
 from gateway.ledger import entries
+from gateway.ledger.entries import SettledPayment
 from gateway.ledger.journal import Journal
 from gateway.ledger.writer import JournalWriter
 
@@ -31,38 +32,14 @@ class MoneyRecorder:
     def enabled(self) -> bool:
         return self.journal is not None
 
-    async def top_up(
-        self, *, route: str, payer: str, amount_micro: int, signature: str, facilitator: str, payment_key: str
-    ) -> None:
+    async def top_up(self, payment: SettledPayment) -> None:
         """Write a settled top-up now; ``LedgerUnavailable`` if it could not be (book nothing then)."""
-        if self.journal is None:
-            return
-        entry = entries.top_up(
-            route=route,
-            payer=payer,
-            amount_micro=amount_micro,
-            signature=signature,
-            facilitator=facilitator,
-            at_ms=_now_ms(),
-            payment_key=payment_key,
-        )
-        await self.journal.record([entry])
+        if self.journal is not None:
+            await self.journal.record([entries.top_up(payment)])
 
-    def sale(
-        self, *, route: str, payer: str, amount_micro: int, signature: str, facilitator: str, payment_key: str
-    ) -> None:
+    def sale(self, payment: SettledPayment) -> None:
         if self.writer is not None:
-            self.writer.record_soon(
-                entries.sale(
-                    route=route,
-                    payer=payer,
-                    amount_micro=amount_micro,
-                    signature=signature,
-                    facilitator=facilitator,
-                    at_ms=_now_ms(),
-                    payment_key=payment_key,
-                )
-            )
+            self.writer.record_soon(entries.sale(payment))
 
     def credit_spent(self, *, hold: str, route: str, wallet: str, amount_micro: int) -> None:
         if self.writer is not None:

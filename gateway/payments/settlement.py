@@ -13,11 +13,13 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 
 import msgspec
 
 from gateway.credits import TopUp
 from gateway.ledger import LedgerUnavailable
+from gateway.ledger.entries import SettledPayment
 from gateway.ledger.recorder import MoneyRecorder
 from gateway.logs import log_event
 from gateway.payments.facilitators import FacilitatorUnavailable
@@ -237,15 +239,20 @@ class Settlement:
         if self.top_up is not None:
             self.top_up.sold(paid.payer, result.transaction)
         else:
-            self.recorder.sale(
-                route=self.route_name,
-                payer=paid.payer,
-                amount_micro=int(paid.requirements.amount),
-                signature=result.transaction,
-                facilitator=paid.facilitator,
-                payment_key=paid.key,
-            )
+            self.recorder.sale(self._settled(paid, result, int(paid.requirements.amount)))
         return Delivered(delivered, result.transaction)
+
+    def _settled(self, paid: PaidRequest, result: SettleResponse, amount_micro: int) -> SettledPayment:
+        """The settled payment as the ledger records it."""
+        return SettledPayment(
+            route=self.route_name,
+            payer=paid.payer,
+            amount_micro=amount_micro,
+            signature=result.transaction,
+            facilitator=paid.facilitator,
+            at_ms=int(time.time() * 1000),
+            payment_key=paid.key,
+        )
 
     async def _journal_top_up(self, paid: PaidRequest, result: SettleResponse) -> bool:
         """Write the settled top-up to the ledger before its credit is booked: credit the store
@@ -254,14 +261,7 @@ class Settlement:
         identical request writes and books it (once: the entry's ref is the settlement)."""
         assert self.top_up is not None
         try:
-            await self.recorder.top_up(
-                route=self.route_name,
-                payer=paid.payer,
-                amount_micro=self.top_up.amount,
-                signature=result.transaction,
-                facilitator=paid.facilitator,
-                payment_key=paid.key,
-            )
+            await self.recorder.top_up(self._settled(paid, result, self.top_up.amount))
         except LedgerUnavailable as failed:
             log_event(
                 "top-up settled, its credit not booked: ledger unavailable",
