@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 
 import msgspec
@@ -172,7 +171,10 @@ class Settlement:
         # The payer's own record vouches for it on a shared IP: neither another wallet's failure
         # there nor the IP's short record holds it below its own allowance.
         payer = Party("owner", paid.payer)
-        token = secrets.token_hex(16)
+        # The place is the payment's: a retry of it (its first process killed mid-settle) takes
+        # the same place back at once instead of waiting for the dead one's hold to lapse, and
+        # copies of one payment settle one transaction, so they never need two places.
+        token = f"settle:{paid.key}"
         standing = await guard.standing(client, voucher=payer)
         turn = await guard.take_turn(token, client, standing, wait_s=self.guard_wait_s, voucher=payer)
         if turn.outcome == "cooling_down":  # a settlement of this client failed on chain

@@ -29,6 +29,7 @@ from tests.support.facilitator_fixtures import StartFacilitator
 from tests.support.log_capture import captured_log_lines
 from tests.support.paid_fixtures import (
     GET_BALANCE,
+    GET_BALANCE_PRICE_INTERNAL,
     GET_BALANCE_PROVIDER_PRICE,
     MARKER,
     PROVIDER_ANSWER,
@@ -44,6 +45,8 @@ from tests.support.upstream import Upstream, static
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
 
 ONE_SALE = Money(-GET_BALANCE_PROVIDER_PRICE, GET_BALANCE_PROVIDER_PRICE, -ONE_SETTLEMENT_FEE)
+ONE_SALE_INTERNAL = Money(-GET_BALANCE_PRICE_INTERNAL, GET_BALANCE_PRICE_INTERNAL, -ONE_SETTLEMENT_FEE)
+"""A sale settled by our own fee payer: its price carries the settlement fee."""
 
 
 async def test_a_process_killed_between_broadcast_and_answer_is_reconciled_by_the_retry_on_a_replica(
@@ -163,3 +166,49 @@ async def test_a_store_lost_after_a_successful_settlement_still_delivers_it(
     assert paid.upstream_calls == 1
     assert len(set(solana_rpc_server.sent)) == 1
     assert Money.of(usdc_chain).minus(before) == ONE_SALE
+
+
+async def test_a_process_killed_while_our_fee_payer_confirms_is_reconciled_at_once_on_a_replica(
+    clean_redis_url: str,
+    usdc_chain: UsdcChain,
+    solana_rpc_server: LiteSvmRpcServer,
+    upstream: Upstream,
+) -> None:
+    """With our own fee payer, a client IP without a record has one settlement in flight. The
+    killed process's place used to stay held until its hold lapsed (a minute of 503
+    ``settlement_pending`` for the retry); the place is the payment's, so the retry takes it back
+    and is answered as soon as the chain confirms."""
+    upstream.responder = static(200, PROVIDER_ANSWER)
+    solana_rpc_server.confirm_delay_s = 2.0
+    before = Money.of(usdc_chain)
+    async with paid_processes(
+        2,
+        chain=usdc_chain,
+        rpc=solana_rpc_server,
+        upstream=upstream,
+        facilitator=None,  # the internal facilitator: our fee payer, guarded per client IP
+        env={"STATE_STORE_REST_URL": clean_redis_url},
+    ) as running:
+        killed, other = running.replicas
+        payment = await running.payment(killed)
+        request = asyncio.create_task(killed.pay(GET_BALANCE, balance_body(), payment))
+        await eventually(lambda: len(solana_rpc_server.sent) == 1, what="the settlement broadcast")
+        os.killpg(killed.process.process.pid, signal.SIGKILL)  # mid-confirmation, no last word
+        await asyncio.to_thread(killed.process.process.wait, 10)
+        with pytest.raises(aiohttp.ClientError):
+            await request
+
+        started = asyncio.get_running_loop().time()
+        statuses = []
+        while (reply := await other.pay(GET_BALANCE, balance_body(), payment)).status == 503:
+            statuses.append(reply.json()["error"]["code"])
+            assert asyncio.get_running_loop().time() - started < 15, statuses
+            await asyncio.sleep(0.5)
+        waited = asyncio.get_running_loop().time() - started
+
+    assert_answered(reply, solana_rpc_server.sent[0])
+    assert waited < 10, (waited, statuses)  # the chain's 2 s, not the dead hold's minute
+    assert set(statuses) <= {"settlement_pending"}
+    assert running.upstream_calls == 1
+    assert len(set(solana_rpc_server.sent)) == 1
+    assert Money.of(usdc_chain).minus(before) == ONE_SALE_INTERNAL
