@@ -27,7 +27,16 @@ from typing import TYPE_CHECKING
 
 from gateway.credit_metrics import CREDIT_SOLD
 from gateway.logs import log_event
-from gateway.store import Credit, CreditAccount, CreditHoldOrder, CreditState, Entry, Store, keys
+from gateway.store import (
+    Credit,
+    CreditAccount,
+    CreditHoldOrder,
+    CreditState,
+    Entry,
+    LedgerPosition,
+    Store,
+    keys,
+)
 
 if TYPE_CHECKING:
     from gateway.credit_calls import CreditCall
@@ -106,9 +115,11 @@ class CreditBook:
         self.grace_ms = grace_ms
         self.hold_ttl_ms = int(upstream_timeout_s * 1000) + HOLD_MARGIN_MS
 
-    def credits(self, wallet: str, amount: int) -> list[Credit]:
-        """What the delivery of a top-up of ``amount`` by ``wallet`` adds, in the same round trip."""
-        return [Credit(credit_account(wallet), amount, self.lapse_ms, self.grace_ms)]
+    def credits(self, wallet: str, amount: int, ledger_entry: int | None = None) -> list[Credit]:
+        """What the delivery of a top-up of ``amount`` by ``wallet`` adds, in the same round trip
+        (raising the store's ledger position to ``ledger_entry``, the top-up's journal id)."""
+        position = None if ledger_entry is None else LedgerPosition(keys.ledger_mark(), ledger_entry)
+        return [Credit(credit_account(wallet), amount, self.lapse_ms, self.grace_ms, position)]
 
     def order(self, wallet: str, amount: int) -> CreditHoldOrder:
         """A hold of ``amount`` of ``wallet``'s credit under a fresh token, for the store to make
@@ -181,8 +192,8 @@ class TopUp:
     amount: int
     route: str
 
-    def credits(self, wallet: str) -> list[Credit]:
-        return self.book.credits(wallet, self.amount)
+    def credits(self, wallet: str, ledger_entry: int | None = None) -> list[Credit]:
+        return self.book.credits(wallet, self.amount, ledger_entry)
 
     def sold(self, wallet: str, settlement: str) -> None:
         """The credit is booked: one log line and the counter of credit sold."""

@@ -23,6 +23,7 @@ from gateway.store import (
     CreditState,
     Entry,
     Hold,
+    LedgerPosition,
     RateDecision,
     Share,
     Store,
@@ -1489,3 +1490,15 @@ async def test_a_balance_restored_past_its_lapse_spends_as_nothing_and_lapses_on
     assert await store.due_lapses(LAPSES, 10) == ["late"]
     assert await store.lapse_credit(account("late")) == 700
     assert await store.lapse_credit(account("late")) is None
+
+
+async def test_a_top_up_raises_the_stores_ledger_position_and_never_lowers_it(store: Store) -> None:
+    position = "ledger:position"
+
+    for entry_id in (7, 5, 9):  # bookings may land out of their journal order
+        top_up = Credit(account("positioned"), 10, 60_000, GRACE_MS, LedgerPosition(position, entry_id))
+        assert await store.claim_then_put([], [], [top_up]) == 0
+    await store.claim_then_put([], [], [credit("positioned", 1)])  # no position: untouched
+
+    assert await store.get(position) == "9"
+    assert (await store.credit_state(account("positioned"))).balance == 31

@@ -170,6 +170,29 @@ class Journal:
                 raise LedgerUnavailable(f"ledger write failed: {type(failed).__name__}") from None
         return len({row["entry_id"] for row in rows})
 
+    async def record_one(self, entry: Entry) -> int:
+        """Append ``entry`` (if its ref is new) and answer its journal id, new or found."""
+        await self.record([entry])
+        found = await self._fetchval("SELECT id FROM ledger_entries WHERE ref = $1", entry.ref)
+        if found is None:
+            raise LedgerUnavailable(f"ledger entry {entry.ref} recorded but not found")
+        return int(found)
+
+    async def last_top_up(self) -> int:
+        """The journal id of the newest top-up (0 when there is none)."""
+        newest = await self._fetchval("SELECT coalesce(max(id), 0) FROM ledger_entries WHERE kind = 'top_up'")
+        return int(newest)
+
+    async def top_ups_after(self, entry_id: int, before_ms: int) -> list[Recorded]:
+        """The top-ups journaled after ``entry_id`` that settled before ``before_ms``, in order."""
+        rows = await self._fetch(
+            f"SELECT {_COLUMNS} FROM ledger_entries WHERE kind = 'top_up' AND id > $1 AND occurred_at < $2 "
+            "ORDER BY id",
+            entry_id,
+            _when(before_ms),
+        )
+        return [_recorded(row) for row in rows]
+
     async def owed_to(self, wallet: str) -> int:
         """The credit the operator owes ``wallet``, in micro-USDC, by the journal."""
         total = await self._fetchval(

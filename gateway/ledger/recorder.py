@@ -32,10 +32,12 @@ class MoneyRecorder:
     def enabled(self) -> bool:
         return self.journal is not None
 
-    async def top_up(self, payment: SettledPayment) -> None:
-        """Write a settled top-up now; ``LedgerUnavailable`` if it could not be (book nothing then)."""
-        if self.journal is not None:
-            await self.journal.record([entries.top_up(payment)])
+    async def top_up(self, payment: SettledPayment) -> int | None:
+        """Write a settled top-up now and answer its journal id (None without a ledger);
+        ``LedgerUnavailable`` if it could not be (book nothing then)."""
+        if self.journal is None:
+            return None
+        return await self.journal.record_one(entries.top_up(payment))
 
     def sale(self, payment: SettledPayment) -> None:
         if self.writer is not None:

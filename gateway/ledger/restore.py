@@ -4,15 +4,18 @@ Redis can forget: a failover to a lagging replica, a restore from a backup, a re
 persistence, an operator's FLUSHALL. The ledger cannot (it is the record of money), so each
 replica checks the store against it, at start-up before serving and every ``interval_s`` after:
 
-* **flushed or replaced**: the ledger's mark (a key it writes once) is missing;
-* **rolled back**: a top-up the ledger recorded between ``settle_margin_ms`` and
-  ``recent_ms`` ago has neither its delivery nor its pending settlement in the store (the
-  pending record is written before a top-up is settled and so before it is journaled; the
-  delivery when it is booked), so the store went back to before it.
+* **flushed or replaced**: the store's ledger position (a key every booked top-up raises to its
+  journal id, in the same step that books it) is missing;
+* **rolled back, or restored from an old backup**: a top-up journaled after that position, more
+  than ``settle_margin_ms`` ago, has neither its delivery nor its pending settlement in the store
+  (the pending record is written before a top-up is settled and so before it is journaled; the
+  delivery with the booking). Top-ups after the position are only those in flight or pending,
+  so the check reads a handful of keys however long the journal.
 
 Either way one replica (a claim in the store) restores every wallet the ledger knows to exactly
-what the ledger says it is owed, lapsing from its last top-up, and marks the top-ups of the last
-``recent_ms`` delivered, so a pending one cannot be booked again on top of its restored credit.
+what the ledger says it is owed, lapsing from its last top-up, marks the top-ups of the last 15
+minutes (a pending settlement's life) claimed and delivered, so a pending one cannot be booked
+again on top of its restored credit, and sets the position to the newest top-up.
 What the ledger does not know yet (spends still queued in a writer) is lost with the store, in
 the client's favour. A replay of an older top-up stays refused: its transaction landed on chain
 once and cannot be settled again.
@@ -35,15 +38,12 @@ from gateway.ledger.journal import Journal, LedgerUnavailable
 from gateway.logs import log_event
 from gateway.payments.ledger import PENDING_TTL_MS, DeliveredRecord
 from gateway.store import Store, StoreUnavailable, keys
+from gateway.store.base import POSITION_TTL_MS
 
 CHECK_INTERVAL_S = 5.0
 """How often each replica checks the store against the ledger."""
 SETTLE_MARGIN_MS = 20_000
 """A top-up younger than this may still be between its journal entry and its booking."""
-RECENT_MS = 9 * 60_000
-"""How far back a top-up's delivery is looked for (deliveries are kept 10 minutes)."""
-MARK_TTL_MS = 10 * 365 * 24 * 3600 * 1000
-"""The mark lives as long as the store does (ten years: a key needs a lifetime here)."""
 RESTORE_CLAIM_MS = 60_000
 RESTORED_CLAIM = "restored from the ledger"
 RESTORED = msgspec.json.encode(DeliveredRecord(fingerprint="restored from the ledger", claimant="")).decode()
@@ -63,7 +63,6 @@ class StoreRestorer:
         grace_ms: int,
         interval_s: float | None = None,
         settle_margin_ms: int | None = None,
-        recent_ms: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -72,7 +71,6 @@ class StoreRestorer:
         self.grace_ms = grace_ms
         self.interval_s = CHECK_INTERVAL_S if interval_s is None else interval_s
         self.settle_margin_ms = SETTLE_MARGIN_MS if settle_margin_ms is None else settle_margin_ms
-        self.recent_ms = RECENT_MS if recent_ms is None else recent_ms
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
 
@@ -81,13 +79,14 @@ class StoreRestorer:
 
     async def lost(self) -> str | None:
         """Why the store lost credit the ledger knows of; None when it did not."""
-        if await self.store.get(keys.ledger_mark()) is None:
+        mark = await self.store.get(keys.ledger_mark())
+        if mark is None:
             if not await self.journal.owed_since_top_ups():
-                await self.store.put(keys.ledger_mark(), str(self._now_ms()), MARK_TTL_MS)
+                await self._mark_position()
                 return None  # a new store and a ledger that owes nothing: nothing to restore
-            return "the ledger's mark is missing (store new, flushed or replaced)"
-        now = self._now_ms()
-        for entry in await self.journal.top_ups(now - self.recent_ms, now - self.settle_margin_ms):
+            return "the store's ledger position is missing (store new, flushed or replaced)"
+        position = int(mark) if mark.isdigit() else 0
+        for entry in await self.journal.top_ups_after(position, self._now_ms() - self.settle_margin_ms):
             if entry.payment_key is None:
                 continue
             if await self.store.get(keys.delivery(entry.payment_key)) is not None:
@@ -131,8 +130,12 @@ class StoreRestorer:
             if entry.payment_key is not None:  # claimed and delivered: any retry is refused as used
                 await self.store.claim(keys.payment_claim(entry.payment_key), RESTORED_CLAIM, PENDING_TTL_MS)
                 await self.store.claim(keys.delivery(entry.payment_key), RESTORED, PENDING_TTL_MS)
-        await self.store.put(keys.ledger_mark(), str(now), MARK_TTL_MS)
+        await self._mark_position()
         return len(owed)
+
+    async def _mark_position(self) -> None:
+        """The store holds what the ledger does, up to its newest top-up."""
+        await self.store.put(keys.ledger_mark(), str(await self.journal.last_top_up()), POSITION_TTL_MS)
 
     async def run(self) -> None:
         """Check every ``interval_s`` until cancelled; an outage of either side waits for the next."""

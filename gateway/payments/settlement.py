@@ -41,7 +41,7 @@ from gateway.payments.results import (
     Refused,
     Settled,
 )
-from gateway.store import StoreUnavailable
+from gateway.store import Credit, StoreUnavailable
 from gateway.x402.headers import encode_header
 from gateway.x402.types import SettleResponse
 
@@ -212,10 +212,13 @@ class Settlement:
             cap = min(cap, ANSWER_CAP_BYTES)
         kept = delivered if len(delivered.body) <= cap else None
         record = DeliveredRecord(paid.fingerprint, paid.claimant, kept)
-        credits = self.top_up.credits(paid.payer) if self.top_up is not None else []
-        if credits and not await self._journal_top_up(paid, result):
-            await self._left_pending(paid, intent, result)
-            return Pending()
+        credits: list[Credit] = []
+        if self.top_up is not None:
+            journaled = await self._journal_top_up(paid, result)
+            if journaled is False:
+                await self._left_pending(paid, intent, result)
+                return Pending()
+            credits = self.top_up.credits(paid.payer, journaled)
         try:
             first = await self.ledger.deliver(paid.key, record, credits)
         except StoreUnavailable:
@@ -256,14 +259,15 @@ class Settlement:
             payment_key=paid.key,
         )
 
-    async def _journal_top_up(self, paid: PaidRequest, result: SettleResponse) -> bool:
+    async def _journal_top_up(self, paid: PaidRequest, result: SettleResponse) -> int | bool | None:
         """Write the settled top-up to the ledger before its credit is booked: credit the store
-        holds is always in the ledger first. False when the ledger could not be written: the
-        credit is not booked, the settlement is left pending and the client's retry of the
-        identical request writes and books it (once: the entry's ref is the settlement)."""
+        holds is always in the ledger first. Its journal id (None without a ledger), which the
+        booking raises the store's ledger position to; False when the ledger could not be
+        written: the credit is not booked, the settlement is left pending and the client's retry
+        of the identical request writes and books it (once: the entry's ref is the settlement)."""
         assert self.top_up is not None
         try:
-            await self.recorder.top_up(self._settled(paid, result, self.top_up.amount))
+            return await self.recorder.top_up(self._settled(paid, result, self.top_up.amount))
         except LedgerUnavailable as failed:
             log_event(
                 "top-up settled, its credit not booked: ledger unavailable",
@@ -274,7 +278,6 @@ class Settlement:
                 reason=str(failed),
             )
             return False
-        return True
 
     async def _left_pending(
         self, paid: PaidRequest, intent: PendingSettlement, result: SettleResponse | None

@@ -144,16 +144,31 @@ class CreditAccount(msgspec.Struct, frozen=True):
     the sweeper counts it (:meth:`Store.drain_lapsed`)."""
 
 
+POSITION_TTL_MS = 10 * 365 * 24 * 3600 * 1000
+"""A ledger position lives as long as the store does (ten years: a key needs a lifetime here)."""
+
+
+class LedgerPosition(msgspec.Struct, frozen=True):
+    """How far into the ledger of record the store's credit goes: the journal id of the newest
+    top-up it booked, kept at ``key`` and only ever raised (a store found behind the ledger lost
+    credit: see ``gateway.ledger.restore``)."""
+
+    key: str
+    entry_id: int
+
+
 class Credit(msgspec.Struct, frozen=True):
     """Add ``amount`` to ``account``'s balance, which then lapses ``lapse_ms`` after this write
     (each top-up renews it). The lapse time goes into the lapse index; the counter itself expires
     ``grace_ms`` after it, a backstop should no sweeper ever lapse it (a silent, uncounted lapse:
-    the grace must outlast any sweeper outage)."""
+    the grace must outlast any sweeper outage). ``position``: the top-up's place in the ledger,
+    raised in the same step."""
 
     account: CreditAccount
     amount: int
     lapse_ms: int
     grace_ms: int
+    position: LedgerPosition | None = None
 
     def __post_init__(self) -> None:
         checked_amount(self.amount)

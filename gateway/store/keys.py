@@ -34,7 +34,7 @@ credit_holds         credit-holds:{wallet}            holds: token -> amount    
 credit_lapses        credit-lapses                    wallet -> lapse time (ms)   till the sweeper lapses it
 credit_lapsed        credit-lapsed                    wallet -> lapsed credit     till the sweeper counts it
 credit_sweep         credit-sweep                     the sweeping replica        one sweep, 60 s at most
-ledger_mark          ledger-mark                      the ledger's mark on it     forever
+ledger_mark          ledger-mark                      newest top-up's journal id  ten years
 ledger_restore       ledger-restore                   the restoring replica       one restore, 60 s at most
 credit_call          credit-call:{wallet}:{call id}   call, its answer (JSON)     hold's TTL, then sign-in's
 credit_session       credit-session:{token digest}    wallet, cap, spent (hash)   the session's lifetime
@@ -206,8 +206,9 @@ def credit_session(digest: str) -> str:
 
 
 def ledger_mark() -> str:
-    """The ledger's mark on this store: absent, the store is new, flushed or replaced, and what
-    the ledger says is owed must be restored to it (``gateway.ledger.restore``)."""
+    """The store's position in the ledger: the journal id of the newest top-up it booked, raised
+    by each booking. Absent, the store is new, flushed or replaced, and what the ledger says is
+    owed must be restored to it (``gateway.ledger.restore``)."""
     return LEDGER_MARK
 
 

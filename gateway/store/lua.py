@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from gateway.store.base import (
     MAX_AMOUNT,
+    POSITION_TTL_MS,
     Bucket,
     Credit,
     CreditAccount,
@@ -111,20 +112,21 @@ end
 """
 )
 
-# KEYS: the claims, then the puts, then per credit its balance, hold set, lapse index and lapsed
-# hash; ARGV: how many claims, how many credits, then value and ttl_ms per claim and put, then
-# amount, lapse_ms, ttl_ms and wallet per credit. Reply: how many claims were set (all of them:
-# the puts and credits were written too). A script is not rolled back when a command in it fails,
-# so every balance is checked to be a counter, and every index to be a sorted set, before the
-# first write: a failing INCRBY after the claims would leave a payment claimed and its credit lost.
+# KEYS: the claims, then the puts, then per credit its balance, hold set, lapse index, lapsed
+# hash and ledger position; ARGV: how many claims, how many credits, then value and ttl_ms per
+# claim and put, then amount, lapse_ms, ttl_ms, wallet and ledger entry id (0: none) per credit.
+# Reply: how many claims were set (all of them: the puts and credits were written too). A script
+# is not rolled back when a command in it fails, so every balance is checked to be a counter, and
+# every index to be a sorted set, before the first write: a failing INCRBY after the claims would
+# leave a payment claimed and its credit lost. A ledger position is only ever raised.
 CLAIM_THEN_PUT_SCRIPT = (
     _LAPSE_PRELUDE
     + """
 local n, c = tonumber(ARGV[1]), tonumber(ARGV[2])
-local entries = #KEYS - 4 * c
+local entries = #KEYS - 5 * c
 local first = 3 + 2 * entries
 for j = 0, c - 1 do
-  local k, a = entries + 4 * j, first + 4 * j
+  local k, a = entries + 5 * j, first + 5 * j
   local balance = redis.call('GET', KEYS[k + 1])
   if balance and not string.match(balance, '^-?%d+$') then
     return redis.error_reply('ERR credit to a balance that is not a counter')
@@ -139,13 +141,19 @@ for i = n + 1, entries do
 end
 local now = now_ms(now_us())
 for j = 0, c - 1 do
-  local k, a = entries + 4 * j, first + 4 * j
+  local k, a = entries + 5 * j, first + 5 * j
   local wallet = ARGV[a + 3]
   local gone = lapse_if_due(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], wallet, now)
   if gone and gone ~= '0' then redis.call('HINCRBY', KEYS[k + 4], wallet, gone) end
   redis.call('INCRBY', KEYS[k + 1], ARGV[a])
   redis.call('PEXPIRE', KEYS[k + 1], ARGV[a + 2])
   redis.call('ZADD', KEYS[k + 3], string.format('%d', now + tonumber(ARGV[a + 1])), wallet)
+  local position = tonumber(ARGV[a + 4])
+  if position > 0 and position > (tonumber(redis.call('GET', KEYS[k + 5]) or '0') or 0) then
+    redis.call('SET', KEYS[k + 5], ARGV[a + 4], 'PX', '"""
+    + str(POSITION_TTL_MS)
+    + """')
+  end
 end
 return n
 """
@@ -542,9 +550,11 @@ def claim_then_put_call(
         args += [entry.value, str(entry.ttl_ms)]
     script_keys = [entry.key for entry in entries]
     for credit in credits:
-        account = credit.account
-        args += [str(credit.amount), str(credit.lapse_ms), str(credit.ttl_ms), account.wallet]
-        script_keys += [account.balance, account.holds, account.lapses, account.lapsed]
+        account, position = credit.account, credit.position
+        entry_id = "0" if position is None else str(position.entry_id)
+        args += [str(credit.amount), str(credit.lapse_ms), str(credit.ttl_ms), account.wallet, entry_id]
+        mark = account.balance if position is None else position.key  # untouched without a position
+        script_keys += [account.balance, account.holds, account.lapses, account.lapsed, mark]
     return script_keys, args
 
 

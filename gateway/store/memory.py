@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from gateway.store.base import (
     MAX_CONTENDERS,
+    POSITION_TTL_MS,
     Bucket,
     Credit,
     CreditAccount,
@@ -21,6 +22,7 @@ from gateway.store.base import (
     CreditState,
     Entry,
     Hold,
+    LedgerPosition,
     Lookup,
     RateDecision,
     SessionLookup,
@@ -245,7 +247,14 @@ class MemoryStore:
             balance = int(self._live(account.balance) or 0) + credit.amount
             self._set_value(account.balance, str(balance), credit.ttl_ms)
             self._lapses.setdefault(account.lapses, {})[account.wallet] = now + credit.lapse_ms * 1_000
+            if credit.position is not None:
+                self._raise_position(credit.position)
         return len(claims)
+
+    def _raise_position(self, position: LedgerPosition) -> None:
+        current = self._live(position.key)
+        if current is None or int(current) < position.entry_id:
+            self._set_value(position.key, str(position.entry_id), POSITION_TTL_MS)
 
     async def undo_claim(
         self, entries: Sequence[Entry], refunds: Sequence[Bucket] = (), debts: Sequence[Bucket] = ()
