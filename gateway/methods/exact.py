@@ -122,5 +122,6 @@ def bind(route: RouteSpec, services: Services) -> ExactMethod:
         replay_cap_bytes=route.replay_cap_bytes,
         guard=services.settlement_guard,
         top_up=top_up,
+        late=services.local_facilitator if services.settlement_guard is not None else None,
     )
     return ExactMethod(route_name=route.name, offers=offers, gate=gate, settlement=settlement)
