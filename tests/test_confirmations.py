@@ -172,3 +172,25 @@ async def test_a_process_follows_a_bounded_number_of_signatures(
         status = await asyncio.wait_for(future, 5)
         assert isinstance(status, SignatureStatus) and status.confirmed
     await watcher.close()
+
+
+async def test_a_follow_up_ends_after_its_longest_time_when_the_node_cannot_tell(
+    rpc: SolanaRpc, usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer
+) -> None:
+    solana_rpc_server.hold_confirmations = True  # landed, never confirmed; its blockhash stays valid
+    schedule = PollSchedule(
+        first_s=0.01, max_s=0.05, min_gap_s=0.005, blockhash_check_s=0.05, follow_max_s=0.4
+    )
+    watcher = ConfirmationWatcher(rpc, schedule)
+    signature = await _send_transfer(rpc, usdc_chain, 1_000_000)
+    never_sent = str(Keypair().sign_message(b"never broadcast"))
+
+    landed = await _followed(watcher, signature, str(usdc_chain.blockhash))
+    unknown = await _followed(watcher, never_sent, str(usdc_chain.blockhash))
+
+    status = await asyncio.wait_for(landed, 5)
+    assert isinstance(status, SignatureStatus) and status.err is None and not status.confirmed
+    assert await asyncio.wait_for(unknown, 5) is None
+    assert solana_rpc_server.calls["isBlockhashValid"] >= 1  # asked, and told it is still valid
+    assert watcher.followed == 0
+    await watcher.close()

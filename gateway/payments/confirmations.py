@@ -12,8 +12,9 @@ second and at most 4 a second after that, instead of a whole second per poll.
 A settlement that stops waiting (its confirmation wait passed) may still land, and fail at our
 fee payer's expense: :meth:`ConfirmationWatcher.follow` keeps asking about its signature, in the
 same calls, until it is confirmed or failed, or until its blockhash can no longer land (the node
-says ``isBlockhashValid`` false, every ``blockhash_check_s``; at most ``follow_max_s``, longer
-than a blockhash lives), and then hands the outcome over. A process follows at most
+says ``isBlockhashValid`` false, asked every ``blockhash_check_s`` per blockhash, one call at
+least ``check_gap_s`` (100 ms) after another; at most ``follow_max_s``, longer than a blockhash
+lives), and then hands the outcome over. A process follows at most
 ``max_followed`` signatures per node; follow-ups live in its memory, so a process that dies
 loses them.
 """
@@ -40,7 +41,8 @@ at a cluster's pace), so a transaction cannot land later than that after it was 
 
 LateOutcome = Callable[[SignatureStatus | None], Awaitable[None]]
 """Told a followed signature's outcome: its status once confirmed or failed, or None once its
-blockhash can no longer land (it never will)."""
+blockhash can no longer land (it never will); after ``follow_max_s``, what the node says then
+(None, or landed and not yet confirmed)."""
 
 
 class LateFollower(Protocol):
@@ -73,6 +75,7 @@ class PollSchedule:
     max_s: float = 0.3
     min_gap_s: float = 0.02
     blockhash_check_s: float = 2.0
+    check_gap_s: float = 0.1
     follow_max_s: float = FOLLOW_MAX_S
     max_followed: int = 1024
 
@@ -90,6 +93,7 @@ class ConfirmationWatcher:
         self._task: asyncio.Task[None] | None = None
         self._told: set[asyncio.Task[None]] = set()
         """Followers being told an outcome (kept so the loop does not drop them)."""
+        self._next_check = 0.0
 
     @property
     def followed(self) -> int:
@@ -183,33 +187,40 @@ class ConfirmationWatcher:
                     watch.outcome.set_result(status)
                 self._tell(watch, status)
                 continue
-            if watch.last_look and heard and status is None:
-                self._tell(watch, None)  # its blockhash expired before this look: it never will
+            # Its blockhash expired before this look (it never will land), or it was followed
+            # for as long as any blockhash lives: its followers hear what the node says now
+            # (nothing, when the node cannot be heard).
+            if watch.followers and (
+                (heard and watch.last_look and status is None) or later >= watch.give_up_at
+            ):
+                self._tell(watch, status)
                 watch.followers.clear()
+                watch.last_look = False
                 if watch.waiters == 0:
                     del self._watches[signature]
-                continue
+                    continue
             watch.wait = min(watch.wait * self.schedule.growth, self.schedule.max_s)
             watch.due = later + watch.wait
         await self._check_blockhashes(later)
 
     async def _check_blockhashes(self, now: float) -> None:
-        """Ask the node whether the blockhashes of followed signatures that are due a check may
-        still land; a signature whose blockhash may not gets one last look. Past
-        ``follow_max_s`` it gets one whatever the node says (or when it cannot say)."""
-        due = [w for w in self._watches.values() if w.followers and not w.last_look and w.check_at <= now]
-        for watch in due:
-            if now >= watch.give_up_at:
-                watch.last_look = True
-        asked = {w.blockhash for w in due if not w.last_look}
-        valid: dict[str, bool] = {}
-        for blockhash in asked:
-            with contextlib.suppress(RpcUnavailable, RpcResponseError):
-                valid[blockhash] = await self.rpc.is_blockhash_valid(blockhash)
-        for watch in due:
-            if valid.get(watch.blockhash) is False:
-                watch.last_look = True
-            watch.check_at = now + self.schedule.blockhash_check_s
+        """Ask the node whether the blockhash of followed signatures due a check may still land;
+        a signature whose blockhash may not gets one last look (when the node cannot say, the
+        follow-up ends at ``follow_max_s``)."""
+        waiting = [w for w in self._watches.values() if w.followers and not w.last_look and w.check_at <= now]
+        if not waiting or now < self._next_check:
+            return
+        # One blockhash per call, the one waiting longest, and the calls spaced out: however many
+        # signatures are followed, they add at most 1 / check_gap_s calls a second.
+        self._next_check = now + self.schedule.check_gap_s
+        blockhash = min(waiting, key=lambda w: w.check_at).blockhash
+        valid: bool | None = None
+        with contextlib.suppress(RpcUnavailable, RpcResponseError):
+            valid = await self.rpc.is_blockhash_valid(blockhash)
+        for watch in waiting:
+            if watch.blockhash == blockhash:
+                watch.last_look = valid is False
+                watch.check_at = now + self.schedule.blockhash_check_s
 
     def _tell(self, watch: _Watch, status: SignatureStatus | None) -> None:
         """Hand a followed signature's outcome to its followers, each in a task of its own (the
