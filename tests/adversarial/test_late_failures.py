@@ -25,7 +25,9 @@ from solders.pubkey import Pubkey
 
 from gateway.payments.fee_guard import Party
 from gateway.solana_rpc import SolanaRpc
+from gateway.store import Store
 from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
 from gateway.x402.headers import encode_header
 from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
@@ -148,9 +150,48 @@ async def test_a_settlement_failing_after_the_wait_cools_its_parties_down_and_co
     assert await store.get(me.record_key) == "0"
 
 
-async def _eventually_stored(store: MemoryStore, key: str, timeout_s: float = 5.0) -> None:
+async def _eventually_stored(store: Store, key: str, timeout_s: float = 5.0) -> None:
     """Wait (without blocking the loop) until ``key`` is written."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while await store.get(key) is None:
         assert asyncio.get_running_loop().time() < deadline, f"{key} not written within {timeout_s} s"
         await asyncio.sleep(0.02)
+
+
+async def test_a_settlement_landing_after_the_wait_is_delivered_on_retry_and_counted_once(
+    start_paid_gateway: StartPaidGateway, clean_redis_url: str
+) -> None:
+    store = RedisStore(clean_redis_url)  # the store replicas share
+    try:
+        paid = await start_paid_gateway(
+            internal=True,
+            env={"TRUSTED_PROXIES": "127.0.0.1", "X402_SETTLEMENT_CONFIRM_SECONDS": WAIT_S},
+            store=store,
+        )
+        paid.upstream.responder = static(200, PROVIDER_ANSWER)
+        requirements, resource = await paid.requirements()
+        price = int(requirements.amount)
+        payer = Keypair()
+        source = set_token_account(
+            paid.chain.svm, payer.pubkey(), paid.chain.mint, price, address=Keypair().pubkey()
+        )
+        me, ip = Party("owner", str(payer.pubkey())), Party("ip", ATTACKER_IP)
+        paid.rpc.land_delay_s = LANDS_AFTER_S
+        payment = _sign(paid, requirements, resource, payer, source)
+
+        pending = await _pay(paid, payment, request_id=9)
+        assert pending.status == 503 and pending.error_code == "settlement_pending", pending.body
+        # It lands (and confirms) after the wait: the follow-ups count it for the payer and the IP.
+        await _eventually_stored(store, me.record_key)
+        await _eventually_stored(store, ip.record_key)
+        retry = await _pay(paid, payment, request_id=9)  # the identical request reconciles it
+
+        assert_answered(retry, paid.rpc.sent[-1])
+        assert paid.chain.balance(source) == 0
+        assert len(paid.rpc.sent) == 1
+        # Heard by the follow-ups and by the retry, counted once on each side.
+        assert await store.get(me.record_key) == "1"
+        assert await store.get(ip.record_key) == "1"
+        assert await store.get(me.cooldown_key) is None and await store.get(ip.cooldown_key) is None
+    finally:
+        await store.close()
