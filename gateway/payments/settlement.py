@@ -205,8 +205,10 @@ class Settlement:
                 log_event(
                     "late settlement not followed for its client", logging.WARNING, route=self.route_name
                 )
-        signature = result.transaction or transaction
-        once = Counted("client", signature) if signature else None
+        # A settlement answered pending (its intent names its transaction) may be followed by
+        # now: counted once, by it or by this retry. One heard in time has no follow-up, and
+        # one settle only hears it succeed (the facilitator reports a success once).
+        once = Counted("client", transaction) if transaction else None
         with contextlib.suppress(StoreUnavailable):
             if result.success and not standing.vouched:  # a vouched payer's counts for it alone
                 await guard.landed(client, once)
