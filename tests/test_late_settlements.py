@@ -157,3 +157,40 @@ async def _eventually_stored(store: Store, key: str) -> None:
         return await store.get(key) is not None
 
     await eventually_async(found, what=f"{key} written")
+
+
+async def test_a_late_failure_whose_follow_up_died_is_counted_by_a_retry_on_another_replica(
+    store: Store,
+    make_usdc_chain: Callable[..., UsdcChain],
+    solana_rpc_server: LiteSvmRpcServer,
+    make_local_facilitator: MakeFacilitator,
+) -> None:
+    chain = make_usdc_chain()
+    req = exact_requirements(chain, amount=str(AMOUNT))
+    broadcaster = _late(make_local_facilitator, chain, store)
+    other_replica = _late(make_local_facilitator, chain, store, wait_s=5.0)
+    owner = Keypair()
+    chain.svm.airdrop(owner.pubkey(), 1_000_000_000)
+    solana_rpc_server.land_delay_s = LANDS_AFTER_S
+    payment, source = _payment(chain, req, owner, AMOUNT)
+    me, account = Party("owner", str(owner.pubkey())), Party("account", str(source))
+    rpc = SolanaRpc(solana_rpc_server.url)
+    try:
+        await rpc.send_transaction(drain_transaction(chain, owner, [source], AMOUNT), skip_preflight=True)
+    finally:
+        await rpc.close()
+    failed_before = _fees("failed")
+
+    third_replica = _late(make_local_facilitator, chain, store, wait_s=5.0)
+
+    pending = await broadcaster.settle(payment, req)
+    assert pending.errorReason == "settlement_pending"
+    await broadcaster.close()  # its process dies: its follow-up is lost
+    # The client's retries, on two other replicas at once: both hear the failure.
+    retried = await asyncio.gather(other_replica.settle(payment, req), third_replica.settle(payment, req))
+
+    assert [r.errorReason for r in retried] == ["transaction_failed"] * 2
+    assert await store.get(me.cooldown_key) == "1" and await store.get(account.cooldown_key) == "1"
+    assert _fees("failed") - failed_before in (FEE, FEE + 1)  # counted once
+    assert await store.get(keys.fee_guard_counted("payer", pending.transaction)) == "1"
+    assert len(solana_rpc_server.sent) == 2  # the drain and the one settlement

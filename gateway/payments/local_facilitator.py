@@ -30,8 +30,9 @@ an atomic claim of ``<key>:done`` lets exactly one of them answer ``success``; t
 
 A broadcast whose confirmation wait passed is followed on (:meth:`ConfirmationWatcher.follow`)
 until it lands or its blockhash expires, its places in flight held meanwhile: a late failure
-cools its payer down as one found in time does. Its outcome is counted for the fee guard once,
-by whichever settle or follow-up hears it first (a claim keyed by its signature).
+cools its payer down as one found in time does. Its outcome is counted for the fee guard once: a
+landing by the settle that broadcast it or its follow-up, a failure by whichever settle or
+follow-up hears it first (a claim keyed by its signature).
 """
 
 from __future__ import annotations
@@ -130,6 +131,8 @@ class _Counting:
     parties: Sequence[Party]
     blockhash: str
     release: Callable[[], Awaitable[None]] | None = None
+    broadcaster: bool = False
+    """This settle broadcast it: it alone (or its follow-up) counts a landing."""
 
 
 class LocalFacilitator:
@@ -437,7 +440,7 @@ class LocalFacilitator:
             return self._failure(network, Reason.SIMULATION_FAILED, message, payer)
         except RpcUnavailable:
             pass  # Ambiguous: it may have been forwarded. Watch the signature; never resend.
-        return await self._confirm(key, record, counting)
+        return await self._confirm(key, record, dataclasses.replace(counting, broadcaster=True))
 
     async def _resume(self, key: str, record: SettlementRecord, counting: _Counting) -> SettleResponse:
         """A settle of a payment the store already knows: refuse, or reconcile its signature
@@ -512,14 +515,19 @@ class LocalFacilitator:
 
     async def _counted(self, counting: _Counting, record: SettlementRecord, *, landed: bool) -> None:
         """Count a broadcast's fee by outcome, grow its parties' record or cool them down, and
-        read the fee payer's balance again (at most every ``BALANCE_REFRESH_S``): once per
-        signature, by the first settle or follow-up to hear of it (on any replica)."""
-        once = Counted("payer", record.signature)
+        read the fee payer's balance again (at most every ``BALANCE_REFRESH_S``), once per
+        signature: a landing by the settle that broadcast it (in time, or its follow-up after
+        the wait: never both), a failure by the first settle or follow-up to hear of it, on any
+        replica (a claim keyed by the signature, in the cool-down's round trip), so a failure
+        is counted even when the process that broadcast it died."""
         try:
             if landed:
-                counted = await self._guard.landed(counting.parties, once)
+                if not counting.broadcaster:
+                    return
+                await self._guard.landed(counting.parties)
+                counted = True
             else:
-                counted = await self._guard.failed(counting.parties, once)
+                counted = await self._guard.failed(counting.parties, Counted("payer", record.signature))
         except Exception:  # best effort: the outcome is on chain already
             return
         if not counted:
