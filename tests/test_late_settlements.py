@@ -96,6 +96,7 @@ async def test_a_failure_after_the_wait_cools_the_payer_down_and_wipes_its_recor
     assert answer.success is False and answer.errorReason == "settlement_pending"
     assert answer.transaction == solana_rpc_server.sent[-1]
     assert await store.get(me.cooldown_key) is None
+    assert not await guard.enter("early", Standing(None, {}), [me])  # its place is still held
     # It lands and fails 0.3 s later: the follow-up counts it as a failure in time is counted.
     cooling = Party("account", str(source))
     await _eventually_stored(store, me.cooldown_key)
