@@ -45,7 +45,7 @@ GATEWAY_VARIABLES: tuple[str, ...] = (
     "RATE_LIMIT_CHALLENGE_PER_MINUTE", "RATE_LIMIT_WALLET_RPS", "RATE_LIMIT_SYNC_SECONDS",
     "RATE_LIMIT_REFUSED_PAYMENTS_PER_MINUTE", "RATE_LIMIT_TOKENS_SHARE_PERCENT",
     "RATE_LIMIT_SIGN_IN_IP_PER_MINUTE", "RATE_LIMIT_SIGN_IN_WALLET_PER_MINUTE",
-    "X402_SETTLEMENT_COOLDOWN_SECONDS", "X402_MAX_SETTLEMENTS_IN_FLIGHT",
+    "X402_SETTLEMENT_COOLDOWN_SECONDS", "X402_MAX_SETTLEMENTS_IN_FLIGHT", "X402_SETTLEMENT_CONFIRM_SECONDS",
     "FACILITATOR_FEE_PAYER", "SIWX_SECRET", "INTERNAL_SETTLEMENT_SECRET", "FACILITATOR_WALLET_BASE58",
     "ROUTES_FILE", "UPSTREAM_TIMEOUT_SECONDS",
     "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
@@ -116,6 +116,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     settlement_cooldown_s: int = 600
     """How long a payer, its token account and its client IP cannot pay after a settlement of
     theirs failed on chain (the internal facilitator's fee payer paid for it)."""
+    settlement_confirm_s: float = 30.0
+    """How long a settlement of the internal facilitator waits for its confirmation before it
+    answers ``settlement_pending``; its outcome is still followed until its blockhash expires."""
     max_settlements_in_flight: int = 16
     """The most settlements a payer, or a client IP, may have in flight at once, however long
     its record of settled payments (the internal facilitator)."""
@@ -473,6 +476,7 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         ),
         rate_limit_sync_s=r.number("RATE_LIMIT_SYNC_SECONDS", 0.1, 0.01, 10.0),
         settlement_cooldown_s=r.integer("X402_SETTLEMENT_COOLDOWN_SECONDS", 600, 0, 86_400),
+        settlement_confirm_s=r.number("X402_SETTLEMENT_CONFIRM_SECONDS", 30.0, 0.1, 120.0),
         max_settlements_in_flight=r.integer("X402_MAX_SETTLEMENTS_IN_FLIGHT", 16, 1, 256),
         log_challenges=_log_challenges(r),
         max_compute_unit_limit=r.integer(

@@ -21,6 +21,7 @@ from gateway.ledger.recorder import MoneyRecorder
 from gateway.ledger.restore import StoreRestorer
 from gateway.logs import log_event
 from gateway.metrics import Usage
+from gateway.payments.confirmations import FOLLOW_MAX_S
 from gateway.payments.facilitator_health import FacilitatorHealth
 from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, HttpFacilitator
 from gateway.payments.fee_guard import FeeGuard
@@ -84,6 +85,8 @@ class Services:
             self.store,
             max_in_flight=settings.max_settlements_in_flight,
             cooldown_s=settings.settlement_cooldown_s,
+            # a place in flight outlives the confirmation wait and the late follow-up after it
+            hold_ttl_s=settings.settlement_confirm_s + FOLLOW_MAX_S + 30.0,
         )
         self.local_facilitator = load_local_facilitator(
             settings.facilitator_wallet.reveal(),
@@ -93,6 +96,7 @@ class Services:
             devnet_rpc_url=settings.solana_devnet_rpc_url.reveal() or None,
             url=settings.base_url,  # the gateway settles itself; internal routes stay undiscovered
             policy=settings.exact_policy,
+            confirm_timeout_s=settings.settlement_confirm_s,
         )
         self.settling = self._settling_facilitators(settings)
         """Every facilitator a payment may be settled through, in order of preference."""

@@ -285,6 +285,14 @@ class SolanaRpc:
         )
         return answer.value
 
+    async def is_blockhash_valid(self, blockhash: str, commitment: str = "processed") -> bool:
+        """Whether a transaction signed over ``blockhash`` may still land (at ``processed``, the
+        latest the node knows: a false answer there means it never will)."""
+        answer: WithContext[bool] = await self.call(
+            "isBlockhashValid", [blockhash, {"commitment": commitment}], WithContext[bool]
+        )
+        return answer.value
+
     async def get_balance(self, address: str, commitment: str = "confirmed") -> int:
         answer: WithContext[int] = await self.call(
             "getBalance", [address, {"commitment": commitment}], WithContext[int]

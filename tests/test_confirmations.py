@@ -15,7 +15,7 @@ from solders.system_program import TransferParams, transfer
 from solders.transaction import VersionedTransaction
 
 from gateway.payments.confirmations import ConfirmationWatcher, PollSchedule
-from gateway.solana_rpc import SolanaRpc
+from gateway.solana_rpc import SignatureStatus, SolanaRpc
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 
 FAST = PollSchedule(first_s=0.01, growth=1.4, max_s=0.05, min_gap_s=0.005)
@@ -97,4 +97,100 @@ async def test_a_signature_never_confirmed_gives_up_at_the_timeout(
     solana_rpc_server.release_confirmations()
     status = await watcher.status(signature, timeout_s=5)  # a later wait (a reconciling retry) hears it
     assert status is not None and status.confirmed
+    await watcher.close()
+
+
+# --- following a signature after its wait -------------------------------------------------------
+
+FOLLOWING = PollSchedule(first_s=0.01, growth=1.4, max_s=0.05, min_gap_s=0.005, blockhash_check_s=0.05)
+
+
+async def _followed(watcher: ConfirmationWatcher, signature: str, blockhash: str) -> asyncio.Future[object]:
+    """Follow ``signature``; the future gets what its follower was told."""
+    told: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+
+    async def then(status: object) -> None:
+        told.set_result(status)
+
+    assert watcher.follow(signature, blockhash, then)
+    return told
+
+
+async def test_a_transaction_failing_after_the_wait_is_followed_until_it_lands(
+    rpc: SolanaRpc, usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer
+) -> None:
+    solana_rpc_server.land_delay_s = 0.6  # lands after the wait below, as 35 s after a 30 s wait
+    watcher = ConfirmationWatcher(rpc, FOLLOWING)
+    broke = usdc_chain.lamports(usdc_chain.fee_payer.pubkey()) * 2
+    signature = await _send_transfer(rpc, usdc_chain, broke, skip_preflight=True)
+
+    assert await watcher.status(signature, timeout_s=0.3) is None
+    told = await _followed(watcher, signature, str(usdc_chain.blockhash))
+    assert watcher.followed == 1
+    status = await asyncio.wait_for(told, 5)
+
+    assert isinstance(status, SignatureStatus) and status.err is not None
+    assert watcher.followed == 0
+    await watcher.close()
+
+
+async def test_a_transaction_whose_blockhash_expired_before_it_landed_is_told_none(
+    rpc: SolanaRpc, usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer
+) -> None:
+    solana_rpc_server.land_delay_s = 0.3
+    watcher = ConfirmationWatcher(rpc, FOLLOWING)
+    blockhash = str(usdc_chain.blockhash)
+    signature = await _send_transfer(rpc, usdc_chain, 1_000_000)
+    usdc_chain.svm.expire_blockhash()  # before it lands: the node drops it, it never will
+
+    told = await _followed(watcher, signature, blockhash)
+    assert await asyncio.wait_for(told, 5) is None
+    await asyncio.sleep(0.4)  # past its landing time: nothing landed
+    assert (await rpc.get_signature_statuses([signature])) == [None]
+    assert solana_rpc_server.calls["isBlockhashValid"] >= 1
+    assert watcher.followed == 0
+    await watcher.close()
+
+
+async def test_a_process_follows_a_bounded_number_of_signatures(
+    rpc: SolanaRpc, usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer
+) -> None:
+    solana_rpc_server.hold_confirmations = True
+    schedule = PollSchedule(first_s=0.01, max_s=0.05, min_gap_s=0.005, max_followed=1)
+    watcher = ConfirmationWatcher(rpc, schedule)
+    first, second = [await _send_transfer(rpc, usdc_chain, 1_000_000 + n) for n in range(2)]
+
+    told = await _followed(watcher, first, str(usdc_chain.blockhash))
+    also_told = await _followed(watcher, first, str(usdc_chain.blockhash))  # not one more signature
+
+    async def then(status: object) -> None:
+        raise AssertionError("a signature past the bound is not followed")
+
+    assert not watcher.follow(second, str(usdc_chain.blockhash), then)
+    solana_rpc_server.release_confirmations()
+    for future in (told, also_told):
+        status = await asyncio.wait_for(future, 5)
+        assert isinstance(status, SignatureStatus) and status.confirmed
+    await watcher.close()
+
+
+async def test_a_follow_up_ends_after_its_longest_time_when_the_node_cannot_tell(
+    rpc: SolanaRpc, usdc_chain: UsdcChain, solana_rpc_server: LiteSvmRpcServer
+) -> None:
+    solana_rpc_server.hold_confirmations = True  # landed, never confirmed; its blockhash stays valid
+    schedule = PollSchedule(
+        first_s=0.01, max_s=0.05, min_gap_s=0.005, blockhash_check_s=0.05, follow_max_s=0.4
+    )
+    watcher = ConfirmationWatcher(rpc, schedule)
+    signature = await _send_transfer(rpc, usdc_chain, 1_000_000)
+    never_sent = str(Keypair().sign_message(b"never broadcast"))
+
+    landed = await _followed(watcher, signature, str(usdc_chain.blockhash))
+    unknown = await _followed(watcher, never_sent, str(usdc_chain.blockhash))
+
+    status = await asyncio.wait_for(landed, 5)
+    assert isinstance(status, SignatureStatus) and status.err is None and not status.confirmed
+    assert await asyncio.wait_for(unknown, 5) is None
+    assert solana_rpc_server.calls["isBlockhashValid"] >= 1  # asked, and told it is still valid
+    assert watcher.followed == 0
     await watcher.close()

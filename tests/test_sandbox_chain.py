@@ -52,6 +52,21 @@ def test_landed_payments_are_listed_and_readable() -> None:
     assert tx["meta"]["err"] is None and tx["transaction"][1] == "base64"
 
 
+def test_a_blockhash_is_valid_until_the_chain_expires_it() -> None:
+    chain = setup_usdc_chain()
+    server = LiteSvmRpcServer(svm=chain.svm)
+    signed_over = str(chain.blockhash)
+
+    assert _call(server, "isBlockhashValid", [signed_over, {"commitment": "processed"}])["value"] is True
+    chain.svm.expire_blockhash()
+    assert _call(server, "isBlockhashValid", [signed_over])["value"] is False
+    assert _call(server, "isBlockhashValid", [str(chain.blockhash)])["value"] is True
+    refused = server.handle(
+        {"jsonrpc": "2.0", "id": 1, "method": "isBlockhashValid", "params": ["not-a-hash"]}
+    )
+    assert refused["error"]["code"] == INVALID_PARAMS
+
+
 def test_token_accounts_by_owner_and_program_accounts_filter_the_known_accounts() -> None:
     chain, server, _ = _paid_chain()
     owner = str(chain.pay_to)

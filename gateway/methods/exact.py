@@ -123,5 +123,6 @@ def bind(route: RouteSpec, services: Services) -> ExactMethod:
         guard=services.settlement_guard,
         top_up=top_up,
         recorder=services.recorder,
+        late=services.local_facilitator if services.settlement_guard is not None else None,
     )
     return ExactMethod(route_name=route.name, offers=offers, gate=gate, settlement=settlement)

@@ -116,8 +116,11 @@ class FeeGuard:
         max_in_flight: int = 16,
         cooldown_s: float = 600.0,
         record_window_s: float = 600.0,
-        hold_ttl_s: float = 60.0,
+        hold_ttl_s: float = 180.0,
     ) -> None:
+        """``hold_ttl_s``: a place in flight whose holder died lapses after it; it must outlive a
+        settlement's confirmation wait and its late follow-up (until its blockhash expires), so a
+        party has no more in flight than its allowance while any of them may still land."""
         self.store = store
         self.max_in_flight = max_in_flight
         self.cooldown_ms = int(cooldown_s * 1000)
@@ -194,15 +197,42 @@ class FeeGuard:
         held = [p.in_flight_key for p in parties] + ([funds.key] if funds is not None else [])
         await self.store.unhold(held, token)
 
-    async def landed(self, parties: Sequence[Party]) -> None:
-        """A settlement of theirs landed: their record grows (it counts for ``record_window_s``)."""
+    async def landed(self, parties: Sequence[Party], once: Counted | None = None) -> bool:
+        """A settlement of theirs landed: their record grows (it counts for ``record_window_s``).
+        With ``once`` (its signature, for one side of its parties), only the first of the
+        settles and follow-ups that hear of it counts it, on whichever replica; True when this
+        call did."""
+        if once is not None and not await self.store.claim(once.key, "1", COUNTED_TTL_MS):
+            return False
         await self.store.add_counts({p.record_key: 1 for p in parties}, self.record_window_ms)
+        return True
 
-    async def failed(self, parties: Sequence[Party]) -> None:
-        """A settlement of theirs failed on chain: they cool down, and their record is gone."""
+    async def failed(self, parties: Sequence[Party], once: Counted | None = None) -> bool:
+        """A settlement of theirs failed on chain: they cool down, and their record is gone (one
+        round trip). With ``once``, only the first to hear of it does this; True when this call
+        did."""
+        claims = [Entry(once.key, "1", COUNTED_TTL_MS)] if once is not None else []
         puts = [Entry(p.cooldown_key, "1", self.cooldown_ms) for p in parties]
         puts += [Entry(p.record_key, "0", self.record_window_ms) for p in parties]
-        await self.store.claim_then_put([], puts)
+        return await self.store.claim_then_put(claims, puts) == len(claims)
+
+
+COUNTED_TTL_MS = 1_800_000
+"""How long a settlement's outcome stays counted (30 min): longer than its settlement record
+lives (15 min), after which no settle can hear of it again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """A settlement's outcome, counted once for one ``side`` of its parties: ``payer`` (its owner
+    and token account, counted by the facilitator) or ``client`` (its IP, counted by the gateway)."""
+
+    side: Literal["payer", "client"]
+    signature: str
+
+    @property
+    def key(self) -> str:
+        return keys.fee_guard_counted(self.side, self.signature)
 
 
 def account_funds(account: str, amount: int, balance: int) -> Hold:

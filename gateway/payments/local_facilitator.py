@@ -27,14 +27,22 @@ under the payment's message hash, so several gateway processes share one duplica
 Several settles may watch one pending signature (a retry, another process); when it confirms,
 an atomic claim of ``<key>:done`` lets exactly one of them answer ``success``; the others answer
 ``duplicate_settlement``. So one payment is broadcast once and reported settled once.
+
+A broadcast whose confirmation wait passed is followed on (:meth:`ConfirmationWatcher.follow`)
+until it lands or its blockhash expires, its places in flight held meanwhile: a late failure
+cools its payer down as one found in time does. Its outcome is counted for the fee guard once: a
+landing by the settle that broadcast it or its follow-up, a failure by whichever settle or
+follow-up hears it first (a claim keyed by its signature).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal
 
 import aiohttp
@@ -48,10 +56,11 @@ from gateway.fee_payer_metrics import (
     SETTLEMENT_FEES,
     SETTLEMENTS_HELD_BACK,
 )
-from gateway.payments.confirmations import ConfirmationWatcher, PollSchedule
+from gateway.logs import log_event
+from gateway.payments.confirmations import ConfirmationWatcher, LateOutcome, PollSchedule
 from gateway.payments.facilitators import FacilitatorUnavailable
-from gateway.payments.fee_guard import FeeGuard, Funds, Party, account_funds
-from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SolanaRpc
+from gateway.payments.fee_guard import Counted, FeeGuard, Funds, Party, account_funds
+from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SignatureStatus, SolanaRpc
 from gateway.store import keys
 from gateway.store.base import Hold, Store
 from gateway.upstream_client import UpstreamClient
@@ -112,6 +121,20 @@ _record_decoder = msgspec.json.Decoder(SettlementRecord)
 _encoder = msgspec.json.Encoder()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Counting:
+    """What a settle counts once it hears its payment's outcome: the fee it costs our fee payer,
+    its parties, and, for the settle that broadcast it, how to free their places in flight (a
+    broadcast whose wait passed keeps them until a follow-up learns its outcome)."""
+
+    fee_lamports: int
+    parties: Sequence[Party]
+    blockhash: str
+    release: Callable[[], Awaitable[None]] | None = None
+    broadcaster: bool = False
+    """This settle broadcast it: it alone (or its follow-up) counts a landing."""
+
+
 class LocalFacilitator:
     """:class:`gateway.payments.facilitators.Facilitator` backed by our own Solana fee-payer wallet."""
 
@@ -157,7 +180,12 @@ class LocalFacilitator:
         self._payer_wait_s = payer_wait_s
         # A place in flight is held from before the simulation until the outcome is known; it
         # lapses by itself if its holder dies, after longer than any confirmation wait.
-        self._guard = guard or FeeGuard(store, hold_ttl_s=confirm_timeout_s + 30.0)
+        # A place in flight is held from before the simulation until the outcome is known (by
+        # a late follow-up too); it lapses by itself if its holder dies, only once the
+        # transaction can no longer land.
+        self._guard = guard or FeeGuard(
+            store, hold_ttl_s=confirm_timeout_s + self._poll_schedule.follow_max_s + 30.0
+        )
         self._balance_read_at = float("-inf")
 
     def __repr__(self) -> str:
@@ -199,6 +227,12 @@ class LocalFacilitator:
         if watcher is None or watcher.rpc is not rpc:
             watcher = self._watchers[network] = ConfirmationWatcher(rpc, self._poll_schedule)
         return watcher
+
+    def follow(self, network: str, signature: str, blockhash: str, then: LateOutcome) -> bool:
+        """Follow a settlement of ours whose confirmation wait passed until it lands or its
+        blockhash expires (:meth:`ConfirmationWatcher.follow`): how the gateway counts a late
+        outcome for the client IP, as this facilitator does for the payer."""
+        return self._watcher(normalize_network(network)).follow(signature, blockhash, then)
 
     async def supported(self) -> SupportedResponse:
         kinds = [
@@ -299,8 +333,9 @@ class LocalFacilitator:
         parties = _parties(check)
         standing = await self._guard.standing(parties, also=[key])
         record = _decode_record(standing.found[0])
+        counting = _Counting(check.fee_lamports, parties, str(check.transaction.message.recent_blockhash))
         if record is not None:
-            return await self._resume(key, record)
+            return await self._resume(key, record, counting)
         token = secrets.token_hex(16)  # this settlement's, so only this settlement leaves
         funds = self._funds(parties[1].id, requirements)
         turn = await self._guard.take_turn(token, parties, standing, wait_s=self._payer_wait_s, funds=funds)
@@ -309,20 +344,27 @@ class LocalFacilitator:
             # meanwhile (its funds moved, so this one looked unaffordable): answer for that one.
             record = await self._load_key(key)
             if record is not None:
-                return await self._resume(key, record)
+                return await self._resume(key, record, counting)
             SETTLEMENTS_HELD_BACK.labels(turn.outcome).inc()
             reason, message = _HELD_BACK[turn.outcome]
             return self._failure(network, reason, message, payer)
+
+        async def release() -> None:
+            with contextlib.suppress(Exception):
+                await self._guard.leave(token, parties, turn.funds)
+
         outcome: SettleResponse | None = None
         try:
-            outcome = await self._settle_admitted(key, check, requirements, payer, parties)
+            outcome = await self._settle_admitted(
+                key, check, requirements, payer, dataclasses.replace(counting, release=release)
+            )
             return outcome
         finally:
-            # A broadcast whose outcome is unknown keeps its place until its hold lapses: its
-            # funds may still move, and its payer must not look idle before it lands or dies.
+            # A broadcast whose outcome is unknown keeps its place until its follow-up learns it
+            # (or its hold lapses): its funds may still move, and its payer must not look idle
+            # before it lands or can no longer land.
             if outcome is None or outcome.errorReason != Reason.SETTLEMENT_PENDING.value:
-                with contextlib.suppress(Exception):
-                    await self._guard.leave(token, parties, turn.funds)
+                await release()
 
     def _funds(self, account: str, requirements: PaymentRequirements) -> Funds:
         """The settlement's amount held against the account's confirmed balance, read right
@@ -346,7 +388,7 @@ class LocalFacilitator:
         return int(TokenAccount.from_bytes(bytes(info.data[:TOKEN_ACCOUNT_SIZE])).amount)
 
     async def _settle_admitted(
-        self, key: str, check: ExactCheck, requirements: PaymentRequirements, payer: str, parties: list[Party]
+        self, key: str, check: ExactCheck, requirements: PaymentRequirements, payer: str, counting: _Counting
     ) -> SettleResponse:
         """Simulate against the latest state, claim, broadcast with preflight, confirm; run with
         the payer's place in flight held, so the settlements in flight from its token account
@@ -355,13 +397,13 @@ class LocalFacilitator:
         network = requirements.network
         record = await self._load_key(key)
         if record is not None:  # settled or claimed by a holder of the lock before us
-            return await self._resume(key, record)
+            return await self._resume(key, record, counting)
         verdict = await self._simulate(check, requirements, commitment="processed")
         if not verdict.isValid:
             # A concurrent settle of the same payment may have landed it meanwhile.
             record = await self._load_key(key)
             if record is not None:
-                return await self._resume(key, record)
+                return await self._resume(key, record, counting)
             return self._failure(
                 network,
                 Reason(verdict.invalidReason or Reason.SIMULATION_FAILED),
@@ -382,7 +424,7 @@ class LocalFacilitator:
             existing = await self._load_key(key)
             if existing is None:  # claimed and expired in between: only after record_ttl_s
                 return self._failure(network, Reason.DUPLICATE_SETTLEMENT, "payment seen before", payer)
-            return await self._resume(key, existing)
+            return await self._resume(key, existing, counting)
 
         try:
             # Preflight on: the node simulates once more against its latest state and refuses
@@ -398,30 +440,32 @@ class LocalFacilitator:
             return self._failure(network, Reason.SIMULATION_FAILED, message, payer)
         except RpcUnavailable:
             pass  # Ambiguous: it may have been forwarded. Watch the signature; never resend.
-        return await self._confirm(key, record, check.fee_lamports, parties)
+        return await self._confirm(key, record, dataclasses.replace(counting, broadcaster=True))
 
-    async def _resume(self, key: str, record: SettlementRecord) -> SettleResponse:
+    async def _resume(self, key: str, record: SettlementRecord, counting: _Counting) -> SettleResponse:
         """A settle of a payment the store already knows: refuse, or reconcile its signature
-        (whose fee and parties were counted by the settlement that broadcast it)."""
+        (its outcome counted for its parties unless a settle or follow-up counted it already)."""
         if record.state == "settled":
             return self._duplicate(record)
         if record.state == "failed":
             return self._failure(record.network, Reason.TRANSACTION_FAILED, record.error, record.payer)
-        return await self._confirm(key, record)
+        return await self._confirm(key, record, counting)
 
-    async def _confirm(
-        self, key: str, record: SettlementRecord, fee_lamports: int = 0, parties: Sequence[Party] = ()
-    ) -> SettleResponse:
+    async def _confirm(self, key: str, record: SettlementRecord, counting: _Counting) -> SettleResponse:
         """Wait for the recorded signature to be confirmed or to fail, up to the timeout (never
         resend); the node is polled at the chain's pace (:mod:`gateway.payments.confirmations`).
+        When the wait passes, the settle that broadcast it follows it on (see the module).
 
         Several settles may watch one signature (retries, other processes); the atomic claim
         of :func:`~gateway.store.keys.settlement_reported` lets exactly one of them answer ``success``.
         """
-        status = await self._watcher(normalize_network(record.network)).status(
-            record.signature, self._confirm_timeout_s
-        )
+        watcher = self._watcher(normalize_network(record.network))
+        status = await watcher.status(record.signature, self._confirm_timeout_s)
         if status is None:
+            if counting.release is not None:
+                late = self._late_outcome(key, record, counting)
+                if not watcher.follow(record.signature, counting.blockhash, late):
+                    log_event("late settlement not followed: too many followed", logging.WARNING)
             return self._failure(
                 record.network,
                 Reason.SETTLEMENT_PENDING,
@@ -430,11 +474,11 @@ class LocalFacilitator:
                 record.signature,
             )
         if status.err is not None:
-            message = f"transaction failed: {_encoder.encode(status.err).decode()}"
+            message = _failed_message(status)
             await self._put(key, msgspec.structs.replace(record, state="failed", error=message))
-            await self._counted(fee_lamports, parties, landed=False, network=record.network)
+            await self._counted(counting, record, landed=False)
             return self._failure(record.network, Reason.TRANSACTION_FAILED, message, record.payer)
-        await self._counted(fee_lamports, parties, landed=True, network=record.network)
+        await self._counted(counting, record, landed=True)
         won = await self._store.claim(keys.settlement_reported(key), record.signature, self._record_ttl_ms)
         settled = msgspec.structs.replace(record, state="settled")
         await self._put(key, settled)
@@ -448,17 +492,48 @@ class LocalFacilitator:
             amount=record.amount,
         )
 
-    async def _counted(
-        self, fee_lamports: int, parties: Sequence[Party], *, landed: bool, network: str
-    ) -> None:
+    def _late_outcome(self, key: str, record: SettlementRecord, counting: _Counting) -> LateOutcome:
+        """What a follow-up does with a broadcast's late outcome: a failure is recorded and cools
+        its parties down, a landing grows their record, as in time; then their places are freed."""
+
+        async def late(status: SignatureStatus | None) -> None:
+            try:
+                if status is None:
+                    log_event("late settlement never landed", settlement=record.signature)
+                    return
+                if status.err is not None:
+                    failed = msgspec.structs.replace(record, state="failed", error=_failed_message(status))
+                    await self._put(key, failed)
+                outcome = "landed" if status.err is None else "failed"
+                log_event("late settlement outcome", outcome=outcome, settlement=record.signature)
+                await self._counted(counting, record, landed=status.err is None)
+            finally:
+                if counting.release is not None:
+                    await counting.release()
+
+        return late
+
+    async def _counted(self, counting: _Counting, record: SettlementRecord, *, landed: bool) -> None:
         """Count a broadcast's fee by outcome, grow its parties' record or cool them down, and
-        read the fee payer's balance again (at most every ``BALANCE_REFRESH_S``). A reconciling
-        settle (no fee, no parties) counts nothing: the one that broadcast it did."""
-        if not parties:
+        read the fee payer's balance again (at most every ``BALANCE_REFRESH_S``), once per
+        signature: a landing by the settle that broadcast it (in time, or its follow-up after
+        the wait: never both), a failure by the first settle or follow-up to hear of it, on any
+        replica (a claim keyed by the signature, in the cool-down's round trip), so a failure
+        is counted even when the process that broadcast it died."""
+        try:
+            if landed:
+                if not counting.broadcaster:
+                    return
+                await self._guard.landed(counting.parties)
+                counted = True
+            else:
+                counted = await self._guard.failed(counting.parties, Counted("payer", record.signature))
+        except Exception:  # best effort: the outcome is on chain already
             return
-        SETTLEMENT_FEES.labels("landed" if landed else "failed").inc(fee_lamports)
-        with contextlib.suppress(Exception):  # best effort: the outcome is on chain already
-            await (self._guard.landed(parties) if landed else self._guard.failed(parties))
+        if not counted:
+            return
+        SETTLEMENT_FEES.labels("landed" if landed else "failed").inc(counting.fee_lamports)
+        network = record.network
         if time.monotonic() >= self._balance_read_at + BALANCE_REFRESH_S:
             self._balance_read_at = time.monotonic()
             with contextlib.suppress(RpcUnavailable, RpcResponseError):
@@ -517,6 +592,10 @@ def _decode_record(raw: str | None) -> SettlementRecord | None:
         )
 
 
+def _failed_message(status: SignatureStatus) -> str:
+    return f"transaction failed: {_encoder.encode(status.err).decode()}"
+
+
 def _parties(check: ExactCheck) -> list[Party]:
     """Whose settlement this is to the fee guard: the payer (owner), then its token account."""
     assert check.transaction is not None
@@ -534,6 +613,7 @@ def load_local_facilitator(
     session: aiohttp.ClientSession | UpstreamClient | None = None,
     policy: ExactPolicy | None = None,
     guard: FeeGuard | None = None,
+    confirm_timeout_s: float = 30.0,
 ) -> LocalFacilitator | None:
     """The facilitator for ``FACILITATOR_WALLET_BASE58``, or None when it is unset.
 
@@ -550,4 +630,5 @@ def load_local_facilitator(
         session=session,
         policy=policy,
         guard=guard,
+        confirm_timeout_s=confirm_timeout_s,
     )

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
@@ -21,8 +22,9 @@ from gateway.ledger import LedgerUnavailable
 from gateway.ledger.entries import SettledPayment
 from gateway.ledger.recorder import MoneyRecorder
 from gateway.logs import log_event
+from gateway.payments.confirmations import LateFollower
 from gateway.payments.facilitators import FacilitatorUnavailable
-from gateway.payments.fee_guard import FeeGuard, Party
+from gateway.payments.fee_guard import Counted, FeeGuard, Party
 from gateway.payments.ledger import (
     ANSWER_CAP_BYTES,
     DeliveredRecord,
@@ -41,8 +43,10 @@ from gateway.payments.results import (
     Refused,
     Settled,
 )
+from gateway.solana_rpc import SignatureStatus
 from gateway.store import Credit, StoreUnavailable
 from gateway.x402.headers import encode_header
+from gateway.x402.svm import decode_transaction
 from gateway.x402.types import SettleResponse
 
 DUPLICATE_SETTLEMENT = "duplicate_settlement"
@@ -64,6 +68,7 @@ class Settlement:
         guard_wait_s: float = 5.0,
         top_up: TopUp | None = None,
         recorder: MoneyRecorder | None = None,
+        late: LateFollower | None = None,
     ) -> None:
         self.route_name = route_name
         self.ledger = ledger
@@ -75,6 +80,9 @@ class Settlement:
         stay within its allowance (or its payer's, vouching with a record of its own), and one
         that fails on chain cools the IP down for payers without a record."""
         self.guard_wait_s = guard_wait_s
+        self.late = late
+        """Follows our own settlements whose confirmation wait passed, so a late outcome is
+        counted for the client IP as one in time is."""
         self.top_up = top_up
         """A top-up route's credit: booked to the payer in the round trip that delivers, or not at all."""
         self.recorder = recorder or MoneyRecorder()
@@ -117,7 +125,9 @@ class Settlement:
             intent = msgspec.structs.replace(intent, retried=True)
             await self.ledger.record_pending(paid.key, intent)
         try:
-            result: SettleResponse | None = await self._settle_as_client(paid, reconciling)
+            result: SettleResponse | None = await self._settle_as_client(
+                paid, reconciling, intent.transaction
+            )
         except FacilitatorUnavailable:
             await self.offers.health.mark_down(paid.facilitator)
             result = None
@@ -155,14 +165,18 @@ class Settlement:
         await self._close_intent(paid)
         return Failed(reason)
 
-    async def _settle_as_client(self, paid: PaidRequest, reconciling: bool) -> SettleResponse:
+    async def _settle_as_client(
+        self, paid: PaidRequest, reconciling: bool, transaction: str
+    ) -> SettleResponse:
         """The facilitator's settle; with the fee guard, inside the client IP's place in flight
         (waiting up to ``guard_wait_s`` for one, else ``settlement_pending`` with nothing asked),
         its outcome counted for the IP. A payer with a record of its own is vouched for by it
         (:class:`~gateway.payments.fee_guard.FeeGuard`). A client cooling down is not asked for:
         the payment fails, unless a retry of the request is settling it (this request is one, or
         one of its copies reconciles its intent), for then it may have settled: the client
-        retries later."""
+        retries later. A broadcast still unconfirmed keeps its IP's place until a follow-up
+        learns its outcome, and counts it then; an outcome is counted for the IP once, by
+        this follow-up or a retry (``transaction``: the signature the intent recorded)."""
         settling = self.offers.named(paid.facilitator).settling
         guard = self.guard if settling.ours else None
         if guard is None or not paid.client_ip:
@@ -185,18 +199,62 @@ class Settlement:
         if not turn.admitted:
             return _not_asked(paid, "settlement_pending", "this client's settlements fill its allowance")
         result: SettleResponse | None = None
+
+        async def release() -> None:
+            with contextlib.suppress(Exception):
+                await guard.leave(token, client)
+
         try:
             result = await settling.facilitator.settle(paid.payload, paid.requirements)
         finally:
-            if result is None or result.errorReason != "settlement_pending":
-                with contextlib.suppress(Exception):
-                    await guard.leave(token, client)
+            # Nothing broadcast (an answer without a transaction), or an outcome known: free the
+            # place; else it is held until a follow-up learns the outcome (or the hold lapses).
+            if result is None or result.errorReason != "settlement_pending" or not result.transaction:
+                await release()
+            elif not self._follow(paid, result.transaction, guard, client, standing.vouched, release):
+                log_event(
+                    "late settlement not followed for its client", logging.WARNING, route=self.route_name
+                )
+        # A settlement answered pending (its intent names its transaction) may be followed by
+        # now: counted once, by it or by this retry. One heard in time has no follow-up, and
+        # one settle only hears it succeed (the facilitator reports a success once).
+        once = Counted("client", transaction) if transaction else None
         with contextlib.suppress(StoreUnavailable):
             if result.success and not standing.vouched:  # a vouched payer's counts for it alone
-                await guard.landed(client)
+                await guard.landed(client, once)
             elif result.errorReason == TRANSACTION_FAILED:
-                await guard.failed(client)
+                await guard.failed(client, once)
         return result
+
+    def _follow(
+        self,
+        paid: PaidRequest,
+        signature: str,
+        guard: FeeGuard,
+        client: list[Party],
+        vouched: bool,
+        release: Callable[[], Awaitable[None]],
+    ) -> bool:
+        """Follow a broadcast whose confirmation wait passed: its late failure cools the client
+        IP down, its late landing grows the IP's record (unless its payer vouched), once."""
+        if self.late is None:
+            return False
+        try:
+            blockhash = str(decode_transaction(paid.payload.payload["transaction"]).message.recent_blockhash)
+        except (KeyError, TypeError, ValueError):
+            return False
+        once = Counted("client", signature)
+
+        async def late(status: SignatureStatus | None) -> None:
+            try:
+                if status is not None and status.err is not None:
+                    await guard.failed(client, once)
+                elif status is not None and not vouched:
+                    await guard.landed(client, once)
+            finally:
+                await release()
+
+        return self.late.follow(paid.requirements.network, signature, blockhash, late)
 
     async def _deliver_once(
         self, paid: PaidRequest, result: SettleResponse, intent: PendingSettlement, response: StoredResponse

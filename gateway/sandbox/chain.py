@@ -5,7 +5,8 @@ sandbox (``x402-gateway sandbox``) serves it as the local chain and the tests us
 Solana node. Answers are produced with solders' own RPC serializers so unchanged clients
 (solana-py, the reference x402 clients, ours) parse them.
 
-Methods: getLatestBlockhash, getAccountInfo (base64; jsonParsed for token accounts and mints),
+Methods: getLatestBlockhash, isBlockhashValid (the latest one only, as LiteSVM lands only
+that; ``svm.expire_blockhash()`` ends it), getAccountInfo (base64; jsonParsed for token accounts and mints),
 simulateTransaction, sendTransaction, getSignatureStatuses, getBalance, getTokenAccountBalance,
 getSlot, getBlockHeight, getMinimumBalanceForRentExemption, getHealth, getVersion,
 getGenesisHash, and, over the
@@ -58,6 +59,7 @@ from solders.rpc.responses import (
     GetTokenAccountsByOwnerJsonParsedResp,
     GetTokenAccountsByOwnerResp,
     GetTransactionResp,
+    IsBlockhashValidResp,
     RpcBlockhash,
     RpcConfirmedTransactionStatusWithSignature,
     RpcKeyedAccount,
@@ -307,6 +309,17 @@ class LiteSvmRpcServer:
         slot = self.svm.get_clock().slot
         value = RpcBlockhash(self.svm.latest_blockhash(), slot + BLOCKHASH_VALIDITY)
         return self._json(GetLatestBlockhashResp(value, self._context()))
+
+    def _rpc_isBlockhashValid(self, params: list[Any]) -> dict[str, Any]:
+        if not params or not isinstance(params[0], str):
+            raise RpcError(INVALID_PARAMS, "Invalid params: expected a blockhash")
+        try:
+            blockhash = Hash.from_string(params[0])
+        except Exception:
+            raise RpcError(INVALID_PARAMS, "Invalid param: Invalid") from None
+        valid = blockhash == self.svm.latest_blockhash()
+        # solders' stub omits the ``context`` argument its runtime takes.
+        return self._json(IsBlockhashValidResp(valid, self._context()))  # type: ignore[call-arg]
 
     def _rpc_getAccountInfo(self, params: list[Any]) -> dict[str, Any]:
         config = params[1] if len(params) > 1 and isinstance(params[1], dict) else {}

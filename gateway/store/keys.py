@@ -27,6 +27,7 @@ fee_guard_record     fee-guard:settled:{kind}:{id}    settlements landed        
 fee_guard_cooldown   fee-guard:cooling:{kind}:{id}    1                           10 min
 fee_guard_in_flight  fee-guard:in-flight:{kind}:{id}  holds: token -> 1           each hold's TTL
 fee_guard_funds      fee-guard:funds:{account}        holds: token -> amount      each hold's TTL
+fee_guard_counted    fee-guard:counted:{side}:{sig}   1: its outcome was counted  30 min
 facilitator_down     facilitator-down:{name}          1 while down                30 s
 fee_payer            fee-payer:{network}:{url}        the advertised fee payer    30 days
 credit_balance       credit:{wallet}                  micro-USDC (counter)        lapse + grace after top-up
@@ -75,6 +76,7 @@ FEE_GUARD_RECORD: Final = _GATEWAY + "fee-guard:settled:"
 FEE_GUARD_COOLDOWN: Final = _GATEWAY + "fee-guard:cooling:"
 FEE_GUARD_IN_FLIGHT: Final = _GATEWAY + "fee-guard:in-flight:"
 FEE_GUARD_FUNDS: Final = _GATEWAY + "fee-guard:funds:"
+FEE_GUARD_COUNTED: Final = _GATEWAY + "fee-guard:counted:"
 FACILITATOR_DOWN: Final = _GATEWAY + "facilitator-down:"
 FEE_PAYER: Final = _GATEWAY + "fee-payer:"
 CREDIT_BALANCE: Final = _GATEWAY + "credit:"
@@ -158,6 +160,12 @@ def fee_guard_funds(account: str) -> str:
     return FEE_GUARD_FUNDS + account
 
 
+def fee_guard_counted(side: str, signature: str) -> str:
+    """A settlement's outcome counted for one side of its parties (``payer``: owner and token
+    account; ``client``: the IP), claimed by whoever counts it (``gateway.payments.fee_guard``)."""
+    return f"{FEE_GUARD_COUNTED}{side}:{signature}"
+
+
 def facilitator_down(name: str) -> str:
     """A facilitator marked down by some replica (``gateway.payments.facilitator_health``)."""
     return FACILITATOR_DOWN + name
@@ -199,6 +207,8 @@ def credit_call(wallet: str, call_id: str) -> str:
     """One call on a wallet's credit, named by its call id (a sign-in's nonce), and the answer it
     was charged for (``gateway.credit_calls``)."""
     return f"{CREDIT_CALL}{wallet}:{call_id}"
+
+
 def credit_session(digest: str) -> str:
     """A credit session: its wallet, signed cap and credit spent so far, under the SHA-256 of its
     origin and token, never the token itself (``gateway.credit_sessions``)."""
@@ -242,6 +252,7 @@ FAMILIES: Final[Mapping[Callable[..., str], str]] = {
     fee_guard_cooldown: FEE_GUARD_COOLDOWN,
     fee_guard_in_flight: FEE_GUARD_IN_FLIGHT,
     fee_guard_funds: FEE_GUARD_FUNDS,
+    fee_guard_counted: FEE_GUARD_COUNTED,
     facilitator_down: FACILITATOR_DOWN,
     fee_payer: FEE_PAYER,
     credit_balance: CREDIT_BALANCE,

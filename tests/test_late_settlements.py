@@ -1,0 +1,197 @@
+"""A settlement whose confirmation wait passed is followed until it lands or its blockhash
+expires, on the internal facilitator against LiteSVM, with its state on memory and on Redis (the
+store replicas share): a late failure cools the payer owner and its token account down and wipes
+the owner's record, as a failure found in time does; a late outcome is counted once however many
+settles and follow-ups hear of it. The chain lands 0.6 s after broadcast and the wait is 0.3 s:
+as a cluster landing 35 s after a 30 s wait."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from prometheus_client import REGISTRY
+from solders.keypair import Keypair
+from solders.pubkey import Pubkey
+
+from gateway.payments.fee_guard import FeeGuard, Party, Standing
+from gateway.payments.local_facilitator import LocalFacilitator
+from gateway.solana_rpc import SolanaRpc
+from gateway.store import Store, keys
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
+from gateway.x402.svm import decode_transaction, payment_key
+from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
+from gateway.x402.types import PaymentPayload, PaymentRequirements
+from tests.support.adversarial_paid import drain_transaction
+from tests.support.paid_processes import eventually
+from tests.support.solana_fixtures import MakeFacilitator, exact_requirements
+from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_token_account
+
+AMOUNT = 10_000
+FEE = 2 * 5_000  # two signatures; the builder's priority fee rounds to 0 lamports
+WAIT_S = 0.3
+LANDS_AFTER_S = 0.6
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    found: Store = (
+        MemoryStore() if request.param == "memory" else RedisStore(request.getfixturevalue("clean_redis_url"))
+    )
+    yield found
+    await found.close()
+
+
+def _fees(outcome: str) -> float:
+    return REGISTRY.get_sample_value("x402_fee_payer_fees_lamports_total", {"outcome": outcome}) or 0.0
+
+
+def _payment(
+    chain: UsdcChain, req: PaymentRequirements, owner: Keypair, amount: int
+) -> tuple[PaymentPayload, Pubkey]:
+    """A payment from a fresh token account of ``owner`` holding ``amount``; and that account."""
+    source = set_token_account(chain.svm, owner.pubkey(), chain.mint, amount, address=Keypair().pubkey())
+    mint = MintInfo(address=str(chain.mint), decimals=chain.decimals)
+    tx = build_exact_transaction(req, owner, mint, chain.blockhash, source=source)
+    return build_payment_payload(req, tx), source
+
+
+def _key(payment: PaymentPayload) -> str:
+    return keys.settlement(payment_key(decode_transaction(payment.payload["transaction"])))
+
+
+def _late(make: MakeFacilitator, chain: UsdcChain, store: Store, wait_s: float = WAIT_S) -> LocalFacilitator:
+    return make(chain, store=store, confirm_timeout_s=wait_s)
+
+
+async def test_a_failure_after_the_wait_cools_the_payer_down_and_wipes_its_record(
+    store: Store,
+    make_usdc_chain: Callable[..., UsdcChain],
+    solana_rpc_server: LiteSvmRpcServer,
+    make_local_facilitator: MakeFacilitator,
+) -> None:
+    chain = make_usdc_chain()
+    req = exact_requirements(chain, amount=str(AMOUNT))
+    facilitator = _late(make_local_facilitator, chain, store)
+    owner = Keypair()
+    chain.svm.airdrop(owner.pubkey(), 1_000_000_000)  # pays its own drain's fee
+    guard = FeeGuard(store)
+    me = Party("owner", str(owner.pubkey()))
+    await guard.landed([me])  # a record, earned before
+    solana_rpc_server.land_delay_s = LANDS_AFTER_S
+    payment, source = _payment(chain, req, owner, AMOUNT)
+    fee_payer = chain.fee_payer.pubkey()
+    before, failed_before = chain.lamports(fee_payer), _fees("failed")
+    rpc = SolanaRpc(solana_rpc_server.url)
+    try:
+        await rpc.send_transaction(drain_transaction(chain, owner, [source], AMOUNT), skip_preflight=True)
+    finally:
+        await rpc.close()
+
+    answer = await facilitator.settle(payment, req)
+
+    # The wait passed before it landed: pending, its signature named, nothing counted yet.
+    assert answer.success is False and answer.errorReason == "settlement_pending"
+    assert answer.transaction == solana_rpc_server.sent[-1]
+    assert await store.get(me.cooldown_key) is None
+    assert not await guard.enter("early", Standing(None, {}), [me])  # its place is still held
+    # It lands and fails 0.3 s later: the follow-up counts it as a failure in time is counted.
+    cooling = Party("account", str(source))
+    await _eventually_stored(store, me.cooldown_key)
+    assert await store.get(cooling.cooldown_key) == "1"
+    assert await store.get(me.record_key) == "0"  # its record is wiped
+    assert before - chain.lamports(fee_payer) == FEE
+    assert _fees("failed") - failed_before in (FEE, FEE + 1)
+    settled = await store.get(_key(payment))
+    assert settled is not None and '"state":"failed"' in settled
+    # Its places in flight are free again (the follow-up left them), and the owner cannot pay.
+    await eventually_async(
+        lambda: guard.enter("probe", Standing(None, {}), [me, cooling]), what="places freed"
+    )
+    again = await facilitator.settle(_payment(chain, req, owner, AMOUNT)[0], req)
+    assert again.errorReason == "invalid_transaction_state"
+    assert len(solana_rpc_server.sent) == 2  # the drain and the one settlement
+
+
+async def test_a_late_landing_is_counted_once_by_the_follow_up_and_a_reconciling_replica(
+    store: Store,
+    make_usdc_chain: Callable[..., UsdcChain],
+    solana_rpc_server: LiteSvmRpcServer,
+    make_local_facilitator: MakeFacilitator,
+) -> None:
+    chain = make_usdc_chain()
+    req = exact_requirements(chain, amount=str(AMOUNT))
+    broadcaster = _late(make_local_facilitator, chain, store)
+    other_replica = _late(make_local_facilitator, chain, store, wait_s=5.0)
+    solana_rpc_server.land_delay_s = LANDS_AFTER_S
+    payment, _ = _payment(chain, req, chain.payer, AMOUNT)
+    me = Party("owner", str(chain.payer.pubkey()))
+    landed_before = _fees("landed")
+
+    first = asyncio.create_task(broadcaster.settle(payment, req))
+    await eventually(lambda: len(solana_rpc_server.sent) == 1, what="the broadcast")
+    reconciled = await other_replica.settle(payment, req)  # hears the landing in its own wait
+    pending = await first
+
+    assert pending.errorReason == "settlement_pending"
+    assert reconciled.success is True and reconciled.transaction == pending.transaction
+    await asyncio.sleep(0.3)  # the broadcaster's follow-up hears it too
+    assert broadcaster._watcher(req.network).followed == 0
+    assert await store.get(me.record_key) == "1"  # counted once
+    assert _fees("landed") - landed_before in (FEE, FEE + 1)
+    assert len(solana_rpc_server.sent) == 1
+
+
+async def eventually_async(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 5.0) -> None:
+    """Wait (without blocking the loop) until ``check()`` answers true."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s} s")
+        await asyncio.sleep(0.02)
+
+
+async def _eventually_stored(store: Store, key: str) -> None:
+    async def found() -> bool:
+        return await store.get(key) is not None
+
+    await eventually_async(found, what=f"{key} written")
+
+
+async def test_a_late_failure_whose_follow_up_died_is_counted_by_a_retry_on_another_replica(
+    store: Store,
+    make_usdc_chain: Callable[..., UsdcChain],
+    solana_rpc_server: LiteSvmRpcServer,
+    make_local_facilitator: MakeFacilitator,
+) -> None:
+    chain = make_usdc_chain()
+    req = exact_requirements(chain, amount=str(AMOUNT))
+    broadcaster = _late(make_local_facilitator, chain, store)
+    other_replica = _late(make_local_facilitator, chain, store, wait_s=5.0)
+    owner = Keypair()
+    chain.svm.airdrop(owner.pubkey(), 1_000_000_000)
+    solana_rpc_server.land_delay_s = LANDS_AFTER_S
+    payment, source = _payment(chain, req, owner, AMOUNT)
+    me, account = Party("owner", str(owner.pubkey())), Party("account", str(source))
+    rpc = SolanaRpc(solana_rpc_server.url)
+    try:
+        await rpc.send_transaction(drain_transaction(chain, owner, [source], AMOUNT), skip_preflight=True)
+    finally:
+        await rpc.close()
+    failed_before = _fees("failed")
+
+    third_replica = _late(make_local_facilitator, chain, store, wait_s=5.0)
+
+    pending = await broadcaster.settle(payment, req)
+    assert pending.errorReason == "settlement_pending"
+    await broadcaster.close()  # its process dies: its follow-up is lost
+    # The client's retries, on two other replicas at once: both hear the failure.
+    retried = await asyncio.gather(other_replica.settle(payment, req), third_replica.settle(payment, req))
+
+    assert [r.errorReason for r in retried] == ["transaction_failed"] * 2
+    assert await store.get(me.cooldown_key) == "1" and await store.get(account.cooldown_key) == "1"
+    assert _fees("failed") - failed_before in (FEE, FEE + 1)  # counted once
+    assert await store.get(keys.fee_guard_counted("payer", pending.transaction)) == "1"
+    assert len(solana_rpc_server.sent) == 2  # the drain and the one settlement
