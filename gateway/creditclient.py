@@ -195,6 +195,13 @@ async def run_credits(
     return 0
 
 
+def _session_refused(exc: SessionError | PayError, output: str, out: TextIO, err: TextIO) -> int:
+    """A session command refused; a SessionError carries the gateway's words, cut to one line."""
+    if isinstance(exc, SessionError):
+        exc = PayError(one_line(str(exc), UNTRUSTED_CHARS), "session_failed")
+    return report_refusal(exc, output, out, err, command="credits")
+
+
 async def run_open_session(
     base: str,
     cap_usdc: str,
@@ -215,15 +222,10 @@ async def run_open_session(
         if not 0 < ttl_s <= 3600:
             raise PayError(f"--session-ttl {ttl_s} must be from 1 to 3600 seconds", "usage")
         keypair = load_keypair(keypair_file)
-        timeout = aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_S)) as http:
             opened = await open_session(http, base, keypair, cap, ttl_s)
-    except SessionError as exc:
-        return report_refusal(
-            PayError(one_line(str(exc), UNTRUSTED_CHARS), "session_failed"), output, out, err, "credits"
-        )
-    except PayError as exc:
-        return report_refusal(exc, output, out, err, command="credits")
+    except (SessionError, PayError) as exc:
+        return _session_refused(exc, output, out, err)
     if session_file:
         SessionCache(session_file).put(opened)
     if as_json:
@@ -260,15 +262,10 @@ async def run_revoke_session(
             if kept is None:
                 raise PayError("give the session's TOKEN, or a --session-file holding one", "usage")
             token = kept.token
-        timeout = aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_S)) as http:
             revoked = await revoke_session(http, base, token)
-    except SessionError as exc:
-        return report_refusal(
-            PayError(one_line(str(exc), UNTRUSTED_CHARS), "session_failed"), output, out, err, "credits"
-        )
-    except PayError as exc:
-        return report_refusal(exc, output, out, err, command="credits")
+    except (SessionError, PayError) as exc:
+        return _session_refused(exc, output, out, err)
     if cache is not None:
         cache.drop(base, revoked.wallet)
     if as_json:
