@@ -8,9 +8,8 @@ with its own fee payer on a LiteSVM chain, journaling to a real PostgreSQL.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 import pytest_asyncio
 
@@ -21,11 +20,9 @@ from tests.support.adversarial_credit import (
     CALL_CREDIT,
     TOP_UP_1_CREDIT,
     CreditClient,
-    credit_env,
     credit_of,
-    own_chain,
+    served_credit_gateway,
 )
-from tests.support.gateway_server import run_gateway
 from tests.support.ledger_served import allow_connections
 from tests.support.paid_fixtures import GET_BALANCE, PaidGateway, balance_body
 from tests.support.postgres_server import create_database, create_schema
@@ -33,29 +30,6 @@ from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
-
-
-@pytest.fixture(scope="module")
-def chain_rpc() -> Iterator[tuple[UsdcChain, LiteSvmRpcServer]]:
-    with own_chain() as chain_and_server:
-        yield chain_and_server
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def provider() -> AsyncIterator[Upstream]:
-    upstream = Upstream()
-    await upstream.start()
-    yield upstream
-    await upstream.stop()
-
-
-async def _served(
-    chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str, ledger_url: str
-) -> AsyncIterator[PaidGateway]:
-    chain, rpc = chain_rpc
-    env = credit_env(chain, rpc, provider, redis_url, LEDGER_DATABASE_URL=ledger_url)
-    async with run_gateway(env) as running, aiohttp.ClientSession() as http:
-        yield PaidGateway(running, chain, rpc, provider, None, http)
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
@@ -67,7 +41,10 @@ async def journal_url(postgres_url: str) -> str:
 async def served(
     chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str, journal_url: str
 ) -> AsyncIterator[PaidGateway]:
-    async for gateway in _served(chain_rpc, provider, redis_url, journal_url):
+    chain, rpc = chain_rpc
+    async with served_credit_gateway(
+        chain, rpc, provider, redis_url, LEDGER_DATABASE_URL=journal_url
+    ) as gateway:
         yield gateway
 
 
@@ -161,7 +138,10 @@ async def test_a_top_up_the_ledger_cannot_record_is_not_credited_until_a_retry_r
     chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str, postgres_url: str
 ) -> None:
     ledger_url = await create_database(postgres_url)
-    async for gateway in _served(chain_rpc, provider, redis_url, ledger_url):
+    chain, rpc = chain_rpc
+    async with served_credit_gateway(
+        chain, rpc, provider, redis_url, LEDGER_DATABASE_URL=ledger_url
+    ) as gateway:
         client = CreditClient(gateway, gateway.chain)
         payer, _ = client.wallet()
         payment = await client.top_up_payment(payer)
