@@ -11,7 +11,8 @@ import asyncio
 import secrets
 import subprocess
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import msgspec
 import pytest
@@ -19,7 +20,7 @@ from solders.keypair import Keypair
 from solders.signature import Signature
 
 from gateway.ledger import entries
-from gateway.ledger.entries import SettledPayment
+from gateway.ledger.entries import Entry, SettledPayment
 from gateway.ledger.reconcile import Difference, reconcile
 from gateway.solana_rpc import SolanaRpc
 from tests.support.adversarial_credit import TOP_UP_1_CREDIT
@@ -52,6 +53,35 @@ async def _findings(ledger: LedgerGateway, *args: str) -> tuple[int, dict[str, A
 
 
 T0_MS = 1_764_201_600_000  # 2025-11-27T00:00:00Z
+
+
+ENTRY_OF: dict[str, tuple[Callable[[SettledPayment], Entry], str]] = {
+    "top_up": (entries.top_up, "credits.topUp.1"),
+    "sale": (entries.sale, "solana.mainnet.provider_a.rpc.getBalance"),
+}
+
+
+async def _journal(
+    ledger: LedgerGateway,
+    kind: Literal["top_up", "sale"],
+    payer: str,
+    amount: int,
+    signature: str,
+    *,
+    at_ms: int,
+) -> None:
+    """Journal a settled ``kind`` payment the gateway never made, for reconcile to hold against
+    the chain."""
+    entry, route = ENTRY_OF[kind]
+    payment = SettledPayment(
+        route=route,
+        payer=payer,
+        amount_micro=amount,
+        signature=signature,
+        facilitator="internal",
+        at_ms=at_ms,
+    )
+    assert await ledger.journal.record([entry(payment)]) == 1
 
 
 def _unknown_signature() -> str:
@@ -109,17 +139,7 @@ async def test_transfers_into_pay_to_the_gateway_never_journaled_are_reported(le
 async def test_a_journal_entry_whose_signature_is_not_on_chain_is_reported(ledger: LedgerGateway) -> None:
     [wallet, _] = await settle_activity(ledger)
     signature = _unknown_signature()
-    forged = entries.top_up(
-        SettledPayment(
-            route="credits.topUp.1",
-            payer=str(wallet.pubkey()),
-            amount_micro=TOP_UP_1_CREDIT,
-            signature=signature,
-            facilitator="internal",
-            at_ms=T0_MS,
-        )
-    )
-    assert await ledger.journal.record([forged]) == 1
+    await _journal(ledger, "top_up", str(wallet.pubkey()), TOP_UP_1_CREDIT, signature, at_ms=T0_MS)
 
     done = await _reconcile(ledger)
     code, answer = await _findings(ledger)
@@ -148,17 +168,7 @@ async def test_an_entry_whose_amount_and_payer_differ_from_its_transfer_is_repor
 ) -> None:
     [wallet, _] = await settle_activity(ledger)
     signature, sender = await transfer_to_pay_to(ledger.chain, ledger.rpc.url, 250_000)
-    wrong = entries.sale(
-        SettledPayment(
-            route="solana.mainnet.provider_a.rpc.getBalance",
-            payer=str(wallet.pubkey()),
-            amount_micro=300_000,
-            signature=signature,
-            facilitator="internal",
-            at_ms=int(time.time() * 1000),
-        )
-    )
-    assert await ledger.journal.record([wrong]) == 1
+    await _journal(ledger, "sale", str(wallet.pubkey()), 300_000, signature, at_ms=int(time.time() * 1000))
 
     done = await _reconcile(ledger)
     code, answer = await _findings(ledger)
@@ -181,17 +191,7 @@ async def test_an_entry_whose_transaction_pays_elsewhere_is_reported_missing(led
     await settle_activity(ledger)
     elsewhere = set_token_account(ledger.chain.svm, Keypair().pubkey(), ledger.chain.mint, 0)
     signature, sender = await transfer_to_pay_to(ledger.chain, ledger.rpc.url, 700_000, to=elsewhere)
-    claimed = entries.sale(
-        SettledPayment(
-            route="solana.mainnet.provider_a.rpc.getBalance",
-            payer=str(sender.pubkey()),
-            amount_micro=700_000,
-            signature=signature,
-            facilitator="internal",
-            at_ms=T0_MS,
-        )
-    )
-    assert await ledger.journal.record([claimed]) == 1
+    await _journal(ledger, "sale", str(sender.pubkey()), 700_000, signature, at_ms=T0_MS)
 
     done = await _reconcile(ledger)
     code, answer = await _findings(ledger)
@@ -213,17 +213,7 @@ async def test_an_entry_whose_transfer_failed_on_chain_is_reported_and_the_failu
     await settle_activity(ledger)
     unjournaled_failure, _ = await transfer_to_pay_to(ledger.chain, ledger.rpc.url, 500_000, funds=1)
     failed, sender = await transfer_to_pay_to(ledger.chain, ledger.rpc.url, 400_000, funds=1)
-    claimed = entries.top_up(
-        SettledPayment(
-            route="credits.topUp.1",
-            payer=str(sender.pubkey()),
-            amount_micro=400_000,
-            signature=failed,
-            facilitator="internal",
-            at_ms=int(time.time() * 1000),
-        )
-    )
-    assert await ledger.journal.record([claimed]) == 1
+    await _journal(ledger, "top_up", str(sender.pubkey()), 400_000, failed, at_ms=int(time.time() * 1000))
 
     code, answer = await _findings(ledger)
 
