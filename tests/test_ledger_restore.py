@@ -28,6 +28,7 @@ from tests.support.adversarial_credit import (
     served_credit_gateway,
     started_provider,
 )
+from tests.support.ledger_served import eventually_owed
 from tests.support.paid_fixtures import PaidGateway
 from tests.support.postgres_server import create_schema
 from tests.support.redis_server import RedisServer, start_redis_server
@@ -122,12 +123,7 @@ async def test_a_flushed_store_gets_back_every_wallets_credit_from_the_ledger(
     await _top_up(second, bob)
     assert [await _spend(first, alice, n) for n in range(2)] == [200, 200]
     alice_owed = TOP_UP_1_CREDIT - 2 * CALL_CREDIT
-    deadline = asyncio.get_running_loop().time() + 5
-    while (
-        await replicas.journal.owed_to(str(alice.pubkey())) != alice_owed
-    ):  # spends are journaled in batches
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.05)
+    await eventually_owed(replicas.journal, str(alice.pubkey()), alice_owed)
 
     async with aioredis.Redis.from_url(persistent_redis.url) as raw:
         await raw.flushall()

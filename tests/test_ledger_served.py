@@ -23,7 +23,7 @@ from tests.support.adversarial_credit import (
     credit_of,
     served_credit_gateway,
 )
-from tests.support.ledger_served import allow_connections
+from tests.support.ledger_served import allow_connections, eventually_owed
 from tests.support.paid_fixtures import GET_BALANCE, PaidGateway, balance_body
 from tests.support.postgres_server import create_database, create_schema
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
@@ -64,13 +64,6 @@ async def _entries_of(journal: Journal, wallet: str) -> list[Recorded]:
     return list(reversed(await journal.movements(wallet, limit=100)))
 
 
-async def _eventually_owed(journal: Journal, wallet: str, owed: int) -> None:
-    deadline = asyncio.get_running_loop().time() + 5
-    while await journal.owed_to(wallet) != owed:
-        assert asyncio.get_running_loop().time() < deadline, f"ledger owes {await journal.owed_to(wallet)}"
-        await asyncio.sleep(0.05)
-
-
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_top_up_is_in_the_ledger_when_its_answer_arrives(
     served: PaidGateway, journal: Journal
@@ -106,7 +99,7 @@ async def test_calls_paid_from_credit_are_journaled_as_spends(served: PaidGatewa
         reply = await client.spend(await client.sign_in(payer), request_id=n)
         assert reply.status == 200, reply.body
 
-    await _eventually_owed(journal, wallet, TOP_UP_1_CREDIT - 3 * CALL_CREDIT)
+    await eventually_owed(journal, wallet, TOP_UP_1_CREDIT - 3 * CALL_CREDIT)
     spends = [e for e in await _entries_of(journal, wallet) if e.kind is EntryKind.CREDIT_SPENT]
     assert [(e.amount_micro, e.route) for e in spends] == [
         (CALL_CREDIT, "solana.mainnet.provider_a.rpc.getBalance")

@@ -6,6 +6,7 @@ ledger read back do to it: real payments through it, a transfer around it, the j
   the ``ledger`` fixture (function) serves one on the session's chain, provider and stores.
 * :func:`settle_activity`: two top-ups, one call paid per call, two calls paid from credit,
   all settled through the gateway and journaled (waits for the background writer).
+* :func:`eventually_owed`: waits until the journal owes a wallet what a test expects.
 * :func:`transfer_to_pay_to`: a USDC transfer into payTo (or elsewhere) made on the chain
   directly, as a customer's wallet would, never seen by the gateway.
 """
@@ -117,6 +118,15 @@ async def journaled(served: LedgerGateway, count: int) -> list[Recorded]:
         await asyncio.sleep(0.05)
     assert len(entries) == count, entries
     return entries
+
+
+async def eventually_owed(journal: Journal, wallet: str, owed: int, timeout_s: float = 5.0) -> None:
+    """Until the journal owes ``wallet`` exactly ``owed`` (spends are journaled in the background,
+    in batches)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (found := await journal.owed_to(wallet)) != owed:
+        assert asyncio.get_running_loop().time() < deadline, f"ledger owes {found}, expected {owed}"
+        await asyncio.sleep(0.05)
 
 
 async def transfer_to_pay_to(
