@@ -60,8 +60,7 @@ class Replicas:
 
     @property
     def store(self) -> Store:
-        store: Store = self.gateways[0].running.services.store
-        return store
+        return self.gateways[0].store
 
     async def credit(self, wallet: Keypair) -> int:
         return (await credit_of(self.store, wallet)).balance

@@ -14,7 +14,6 @@ import pytest
 import pytest_asyncio
 
 from gateway.ledger import EntryKind, Journal, Recorded
-from gateway.store import Store
 from gateway.x402.types import SettleResponse
 from tests.support.adversarial_credit import (
     CALL_CREDIT,
@@ -55,11 +54,6 @@ async def journal(journal_url: str) -> AsyncIterator[Journal]:
     await opened.close()
 
 
-def _store(gateway: PaidGateway) -> Store:
-    store: Store = gateway.running.services.store
-    return store
-
-
 async def _entries_of(journal: Journal, wallet: str) -> list[Recorded]:
     return list(reversed(await journal.movements(wallet, limit=100)))
 
@@ -83,9 +77,7 @@ async def test_a_top_up_is_in_the_ledger_when_its_answer_arrives(
         settlement,
     )
     assert entry.route == "credits.topUp.1" and entry.facilitator == "internal"
-    assert (
-        await journal.owed_to(wallet) == (await credit_of(_store(served), payer)).balance == TOP_UP_1_CREDIT
-    )
+    assert await journal.owed_to(wallet) == (await credit_of(served.store, payer)).balance == TOP_UP_1_CREDIT
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -104,7 +96,7 @@ async def test_calls_paid_from_credit_are_journaled_as_spends(served: PaidGatewa
     assert [(e.amount_micro, e.route) for e in spends] == [
         (CALL_CREDIT, "solana.mainnet.provider_a.rpc.getBalance")
     ] * 3
-    assert (await credit_of(_store(served), payer)).balance == TOP_UP_1_CREDIT - 3 * CALL_CREDIT
+    assert (await credit_of(served.store, payer)).balance == TOP_UP_1_CREDIT - 3 * CALL_CREDIT
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -143,7 +135,7 @@ async def test_a_top_up_the_ledger_cannot_record_is_not_credited_until_a_retry_r
         pending = await client.top_up(payment)
 
         assert pending.status == 503 and pending.error_code == "settlement_pending", pending.body
-        assert (await credit_of(_store(gateway), payer)).balance == 0
+        assert (await credit_of(gateway.store, payer)).balance == 0
         await allow_connections(postgres_url, ledger_url, allowed=True)
 
         retried = await client.top_up(payment)
@@ -151,7 +143,7 @@ async def test_a_top_up_the_ledger_cannot_record_is_not_credited_until_a_retry_r
         assert retried.status == 200, retried.body
         again = await client.top_up(payment)
         assert again.status == 200 and again.body == retried.body  # the kept answer, nothing more
-        assert (await credit_of(_store(gateway), payer)).balance == TOP_UP_1_CREDIT
+        assert (await credit_of(gateway.store, payer)).balance == TOP_UP_1_CREDIT
     journal = await Journal.open(ledger_url)
     try:
         [entry] = await _entries_of(journal, str(payer.pubkey()))

@@ -84,8 +84,7 @@ def client(gateway: PaidGateway) -> CreditClient:
 @pytest.fixture
 def store(gateway: PaidGateway) -> Store:
     """The gateway's own store (the test shares its event loop)."""
-    found: Store = gateway.running.services.store
-    return found
+    return gateway.store
 
 
 def assert_credit_answer(reply: Reply, left: int) -> None:

@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 
-from gateway.store import Store
 from tests.support.adversarial_credit import (
     ONE_TOP_UP,
     TOP_UP_1_CREDIT,
@@ -77,7 +76,7 @@ async def test_copies_of_a_top_up_sent_while_it_settles_are_never_told_it_failed
     served: PaidGateway, round_: int
 ) -> None:
     client = CreditClient(served, served.chain)
-    store: Store = served.running.services.store
+    store = served.store
     wallet, account = client.wallet()
     payment = await client.top_up_payment(wallet)
     before, sent = Money.of(served.chain, account), len(served.rpc.sent)
