@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import msgspec
 
+from gateway.credit_wire import BalanceResult, Movement, TopUpResult, result_of
 from gateway.payclient import (
     DEFAULT_TIMEOUT_S,
     UNTRUSTED_CHARS,
@@ -55,28 +56,6 @@ WHOLE_USDC = re.compile(r"[1-9][0-9]{0,8}")
 OFFERED = re.compile(re.escape(TOP_UP_PATH) + r"([1-9][0-9]*)$")
 
 
-class TopUpAnswer(msgspec.Struct):
-    wallet: str
-    balanceMicroUsdc: str
-    expiresAt: int
-
-
-class MovementAnswer(msgspec.Struct, omit_defaults=True):
-    kind: str
-    amountMicroUsdc: str
-    route: str | None
-    at: int
-    signature: str | None = None
-
-
-class BalanceAnswer(msgspec.Struct, omit_defaults=True):
-    wallet: str
-    balanceMicroUsdc: str
-    heldMicroUsdc: str
-    expiresAt: int
-    movements: list[MovementAnswer] | None = None
-
-
 def base_url(text: str) -> str:
     """The gateway's base URL without a trailing slash; PayError (usage) if it is not one."""
     parts = urlsplit(text.strip())
@@ -99,15 +78,6 @@ def lapse_text(expires_at: int) -> str:
     if expires_at <= 0:
         return "-"
     return datetime.fromtimestamp(expires_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _result(body: bytes, kind: type[Any]) -> Any:
-    """``result`` of a credits-envelope answer as ``kind``; None when it is not one."""
-    try:
-        envelope = msgspec.json.decode(body, type=dict[str, Any])
-        return msgspec.convert(envelope.get("result"), kind)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return None
 
 
 def _micro(text: str) -> int:
@@ -148,7 +118,7 @@ async def not_offered(base: str, amount: int) -> PayError:
 
 def bought(result: PayResult) -> list[str]:
     """The narration of a top-up answered: the balance it leaves and when it lapses."""
-    answer = _result(result.body, TopUpAnswer) if result.ok else None
+    answer = result_of(result.body, TopUpResult) if result.ok else None
     if answer is None:
         return []
     return [
@@ -205,7 +175,7 @@ async def run_credits(
         result = await sign_in_request("GET", base + CREDITS_PATH + query, keypair)
         if result.status == 404:
             raise PayError(f"{base} sells no prepaid credit (404 at {CREDITS_PATH})", "no_credit")
-        answer = _result(result.body, BalanceAnswer) if result.ok else None
+        answer = result_of(result.body, BalanceResult) if result.ok else None
         if answer is None:
             why = failure_reason(result) if not result.ok else "HTTP 200 but not a credit balance"
             raise PayError(one_line(why, UNTRUSTED_CHARS * 2), "credits_failed")
@@ -223,6 +193,13 @@ async def run_credits(
         for moved in answer.movements:
             print(movement_line(moved), file=out)
     return 0
+
+
+def _session_refused(exc: SessionError | PayError, output: str, out: TextIO, err: TextIO) -> int:
+    """A session command refused; a SessionError carries the gateway's words, cut to one line."""
+    if isinstance(exc, SessionError):
+        exc = PayError(one_line(str(exc), UNTRUSTED_CHARS), "session_failed")
+    return report_refusal(exc, output, out, err, command="credits")
 
 
 async def run_open_session(
@@ -245,15 +222,10 @@ async def run_open_session(
         if not 0 < ttl_s <= 3600:
             raise PayError(f"--session-ttl {ttl_s} must be from 1 to 3600 seconds", "usage")
         keypair = load_keypair(keypair_file)
-        timeout = aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_S)) as http:
             opened = await open_session(http, base, keypair, cap, ttl_s)
-    except SessionError as exc:
-        return report_refusal(
-            PayError(one_line(str(exc), UNTRUSTED_CHARS), "session_failed"), output, out, err, "credits"
-        )
-    except PayError as exc:
-        return report_refusal(exc, output, out, err, command="credits")
+    except (SessionError, PayError) as exc:
+        return _session_refused(exc, output, out, err)
     if session_file:
         SessionCache(session_file).put(opened)
     if as_json:
@@ -290,15 +262,10 @@ async def run_revoke_session(
             if kept is None:
                 raise PayError("give the session's TOKEN, or a --session-file holding one", "usage")
             token = kept.token
-        timeout = aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=DEFAULT_TIMEOUT_S)) as http:
             revoked = await revoke_session(http, base, token)
-    except SessionError as exc:
-        return report_refusal(
-            PayError(one_line(str(exc), UNTRUSTED_CHARS), "session_failed"), output, out, err, "credits"
-        )
-    except PayError as exc:
-        return report_refusal(exc, output, out, err, command="credits")
+    except (SessionError, PayError) as exc:
+        return _session_refused(exc, output, out, err)
     if cache is not None:
         cache.drop(base, revoked.wallet)
     if as_json:
@@ -310,7 +277,7 @@ async def run_revoke_session(
     return 0
 
 
-def movement_line(moved: MovementAnswer) -> str:
+def movement_line(moved: Movement) -> str:
     """One movement as ``credits`` prints it: when, what, how much, where (the gateway's words
     are untrusted: cut to one line)."""
     when = datetime.fromtimestamp(moved.at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

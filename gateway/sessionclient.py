@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import msgspec
 from solders.keypair import Keypair
 
+from gateway.credit_wire import RevokedResult, SessionResult, result_of
 from gateway.x402.siwx_signer import sign_in
 
 SESSIONS_PATH = "/v1/x402/credits/sessions"
@@ -36,19 +36,6 @@ REUSE_MARGIN_S = 30
 """A session closer than this to its end is not reused: a call must not reach it expired."""
 RENEWED = ("credit_session_unknown", "credit_session_cap_reached")
 """The 402 reasons after which a fresh session may still serve the call."""
-
-
-class SessionResult(msgspec.Struct):
-    token: str
-    wallet: str
-    capMicroUsdc: str
-    expiresAt: int
-
-
-class RevokedResult(msgspec.Struct):
-    wallet: str
-    capMicroUsdc: str
-    spentMicroUsdc: str
 
 
 class SessionError(Exception):
@@ -124,14 +111,6 @@ PROCESS_CACHE = SessionCache()
 """The sessions of this process (``pay`` called many times by one program reuses them)."""
 
 
-def _result(body: bytes, kind: type[Any]) -> Any:
-    try:
-        envelope = msgspec.json.decode(body, type=dict[str, Any])
-        return msgspec.convert(envelope.get("result"), kind)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return None
-
-
 def _challenge_extension(headers: dict[str, str], body: bytes) -> dict[str, Any] | None:
     """The sign-in challenge of a 402 (``PAYMENT-REQUIRED`` header, else the JSON body)."""
     from gateway.payclient import parse_challenge, siwx_extension
@@ -157,7 +136,7 @@ async def open_session(
     except ValueError as exc:
         raise SessionError(f"cannot sign in: {exc}") from None
     status, body, headers = await _post(http, url, {"SIGN-IN-WITH-X": signed})
-    result = _result(body, SessionResult) if status == 200 else None
+    result = result_of(body, SessionResult) if status == 200 else None
     if result is None:
         raise SessionError(f"{origin} did not open a credit session (HTTP {status})", status)
     return CreditSession(origin, result.wallet, result.token, int(result.capMicroUsdc), result.expiresAt)
@@ -172,7 +151,7 @@ async def revoke_session(http: aiohttp.ClientSession, origin: str, token: str) -
             status, body = resp.status, await resp.read()
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise SessionError(f"request failed: {exc.__class__.__name__}") from None
-    result: RevokedResult | None = _result(body, RevokedResult) if status == 200 else None
+    result: RevokedResult | None = result_of(body, RevokedResult) if status == 200 else None
     if result is None:
         gone = "no live credit session under this token" if status == 404 else f"HTTP {status}"
         raise SessionError(f"{origin} revoked nothing: {gone}", status)

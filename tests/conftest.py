@@ -36,6 +36,8 @@ pytest_plugins = [
     "tests.support.solana_fixtures",
     "tests.support.paid_fixtures",
     "tests.support.postgres_server",
+    "tests.support.adversarial_credit",
+    "tests.support.ledger_served",
 ]
 
 

@@ -151,6 +151,16 @@ async def _fund(store: Store, wallet: str, amount: int) -> None:
     assert await store.claim_then_put([claim], [], _book(store).credits(wallet, amount)) == 1
 
 
+async def _signed_in(
+    store: Store, upstream: ASGIApp, credit: int
+) -> tuple[ASGIApp, CreditBook, Keypair, dict[str, str]]:
+    """A route taking credit, a fresh wallet holding ``credit`` and its sign-in header there."""
+    app, _, book = _spend_app(store, upstream)
+    wallet = Keypair()
+    await _fund(store, str(wallet.pubkey()), credit)
+    return app, book, wallet, {"sign-in-with-x": await _sign_in_header(app, wallet)}
+
+
 # --- top-up -------------------------------------------------------------------------------
 
 
@@ -354,10 +364,7 @@ async def test_a_sign_in_is_used_once_and_its_identical_retry_gets_the_answer_ag
     with the same sign-in: the answer it paid for, from the store; nothing is taken twice and the
     provider is not called again."""
     upstream = UpstreamStandIn()
-    app, _, book = _spend_app(store, upstream)
-    wallet = Keypair()
-    await _fund(store, str(wallet.pubkey()), 100)
-    header = {"sign-in-with-x": await _sign_in_header(app, wallet)}
+    app, book, wallet, header = await _signed_in(store, upstream, 100)
 
     first = await call(app, body=balance_body(), headers=header)
     retried = [await call(app, body=balance_body(), headers=header) for _ in range(3)]
@@ -379,10 +386,7 @@ async def test_a_sign_in_used_for_one_request_is_refused_for_another(store: Stor
     """Another body (or another route, which the signed resource already refuses) under a used
     sign-in is not its call: refused as replayed, nothing taken, the provider not called."""
     upstream = UpstreamStandIn()
-    app, _, book = _spend_app(store, upstream)
-    wallet = Keypair()
-    await _fund(store, str(wallet.pubkey()), 100)
-    header = {"sign-in-with-x": await _sign_in_header(app, wallet)}
+    app, book, wallet, header = await _signed_in(store, upstream, 100)
 
     first = await call(app, body=balance_body(), headers=header)
     other_body = await call(app, body=balance_body(request_id=2), headers=header)
@@ -416,10 +420,7 @@ async def test_a_retry_while_its_call_is_in_flight_is_told_to_retry_then_gets_th
     store: Store,
 ) -> None:
     upstream = _HeldUpstream()
-    app, _, book = _spend_app(store, upstream)
-    wallet = Keypair()
-    await _fund(store, str(wallet.pubkey()), 100)
-    header = {"sign-in-with-x": await _sign_in_header(app, wallet)}
+    app, book, wallet, header = await _signed_in(store, upstream, 100)
 
     first = asyncio.create_task(call(app, body=balance_body(), headers=header))
     await upstream.called.wait()
@@ -442,10 +443,7 @@ async def test_a_retry_while_its_call_is_in_flight_is_told_to_retry_then_gets_th
 
 async def test_a_retry_of_a_call_whose_provider_failed_is_told_nothing_was_taken(store: Store) -> None:
     upstream = UpstreamStandIn(502, b'{"ok":false}')
-    app, _, book = _spend_app(store, upstream)
-    wallet = Keypair()
-    await _fund(store, str(wallet.pubkey()), 10)
-    header = {"sign-in-with-x": await _sign_in_header(app, wallet)}
+    app, book, wallet, header = await _signed_in(store, upstream, 10)
 
     failed = await call(app, body=balance_body(), headers=header)
     upstream.status, upstream.body = 200, PROVIDER_ANSWER
@@ -465,10 +463,7 @@ async def test_a_retry_of_a_call_whose_provider_failed_is_told_nothing_was_taken
 async def test_an_answer_too_large_to_keep_is_taken_once_and_not_given_again(store: Store) -> None:
     large = b'{"jsonrpc":"2.0","id":1,"result":"' + b"x" * 17_000 + b'"}'
     upstream = UpstreamStandIn(200, large)
-    app, _, book = _spend_app(store, upstream)
-    wallet = Keypair()
-    await _fund(store, str(wallet.pubkey()), 10)
-    header = {"sign-in-with-x": await _sign_in_header(app, wallet)}
+    app, book, wallet, header = await _signed_in(store, upstream, 10)
 
     first = await call(app, body=balance_body(), headers=header)
     retried = await call(app, body=balance_body(), headers=header)

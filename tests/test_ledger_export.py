@@ -13,7 +13,6 @@ import csv
 import io
 import json
 import subprocess
-from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
@@ -22,10 +21,8 @@ from gateway.ledger import Journal, Recorded, entries
 from gateway.ledger.commands import moment_ms
 from gateway.ledger.export import COLUMNS, iso_utc, usdc_text
 from tests.support.gateway_process import run_cli
-from tests.support.ledger_served import LedgerGateway, ledger_gateway, settle_activity
+from tests.support.ledger_served import LedgerGateway, settle_activity
 from tests.support.postgres_server import create_schema
-from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
-from tests.support.upstream import Upstream
 from tests.test_cli import run_cli_into_closed_pipe, run_cli_into_head
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
@@ -33,18 +30,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "igno
 BIG = 2_500
 """Entries of the large journal: more than two of the journal's pages of 1,000."""
 T0_MS = 1_764_201_600_000  # 2025-11-27T00:00:00Z
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def served(
-    usdc_chain: UsdcChain,
-    solana_rpc_server: LiteSvmRpcServer,
-    upstream: Upstream,
-    redis_url: str,
-    postgres_url: str,
-) -> AsyncIterator[LedgerGateway]:
-    async with ledger_gateway(usdc_chain, solana_rpc_server, upstream, redis_url, postgres_url) as gateway:
-        yield gateway
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
@@ -89,12 +74,12 @@ def _expected(entry: Recorded) -> dict[str, object]:
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_csv_and_json_hold_every_entry_exactly_in_journal_order(served: LedgerGateway) -> None:
-    await settle_activity(served)
-    journal = await served.entries()
+async def test_csv_and_json_hold_every_entry_exactly_in_journal_order(ledger: LedgerGateway) -> None:
+    await settle_activity(ledger)
+    journal = await ledger.entries()
 
-    as_csv = await _export(served.journal_url, "--since", "0")
-    as_json = await _export(served.journal_url, "--since", "0", "--format", "json")
+    as_csv = await _export(ledger.journal_url, "--since", "0")
+    as_json = await _export(ledger.journal_url, "--since", "0", "--format", "json")
 
     assert (as_csv.returncode, as_csv.stderr, as_json.returncode, as_json.stderr) == (0, "", 0, "")
     expected = [_expected(entry) for entry in journal]

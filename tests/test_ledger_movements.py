@@ -11,13 +11,11 @@ import asyncio
 import io
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
 from solders.keypair import Keypair
 
 from gateway.creditclient import run_credits
@@ -37,18 +35,6 @@ pytestmark = [
 ]
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def served(
-    usdc_chain: UsdcChain,
-    solana_rpc_server: LiteSvmRpcServer,
-    upstream: Upstream,
-    redis_url: str,
-    postgres_url: str,
-) -> AsyncIterator[LedgerGateway]:
-    async with ledger_gateway(usdc_chain, solana_rpc_server, upstream, redis_url, postgres_url) as gateway:
-        yield gateway
-
-
 async def _get(http: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None) -> Reply:
     async with http.get(url, headers=headers or {}) as response:
         return Reply(response.status, response.headers, await response.read())
@@ -64,15 +50,15 @@ async def _signed_get(base_url: str, query: str, wallet: Keypair) -> Reply:
         return await _get(http, url, {"sign-in-with-x": sign_in(challenge, wallet)})
 
 
-async def test_a_wallet_reads_its_own_movements_newest_first(served: LedgerGateway) -> None:
-    [wallet, other] = await settle_activity(served)
-    settled = {e.kind.value: e.signature for e in await served.entries() if e.wallet == str(wallet.pubkey())}
+async def test_a_wallet_reads_its_own_movements_newest_first(ledger: LedgerGateway) -> None:
+    [wallet, other] = await settle_activity(ledger)
+    settled = {e.kind.value: e.signature for e in await ledger.entries() if e.wallet == str(wallet.pubkey())}
     before = int(time.time())
 
-    reply = await _signed_get(served.gateway.url, "?movements=10", wallet)
-    latest = await _signed_get(served.gateway.url, "?movements=1", wallet)
-    plain = await _signed_get(served.gateway.url, "", wallet)
-    others = await _signed_get(served.gateway.url, "?movements=100", other)
+    reply = await _signed_get(ledger.gateway.url, "?movements=10", wallet)
+    latest = await _signed_get(ledger.gateway.url, "?movements=1", wallet)
+    plain = await _signed_get(ledger.gateway.url, "", wallet)
+    others = await _signed_get(ledger.gateway.url, "?movements=100", other)
 
     assert reply.status == 200, reply.body
     result: dict[str, Any] = reply.json()["result"]
@@ -85,7 +71,7 @@ async def test_a_wallet_reads_its_own_movements_newest_first(served: LedgerGatew
         {"kind": "credit_spent", "amountMicroUsdc": str(CALL_CREDIT), "route": getbalance},
         {
             "kind": "sale",
-            "amountMicroUsdc": str(served.gateway.balance_price),
+            "amountMicroUsdc": str(ledger.gateway.balance_price),
             "route": getbalance,
             "signature": settled["sale"],
         },
@@ -107,8 +93,8 @@ BAD_COUNTS = ["?movements=0", "?movements=101", "?movements=ten", "?movements=1&
 
 
 @pytest.mark.parametrize("query", BAD_COUNTS)
-async def test_a_count_out_of_bounds_is_refused(served: LedgerGateway, query: str) -> None:
-    reply = await _signed_get(served.gateway.url, query, Keypair())
+async def test_a_count_out_of_bounds_is_refused(ledger: LedgerGateway, query: str) -> None:
+    reply = await _signed_get(ledger.gateway.url, query, Keypair())
 
     assert reply.status == 400, reply.body
     assert reply.error_code == "invalid_request"
@@ -125,17 +111,17 @@ async def test_a_ledger_it_cannot_reach_is_503_and_the_balance_alone_still_answe
     database = await create_database(postgres_url)
     async with ledger_gateway(
         usdc_chain, solana_rpc_server, upstream, redis_url, postgres_url, journal_url=database
-    ) as served:
-        client = CreditClient(served.gateway, served.chain)
+    ) as ledger:
+        client = CreditClient(ledger.gateway, ledger.chain)
         wallet, _ = client.wallet()
         assert (await client.top_up(await client.top_up_payment(wallet))).status == 200
         await allow_connections(postgres_url, database, allowed=False)
         try:
-            refused = await _signed_get(served.gateway.url, "?movements=5", wallet)
-            plain = await _signed_get(served.gateway.url, "", wallet)
+            refused = await _signed_get(ledger.gateway.url, "?movements=5", wallet)
+            plain = await _signed_get(ledger.gateway.url, "", wallet)
         finally:
             await allow_connections(postgres_url, database, allowed=True)
-        again = await _signed_get(served.gateway.url, "?movements=5", wallet)
+        again = await _signed_get(ledger.gateway.url, "?movements=5", wallet)
 
     assert refused.status == 503, refused.body
     assert refused.json()["error"] == {
@@ -177,19 +163,19 @@ async def test_openapi_documents_the_movements_parameter(
     assert parameter["schema"]["minimum"] == 1 and parameter["schema"]["maximum"] == 100
 
 
-async def test_the_credits_command_lists_the_movements(served: LedgerGateway, tmp_path: Path) -> None:
-    [wallet, _] = await settle_activity(served)
+async def test_the_credits_command_lists_the_movements(ledger: LedgerGateway, tmp_path: Path) -> None:
+    [wallet, _] = await settle_activity(ledger)
     key_file = tmp_path / "wallet.json"
     key_file.write_text(json.dumps(list(bytes(wallet))))
     top_up = next(
-        e for e in await served.entries() if e.wallet == str(wallet.pubkey()) and e.kind.value == "top_up"
+        e for e in await ledger.entries() if e.wallet == str(wallet.pubkey()) and e.kind.value == "top_up"
     )
     out, err = io.StringIO(), io.StringIO()
 
-    code = await run_credits(served.gateway.url, keypair_file=str(key_file), movements=2, out=out, err=err)
+    code = await run_credits(ledger.gateway.url, keypair_file=str(key_file), movements=2, out=out, err=err)
     as_json = io.StringIO()
     json_code = await run_credits(
-        served.gateway.url, keypair_file=str(key_file), movements=4, as_json=True, out=as_json, err=err
+        ledger.gateway.url, keypair_file=str(key_file), movements=4, as_json=True, out=as_json, err=err
     )
 
     assert (code, json_code, err.getvalue()) == (0, 0, "")

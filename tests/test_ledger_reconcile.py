@@ -11,29 +11,26 @@ import asyncio
 import secrets
 import subprocess
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import msgspec
 import pytest
-import pytest_asyncio
 from solders.keypair import Keypair
 from solders.signature import Signature
 
 from gateway.ledger import entries
-from gateway.ledger.entries import SettledPayment
+from gateway.ledger.entries import Entry, SettledPayment
 from gateway.ledger.reconcile import Difference, reconcile
 from gateway.solana_rpc import SolanaRpc
 from tests.support.adversarial_credit import TOP_UP_1_CREDIT
 from tests.support.gateway_process import run_cli
 from tests.support.ledger_served import (
     LedgerGateway,
-    ledger_gateway,
     settle_activity,
     transfer_to_pay_to,
 )
-from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_token_account
-from tests.support.upstream import Upstream
+from tests.support.solana_rpc_server import set_token_account
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402"),
@@ -41,27 +38,15 @@ pytestmark = [
 ]
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def served(
-    usdc_chain: UsdcChain,
-    solana_rpc_server: LiteSvmRpcServer,
-    upstream: Upstream,
-    redis_url: str,
-    postgres_url: str,
-) -> AsyncIterator[LedgerGateway]:
-    async with ledger_gateway(usdc_chain, solana_rpc_server, upstream, redis_url, postgres_url) as gateway:
-        yield gateway
-
-
-async def _reconcile(served: LedgerGateway, *args: str) -> subprocess.CompletedProcess[str]:
+async def _reconcile(ledger: LedgerGateway, *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI as an operator runs it, in a process of its own (off the loop serving the gateway)."""
-    command = ["ledger", "reconcile", "--rpc", served.rpc.url, "--database", served.journal_url]
-    command += ["--pay-to", str(served.chain.pay_to), "--usdc-mint", str(served.chain.mint), *args]
+    command = ["ledger", "reconcile", "--rpc", ledger.rpc.url, "--database", ledger.journal_url]
+    command += ["--pay-to", str(ledger.chain.pay_to), "--usdc-mint", str(ledger.chain.mint), *args]
     return await asyncio.to_thread(run_cli, {}, *command, timeout=60)
 
 
-async def _findings(served: LedgerGateway, *args: str) -> tuple[int, dict[str, Any]]:
-    done = await _reconcile(served, "--format", "json", *args)
+async def _findings(ledger: LedgerGateway, *args: str) -> tuple[int, dict[str, Any]]:
+    done = await _reconcile(ledger, "--format", "json", *args)
     assert done.stderr == ""
     answer: dict[str, Any] = msgspec.json.decode(done.stdout)
     return done.returncode, answer
@@ -70,25 +55,54 @@ async def _findings(served: LedgerGateway, *args: str) -> tuple[int, dict[str, A
 T0_MS = 1_764_201_600_000  # 2025-11-27T00:00:00Z
 
 
+ENTRY_OF: dict[str, tuple[Callable[[SettledPayment], Entry], str]] = {
+    "top_up": (entries.top_up, "credits.topUp.1"),
+    "sale": (entries.sale, "solana.mainnet.provider_a.rpc.getBalance"),
+}
+
+
+async def _journal(
+    ledger: LedgerGateway,
+    kind: Literal["top_up", "sale"],
+    payer: str,
+    amount: int,
+    signature: str,
+    *,
+    at_ms: int,
+) -> None:
+    """Journal a settled ``kind`` payment the gateway never made, for reconcile to hold against
+    the chain."""
+    entry, route = ENTRY_OF[kind]
+    payment = SettledPayment(
+        route=route,
+        payer=payer,
+        amount_micro=amount,
+        signature=signature,
+        facilitator="internal",
+        at_ms=at_ms,
+    )
+    assert await ledger.journal.record([entry(payment)]) == 1
+
+
 def _unknown_signature() -> str:
     return str(Signature.from_bytes(secrets.token_bytes(64)))
 
 
-async def test_real_top_ups_and_sales_reconcile_with_nothing_wrong(served: LedgerGateway) -> None:
-    await settle_activity(served)
+async def test_real_top_ups_and_sales_reconcile_with_nothing_wrong(ledger: LedgerGateway) -> None:
+    await settle_activity(ledger)
 
-    done = await _reconcile(served)
-    code, answer = await _findings(served)
+    done = await _reconcile(ledger)
+    code, answer = await _findings(ledger)
 
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.strip() == (
-        f"payTo {served.chain.pay_to} (token account {served.chain.pay_to_ata}): 3 transfers on chain, "
+        f"payTo {ledger.chain.pay_to} (token account {ledger.chain.pay_to_ata}): 3 transfers on chain, "
         "3 sales and top-ups journaled, 3 matched; no difference"
     )
     assert code == 0
     assert answer == {
-        "payTo": str(served.chain.pay_to),
-        "tokenAccount": str(served.chain.pay_to_ata),
+        "payTo": str(ledger.chain.pay_to),
+        "tokenAccount": str(ledger.chain.pay_to_ata),
         "sinceMs": None,
         "transfers": 3,
         "entries": 3,
@@ -97,14 +111,14 @@ async def test_real_top_ups_and_sales_reconcile_with_nothing_wrong(served: Ledge
     }
 
 
-async def test_transfers_into_pay_to_the_gateway_never_journaled_are_reported(served: LedgerGateway) -> None:
-    await settle_activity(served)
-    signature, sender = await transfer_to_pay_to(served.chain, served.rpc.url, 250_000)
+async def test_transfers_into_pay_to_the_gateway_never_journaled_are_reported(ledger: LedgerGateway) -> None:
+    await settle_activity(ledger)
+    signature, sender = await transfer_to_pay_to(ledger.chain, ledger.rpc.url, 250_000)
 
-    plain, plain_sender = await transfer_to_pay_to(served.chain, served.rpc.url, 30_000, checked=False)
+    plain, plain_sender = await transfer_to_pay_to(ledger.chain, ledger.rpc.url, 30_000, checked=False)
 
-    done = await _reconcile(served)
-    code, answer = await _findings(served)
+    done = await _reconcile(ledger)
+    code, answer = await _findings(ledger)
 
     assert done.returncode == 1 and done.stderr == ""
     assert done.stdout.splitlines()[1:] == [  # newest first, as the chain lists them
@@ -122,23 +136,13 @@ async def test_transfers_into_pay_to_the_gateway_never_journaled_are_reported(se
     }
 
 
-async def test_a_journal_entry_whose_signature_is_not_on_chain_is_reported(served: LedgerGateway) -> None:
-    [wallet, _] = await settle_activity(served)
+async def test_a_journal_entry_whose_signature_is_not_on_chain_is_reported(ledger: LedgerGateway) -> None:
+    [wallet, _] = await settle_activity(ledger)
     signature = _unknown_signature()
-    forged = entries.top_up(
-        SettledPayment(
-            route="credits.topUp.1",
-            payer=str(wallet.pubkey()),
-            amount_micro=TOP_UP_1_CREDIT,
-            signature=signature,
-            facilitator="internal",
-            at_ms=T0_MS,
-        )
-    )
-    assert await served.journal.record([forged]) == 1
+    await _journal(ledger, "top_up", str(wallet.pubkey()), TOP_UP_1_CREDIT, signature, at_ms=T0_MS)
 
-    done = await _reconcile(served)
-    code, answer = await _findings(served)
+    done = await _reconcile(ledger)
+    code, answer = await _findings(ledger)
 
     assert done.returncode == 1
     assert done.stdout.splitlines()[1:] == [
@@ -160,24 +164,14 @@ async def test_a_journal_entry_whose_signature_is_not_on_chain_is_reported(serve
 
 
 async def test_an_entry_whose_amount_and_payer_differ_from_its_transfer_is_reported(
-    served: LedgerGateway,
+    ledger: LedgerGateway,
 ) -> None:
-    [wallet, _] = await settle_activity(served)
-    signature, sender = await transfer_to_pay_to(served.chain, served.rpc.url, 250_000)
-    wrong = entries.sale(
-        SettledPayment(
-            route="solana.mainnet.provider_a.rpc.getBalance",
-            payer=str(wallet.pubkey()),
-            amount_micro=300_000,
-            signature=signature,
-            facilitator="internal",
-            at_ms=int(time.time() * 1000),
-        )
-    )
-    assert await served.journal.record([wrong]) == 1
+    [wallet, _] = await settle_activity(ledger)
+    signature, sender = await transfer_to_pay_to(ledger.chain, ledger.rpc.url, 250_000)
+    await _journal(ledger, "sale", str(wallet.pubkey()), 300_000, signature, at_ms=int(time.time() * 1000))
 
-    done = await _reconcile(served)
-    code, answer = await _findings(served)
+    done = await _reconcile(ledger)
+    code, answer = await _findings(ledger)
 
     assert done.returncode == 1
     lines = done.stdout.splitlines()
@@ -193,24 +187,14 @@ async def test_an_entry_whose_amount_and_payer_differ_from_its_transfer_is_repor
     assert answer["findings"][0]["journalAmountMicroUsdc"] == 300_000
 
 
-async def test_an_entry_whose_transaction_pays_elsewhere_is_reported_missing(served: LedgerGateway) -> None:
-    await settle_activity(served)
-    elsewhere = set_token_account(served.chain.svm, Keypair().pubkey(), served.chain.mint, 0)
-    signature, sender = await transfer_to_pay_to(served.chain, served.rpc.url, 700_000, to=elsewhere)
-    claimed = entries.sale(
-        SettledPayment(
-            route="solana.mainnet.provider_a.rpc.getBalance",
-            payer=str(sender.pubkey()),
-            amount_micro=700_000,
-            signature=signature,
-            facilitator="internal",
-            at_ms=T0_MS,
-        )
-    )
-    assert await served.journal.record([claimed]) == 1
+async def test_an_entry_whose_transaction_pays_elsewhere_is_reported_missing(ledger: LedgerGateway) -> None:
+    await settle_activity(ledger)
+    elsewhere = set_token_account(ledger.chain.svm, Keypair().pubkey(), ledger.chain.mint, 0)
+    signature, sender = await transfer_to_pay_to(ledger.chain, ledger.rpc.url, 700_000, to=elsewhere)
+    await _journal(ledger, "sale", str(sender.pubkey()), 700_000, signature, at_ms=T0_MS)
 
-    done = await _reconcile(served)
-    code, answer = await _findings(served)
+    done = await _reconcile(ledger)
+    code, answer = await _findings(ledger)
 
     assert done.returncode == 1
     assert done.stdout.splitlines()[1:] == [
@@ -224,24 +208,14 @@ async def test_an_entry_whose_transaction_pays_elsewhere_is_reported_missing(ser
 
 
 async def test_an_entry_whose_transfer_failed_on_chain_is_reported_and_the_failure_is_no_transfer(
-    served: LedgerGateway,
+    ledger: LedgerGateway,
 ) -> None:
-    await settle_activity(served)
-    unjournaled_failure, _ = await transfer_to_pay_to(served.chain, served.rpc.url, 500_000, funds=1)
-    failed, sender = await transfer_to_pay_to(served.chain, served.rpc.url, 400_000, funds=1)
-    claimed = entries.top_up(
-        SettledPayment(
-            route="credits.topUp.1",
-            payer=str(sender.pubkey()),
-            amount_micro=400_000,
-            signature=failed,
-            facilitator="internal",
-            at_ms=int(time.time() * 1000),
-        )
-    )
-    assert await served.journal.record([claimed]) == 1
+    await settle_activity(ledger)
+    unjournaled_failure, _ = await transfer_to_pay_to(ledger.chain, ledger.rpc.url, 500_000, funds=1)
+    failed, sender = await transfer_to_pay_to(ledger.chain, ledger.rpc.url, 400_000, funds=1)
+    await _journal(ledger, "top_up", str(sender.pubkey()), 400_000, failed, at_ms=int(time.time() * 1000))
 
-    code, answer = await _findings(served)
+    code, answer = await _findings(ledger)
 
     assert code == 1 and (answer["transfers"], answer["matched"]) == (3, 3)
     assert [(f["difference"], f["signature"]) for f in answer["findings"]] == [
@@ -250,12 +224,12 @@ async def test_an_entry_whose_transfer_failed_on_chain_is_reported_and_the_failu
     assert unjournaled_failure not in str(answer)
 
 
-async def test_since_bounds_what_is_looked_at_without_calling_the_edge_missing(served: LedgerGateway) -> None:
-    await settle_activity(served)
+async def test_since_bounds_what_is_looked_at_without_calling_the_edge_missing(ledger: LedgerGateway) -> None:
+    await settle_activity(ledger)
     later = int(time.time()) + 3600
 
-    done = await _reconcile(served, "--since", str(later))
-    code, answer = await _findings(served, "--since", str(later))
+    done = await _reconcile(ledger, "--since", str(later))
+    code, answer = await _findings(ledger, "--since", str(later))
 
     # the journal has nothing after --since; each transfer the chain lists is matched with its
     # entry journaled before it, and nothing is reported
@@ -264,13 +238,13 @@ async def test_since_bounds_what_is_looked_at_without_calling_the_edge_missing(s
     assert (answer["transfers"], answer["entries"], answer["matched"], answer["findings"]) == (3, 3, 3, [])
 
 
-async def test_the_chain_history_is_read_a_page_at_a_time(served: LedgerGateway) -> None:
-    await settle_activity(served)
-    extra = [(await transfer_to_pay_to(served.chain, served.rpc.url, 1_000 + n))[0] for n in range(3)]
-    rpc = SolanaRpc(served.rpc.url)
+async def test_the_chain_history_is_read_a_page_at_a_time(ledger: LedgerGateway) -> None:
+    await settle_activity(ledger)
+    extra = [(await transfer_to_pay_to(ledger.chain, ledger.rpc.url, 1_000 + n))[0] for n in range(3)]
+    rpc = SolanaRpc(ledger.rpc.url)
     try:
         result = await reconcile(
-            served.journal, rpc, pay_to=served.chain.pay_to, token_account=served.chain.pay_to_ata, page=2
+            ledger.journal, rpc, pay_to=ledger.chain.pay_to, token_account=ledger.chain.pay_to_ata, page=2
         )
     finally:
         await rpc.close()
@@ -278,7 +252,7 @@ async def test_the_chain_history_is_read_a_page_at_a_time(served: LedgerGateway)
     assert (result.transfers, result.entries, result.matched) == (6, 3, 3)
     assert sorted(f.signature for f in result.findings) == sorted(extra)
     assert {f.difference for f in result.findings} == {Difference.UNJOURNALED}
-    assert served.rpc.calls["getSignaturesForAddress"] >= 4
+    assert ledger.rpc.calls["getSignaturesForAddress"] >= 4
 
 
 async def test_reconcile_refuses_bad_arguments_in_one_line() -> None:
@@ -296,20 +270,20 @@ async def test_reconcile_refuses_bad_arguments_in_one_line() -> None:
         assert done.stdout == ""
 
 
-async def test_an_unreachable_node_or_database_exits_3_without_a_traceback(served: LedgerGateway) -> None:
+async def test_an_unreachable_node_or_database_exits_3_without_a_traceback(ledger: LedgerGateway) -> None:
     base = [
         "ledger",
         "reconcile",
         "--pay-to",
-        str(served.chain.pay_to),
+        str(ledger.chain.pay_to),
         "--usdc-mint",
-        str(served.chain.mint),
+        str(ledger.chain.mint),
     ]
     no_node = await asyncio.to_thread(
-        run_cli, {}, *base, "--rpc", "http://127.0.0.1:9", "--database", served.journal_url
+        run_cli, {}, *base, "--rpc", "http://127.0.0.1:9", "--database", ledger.journal_url
     )
     no_database = await asyncio.to_thread(
-        run_cli, {}, *base, "--rpc", served.rpc.url, "--database", "postgresql://u:secret@127.0.0.1:9/none"
+        run_cli, {}, *base, "--rpc", ledger.rpc.url, "--database", "postgresql://u:secret@127.0.0.1:9/none"
     )
 
     assert no_node.returncode == 3

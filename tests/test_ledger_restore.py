@@ -13,7 +13,6 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 
-import aiohttp
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
@@ -25,27 +24,20 @@ from tests.support.adversarial_credit import (
     CALL_CREDIT,
     TOP_UP_1_CREDIT,
     CreditClient,
-    credit_env,
     credit_of,
-    own_chain,
+    served_credit_gateway,
+    started_provider,
 )
-from tests.support.gateway_server import run_gateway
+from tests.support.ledger_served import eventually_owed
 from tests.support.paid_fixtures import PaidGateway
 from tests.support.postgres_server import create_schema
 from tests.support.redis_server import RedisServer, start_redis_server
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
-from tests.support.upstream import Upstream
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402"),
 ]
-
-
-@pytest.fixture(scope="module")
-def chain_rpc() -> Iterator[tuple[UsdcChain, LiteSvmRpcServer]]:
-    with own_chain() as chain_and_server:
-        yield chain_and_server
 
 
 @pytest.fixture
@@ -68,8 +60,7 @@ class Replicas:
 
     @property
     def store(self) -> Store:
-        store: Store = self.gateways[0].running.services.store
-        return store
+        return self.gateways[0].store
 
     async def credit(self, wallet: Keypair) -> int:
         return (await credit_of(self.store, wallet)).balance
@@ -90,21 +81,21 @@ async def replicas(
 ) -> AsyncIterator[Replicas]:
     chain, rpc = chain_rpc
     ledger_url = await create_schema(postgres_url)
-    provider = Upstream()
-    await provider.start()
-    env = credit_env(chain, rpc, provider, persistent_redis.url, LEDGER_DATABASE_URL=ledger_url)
     journal = await Journal.open(ledger_url)
     try:
         async with AsyncExitStack() as stack:
-            http = await stack.enter_async_context(aiohttp.ClientSession())
-            gateways = []
-            for _ in range(2):
-                running = await stack.enter_async_context(run_gateway(env))
-                gateways.append(PaidGateway(running, chain, rpc, provider, None, http))
+            provider = await stack.enter_async_context(started_provider())
+            gateways = [
+                await stack.enter_async_context(
+                    served_credit_gateway(
+                        chain, rpc, provider, persistent_redis.url, LEDGER_DATABASE_URL=ledger_url
+                    )
+                )
+                for _ in range(2)
+            ]
             yield Replicas(gateways, journal)
     finally:
         await journal.close()
-        await provider.stop()
 
 
 async def _top_up(gateway: PaidGateway, payer: Keypair) -> str:
@@ -131,12 +122,7 @@ async def test_a_flushed_store_gets_back_every_wallets_credit_from_the_ledger(
     await _top_up(second, bob)
     assert [await _spend(first, alice, n) for n in range(2)] == [200, 200]
     alice_owed = TOP_UP_1_CREDIT - 2 * CALL_CREDIT
-    deadline = asyncio.get_running_loop().time() + 5
-    while (
-        await replicas.journal.owed_to(str(alice.pubkey())) != alice_owed
-    ):  # spends are journaled in batches
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.05)
+    await eventually_owed(replicas.journal, str(alice.pubkey()), alice_owed)
 
     async with aioredis.Redis.from_url(persistent_redis.url) as raw:
         await raw.flushall()

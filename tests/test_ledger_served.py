@@ -8,54 +8,27 @@ with its own fee payer on a LiteSVM chain, journaling to a real PostgreSQL.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 import pytest_asyncio
 
 from gateway.ledger import EntryKind, Journal, Recorded
-from gateway.store import Store
 from gateway.x402.types import SettleResponse
 from tests.support.adversarial_credit import (
     CALL_CREDIT,
     TOP_UP_1_CREDIT,
     CreditClient,
-    credit_env,
     credit_of,
-    own_chain,
+    served_credit_gateway,
 )
-from tests.support.gateway_server import run_gateway
-from tests.support.ledger_served import allow_connections
+from tests.support.ledger_served import allow_connections, eventually_owed
 from tests.support.paid_fixtures import GET_BALANCE, PaidGateway, balance_body
 from tests.support.postgres_server import create_database, create_schema
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
-
-
-@pytest.fixture(scope="module")
-def chain_rpc() -> Iterator[tuple[UsdcChain, LiteSvmRpcServer]]:
-    with own_chain() as chain_and_server:
-        yield chain_and_server
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def provider() -> AsyncIterator[Upstream]:
-    upstream = Upstream()
-    await upstream.start()
-    yield upstream
-    await upstream.stop()
-
-
-async def _served(
-    chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str, ledger_url: str
-) -> AsyncIterator[PaidGateway]:
-    chain, rpc = chain_rpc
-    env = credit_env(chain, rpc, provider, redis_url, LEDGER_DATABASE_URL=ledger_url)
-    async with run_gateway(env) as running, aiohttp.ClientSession() as http:
-        yield PaidGateway(running, chain, rpc, provider, None, http)
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
@@ -67,7 +40,10 @@ async def journal_url(postgres_url: str) -> str:
 async def served(
     chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str, journal_url: str
 ) -> AsyncIterator[PaidGateway]:
-    async for gateway in _served(chain_rpc, provider, redis_url, journal_url):
+    chain, rpc = chain_rpc
+    async with served_credit_gateway(
+        chain, rpc, provider, redis_url, LEDGER_DATABASE_URL=journal_url
+    ) as gateway:
         yield gateway
 
 
@@ -78,20 +54,8 @@ async def journal(journal_url: str) -> AsyncIterator[Journal]:
     await opened.close()
 
 
-def _store(gateway: PaidGateway) -> Store:
-    store: Store = gateway.running.services.store
-    return store
-
-
 async def _entries_of(journal: Journal, wallet: str) -> list[Recorded]:
     return list(reversed(await journal.movements(wallet, limit=100)))
-
-
-async def _eventually_owed(journal: Journal, wallet: str, owed: int) -> None:
-    deadline = asyncio.get_running_loop().time() + 5
-    while await journal.owed_to(wallet) != owed:
-        assert asyncio.get_running_loop().time() < deadline, f"ledger owes {await journal.owed_to(wallet)}"
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -113,9 +77,7 @@ async def test_a_top_up_is_in_the_ledger_when_its_answer_arrives(
         settlement,
     )
     assert entry.route == "credits.topUp.1" and entry.facilitator == "internal"
-    assert (
-        await journal.owed_to(wallet) == (await credit_of(_store(served), payer)).balance == TOP_UP_1_CREDIT
-    )
+    assert await journal.owed_to(wallet) == (await credit_of(served.store, payer)).balance == TOP_UP_1_CREDIT
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -129,12 +91,12 @@ async def test_calls_paid_from_credit_are_journaled_as_spends(served: PaidGatewa
         reply = await client.spend(await client.sign_in(payer), request_id=n)
         assert reply.status == 200, reply.body
 
-    await _eventually_owed(journal, wallet, TOP_UP_1_CREDIT - 3 * CALL_CREDIT)
+    await eventually_owed(journal, wallet, TOP_UP_1_CREDIT - 3 * CALL_CREDIT)
     spends = [e for e in await _entries_of(journal, wallet) if e.kind is EntryKind.CREDIT_SPENT]
     assert [(e.amount_micro, e.route) for e in spends] == [
         (CALL_CREDIT, "solana.mainnet.provider_a.rpc.getBalance")
     ] * 3
-    assert (await credit_of(_store(served), payer)).balance == TOP_UP_1_CREDIT - 3 * CALL_CREDIT
+    assert (await credit_of(served.store, payer)).balance == TOP_UP_1_CREDIT - 3 * CALL_CREDIT
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -161,7 +123,10 @@ async def test_a_top_up_the_ledger_cannot_record_is_not_credited_until_a_retry_r
     chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str, postgres_url: str
 ) -> None:
     ledger_url = await create_database(postgres_url)
-    async for gateway in _served(chain_rpc, provider, redis_url, ledger_url):
+    chain, rpc = chain_rpc
+    async with served_credit_gateway(
+        chain, rpc, provider, redis_url, LEDGER_DATABASE_URL=ledger_url
+    ) as gateway:
         client = CreditClient(gateway, gateway.chain)
         payer, _ = client.wallet()
         payment = await client.top_up_payment(payer)
@@ -170,7 +135,7 @@ async def test_a_top_up_the_ledger_cannot_record_is_not_credited_until_a_retry_r
         pending = await client.top_up(payment)
 
         assert pending.status == 503 and pending.error_code == "settlement_pending", pending.body
-        assert (await credit_of(_store(gateway), payer)).balance == 0
+        assert (await credit_of(gateway.store, payer)).balance == 0
         await allow_connections(postgres_url, ledger_url, allowed=True)
 
         retried = await client.top_up(payment)
@@ -178,7 +143,7 @@ async def test_a_top_up_the_ledger_cannot_record_is_not_credited_until_a_retry_r
         assert retried.status == 200, retried.body
         again = await client.top_up(payment)
         assert again.status == 200 and again.body == retried.body  # the kept answer, nothing more
-        assert (await credit_of(_store(gateway), payer)).balance == TOP_UP_1_CREDIT
+        assert (await credit_of(gateway.store, payer)).balance == TOP_UP_1_CREDIT
     journal = await Journal.open(ledger_url)
     try:
         [entry] = await _entries_of(journal, str(payer.pubkey()))

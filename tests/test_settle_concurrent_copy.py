@@ -65,6 +65,9 @@ from tests.support.inprocess import (
     settle_refused,
     settled,
 )
+from tests.test_credits import store
+
+__all__ = ["store"]  # the memory and Redis store, as the credit tests run on both
 
 LANDED = "5igLanded"
 
@@ -185,18 +188,6 @@ def _payment_key(route: PaidRoute) -> str:
 
 ANSWER = StoredResponse(status=200, body=PROVIDER_ANSWER, content_type="application/json")
 COOLING_IP = Party("ip", CLIENT_IP)
-
-
-@pytest_asyncio.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    redis = RedisStore(request.getfixturevalue("clean_redis_url"))
-    try:
-        yield redis
-    finally:
-        await redis.close()
 
 
 def _settled_by_our_fee_payer(route: PaidRoute) -> Settlement:

@@ -29,6 +29,15 @@ from gateway.credit_sessions import (
     CreditSessions,
     token_wallet,
 )
+from gateway.credit_wire import (
+    BalanceResult,
+    CreditEnvelope,
+    Movement,
+    Result,
+    RevokedResult,
+    SessionResult,
+    TopUpResult,
+)
 from gateway.credits import Balance, CreditBook
 from gateway.errors import ErrorCode, GatewayError
 from gateway.ledger import LedgerUnavailable, Recorded
@@ -36,57 +45,6 @@ from gateway.ledger.recorder import MoneyRecorder
 from gateway.rate_limiter import RateLimiter
 
 PROVIDER: Final = "credits"
-
-
-class TopUpResult(msgspec.Struct):
-    wallet: str
-    balanceMicroUsdc: str
-    expiresAt: int
-
-
-class Movement(msgspec.Struct, omit_defaults=True):
-    """One journal entry of the wallet: a top-up, a sale, a spend of credit, a lapse."""
-
-    kind: str
-    amountMicroUsdc: str
-    route: str | None
-    at: int
-    signature: str | None = None
-    """The settlement's transaction (top-ups and sales)."""
-
-
-class BalanceResult(msgspec.Struct, omit_defaults=True):
-    wallet: str
-    balanceMicroUsdc: str
-    heldMicroUsdc: str
-    expiresAt: int
-    movements: list[Movement] | None = None
-    """Only when asked for (``?movements=N``), newest first."""
-
-
-class SessionResult(msgspec.Struct):
-    token: str
-    wallet: str
-    capMicroUsdc: str
-    expiresAt: int
-
-
-class RevokedResult(msgspec.Struct):
-    wallet: str
-    capMicroUsdc: str
-    spentMicroUsdc: str
-    """What the session spent, the calls still in flight included."""
-
-
-Result = TopUpResult | BalanceResult | SessionResult | RevokedResult
-
-
-class CreditEnvelope(msgspec.Struct):
-    ok: bool
-    provider: str
-    surface: str
-    method: str
-    result: Result
 
 
 def _envelope(method: str, result: Result) -> bytes:

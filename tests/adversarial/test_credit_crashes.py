@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -38,10 +38,9 @@ from tests.support.adversarial_credit import (
     credit_of,
     fund,
     hold_fields,
-    own_chain,
+    served_credit_gateway,
 )
 from tests.support.adversarial_paid import Money
-from tests.support.gateway_server import run_gateway
 from tests.support.paid_fixtures import MARKER, PROVIDER_ANSWER, PaidGateway
 from tests.support.paid_processes import PaidProcesses, eventually, paid_processes
 from tests.support.redis_server import RedisServer
@@ -58,20 +57,6 @@ HOLD_TTL_MS = UPSTREAM_TIMEOUT_S * 1000 + 30_000
 
 
 @pytest.fixture(scope="module")
-def chain_rpc() -> Iterator[tuple[UsdcChain, LiteSvmRpcServer]]:
-    with own_chain() as chain_and_server:
-        yield chain_and_server
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def provider() -> AsyncIterator[Upstream]:
-    server = Upstream()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture(scope="module")
 def replica_env(
     chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str
 ) -> dict[str, str]:
@@ -85,33 +70,6 @@ def replica_env(
         GATEWAY_BASE_URL=BASE_URL,
         UPSTREAM_TIMEOUT_SECONDS=str(UPSTREAM_TIMEOUT_S),
     )
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def replicas(
-    chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, replica_env: dict[str, str]
-) -> AsyncIterator[PaidProcesses]:
-    """Two gateway processes on one Redis: replicas."""
-    chain, rpc = chain_rpc
-    async with paid_processes(
-        2, chain=chain, rpc=rpc, upstream=provider, facilitator=None, env=replica_env
-    ) as running:
-        yield running
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def store(redis_url: str) -> AsyncIterator[Store]:
-    """The replicas' store, as the test reads it."""
-    redis = RedisStore(redis_url)
-    yield redis
-    await redis.close()
-
-
-@pytest.fixture
-def answering(provider: Upstream) -> Upstream:
-    provider.responder = static(200, PROVIDER_ANSWER)
-    provider.calls.clear()
-    return provider
 
 
 async def test_credit_bought_on_one_replica_is_spent_on_the_other(
@@ -207,13 +165,13 @@ async def on_private_redis(
     """A served gateway (in-process) on a Redis of the test's own, which the test stops; its store
     gives up on a command after 0.3 s."""
     chain, rpc = chain_rpc
-    env = credit_env(
-        chain, rpc, answering, private_redis.url, UPSTREAM_TIMEOUT_SECONDS=str(UPSTREAM_TIMEOUT_S)
-    )
+    timeout = str(UPSTREAM_TIMEOUT_S)
     store = RedisStore(private_redis.url, timeout_s=0.3)
     try:
-        async with run_gateway(env, store=store) as running, aiohttp.ClientSession() as http:
-            yield PaidGateway(running, chain, rpc, answering, None, http)
+        async with served_credit_gateway(
+            chain, rpc, answering, private_redis.url, store=store, UPSTREAM_TIMEOUT_SECONDS=timeout
+        ) as gateway:
+            yield gateway
     finally:
         private_redis.process.send_signal(signal.SIGCONT)
         await store.close()

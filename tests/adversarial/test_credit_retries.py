@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -32,11 +32,10 @@ from solders.keypair import Keypair
 
 from gateway.credits import Balance
 from gateway.store import Store, keys
-from gateway.store.redis import RedisStore
 from gateway.x402.headers import decode_header, encode_header
 from gateway.x402.siwx import DEFAULT_CLOCK_SKEW_S, DEFAULT_LIFETIME_S
 from gateway.x402.types import SiwxPayload
-from tests.support.adversarial_credit import CALL_CREDIT, CreditClient, credit_env, credit_of, fund, own_chain
+from tests.support.adversarial_credit import CALL_CREDIT, CreditClient, credit_env, credit_of, fund
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, Money
 from tests.support.paid_fixtures import (
     GET_BALANCE,
@@ -59,20 +58,6 @@ HANG_UP_S = 0.5
 UPSTREAM_TIMEOUT_S = 10
 
 
-@pytest.fixture(scope="module")
-def chain_rpc() -> Iterator[tuple[UsdcChain, LiteSvmRpcServer]]:
-    with own_chain() as chain_and_server:
-        yield chain_and_server
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def provider() -> AsyncIterator[Upstream]:
-    server = Upstream()
-    await server.start()
-    yield server
-    await server.stop()
-
-
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def gateway(
     chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str
@@ -83,14 +68,6 @@ async def gateway(
         1, chain=chain, rpc=rpc, upstream=provider, facilitator=None, env=env
     ) as running:
         yield running
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def store(redis_url: str) -> AsyncIterator[Store]:
-    """The gateway's store, as the test reads it."""
-    redis = RedisStore(redis_url)
-    yield redis
-    await redis.close()
 
 
 @pytest.fixture

@@ -20,9 +20,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 import pytest_asyncio
 from solders.keypair import Keypair
@@ -34,14 +33,12 @@ from tests.support.adversarial_credit import (
     ONE_TOP_UP,
     TOP_UP_1_CREDIT,
     CreditClient,
-    credit_env,
     credit_of,
     fund,
     hold_fields,
-    own_chain,
+    served_credit_gateway,
 )
 from tests.support.adversarial_paid import Money, another_client_signature
-from tests.support.gateway_server import run_gateway
 from tests.support.paid_fixtures import (
     GET_BALANCE_PRICE_INTERNAL,
     MARKER,
@@ -59,23 +56,16 @@ UPSTREAM_TIMEOUT_S = 1.5
 """Long enough for 100 calls at once on a loaded 2-core runner (0.5 s timed one out in CI)."""
 
 
-@pytest.fixture(scope="module")
-def chain_rpc() -> Iterator[tuple[UsdcChain, LiteSvmRpcServer]]:
-    with own_chain() as chain_and_server:
-        yield chain_and_server
-
-
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def served(chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], redis_url: str) -> AsyncIterator[PaidGateway]:
+async def served(
+    chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str
+) -> AsyncIterator[PaidGateway]:
     chain, rpc = chain_rpc
-    provider = Upstream()
-    await provider.start()
-    env = credit_env(chain, rpc, provider, redis_url, UPSTREAM_TIMEOUT_SECONDS=str(UPSTREAM_TIMEOUT_S))
-    try:
-        async with run_gateway(env) as running, aiohttp.ClientSession() as http:
-            yield PaidGateway(running, chain, rpc, provider, None, http)
-    finally:
-        await provider.stop()
+    timeout = str(UPSTREAM_TIMEOUT_S)
+    async with served_credit_gateway(
+        chain, rpc, provider, redis_url, UPSTREAM_TIMEOUT_SECONDS=timeout
+    ) as gateway:
+        yield gateway
 
 
 @pytest.fixture
@@ -94,8 +84,7 @@ def client(gateway: PaidGateway) -> CreditClient:
 @pytest.fixture
 def store(gateway: PaidGateway) -> Store:
     """The gateway's own store (the test shares its event loop)."""
-    found: Store = gateway.running.services.store
-    return found
+    return gateway.store
 
 
 def assert_credit_answer(reply: Reply, left: int) -> None:

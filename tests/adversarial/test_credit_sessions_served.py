@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
-import pytest_asyncio
 import redis.asyncio as aioredis
 from solders.keypair import Keypair
 
 from gateway.store import Store, keys
-from gateway.store.redis import RedisStore
 from gateway.x402.siwx_signer import sign_in
-from tests.support.adversarial_credit import CALL_CREDIT, credit_env, credit_of, fund, hold_fields, own_chain
+from tests.support.adversarial_credit import CALL_CREDIT, credit_env, credit_of, fund, hold_fields
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     GET_BALANCE_PRICE_INTERNAL,
@@ -50,50 +47,11 @@ SESSIONS = "/v1/x402/credits/sessions"
 
 
 @pytest.fixture(scope="module")
-def chain_rpc() -> Iterator[tuple[UsdcChain, LiteSvmRpcServer]]:
-    with own_chain() as chain_and_server:
-        yield chain_and_server
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def provider() -> AsyncIterator[Upstream]:
-    server = Upstream()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture(scope="module")
 def replica_env(
     chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str
 ) -> dict[str, str]:
     chain, rpc = chain_rpc
     return credit_env(chain, rpc, provider, redis_url, GATEWAY_BASE_URL=BASE_URL)
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def replicas(
-    chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, replica_env: dict[str, str]
-) -> AsyncIterator[PaidProcesses]:
-    chain, rpc = chain_rpc
-    async with paid_processes(
-        2, chain=chain, rpc=rpc, upstream=provider, facilitator=None, env=replica_env
-    ) as running:
-        yield running
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def store(redis_url: str) -> AsyncIterator[Store]:
-    redis = RedisStore(redis_url)
-    yield redis
-    await redis.close()
-
-
-@pytest.fixture
-def answering(provider: Upstream) -> Upstream:
-    provider.responder = static(200, PROVIDER_ANSWER)
-    provider.calls.clear()
-    return provider
 
 
 async def open_session(replica: Replica, wallet: Keypair, cap: int, ttl_s: int | None = None) -> Reply:

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
 from solders.keypair import Keypair
 
 from gateway.store import Store
-from gateway.store.redis import RedisStore
 from gateway.x402.siwx_signer import sign_in
 from tests.support.adversarial_credit import (
     BALANCES,
@@ -36,7 +35,6 @@ from tests.support.adversarial_credit import (
     credit_env,
     credit_of,
     fund,
-    own_chain,
 )
 from tests.support.metrics_text import Series, earnings_series
 from tests.support.paid_fixtures import GET_BALANCE, PROVIDER_ANSWER
@@ -53,35 +51,17 @@ ROUTE = "solana.mainnet.provider_a.rpc.getBalance"
 NO_FUNDS_MOVE = "Sign in to read asset data or your prepaid credit at this gateway. No funds move."
 
 
-@pytest.fixture(scope="module")
-def chain_rpc() -> Iterator[tuple[UsdcChain, LiteSvmRpcServer]]:
-    with own_chain() as chain_and_server:
-        yield chain_and_server
-
-
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def gateway(
-    chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], redis_url: str
+    chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str
 ) -> AsyncIterator[PaidProcesses]:
     chain, rpc = chain_rpc
-    provider = Upstream()
-    await provider.start()
     provider.responder = static(200, PROVIDER_ANSWER)
-    try:
-        env = credit_env(chain, rpc, provider, redis_url)
-        async with paid_processes(
-            1, chain=chain, rpc=rpc, upstream=provider, facilitator=None, env=env
-        ) as running:
-            yield running
-    finally:
-        await provider.stop()
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def store(redis_url: str) -> AsyncIterator[Store]:
-    redis = RedisStore(redis_url)
-    yield redis
-    await redis.close()
+    env = credit_env(chain, rpc, provider, redis_url)
+    async with paid_processes(
+        1, chain=chain, rpc=rpc, upstream=provider, facilitator=None, env=env
+    ) as running:
+        yield running
 
 
 async def scrape(replica: Replica) -> Series:

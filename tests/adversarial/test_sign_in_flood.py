@@ -15,11 +15,10 @@ loopback) with credit on, over a real Redis of the test's own (flushed), at a lo
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from solders.keypair import Keypair
@@ -27,12 +26,11 @@ from solders.keypair import Keypair
 from gateway.store import keys
 from gateway.x402.siwx import DEFAULT_CLOCK_SKEW_S, DEFAULT_LIFETIME_S
 from gateway.x402.siwx_signer import sign_in
-from tests.support.adversarial_credit import BALANCES, credit_env, own_chain
+from tests.support.adversarial_credit import BALANCES, credit_env, started_provider
 from tests.support.adversarial_paid import via
 from tests.support.gateway_server import RunningGateway, run_gateway
 from tests.support.paid_fixtures import Reply
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
-from tests.support.upstream import Upstream
 
 PER_IP = 20
 PER_WALLET = 5
@@ -44,33 +42,23 @@ NONCE_BOUND_PER_IP = PER_IP * (1 + NONCE_TTL_S // 60)
 the first nonce lives."""
 
 
-@pytest.fixture(scope="module")
-def chain_rpc() -> Iterator[tuple[UsdcChain, LiteSvmRpcServer]]:
-    with own_chain() as chain_and_server:
-        yield chain_and_server
-
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def gateway(
     chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], clean_redis_url: str
 ) -> AsyncIterator[RunningGateway]:
     chain, rpc = chain_rpc
-    provider = Upstream()
-    await provider.start()
-    env = credit_env(
-        chain,
-        rpc,
-        provider,
-        clean_redis_url,
-        TRUSTED_PROXIES="127.0.0.1",
-        RATE_LIMIT_SIGN_IN_IP_PER_MINUTE=str(PER_IP),
-        RATE_LIMIT_SIGN_IN_WALLET_PER_MINUTE=str(PER_WALLET),
-    )
-    try:
+    async with started_provider() as provider:
+        env = credit_env(
+            chain,
+            rpc,
+            provider,
+            clean_redis_url,
+            TRUSTED_PROXIES="127.0.0.1",
+            RATE_LIMIT_SIGN_IN_IP_PER_MINUTE=str(PER_IP),
+            RATE_LIMIT_SIGN_IN_WALLET_PER_MINUTE=str(PER_WALLET),
+        )
         async with run_gateway(env) as running:
             yield running
-    finally:
-        await provider.stop()
 
 
 async def balance(http: aiohttp.ClientSession, url: str, wallet: Keypair, ip: str) -> Reply:

@@ -19,21 +19,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 
-import aiohttp
 import pytest
 import pytest_asyncio
 
-from gateway.store import Store
 from tests.support.adversarial_credit import (
     ONE_TOP_UP,
     TOP_UP_1_CREDIT,
     CreditClient,
-    credit_env,
     credit_of,
     own_chain,
+    served_credit_gateway,
 )
 from tests.support.adversarial_paid import Money, another_client_signature
-from tests.support.gateway_server import run_gateway
 from tests.support.paid_fixtures import PaidGateway, Reply, assert_challenge
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream
@@ -58,16 +55,14 @@ def chain_rpc() -> Iterator[tuple[UsdcChain, LiteSvmRpcServer]]:
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def served(chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], redis_url: str) -> AsyncIterator[PaidGateway]:
+async def served(
+    chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str
+) -> AsyncIterator[PaidGateway]:
     chain, rpc = chain_rpc
-    provider = Upstream()
-    await provider.start()
-    try:
-        env = credit_env(chain, rpc, provider, redis_url, X402_MAX_SETTLEMENTS_IN_FLIGHT="1")
-        async with run_gateway(env) as running, aiohttp.ClientSession() as http:
-            yield PaidGateway(running, chain, rpc, provider, None, http)
-    finally:
-        await provider.stop()
+    async with served_credit_gateway(
+        chain, rpc, provider, redis_url, X402_MAX_SETTLEMENTS_IN_FLIGHT="1"
+    ) as gateway:
+        yield gateway
 
 
 def assert_not_answered_again(reply: Reply) -> None:
@@ -81,7 +76,7 @@ async def test_copies_of_a_top_up_sent_while_it_settles_are_never_told_it_failed
     served: PaidGateway, round_: int
 ) -> None:
     client = CreditClient(served, served.chain)
-    store: Store = served.running.services.store
+    store = served.store
     wallet, account = client.wallet()
     payment = await client.top_up_payment(wallet)
     before, sent = Money.of(served.chain, account), len(served.rpc.sent)

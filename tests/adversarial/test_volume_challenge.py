@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -35,7 +35,7 @@ import aiohttp
 import pytest
 from solders.keypair import Keypair
 
-from tests.support.adversarial_credit import CALL_CREDIT, credit_env, credit_of, fund, own_chain
+from tests.support.adversarial_credit import CALL_CREDIT, credit_env, credit_of, fund
 from tests.support.adversarial_paid import Money, funded_wallet, via
 from tests.support.cdp_facilitator import close_sdk_rpc_clients
 from tests.support.gateway_server import run_gateway
@@ -57,12 +57,6 @@ CALLS = WALLET_RPS * SECONDS
 CLIENT_IP = "198.51.100.20"
 ON_CREDIT = "/v1/x402/solana/mainnet/provider_b/rpc/getBalance"
 FUNDED = 1_000_000
-
-
-@pytest.fixture(scope="module")
-def chain_rpc() -> Iterator[tuple[UsdcChain, LiteSvmRpcServer]]:
-    with own_chain() as chain_and_server:
-        yield chain_and_server
 
 
 @asynccontextmanager

@@ -1,8 +1,20 @@
-"""What the prepaid-credit attack tests share: a gateway that sells and takes credit, a client
-that buys and spends it, and the credit and money to watch.
+"""pytest plugin: what the prepaid-credit tests share: a gateway that sells and takes credit, a
+client that buys and spends it, and the credit and money to watch.
 
-* :func:`own_chain`: a chain and JSON-RPC server of a module's own, so its gateways can outlive
-  a test (the session's server serves each test's fresh chain).
+Fixtures (a module defining one of the same name uses its own):
+
+* ``chain_rpc`` (module): :func:`own_chain`, a chain and JSON-RPC server of the module's own, so
+  its gateways can outlive a test (the session's server serves each test's fresh chain).
+* ``provider`` (module): the recording loopback provider of the module's gateways;
+  ``answering`` (function): it, answering at once, with no calls recorded yet.
+* ``store`` (function): the Redis store of ``redis_url``, as a test reads what gateways wrote.
+* ``replicas`` (module): two ``x402-gateway serve`` processes on ``chain_rpc`` and ``provider``,
+  started with the module's ``replica_env`` fixture (one Redis, one public address).
+
+Helpers:
+
+* :func:`served_credit_gateway`: a gateway of :func:`credit_env` served in-process (hypercorn
+  on loopback), as a :class:`PaidGateway`.
 * :func:`credit_env`: the paid gateway's env (LiteSVM chain, the internal facilitator settling
   with the chain's fee payer, the recording provider) with credit on, over a Redis store. Every
   limit that is not credit's own is lifted, so each refusal a test sees is the credit's doing.
@@ -17,27 +29,39 @@ that buys and spends it, and the credit and money to watch.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import aiohttp
 import msgspec
+import pytest
+import pytest_asyncio
 import redis.asyncio as aioredis
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
 from gateway.credits import Balance, CreditBook
 from gateway.store import Entry, Store, keys
+from gateway.store.redis import RedisStore
 from gateway.x402.headers import encode_header
 from gateway.x402.siwx_signer import sign_in
 from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, Money, funded_wallet
-from tests.support.gateway_server import PAID_GROUPS
-from tests.support.paid_fixtures import GET_BALANCE, Reply, balance_body, paid_env
+from tests.support.gateway_server import PAID_GROUPS, run_gateway
+from tests.support.paid_fixtures import (
+    GET_BALANCE,
+    PROVIDER_ANSWER,
+    PaidGateway,
+    Reply,
+    balance_body,
+    paid_env,
+)
+from tests.support.paid_processes import PaidProcesses, paid_processes
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, setup_usdc_chain
-from tests.support.upstream import Upstream
+from tests.support.upstream import Upstream, static
 
 TOP_UP_1 = "/v1/x402/credits/top-up/1"
 TOP_UP_1_CREDIT = 1_000_000
@@ -78,6 +102,72 @@ def credit_env(
         "RATE_LIMIT_REFUSED_PAYMENTS_PER_MINUTE": LIFTED,
         **extra,
     }
+
+
+@asynccontextmanager
+async def served_credit_gateway(
+    chain: UsdcChain,
+    rpc: LiteSvmRpcServer,
+    provider: Upstream,
+    redis_url: str,
+    *,
+    store: Store | None = None,
+    **extra: str,
+) -> AsyncIterator[PaidGateway]:
+    """A gateway of :func:`credit_env` (``extra`` added) served in-process, on ``store`` when
+    given (else one of its own on ``redis_url``)."""
+    env = credit_env(chain, rpc, provider, redis_url, **extra)
+    async with run_gateway(env, store=store) as running, aiohttp.ClientSession() as http:
+        yield PaidGateway(running, chain, rpc, provider, None, http)
+
+
+@asynccontextmanager
+async def started_provider() -> AsyncIterator[Upstream]:
+    """A recording loopback provider, for as long as the block runs."""
+    server = Upstream()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture(scope="module")
+def chain_rpc() -> Iterator[tuple[UsdcChain, LiteSvmRpcServer]]:
+    with own_chain() as chain_and_server:
+        yield chain_and_server
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def provider() -> AsyncIterator[Upstream]:
+    async with started_provider() as server:
+        yield server
+
+
+@pytest.fixture
+def answering(provider: Upstream) -> Upstream:
+    provider.responder = static(200, PROVIDER_ANSWER)
+    provider.calls.clear()
+    return provider
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def store(redis_url: str) -> AsyncIterator[Store]:
+    redis = RedisStore(redis_url)
+    yield redis
+    await redis.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def replicas(
+    chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, replica_env: dict[str, str]
+) -> AsyncIterator[PaidProcesses]:
+    """Two gateway processes on one Redis: replicas."""
+    chain, rpc = chain_rpc
+    async with paid_processes(
+        2, chain=chain, rpc=rpc, upstream=provider, facilitator=None, env=replica_env
+    ) as running:
+        yield running
 
 
 class Poster(Protocol):

@@ -1,10 +1,12 @@
-"""A served gateway selling credit with a ledger of its own, and what tests of the ledger read
-back do to it: real payments through it, a transfer around it, the journal as it stands.
+"""pytest plugin: a served gateway selling credit with a ledger of its own, and what tests of the
+ledger read back do to it: real payments through it, a transfer around it, the journal as it stands.
 
 * :func:`ledger_gateway`: the gateway (in-process hypercorn on loopback, over Redis, settling
-  with its own fee payer on the test's LiteSVM chain, journaling to a fresh PostgreSQL schema).
+  with its own fee payer on the test's LiteSVM chain, journaling to a fresh PostgreSQL schema);
+  the ``ledger`` fixture (function) serves one on the session's chain, provider and stores.
 * :func:`settle_activity`: two top-ups, one call paid per call, two calls paid from credit,
   all settled through the gateway and journaled (waits for the background writer).
+* :func:`eventually_owed`: waits until the journal owes a wallet what a test expects.
 * :func:`transfer_to_pay_to`: a USDC transfer into payTo (or elsewhere) made on the chain
   directly, as a customer's wallet would, never seen by the gateway.
 """
@@ -18,8 +20,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import aiohttp
 import asyncpg
+import pytest_asyncio
 from solders.instruction import AccountMeta, Instruction
 from solders.keypair import Keypair
 from solders.message import MessageV0
@@ -29,9 +31,8 @@ from solders.transaction import VersionedTransaction
 from gateway.ledger import Journal, Recorded
 from gateway.solana_rpc import SolanaRpc
 from gateway.x402.svm_payer import transfer_checked_instruction
-from tests.support.adversarial_credit import CreditClient, credit_env
+from tests.support.adversarial_credit import CreditClient, served_credit_gateway
 from tests.support.adversarial_paid import funded_wallet
-from tests.support.gateway_server import run_gateway
 from tests.support.paid_fixtures import GET_BALANCE, PaidGateway, balance_body
 from tests.support.postgres_server import create_schema
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
@@ -67,13 +68,26 @@ async def ledger_gateway(
 ) -> AsyncIterator[LedgerGateway]:
     """``journal_url`` default: a fresh schema on ``postgres_url``."""
     journal_url = journal_url or await create_schema(postgres_url)
-    env = credit_env(chain, rpc, provider, redis_url, LEDGER_DATABASE_URL=journal_url)
-    async with run_gateway(env) as running, aiohttp.ClientSession() as http:
+    async with served_credit_gateway(
+        chain, rpc, provider, redis_url, LEDGER_DATABASE_URL=journal_url
+    ) as served:
         journal = await Journal.open(journal_url)
         try:
-            yield LedgerGateway(PaidGateway(running, chain, rpc, provider, None, http), journal, journal_url)
+            yield LedgerGateway(served, journal, journal_url)
         finally:
             await journal.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def ledger(
+    usdc_chain: UsdcChain,
+    solana_rpc_server: LiteSvmRpcServer,
+    upstream: Upstream,
+    redis_url: str,
+    postgres_url: str,
+) -> AsyncIterator[LedgerGateway]:
+    async with ledger_gateway(usdc_chain, solana_rpc_server, upstream, redis_url, postgres_url) as served:
+        yield served
 
 
 async def settle_activity(served: LedgerGateway) -> list[Keypair]:
@@ -104,6 +118,15 @@ async def journaled(served: LedgerGateway, count: int) -> list[Recorded]:
         await asyncio.sleep(0.05)
     assert len(entries) == count, entries
     return entries
+
+
+async def eventually_owed(journal: Journal, wallet: str, owed: int, timeout_s: float = 5.0) -> None:
+    """Until the journal owes ``wallet`` exactly ``owed`` (spends are journaled in the background,
+    in batches)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (found := await journal.owed_to(wallet)) != owed:
+        assert asyncio.get_running_loop().time() < deadline, f"ledger owes {found}, expected {owed}"
+        await asyncio.sleep(0.05)
 
 
 async def transfer_to_pay_to(

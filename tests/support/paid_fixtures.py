@@ -148,6 +148,12 @@ class PaidGateway:
         return self.running.url
 
     @property
+    def store(self) -> Store:
+        """The gateway's own store (for a test on the gateway's event loop)."""
+        store: Store = self.running.services.store
+        return store
+
+    @property
     def settlement_fee(self) -> int:
         """The settlement fee this gateway's facilitator adds: routes.yaml's for the internal one,
         the configured FACILITATOR_SETTLEMENT_FEE_MICRO_USDC (0 unless set) for the fake CDP."""

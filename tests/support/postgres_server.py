@@ -60,14 +60,18 @@ def database_url(server_url: str, database: str) -> str:
     return urlunsplit(parts._replace(path=f"/{database}"))
 
 
+async def _execute(server_url: str, statement: str) -> None:
+    connection = await asyncpg.connect(server_url)
+    try:
+        await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
 async def create_database(server_url: str) -> str:
     """A new, empty database on the server; its URL (for a gateway process of its own)."""
     name = f"ledger_{secrets.token_hex(6)}"
-    connection = await asyncpg.connect(server_url)
-    try:
-        await connection.execute(f'CREATE DATABASE "{name}" STRATEGY FILE_COPY')
-    finally:
-        await connection.close()
+    await _execute(server_url, f'CREATE DATABASE "{name}" STRATEGY FILE_COPY')
     return database_url(server_url, name)
 
 
@@ -75,11 +79,7 @@ async def create_schema(server_url: str) -> str:
     """A new, empty schema on the server's database; a URL whose connections work in it (a
     schema takes milliseconds where a database takes a second)."""
     name = f"ledger_{secrets.token_hex(6)}"
-    connection = await asyncpg.connect(server_url)
-    try:
-        await connection.execute(f'CREATE SCHEMA "{name}"')
-    finally:
-        await connection.close()
+    await _execute(server_url, f'CREATE SCHEMA "{name}"')
     parts = urlsplit(server_url)
     query = "&".join(q for q in (parts.query, f"search_path={name}") if q)
     return urlunsplit(parts._replace(query=query))
