@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.run import Bench, Server
+    from bench.run import Bench, Server, Spec
 
 LEDGER = "ledger"
 DIRECT = "direct to provider"
@@ -150,7 +150,7 @@ def run_ledger(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server
                     ],
                     p.rounds,
                 )
-            top_ups = [
+            top_ups: list[Spec] = [
                 (top_up_job(g.url, top_up_challenge(g.url), p.paid_latency), TOP_UP, name, g)
                 for name, g in ((OFF, off), (ON, on))
             ]
