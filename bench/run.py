@@ -421,14 +421,18 @@ class Bench:
         self.rows.append(Row(scenario, target, int(job["concurrency"]), result))
         return result
 
-    def load_rounds(self, specs: list[Spec], rounds: int) -> None:
-        """Each spec ``rounds`` times, interleaved so drift hits every target alike. The round with
-        the median req/s among those that other processes left alone is kept (among all rounds
-        when none was), with the spread of all rounds."""
-        seen: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for _ in range(rounds):
-            for job, scenario, target, server in specs:
-                seen.setdefault((scenario, target), []).append(self.measure(job, scenario, target, server))
+    def load_rounds(
+        self, specs: list[Spec], rounds: int, alternate: bool = False
+    ) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        """Each spec ``rounds`` times, interleaved so drift hits every target alike (``alternate``:
+        every other round in reverse order, so no target always follows the same one). The round
+        with the median req/s among those that other processes left alone is kept (among all
+        rounds when none was), with the spread of all rounds. Answers every round's result by
+        (scenario, target), in round order, for figures paired within a round."""
+        seen: dict[tuple[str, str], list[dict[str, Any]]] = {(s[1], s[2]): [] for s in specs}
+        for i in range(rounds):
+            for job, scenario, target, server in specs[::-1] if alternate and i % 2 else specs:
+                seen[(scenario, target)].append(self.measure(job, scenario, target, server))
         for (job, scenario, target, _), results in zip(specs, seen.values(), strict=True):
             ranked = sorted(results, key=lambda r: float(r["rps"]))
             clean = [r for r in ranked if r["foreign_cpu_pct"] <= FOREIGN_CPU_LIMIT * 100] or ranked
@@ -437,6 +441,7 @@ class Bench:
                 median["spread"] = f"{ranked[0]['rps']:.0f}-{ranked[-1]['rps']:.0f}"
             median["unexpected"] = sum(int(r["unexpected"]) for r in results)
             self.rows.append(Row(scenario, target, int(job["concurrency"]), median))
+        return seen
 
     def measure(
         self, job: dict[str, Any], scenario: str, target: str, server: Server | None
