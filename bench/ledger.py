@@ -70,6 +70,7 @@ def postgres(bench: Bench) -> Iterator[str]:
             yield asyncio.run(create_database(server_url))
         finally:
             bench.own_roots.remove(postmaster)
+            bench.own_daemon_cpu_s += _tree_cpu_s(postmaster)
 
 
 async def _postmaster_pid(url: str) -> int:
@@ -90,6 +91,17 @@ def _parent(pid: int) -> int:
         if line.startswith("PPid:"):
             return int(line.split()[1])
     raise RuntimeError(f"no parent of {pid}")
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU-seconds of ``pid``, its children that exited (reaped by it) and those still running."""
+    from bench.load import CLK_TCK, own_ticks
+
+    with contextlib.suppress(OSError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        reaped = int(fields[13]) + int(fields[14])  # cutime, cstime
+        return (reaped + own_ticks(_tree(pid)) - own_ticks([])) / CLK_TCK
+    return 0.0
 
 
 def _tree(pid: int) -> list[int]:
