@@ -38,8 +38,8 @@ DIRECT = "direct to provider"
 OFF = "credit gateway, no ledger"
 ON = "credit gateway, ledger on"
 TOP_UP = "top-up"
-NO_LEDGER_DATABASE = 10
-LEDGER_DATABASE = 11
+NO_LEDGER_DATABASE = 11
+LEDGER_DATABASE = 12
 """Redis databases no other scenario uses."""
 ROUNDS = 7
 """At least this many interleaved rounds, every other one in reverse order: the figures are
