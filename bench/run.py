@@ -22,7 +22,8 @@ SIWX path, (d) one worker against two on Redis (throughput and CPU per request),
 gateway worker's resident memory after warm-up and after M more requests, (f) settlement at the
 chain's pace and (g) the paid path with realistic waits (bench/settlement_pace.py), (h) calls
 paid from prepaid credit beside calls paid one by one (bench/credit.py), (i) one IP calling in
-volume from credit at the default limits (bench/volume.py). Every run is bounded
+volume from credit at the default limits (bench/volume.py), (j) the ledger's cost: a credit
+gateway with and without a ledger in PostgreSQL (bench/ledger.py). Every run is bounded
 in count and time; the whole benchmark stops by itself, prints one ratio line per target and a
 markdown report, also written to bench/results.md. ``--profile DIR`` adds py-spy runs of the
 gateway (after, and separate from, the measured ones) and writes their collapsed stacks and
