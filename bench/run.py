@@ -22,7 +22,8 @@ SIWX path, (d) one worker against two on Redis (throughput and CPU per request),
 gateway worker's resident memory after warm-up and after M more requests, (f) settlement at the
 chain's pace and (g) the paid path with realistic waits (bench/settlement_pace.py), (h) calls
 paid from prepaid credit beside calls paid one by one (bench/credit.py), (i) one IP calling in
-volume from credit at the default limits (bench/volume.py). Every run is bounded
+volume from credit at the default limits (bench/volume.py), (j) the ledger's cost: a credit
+gateway with and without a ledger in PostgreSQL (bench/ledger.py). Every run is bounded
 in count and time; the whole benchmark stops by itself, prints one ratio line per target and a
 markdown report, also written to bench/results.md. ``--profile DIR`` adds py-spy runs of the
 gateway (after, and separate from, the measured ones) and writes their collapsed stacks and
@@ -64,6 +65,7 @@ if str(REPO) not in sys.path:
 from bench.apps import PEER_PATH  # noqa: E402
 from bench.credit import credit_report, credit_summary, run_credit  # noqa: E402
 from bench.flame import render  # noqa: E402
+from bench.ledger import ledger_report, ledger_summary, run_ledger  # noqa: E402
 from bench.load import machine_busy_s  # noqa: E402
 from bench.settlement_pace import pace_report, pace_summary, run_pace_scenarios  # noqa: E402
 from bench.stubs import FACILITATOR_BASE_PATH  # noqa: E402
@@ -298,6 +300,13 @@ def own_cpu_s() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (none when it has exited)."""
+    with contextlib.suppress(OSError):
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return []
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -376,7 +385,16 @@ class Bench:
     """(gateway, when, RSS KiB, requests of the soak so far)."""
     notes: list[str] = field(default_factory=list)
     own_pids: list[int] = field(default_factory=list)
+    own_roots: list[int] = field(default_factory=list)
+    """Processes whose children are the bench's own too, counted afresh for every job (a
+    database server forks a backend per connection)."""
+    own_daemon_cpu_s: float = 0.0
+    """CPU-seconds of processes the bench started but does not reap (a database server's), for
+    the whole run's count of what other processes used."""
     store_pid: int | None = None
+    profile_dir: Path | None = None
+    """``--profile``: where scenarios that profile their own gateways write (j does)."""
+    profiles: list[str] = field(default_factory=list)
     _ip: int = 0
 
     def next_ip(self) -> str:
@@ -385,7 +403,8 @@ class Bench:
         return f"127.0.{1 + self._ip // 250}.{1 + self._ip % 250}"
 
     def run_load(self, job: dict[str, Any], server: Server | None) -> subprocess.Popen[str]:
-        job = {"cap_s": self.profile.cap_s, "local_ip": self.next_ip(), "own_pids": self.own_pids, **job}
+        own = [*self.own_pids, *(pid for root in self.own_roots for pid in (root, *children(root)))]
+        job = {"cap_s": self.profile.cap_s, "local_ip": self.next_ip(), "own_pids": own, **job}
         if server is not None:
             job["cpu_pids"] = server.worker_pids()
             if "STATE_STORE_REST_URL" in server.env:
@@ -406,14 +425,18 @@ class Bench:
         self.rows.append(Row(scenario, target, int(job["concurrency"]), result))
         return result
 
-    def load_rounds(self, specs: list[Spec], rounds: int) -> None:
-        """Each spec ``rounds`` times, interleaved so drift hits every target alike. The round with
-        the median req/s among those that other processes left alone is kept (among all rounds
-        when none was), with the spread of all rounds."""
-        seen: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for _ in range(rounds):
-            for job, scenario, target, server in specs:
-                seen.setdefault((scenario, target), []).append(self.measure(job, scenario, target, server))
+    def load_rounds(
+        self, specs: list[Spec], rounds: int, alternate: bool = False
+    ) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        """Each spec ``rounds`` times, interleaved so drift hits every target alike (``alternate``:
+        every other round in reverse order, so no target always follows the same one). The round
+        with the median req/s among those that other processes left alone is kept (among all
+        rounds when none was), with the spread of all rounds. Answers every round's result by
+        (scenario, target), in round order, for figures paired within a round."""
+        seen: dict[tuple[str, str], list[dict[str, Any]]] = {(s[1], s[2]): [] for s in specs}
+        for i in range(rounds):
+            for job, scenario, target, server in specs[::-1] if alternate and i % 2 else specs:
+                seen[(scenario, target)].append(self.measure(job, scenario, target, server))
         for (job, scenario, target, _), results in zip(specs, seen.values(), strict=True):
             ranked = sorted(results, key=lambda r: float(r["rps"]))
             clean = [r for r in ranked if r["foreign_cpu_pct"] <= FOREIGN_CPU_LIMIT * 100] or ranked
@@ -422,6 +445,7 @@ class Bench:
                 median["spread"] = f"{ranked[0]['rps']:.0f}-{ranked[-1]['rps']:.0f}"
             median["unexpected"] = sum(int(r["unexpected"]) for r in results)
             self.rows.append(Row(scenario, target, int(job["concurrency"]), median))
+        return seen
 
     def measure(
         self, job: dict[str, Any], scenario: str, target: str, server: Server | None
@@ -537,13 +561,13 @@ def verify_body(challenge: dict[str, Any]) -> str:
     return json.dumps(request)
 
 
-SCENARIOS = "abcdefghi"
+SCENARIOS = "abcdefghij"
 
 
 def run_scenarios(
     bench: Bench, servers: dict[str, Server], stubs: dict[str, Server], only: str = SCENARIOS
 ) -> None:
-    """Scenarios (a) to (i), or those named in ``only``; (e) soaks whatever ran before it."""
+    """Scenarios (a) to (j), or those named in ``only``; (e) soaks whatever ran before it."""
     gateways = [(name, servers[name]) for name in (*GATEWAYS, LOGS) if name in servers]
 
     for name in GATEWAYS:
@@ -566,6 +590,8 @@ def run_scenarios(
         run_credit(bench, servers, stubs)
     if "i" in only:
         run_volume(bench, servers, stubs)
+    if "j" in only:
+        run_ledger(bench, servers, stubs)
 
 
 def run_challenges(bench: Bench, servers: dict[str, Server], gateways: list[tuple[str, Server]]) -> None:
@@ -683,16 +709,23 @@ def run_rss(bench: Bench, servers: dict[str, Server], challenges: dict[str, dict
 
 def run_profiles(bench: Bench, gw: Server, outdir: Path, seconds: float) -> list[str]:
     """py-spy the gateway worker under c=32 load per scenario; returns the summary file names."""
-    spy = shutil.which("py-spy")
-    if spy is None:
-        return ["py-spy not found (pip install py-spy): no profiles taken"]
-    outdir.mkdir(parents=True, exist_ok=True)
     c = bench.profile.concurrency
     jobs = {
         "challenge": static_job(gw.url, "POST", PAID_PATH, RPC_BODY, c, (500, 200_000), 402),
         "paid": paid_job(gw.url, PAID_PATH, challenge_of(gw.url + PAID_PATH), c, (300, 4000 * int(seconds))),
         "siwx": siwx_job(gw.url, c, (300, 2500 * int(seconds))),
     }
+    return profile_jobs(bench, gw, {f"gateway-{name}": job for name, job in jobs.items()}, outdir, seconds)
+
+
+def profile_jobs(
+    bench: Bench, gw: Server, jobs: dict[str, dict[str, Any]], outdir: Path, seconds: float
+) -> list[str]:
+    """py-spy ``gw``'s worker for ``seconds`` under each job (named by its file); the summaries."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return ["py-spy not found (pip install py-spy): no profiles taken"]
+    outdir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, job in jobs.items():
         job["cap_s"] = seconds + 5
@@ -701,7 +734,7 @@ def run_profiles(bench: Bench, gw: Server, outdir: Path, seconds: float) -> list
         for line in load.stderr:  # payments and sign-ins are prepared first, then warm-up
             if line.strip() == "measuring":
                 break
-        raw = outdir / f"gateway-{name}.txt"
+        raw = outdir / f"{name}.txt"
         record = ["record", "--pid", str(gw.worker_pid()), "--rate", "250", "--nonblocking"]
         subprocess.run(
             [spy, *record, "--format", "raw", "--duration", str(int(seconds)), "--output", str(raw)],
@@ -711,7 +744,7 @@ def run_profiles(bench: Bench, gw: Server, outdir: Path, seconds: float) -> list
         )
         load.communicate(timeout=3 * seconds + 120)
         if raw.exists():
-            summary = outdir / f"gateway-{name}.summary.txt"
+            summary = outdir / f"{name}.summary.txt"
             summary.write_text(render(raw, top=40) + "\n", encoding="utf-8")
             written.append(str(summary))
             print(f"  profile written: {summary}", flush=True)
@@ -921,6 +954,7 @@ def summary(bench: Bench) -> list[str]:
     lines += pace_summary(bench)
     lines += credit_summary(bench)
     lines += volume_summary(bench)
+    lines += ledger_summary(bench)
     noisy = [row for row in bench.rows if row.result["foreign_cpu_pct"] > FOREIGN_CPU_LIMIT * 100]
     if noisy:
         lines.append("")
@@ -1038,6 +1072,7 @@ def report(bench: Bench, routes: int) -> str:
         *pace_report(bench),
         *credit_report(bench),
         *volume_report(bench),
+        *ledger_report(bench),
     ]
     if bench.notes:
         out += ["", "## Notes", "", *[f"- {n}" for n in bench.notes]]
@@ -1163,7 +1198,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a TERM also stops what we started
     profile = QUICK if args.quick else FULL
     pin = not args.no_pin and len(os.sched_getaffinity(0)) >= 2 and {0, 1} <= os.sched_getaffinity(0)
-    bench = Bench(profile, pin)
+    bench = Bench(profile, pin, profile_dir=args.profile.resolve() if args.profile else None)
     if args.wait_quiet > 0:
         wait_quiet(args.wait_quiet)
     began = time.monotonic()
@@ -1186,8 +1221,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             print("profiling the gateway with py-spy (not part of the figures above)", flush=True)
             profiles = run_profiles(bench, servers[MEMORY], args.profile.resolve(), seconds=6.0)
+    profiles += bench.profiles
     elapsed = time.monotonic() - began
-    foreign = (machine_busy_s() - busy_before) - (own_cpu_s() - ours_before)
+    foreign = (machine_busy_s() - busy_before) - (own_cpu_s() - ours_before) - bench.own_daemon_cpu_s
     bench.notes.append(f"the whole run took {elapsed:.0f} s")
     share = max(foreign, 0.0) / elapsed
     bench.notes.append(

