@@ -10,26 +10,32 @@ comes back by itself, once, and no top-up is credited twice.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 
+import aiohttp
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from solders.keypair import Keypair
 
-from gateway.ledger import Journal, restore
+from gateway.ledger import EntryKind, Journal, restore
 from gateway.store import Store
+from gateway.store.redis import RedisStore
 from tests.support.adversarial_credit import (
     CALL_CREDIT,
     TOP_UP_1_CREDIT,
     CreditClient,
+    credit_env,
     credit_of,
     served_credit_gateway,
     started_provider,
 )
 from tests.support.ledger_served import eventually_owed
 from tests.support.paid_fixtures import PaidGateway
+from tests.support.paid_processes import eventually, paid_processes
 from tests.support.postgres_server import create_schema
 from tests.support.redis_server import RedisServer, start_redis_server
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
@@ -170,3 +176,66 @@ async def test_a_store_rolled_back_past_a_top_up_gets_its_credit_back(
 
     await replicas.eventually(payer, 2 * TOP_UP_1_CREDIT)
     assert await replicas.journal.owed_to(str(payer.pubkey())) == 2 * TOP_UP_1_CREDIT
+
+
+async def test_a_gateway_killed_mid_top_up_is_credited_once_by_the_retry_on_a_replica(
+    chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], postgres_url: str
+) -> None:
+    """A ``serve`` process SIGKILLed while our fee payer waits for its top-up's confirmation: the
+    identical retry on another replica reconciles it as soon as the chain confirms (it takes the
+    payment's place in flight back), the ledger holds it once, and the store and the ledger agree."""
+    chain, rpc = chain_rpc
+    ledger_url = await create_schema(postgres_url)
+    journal = await Journal.open(ledger_url)
+    rpc.confirm_delay_s = 2.0
+    try:
+        with start_redis_server() as store_server:
+            async with started_provider() as provider, paid_processes(
+                2,
+                chain=chain,
+                rpc=rpc,
+                upstream=provider,
+                facilitator=None,
+                env={
+                    **credit_env(chain, rpc, provider, store_server.url),
+                    "LEDGER_DATABASE_URL": ledger_url,
+                },
+            ) as running:
+                killed, other = running.replicas
+                client = CreditClient(killed, chain)
+                payer, _ = client.wallet()
+                payment = await client.top_up_payment(payer)
+                sent_before = len(rpc.sent)
+                first = asyncio.create_task(client.top_up(payment))
+                await eventually(lambda: len(rpc.sent) == sent_before + 1, what="the top-up's broadcast")
+                os.killpg(killed.process.process.pid, signal.SIGKILL)
+                await asyncio.to_thread(killed.process.process.wait, 10)
+                with pytest.raises(aiohttp.ClientError):
+                    await first
+
+                retry = CreditClient(other, chain)
+                started = asyncio.get_running_loop().time()
+                while (reply := await retry.top_up(payment)).status == 503:
+                    assert asyncio.get_running_loop().time() - started < 15, reply.body
+                    await asyncio.sleep(0.5)
+                waited = asyncio.get_running_loop().time() - started
+                again = await retry.top_up(payment)
+
+                store = RedisStore(store_server.url)
+                try:
+                    balance = (await credit_of(store, payer)).balance
+                finally:
+                    await store.close()
+        wallet = str(payer.pubkey())
+        top_ups = [e for e in await journal.movements(wallet) if e.kind is EntryKind.TOP_UP]
+        owed = await journal.owed_to(wallet)
+    finally:
+        rpc.confirm_delay_s = 0.0  # the module's chain: the other tests confirm at once
+        await journal.close()
+
+    assert reply.status == 200, reply.body
+    assert waited < 10, waited  # the chain's 2 s, not a dead process's place held for minutes
+    assert again.status == 200 and again.body == reply.body  # the kept answer, credited nothing more
+    assert len(rpc.sent) == sent_before + 1  # broadcast once
+    assert len(top_ups) == 1 and top_ups[0].signature == rpc.sent[sent_before]
+    assert balance == owed == TOP_UP_1_CREDIT
