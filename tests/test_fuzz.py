@@ -99,6 +99,9 @@ UPSTREAM_PATHS = {
     "PROVIDER_B_DEVNET_RPC_URL": "/provider-b/devnet",
 }
 ALLOWED_ERROR_STATUSES = {400, 402, 404, 405, 409, 413, 429}
+REFUSED_AT_VERIFY = "insufficient_funds"
+"""The facilitator's scripted reason for refusing every payment at verify (no local check uses it)."""
+PAID_PREFIX = "/v1/x402/solana/"
 SETTINGS = settings(
     max_examples=15,
     deadline=None,
@@ -204,13 +207,19 @@ PAYMENT_MUTATIONS = (
 )  # fmt: skip
 
 
+def correct_payment(amount: str, asset: str, pay_to: str, transaction: str) -> dict[str, Any]:
+    """A payment exactly as the route asks for it: only the facilitator can refuse it."""
+    accepted: dict[str, Any] = msgspec.to_builtins(requirements_for(amount, asset, pay_to))
+    return {"x402Version": 2, "payload": {"transaction": transaction}, "accepted": accepted}
+
+
 @st.composite
 def payment_payloads(draw: st.DrawFn, amount: str, asset: str, pay_to: str) -> dict[str, Any]:
     """A correct payment of the route (real transaction, right requirements) with zero to two
     fields broken, so most of them get past decoding and reach the later checks."""
-    accepted: dict[str, Any] = msgspec.to_builtins(requirements_for(amount, asset, pay_to))
     transaction: Any = draw(st.sampled_from(real_transactions(amount, asset, pay_to)))
-    payload: dict[str, Any] = {"x402Version": 2, "payload": {}, "accepted": accepted}
+    payload = correct_payment(amount, asset, pay_to, transaction)
+    accepted: dict[str, Any] = payload["accepted"]
     replace_payload = False
     for mutation in draw(st.lists(st.sampled_from(PAYMENT_MUTATIONS), max_size=2, unique=True)):
         if mutation == "x402Version":
@@ -300,10 +309,10 @@ class World:
         self.stack = AsyncExitStack()
         self.gateway: RunningGateway | None = None
         self.fuzzed = 0
-        self.paid_fuzzed = 0
-        """Cases on paid routes: only a worker that fuzzed one can have reached a verify."""
         self.paid_answers: collections.Counter[tuple[int, str]] = collections.Counter()
         """What those cases were answered (status, error), for the final check's message."""
+        self.correct_answers: collections.Counter[tuple[int, str]] = collections.Counter()
+        """What the paid cases that carried a correct payment (no field broken) were answered."""
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -325,7 +334,7 @@ class World:
         await self.assets.start()
         await self.facilitator.start()
         # Every payment is refused at verify: nothing a fuzzer sends may ever be settled.
-        self.facilitator.inject(Fault.VERIFY_INVALID)
+        self.facilitator.inject(Fault.VERIFY_INVALID, reason=REFUSED_AT_VERIFY)
         env = {
             "X402_PAY_TO_WALLET": PAY_TO,
             "FACILITATOR_URL": self.facilitator.base_url,
@@ -392,13 +401,31 @@ def world() -> Iterator[World]:
 
 def fuzzing_settled_nothing_and_reached_no_provider(world: World) -> None:
     """Checked when the module's fuzzing is over (in each pytest worker that fuzzed): no paid
-    request (none was validly paid) reached a provider or a settle, though near-valid payments
-    got as far as the facilitator's verify (which refused them)."""
+    request (none was validly paid) reached a provider or a settle, though the correct payments
+    the fuzzers sent on requests the route accepts got as far as the facilitator's verify (which
+    refused them) or its refusal guard.
+
+    Whether any such case is drawn at all is the fuzzers' luck: a correct payment (no field
+    broken) on a body or query the route accepts is a few in a hundred of the paid cases, and the
+    draws shift with whatever else the process imported (collecting the whole suite draws other
+    cases than this module alone). So the check counts what was sent; the path itself is pinned
+    by :func:`test_a_correct_payment_gets_as_far_as_verify_and_settles_nothing`."""
     assert world.providers.calls == [], "a fuzzed paid request reached a provider"
     assert world.settles() == 0, "a fuzzed paid request was settled"
-    if world.paid_fuzzed:  # workers that fuzzed only unpaid operations never pay
+    correct = world.correct_answers
+    stopped_before = {
+        answer: n
+        for answer, n in correct.items()
+        if answer[0] in (402, 409) and answer[1] != REFUSED_AT_VERIFY
+    }
+    assert not stopped_before, (
+        f"correct payments refused before verify: {correct.most_common()}; "
+        f"all paid cases: {world.paid_answers.most_common(12)}"
+    )
+    if any(answer in correct for answer in ((402, REFUSED_AT_VERIFY), (429, "rate_limited"))):
         assert world.facilitator.count("verify") > 0, (
-            f"no fuzzed payment got as far as verify: {world.paid_answers.most_common(12)}"
+            f"no fuzzed payment got as far as verify: {correct.most_common()}; "
+            f"all paid cases: {world.paid_answers.most_common(12)}"
         )
 
 
@@ -494,7 +521,51 @@ def check_answer(world: World, response: Any) -> None:
     assert STATUS_BY_CODE[code] == status, body
 
 
+def carries_a_correct_payment(case: Any) -> bool:
+    """The case's payment header is one of the correct payments for its route, nothing broken."""
+    terms = case.operation.definition.raw.get("x-x402") or {}
+    headers = case.headers or {}
+    value = headers.get("PAYMENT-SIGNATURE", headers.get("X-PAYMENT"))
+    if terms.get("scheme") != "exact" or not isinstance(value, str):
+        return False
+    amount, asset, pay_to = terms["price"]["microUsdc"], terms["asset"], terms["payTo"]
+    try:
+        payload = json.loads(base64.b64decode(value, validate=True))
+    except (ValueError, RecursionError):  # not even JSON, or nested past the parser's depth
+        return False
+    return any(
+        payload == correct_payment(amount, asset, pay_to, transaction)
+        for transaction in real_transactions(amount, asset, pay_to)
+    )
+
+
 # --- schemathesis against the running gateway -----------------------------------------------------
+
+GET_BALANCE = "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
+BALANCE_CALL = {"jsonrpc": "2.0", "id": 1, "method": "getBalance", "params": [str(PAYER.pubkey())]}
+
+
+def test_a_correct_payment_gets_as_far_as_verify_and_settles_nothing(
+    world: World, http: requests.Session
+) -> None:
+    """The path the fuzzers' final check counts on, taken on purpose (first in the module, before
+    the fuzzing spends the refusal guard): a correct payment on a request the route accepts is
+    refused by the facilitator's verify, and nothing reaches the provider or a settle."""
+    challenge = http.post(world.url + GET_BALANCE, json=BALANCE_CALL)
+    assert challenge.status_code == 402, challenge.text
+    offer = challenge.json()["accepts"][0]
+    (transaction, *_) = real_transactions(offer["amount"], offer["asset"], offer["payTo"])
+    payment = correct_payment(offer["amount"], offer["asset"], offer["payTo"], transaction)
+    verifies = world.facilitator.count("verify")
+
+    reply = http.post(
+        world.url + GET_BALANCE, json=BALANCE_CALL, headers={"PAYMENT-SIGNATURE": b64json(payment)}
+    )
+
+    assert reply.status_code == 402, reply.text
+    assert reply.json()["error"] == REFUSED_AT_VERIFY
+    assert world.facilitator.count("verify") == verifies + 1
+    assert world.settles() == 0 and world.upstream_calls() == 0
 
 
 @schema.parametrize()
@@ -506,11 +577,12 @@ def test_fuzz_every_operation_never_fails_leaks_or_reaches_upstream(
 
     response = case.call(base_url=world.url, session=http, timeout=10)
     world.fuzzed += 1  # counted for the module's final check (the signed-in pass pays nothing)
-    world.paid_fuzzed += case.path.startswith("/v1/x402/solana/")
-    if case.path.startswith("/v1/x402/solana/"):
+    if case.path.startswith(PAID_PREFIX):
         error = response.json().get("error") if response.content.startswith(b"{") else None
         reason = error.get("code") if isinstance(error, dict) else error
         world.paid_answers[(response.status_code, str(reason))] += 1
+        if carries_a_correct_payment(case):
+            world.correct_answers[(response.status_code, str(reason))] += 1
 
     check_answer(world, response)
     assert world.upstream_calls() == upstream_before, "an unauthenticated request reached an upstream"
@@ -552,9 +624,6 @@ def test_fuzz_signed_in_requests_reach_the_upstream_only_when_valid(
         assert call.headers.get("x-api-key") == ASSET_API_KEY
         declared = {p["name"] for p in case.operation.definition.raw.get("parameters", []) if "name" in p}
         assert set(call.query) <= declared, "a parameter the route does not declare was forwarded"
-
-
-GET_BALANCE = "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
 
 
 def test_too_deeply_nested_json_is_refused_not_a_500(world: World, http: requests.Session) -> None:

@@ -597,6 +597,7 @@ async def test_a_redirect_before_any_challenge_is_not_followed(
 # --- rate limits ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # seconds each: the waits it checks are a second long
 @pytest.mark.parametrize("retry_after", ["0", "", "Thu, 01 Jan 1970 00:00:00 GMT"])
 async def test_a_server_answering_429_forever_gets_one_request_a_second_until_the_bound(
     solana_rpc_server: LiteSvmRpcServer, retry_after: str
