@@ -26,7 +26,7 @@ from tests.support.ledger_served import allow_connections, eventually_owed
 from tests.support.paid_fixtures import GET_BALANCE, PaidGateway, balance_body
 from tests.support.postgres_server import create_database, create_schema
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
-from tests.support.upstream import Upstream
+from tests.support.upstream import Upstream, static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
 
@@ -97,6 +97,31 @@ async def test_calls_paid_from_credit_are_journaled_as_spends(served: PaidGatewa
         (CALL_CREDIT, "solana.mainnet.provider_a.rpc.getBalance")
     ] * 3
     assert (await credit_of(served.store, payer)).balance == TOP_UP_1_CREDIT - 3 * CALL_CREDIT
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_call_whose_provider_failed_is_journaled_as_released_and_moves_no_money(
+    served: PaidGateway, journal: Journal
+) -> None:
+    client = CreditClient(served, served.chain)
+    payer, _ = client.wallet()
+    wallet = str(payer.pubkey())
+    assert (await client.top_up(await client.top_up_payment(payer))).status == 200
+    answering = served.upstream.responder
+    served.upstream.responder = static(500, {"error": "down"})
+    try:
+        failed = await client.spend(await client.sign_in(payer))
+    finally:
+        served.upstream.responder = answering
+
+    assert failed.status == 502, failed.body
+    deadline = asyncio.get_running_loop().time() + 5
+    while not [e for e in await _entries_of(journal, wallet) if e.kind is EntryKind.CREDIT_RELEASED]:
+        assert asyncio.get_running_loop().time() < deadline, "no release journaled"
+        await asyncio.sleep(0.05)
+    kinds = [(e.kind, e.amount_micro) for e in await _entries_of(journal, wallet)]
+    assert kinds == [(EntryKind.TOP_UP, TOP_UP_1_CREDIT), (EntryKind.CREDIT_RELEASED, CALL_CREDIT)]
+    assert await journal.owed_to(wallet) == TOP_UP_1_CREDIT == (await credit_of(served.store, payer)).balance
 
 
 @pytest.mark.asyncio(loop_scope="session")

@@ -41,6 +41,9 @@ class EntryKind(StrEnum):
     """A call's held credit was taken once its provider answered."""
     CREDIT_LAPSED = "credit_lapsed"
     """A wallet's credit lapsed unspent."""
+    CREDIT_RELEASED = "credit_released"
+    """A call's held credit was given back (its provider failed): a memo with no postings, since
+    a hold and its release move no money; what the call took is its ``credit_spent``."""
 
 
 class Posting(msgspec.Struct, frozen=True):
@@ -137,4 +140,17 @@ def credit_lapsed(*, ref: str, wallet: str, amount_micro: int, at_ms: int) -> En
         amount_micro=amount_micro,
         wallet=wallet,
         postings=(Posting(credit_account(wallet), amount_micro), Posting(LAPSED, -amount_micro)),
+    )
+
+
+def credit_released(*, ref: str, route: str, wallet: str, amount_micro: int, at_ms: int) -> Entry:
+    """A call's hold released (``ref`` names the hold): recorded, nothing owed changes."""
+    return Entry(
+        ref=f"credit-release:{ref}",
+        kind=EntryKind.CREDIT_RELEASED,
+        occurred_at_ms=at_ms,
+        amount_micro=amount_micro,
+        wallet=wallet,
+        route=route,
+        postings=(),
     )

@@ -51,6 +51,14 @@ class MoneyRecorder:
                 )
             )
 
+    def credit_released(self, *, hold: str, route: str, wallet: str, amount_micro: int) -> None:
+        if self.writer is not None:
+            self.writer.record_soon(
+                entries.credit_released(
+                    ref=hold, route=route, wallet=wallet, amount_micro=amount_micro, at_ms=_now_ms()
+                )
+            )
+
     def credit_lapsed(self, *, wallet: str, amount_micro: int) -> None:
         if self.writer is not None and amount_micro > 0:
             at_ms = _now_ms()

@@ -243,6 +243,9 @@ class CreditMethod:
                 await self.sessions.refund(hold)
             else:
                 await self.book.release(hold)
+            self.recorder.credit_released(
+                hold=hold.token, route=self.route_name, wallet=hold.wallet, amount_micro=hold.amount
+            )
         except StoreUnavailable:
             log_event(
                 "credit hold left to lapse: store unavailable", route=self.route_name, wallet=hold.wallet
