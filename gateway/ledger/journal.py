@@ -144,9 +144,24 @@ class Journal:
 
     async def record(self, entries: Sequence[Entry]) -> int:
         """Append ``entries`` in order, in one transaction; answer how many were new."""
+        return len(await self._append(entries))
+
+    async def record_one(self, entry: Entry) -> int:
+        """Append ``entry`` (if its ref is new) and answer its journal id, new or found: one
+        statement when it is new, a second to find it when it was recorded before."""
+        for new in await self._append([entry]):
+            return new
+        found = await self._fetchval("SELECT id FROM ledger_entries WHERE ref = $1", entry.ref)
+        if found is None:
+            raise LedgerUnavailable(f"ledger entry {entry.ref} recorded but not found")
+        return int(found)
+
+    async def _append(self, entries: Sequence[Entry]) -> set[int]:
+        """The one write: ``entries`` in order, each skipped when its ref is known; the ids of
+        the new ones that carry postings (a memo without postings is written, not answered)."""
         unique = list({entry.ref: entry for entry in entries}.values())
         if not unique:
-            return 0
+            return set()
         postings = [(e.ref, p.account, p.amount_micro) for e in unique for p in e.postings]
         arguments = (
             [e.ref for e in unique],
@@ -168,15 +183,7 @@ class Journal:
             except _DATABASE_ERRORS as failed:
                 LEDGER_WRITE_ERRORS.inc()
                 raise LedgerUnavailable(f"ledger write failed: {type(failed).__name__}") from None
-        return len({row["entry_id"] for row in rows})
-
-    async def record_one(self, entry: Entry) -> int:
-        """Append ``entry`` (if its ref is new) and answer its journal id, new or found."""
-        await self.record([entry])
-        found = await self._fetchval("SELECT id FROM ledger_entries WHERE ref = $1", entry.ref)
-        if found is None:
-            raise LedgerUnavailable(f"ledger entry {entry.ref} recorded but not found")
-        return int(found)
+        return {int(row["entry_id"]) for row in rows}
 
     async def last_top_up(self) -> int:
         """The journal id of the newest top-up (0 when there is none)."""

@@ -28,10 +28,6 @@ class MoneyRecorder:
         self.journal = journal
         self.writer = writer
 
-    @property
-    def enabled(self) -> bool:
-        return self.journal is not None
-
     async def top_up(self, payment: SettledPayment) -> int | None:
         """Write a settled top-up now and answer its journal id (None without a ledger);
         ``LedgerUnavailable`` if it could not be (book nothing then)."""
