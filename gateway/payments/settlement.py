@@ -270,13 +270,10 @@ class Settlement:
             cap = min(cap, ANSWER_CAP_BYTES)
         kept = delivered if len(delivered.body) <= cap else None
         record = DeliveredRecord(paid.fingerprint, paid.claimant, kept)
-        credits: list[Credit] = []
-        if self.top_up is not None:
-            journaled = await self._journal_top_up(paid, result)
-            if journaled is False:
-                await self._left_pending(paid, intent, result)
-                return Pending()
-            credits = self.top_up.credits(paid.payer, journaled)
+        credits = await self._top_up_credits(paid, result) if self.top_up is not None else []
+        if credits is None:
+            await self._left_pending(paid, intent, result)
+            return Pending()
         try:
             first = await self.ledger.deliver(paid.key, record, credits)
         except StoreUnavailable:
@@ -317,15 +314,15 @@ class Settlement:
             payment_key=paid.key,
         )
 
-    async def _journal_top_up(self, paid: PaidRequest, result: SettleResponse) -> int | bool | None:
-        """Write the settled top-up to the ledger before its credit is booked: credit the store
-        holds is always in the ledger first. Its journal id (None without a ledger), which the
-        booking raises the store's ledger position to; False when the ledger could not be
-        written: the credit is not booked, the settlement is left pending and the client's retry
-        of the identical request writes and books it (once: the entry's ref is the settlement)."""
+    async def _top_up_credits(self, paid: PaidRequest, result: SettleResponse) -> list[Credit] | None:
+        """The settled top-up written to the ledger, then the credit its delivery books (raising
+        the store's ledger position to the entry): credit the store holds is always in the ledger
+        first. None when the ledger could not be written: nothing is booked, the settlement is
+        left pending and the client's retry of the identical request writes and books it (once:
+        the entry's ref is the settlement)."""
         assert self.top_up is not None
         try:
-            return await self.recorder.top_up(self._settled(paid, result, self.top_up.amount))
+            entry_id = await self.recorder.top_up(self._settled(paid, result, self.top_up.amount))
         except LedgerUnavailable as failed:
             log_event(
                 "top-up settled, its credit not booked: ledger unavailable",
@@ -335,7 +332,8 @@ class Settlement:
                 settlement=result.transaction,
                 reason=str(failed),
             )
-            return False
+            return None
+        return self.top_up.credits(paid.payer, entry_id)
 
     async def _left_pending(
         self, paid: PaidRequest, intent: PendingSettlement, result: SettleResponse | None
