@@ -148,7 +148,7 @@ class CreditMethod:
                 return Checked(limited, wallet)
             case Uncovered():
                 short = "the wallet's credit does not cover this call"
-                uncovered = Refused(INSUFFICIENT_CREDIT, short, wallet, Outcome.CREDIT_UNCOVERED, probe=True)
+                uncovered = Refused(INSUFFICIENT_CREDIT, short, wallet, Outcome.CREDIT_UNCOVERED)
                 return Checked(uncovered, wallet)
         raise StoreUnavailable("state store admitted a sign-in without holding its credit")
 

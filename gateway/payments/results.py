@@ -65,9 +65,12 @@ class Refused:
     payer: str | None = None
     outcome: Outcome = Outcome.REJECTED
     """How it is counted: a failed payment, unless it is a probe for credit that found none."""
-    probe: bool = False
-    """A good credential that found nothing to spend (a sign-in without enough credit): the
-    client pays another way next, and that payment's admission hands this count back too."""
+
+    @property
+    def probe(self) -> bool:
+        """A good credential that found nothing to spend (a sign-in without enough credit): the
+        client pays another way next, and that payment's admission hands this count back too."""
+        return self.outcome is Outcome.CREDIT_UNCOVERED
 
 
 @dataclass(frozen=True, slots=True)
