@@ -79,7 +79,15 @@ _COLUMNS = ", ".join(
     ]
 )
 
-_DATABASE_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+# ``InternalClientError`` is the pool's own state error; a database going away mid-acquire can
+# surface as one, and it means the same to a caller: the ledger cannot answer now.
+_DATABASE_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
 
 
 def _ms(moment: datetime) -> int:
@@ -121,17 +129,22 @@ class Journal:
         role that may not create tables reads, e.g. the CLI's export and reconcile)."""
         try:
             pool = await asyncpg.create_pool(
-                url, min_size=1, max_size=max_connections, timeout=timeout_s, command_timeout=timeout_s
+                # No connection floor: asyncpg's background floor upkeep races acquirers while the
+                # database refuses connections; connections open on demand instead.
+                url, min_size=0, max_size=max_connections, timeout=timeout_s, command_timeout=timeout_s
             )
-            if not migrate:
-                return cls(pool, timeout_s)
-            async with pool.acquire() as connection:
-                await connection.execute("SELECT pg_advisory_lock(402402)")
-                try:
-                    await connection.execute(MIGRATION)
-                finally:
-                    await connection.execute("SELECT pg_advisory_unlock(402402)")
         except _DATABASE_ERRORS as failed:
+            raise LedgerUnavailable(f"ledger database unavailable: {type(failed).__name__}") from None
+        try:
+            async with pool.acquire() as connection:
+                if migrate:
+                    await connection.execute("SELECT pg_advisory_lock(402402)")
+                    try:
+                        await connection.execute(MIGRATION)
+                    finally:
+                        await connection.execute("SELECT pg_advisory_unlock(402402)")
+        except _DATABASE_ERRORS as failed:
+            pool.terminate()
             raise LedgerUnavailable(f"ledger database unavailable: {type(failed).__name__}") from None
         return cls(pool, timeout_s)
 
