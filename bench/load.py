@@ -7,9 +7,9 @@ before the clock starts:
 
 * ``static``: the same request every time (402 challenges, direct-to-provider calls);
 * ``paid``: one UNIQUE exact payment per request, built with the gateway's own client-side
-  builder (``gateway.x402.svm_payer``) against a fixed blockhash and the mint's decimals, each
+  builder (``client.svm_payer``) against a fixed blockhash and the mint's decimals, each
   with its own memo so every transaction signature differs and replay protection never refuses;
-* ``siwx``: one fresh SIGN-IN-WITH-X header per request, signed (``gateway.x402.siwx_signer``)
+* ``siwx``: one fresh SIGN-IN-WITH-X header per request, signed (``client.siwx_signer``)
   over a challenge fetched from the server just before the run (nonces live 300 s); on a paid
   route (a POST with its body) each sign-in spends the wallet's prepaid credit. With ``top_up``
   (a top-up route's path) the wallet is a fresh one that first buys credit there with one exact
@@ -49,9 +49,9 @@ import msgspec
 from solders.hash import Hash
 from solders.keypair import Keypair
 
+from client.siwx_signer import sign_in
+from client.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.x402.headers import encode_header
-from gateway.x402.siwx_signer import sign_in
-from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.x402.types import PaymentRequirements, ResourceInfo
 
 BLOCKHASH = Hash.from_bytes(hashlib.sha256(b"x402-gateway-bench-blockhash").digest())

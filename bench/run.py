@@ -354,7 +354,7 @@ def gateway_env(port: int, stubs: dict[str, Server], routes_file: Path, log_leve
 
 def mounted_routes(env: dict[str, str]) -> int:
     from gateway.config import load_settings
-    from gateway.routes import load_routes, named_limits, plan_routes
+    from gateway.routing.routes import load_routes, named_limits, plan_routes
 
     settings = load_settings(env)
     mounted, _ = plan_routes(load_routes(settings.routes_file, named_limits(settings)), settings)
@@ -1030,7 +1030,7 @@ def report(bench: Bench, routes: int) -> str:
         "",
         "## (b) paid path",
         "",
-        "Each request carries a unique, valid exact payment (built with `gateway.x402.svm_payer`, fixed "
+        "Each request carries a unique, valid exact payment (built with `client.svm_payer`, fixed "
         "blockhash, unique memo): verify, claim, provider call, settle, all on loopback. Added latency = "
         "latency minus `direct to provider` at the same concurrency. `direct to facilitator` is one "
         "/verify round trip: the gateway makes two of those (verify, settle) besides the provider call. "

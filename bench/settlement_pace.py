@@ -55,7 +55,7 @@ from solders.transaction import VersionedTransaction
 from bench.apps import PEER_PATH
 from bench.load import CLK_TCK, machine_busy_s, own_ticks, percentile
 from bench.stubs import APPS, FACILITATOR_BASE_PATH
-from gateway.payclient import (
+from client.pay import (
     Challenge,
     SpendPolicy,
     choose_requirement,
@@ -63,16 +63,16 @@ from gateway.payclient import (
     payment_header,
     payment_identifier,
 )
-from gateway.sandbox.chain import USDC_MAINNET_MINT, LiteSvmRpcServer, set_token_account, setup_usdc_chain
-from gateway.solana_rpc import SolanaRpc
-from gateway.x402.headers import HeaderError, decode_header
-from gateway.x402.svm_payer import (
+from client.svm_payer import (
     MintInfo,
     build_exact_transaction,
     build_payment_payload,
     fetch_mint_info,
     transfer_checked_instruction,
 )
+from gateway.outbound.solana_rpc import SolanaRpc
+from gateway.sandbox.chain import USDC_MAINNET_MINT, LiteSvmRpcServer, set_token_account, setup_usdc_chain
+from gateway.x402.headers import HeaderError, decode_header
 from gateway.x402.types import PaymentRequirements, ResourceInfo, SettleResponse
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from solders.keypair import Keypair
 
-from gateway.x402.siwx_signer import sign_in
+from client.siwx_signer import sign_in
 
 if TYPE_CHECKING:
     from bench.run import Bench, Server

@@ -17,12 +17,8 @@ from itertools import groupby
 from starlette.applications import Starlette
 from starlette.types import ASGIApp as StarletteASGIApp
 
-from gateway.asgi import ASGIApp, BodyReadDeadline
 from gateway.config import Settings, startup_notes
-from gateway.credit_sessions import CreditSessions, SessionTerms
-from gateway.credits import credit_book
 from gateway.handlers.catalog import CatalogHandler
-from gateway.handlers.credits import BalanceHandler, SessionOpenHandler, SessionRevokeHandler, TopUpHandler
 from gateway.handlers.docs import DocsHandler
 from gateway.handlers.health import HealthHandler
 from gateway.handlers.jsonrpc import JsonRpcProxy
@@ -30,15 +26,30 @@ from gateway.handlers.metrics import MetricsHandler
 from gateway.handlers.openapi import OpenApiHandler
 from gateway.handlers.readiness import ReadyHandler
 from gateway.handlers.tokens import TokensHandler
-from gateway.logs import configure_logging, log_event
-from gateway.methods import binder
-from gateway.pricing import credit_terms
-from gateway.router import MethodDispatcher, PathTable, not_found
-from gateway.routes import RouteSpec, load_routes, named_limits, payment_methods, plan_routes, sells_anything
+from gateway.methods.credit.handlers import (
+    BalanceHandler,
+    SessionOpenHandler,
+    SessionRevokeHandler,
+    TopUpHandler,
+)
+from gateway.methods.credit.sessions import CreditSessions, SessionTerms
+from gateway.methods.seam import binder
+from gateway.methods.sign_in import SignInGate
+from gateway.routing.pricing import credit_terms
+from gateway.routing.routes import (
+    RouteSpec,
+    load_routes,
+    named_limits,
+    payment_methods,
+    plan_routes,
+    sells_anything,
+)
+from gateway.routing.vocabulary import ACCESS_MODES, PAYMENT_METHODS
 from gateway.services import Services
-from gateway.sign_in import SignInGate
 from gateway.store import Store
-from gateway.vocabulary import ACCESS_MODES, PAYMENT_METHODS
+from gateway.telemetry.logs import configure_logging, log_event
+from gateway.web.asgi import ASGIApp, BodyReadDeadline
+from gateway.web.router import MethodDispatcher, PathTable, not_found
 from middleware.cors import CorsMiddleware
 from middleware.paid_access import PaidAccess
 from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
@@ -101,16 +112,16 @@ def _jsonrpc(route: RouteSpec, services: Services) -> ASGIApp:
 
 def _credit_top_up(route: RouteSpec, services: Services) -> ASGIApp:
     assert route.provider_price_micro_usdc is not None, f"top-up {route.name} has no price"
-    return TopUpHandler(credit_book(services), route.provider_price_micro_usdc)
+    return TopUpHandler(services.credit_book, route.provider_price_micro_usdc)
 
 
 def _credit_balance(route: RouteSpec, services: Services) -> ASGIApp:
-    return BalanceHandler(credit_book(services), services.recorder)
+    return BalanceHandler(services.credit_book, services.recorder)
 
 
 def credit_sessions(services: Services) -> CreditSessions:
     """The app's credit sessions: on its store, for its sign-in origin."""
-    return CreditSessions(services.store, services.siwx.base_url, credit_book(services))
+    return CreditSessions(services.store, services.siwx.base_url, services.credit_book)
 
 
 def _credit_session_open(route: RouteSpec, services: Services) -> ASGIApp:
@@ -144,7 +155,7 @@ HANDLER_FACTORIES: dict[str, HandlerFactory] = {
     "credit_session_open": _credit_session_open,
     "credit_session_revoke": _credit_session_revoke,
 }
-"""One factory per handler of :data:`gateway.vocabulary.HANDLERS` (a test holds the two equal)."""
+"""One factory per handler of :data:`gateway.routing.vocabulary.HANDLERS` (a test holds the two equal)."""
 
 
 def challenge_limit(app: ASGIApp, services: Services, credential_headers: tuple[bytes, ...]) -> ASGIApp:
@@ -195,7 +206,7 @@ ACCESS_LAYERS: dict[str, AccessLayer] = {
     "internal": _internal_gate,
 }
 """The middlewares around a handler, per built-in access mode of
-:data:`gateway.vocabulary.ACCESS_MODES`; every payment method gets :func:`_paid`."""
+:data:`gateway.routing.vocabulary.ACCESS_MODES`; every payment method gets :func:`_paid`."""
 
 
 def access_layer(access: str) -> AccessLayer | None:

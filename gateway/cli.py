@@ -15,18 +15,19 @@ from typing import Any, NoReturn
 
 from gateway.config import INTERNAL, ConfigError, Settings, read_settings, startup_notes
 from gateway.pipes import guarded_streams
-from gateway.pricing import FacilitatorFee, credit_price, facilitator_fee, route_price
-from gateway.redact import redact_url
-from gateway.routes import (
+from gateway.routing.pricing import FacilitatorFee, facilitator_fee, route_price
+from gateway.routing.routes import (
     RateLimitSpec,
     RoutePlan,
     RoutesError,
     RouteSpec,
+    credit_price,
     load_routes,
     named_limits,
     route_plan,
 )
-from gateway.settlement_cost import worst_case_lamports
+from gateway.routing.settlement_cost import worst_case_lamports
+from gateway.telemetry.redact import redact_url
 
 PRICING_VARIABLES = ("ROUTES_FILE", "FACILITATOR_URL", "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC")
 """What ``routes`` reads: the table and the facilitator whose settlement fee the prices carry."""
@@ -371,8 +372,8 @@ def _print_sandbox_env(args: argparse.Namespace, state_dir: Path | None) -> int:
 def cmd_pay(args: argparse.Namespace) -> int:
     import asyncio
 
-    from gateway.creditclient import run_top_up
-    from gateway.payclient import run_pay, waiting_out_rate_limits
+    from client.credits import run_top_up
+    from client.pay import run_pay, waiting_out_rate_limits
 
     output = "json" if args.json else "quiet" if args.quiet else "text"
     usdc_mint = args.usdc_mint or os.environ.get("X402_USDC_MINT") or None
@@ -416,8 +417,8 @@ def cmd_pay(args: argparse.Namespace) -> int:
 def cmd_credits(args: argparse.Namespace) -> int:
     import asyncio
 
-    from gateway.creditclient import run_credits, run_open_session, run_revoke_session
-    from gateway.payclient import waiting_out_rate_limits
+    from client.credits import run_credits, run_open_session, run_revoke_session
+    from client.pay import waiting_out_rate_limits
 
     with waiting_out_rate_limits(True, None if args.json else sys.stderr):  # as pay does
         if args.open_session is not None:
@@ -449,7 +450,7 @@ def cmd_credits(args: argparse.Namespace) -> int:
 def cmd_balance(args: argparse.Namespace) -> int:
     import asyncio
 
-    from gateway.payclient import run_balance
+    from client.pay import run_balance
 
     return asyncio.run(
         run_balance(

@@ -2,7 +2,7 @@
 
 This module checks each value; which variables are *required* depends on the route groups the
 operator serves (``ROUTE_GROUPS``, default: every group of routes.yaml), and
-``gateway.routes.route_plan`` adds a problem for each one a served group lacks.
+``gateway.routing.routes.route_plan`` adds a problem for each one a served group lacks.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import msgspec
 import yaml
 from solders.pubkey import Pubkey
 
-from gateway import yaml_document
-from gateway.redact import Secret
+from gateway.routing import yaml_document
 from gateway.store import STORE_URL_PROBLEM, known_store_url, shared_store_url
+from gateway.telemetry.redact import Secret
 from gateway.x402.svm import DEFAULT_MAX_COMPUTE_UNIT_LIMIT, DEFAULT_MAX_COMPUTE_UNIT_PRICE, ExactPolicy
 from gateway.x402.types import USDC_MAINNET_MINT
 
@@ -398,7 +398,7 @@ def _log_level(reader: _Reader) -> str:
 
 CHALLENGE_LOG_MODES = ("summary", "all", "off")
 """``LOG_CHALLENGES``: plain 402 challenges counted per route in a periodic line, logged one line
-each, or not logged (gateway.request_log)."""
+each, or not logged (gateway.telemetry.request_log)."""
 
 
 def _log_challenges(reader: _Reader) -> str:
@@ -412,7 +412,7 @@ def _log_challenges(reader: _Reader) -> str:
 
 def _check_keys(settings: Settings, problems: list[str]) -> None:
     """Key material is parsed at start-up so a bad key is a config problem, not a crash later."""
-    from gateway.payments.cdp_auth import CdpKey
+    from gateway.facilitators.cdp_auth import CdpKey
     from gateway.x402.svm import parse_wallet
 
     if settings.facilitator_wallet:

@@ -13,28 +13,28 @@ from contextlib import asynccontextmanager
 
 from gateway.background import cancel_and_wait
 from gateway.config import INTERNAL, Settings
-from gateway.credit_lapse import CreditSweeper
-from gateway.credits import credit_book
+from gateway.facilitators.health import FacilitatorHealth
+from gateway.facilitators.http import ChallengeFeePayer, Facilitator, HttpFacilitator
+from gateway.facilitators.local import load_local_facilitator
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
 from gateway.ledger import Journal, JournalWriter, LedgerUnavailable
 from gateway.ledger.recorder import MoneyRecorder
 from gateway.ledger.restore import StoreRestorer
-from gateway.logs import log_event
-from gateway.metrics import Usage
-from gateway.payments.confirmations import FOLLOW_MAX_S
-from gateway.payments.facilitator_health import FacilitatorHealth
-from gateway.payments.facilitators import ChallengeFeePayer, Facilitator, HttpFacilitator
-from gateway.payments.fee_guard import FeeGuard
-from gateway.payments.local_facilitator import load_local_facilitator
-from gateway.payments.offer import SettlingFacilitator
-from gateway.pricing import facilitator_fee
-from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
-from gateway.readiness import build_readiness, facilitator_probes
-from gateway.request_log import RequestLog
-from gateway.routes import RouteSpec, named_limits, payment_methods
+from gateway.limits.rate_limiter import CHALLENGE_SCOPE, RateLimiter
+from gateway.limits.synced import SyncedWindowLimit
+from gateway.methods.credit.book import credit_book
+from gateway.methods.credit.lapse import CreditSweeper
+from gateway.methods.exact.confirmations import FOLLOW_MAX_S
+from gateway.methods.exact.fee_guard import FeeGuard
+from gateway.methods.exact.offer import SettlingFacilitator
+from gateway.outbound.client import UpstreamClient
+from gateway.routing.pricing import facilitator_fee
+from gateway.routing.routes import RouteSpec, named_limits, payment_methods
 from gateway.store import Store, StoreUnavailable, open_store
-from gateway.synced_limit import SyncedWindowLimit
-from gateway.upstream_client import UpstreamClient
+from gateway.telemetry.logs import log_event
+from gateway.telemetry.metrics import Usage
+from gateway.telemetry.readiness import build_readiness, facilitator_probes
+from gateway.telemetry.request_log import RequestLog
 from gateway.x402.siwx import SiwxIssuer, random_secret
 
 UPSTREAM_CONNECTIONS = 100
@@ -72,6 +72,8 @@ class Services:
             settings.rate_limit_refused_per_minute,
             ipv6_prefix_length=settings.client_ipv6_prefix_length,
         )
+        self.credit_book = credit_book(self.store, settings)
+        """Prepaid credit on this store: every part that moves credit shares this one book."""
         self.usage = Usage(self.store, routes, lambda route: payment_methods(route, settings))
         self.request_log = RequestLog(settings.log_challenges)
         self._usage_flusher: asyncio.Task[None] | None = None
@@ -187,7 +189,7 @@ class Services:
         self.recorder.writer.start()
         if not self.settings.credits_enabled:
             return
-        book = credit_book(self)
+        book = self.credit_book
         self.restorer = StoreRestorer(self.store, journal, lapse_ms=book.lapse_ms, grace_ms=book.grace_ms)
         try:
             await self.restorer.check()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.asgi import ASGIApp, Message, RawHeaders, Receive, Scope, Send, send_bytes
+from gateway.web.asgi import ASGIApp, Message, RawHeaders, Receive, Scope, Send, send_bytes
 
 ALLOW_HEADERS = (
     "Content-Type, PAYMENT-SIGNATURE, X-PAYMENT, X-PAYMENT-RESPONSE, PAYMENT-RESPONSE, "

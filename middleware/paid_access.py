@@ -8,7 +8,7 @@ the handler, whose answer is buffered and handed to the method to finish only wh
 grant stays in this call: no other layer sees it. Every method's admission passes here, so
 this is the one place a 402 answered with an admitted credential is handed back to the client
 IP's challenge limit: only unanswered 402s and refused credentials add up. Invalid input and
-store outages are left to the one conversion of each (``gateway.failures``): 400 and 503.
+store outages are left to the one conversion of each (``gateway.web.failures``): 400 and 503.
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.asgi import (
+from gateway.errors import ErrorCode, GatewayError
+from gateway.limits.rate_limiter import Limited, RateLimiter
+from gateway.methods.results import Conflict, InProgress, Refused, Replay
+from gateway.methods.seam import Admitted, Answer, Finished, Incoming, Offer, RouteMethod
+from gateway.routing.validation import ValidatedInput
+from gateway.routing.vocabulary import Outcome
+from gateway.web.asgi import (
     ASGIApp,
     Message,
     Receive,
@@ -28,13 +34,7 @@ from gateway.asgi import (
     send_bytes,
     send_error,
 )
-from gateway.context import request_context
-from gateway.errors import ErrorCode, GatewayError
-from gateway.methods import Admitted, Answer, Finished, Incoming, Offer, RouteMethod
-from gateway.payments import Conflict, InProgress, Refused, Replay
-from gateway.rate_limiter import Limited, RateLimiter
-from gateway.validation import ValidatedInput
-from gateway.vocabulary import Outcome
+from gateway.web.context import request_context
 from middleware.payment_answers import PaymentAnswers
 
 

@@ -1,6 +1,6 @@
 """How a payment method's decisions sound on the wire: 402 challenges, refusals, paid answers.
 
-Every method speaks the same values (:mod:`gateway.methods`, :mod:`gateway.payments.results`),
+Every method speaks the same values (:mod:`gateway.methods`, :mod:`gateway.methods.results`),
 so one renderer serves them all; the 402 itself is the route's, composed by the access layer.
 """
 
@@ -10,14 +10,15 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
-from gateway.asgi import Scope, Send, send_bytes, send_error
-from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
-from gateway.logs import log_event
-from gateway.methods import Offer
-from gateway.payments import Delivered, Failed, Interrupted, Pending, Refused, Settled, StoredResponse
-from gateway.rate_limiter import RateLimiter
-from gateway.vocabulary import Outcome
+from gateway.limits.rate_limiter import RateLimiter
+from gateway.methods.exact.ledger import StoredResponse
+from gateway.methods.results import Delivered, Failed, Interrupted, Pending, Refused, Settled
+from gateway.methods.seam import Offer
+from gateway.routing.vocabulary import Outcome
+from gateway.telemetry.logs import log_event
+from gateway.web.asgi import Scope, Send, send_bytes, send_error
+from gateway.web.context import request_context
 from gateway.x402.headers import CREDIT_BALANCE_HEADER
 
 ChallengeFor = Callable[[Scope, str | None], Awaitable[Offer]]

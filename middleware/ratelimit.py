@@ -1,4 +1,4 @@
-"""The rate-limit middlewares; the decisions are :class:`gateway.rate_limiter.RateLimiter`'s.
+"""The rate-limit middlewares; the decisions are :class:`gateway.limits.rate_limiter.RateLimiter`'s.
 
 :class:`ChallengeRateLimit` counts requests without a credential (they get a 402) per client IP;
 :class:`ScopeRateLimit` applies a public route's declared limits before its handler. The paid and
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.asgi import ASGIApp, Receive, Scope, Send, header
-from gateway.rate_limiter import RateLimiter
-from gateway.routes import RateLimitSpec
+from gateway.limits.rate_limiter import RateLimiter
+from gateway.routing.routes import RateLimitSpec
+from gateway.web.asgi import ASGIApp, Receive, Scope, Send, header
 
 
 class ChallengeRateLimit:

@@ -3,7 +3,7 @@
 The order never changes: no ``SIGN-IN-WITH-X`` header -> 402 challenge before the body is read
 (a challenge has no side effect: it is not counted against any limit); a header -> verify it
 (refused: 402 with a fresh challenge whose ``error`` is the reason) -> validate path, query and
-body (400/413) -> :class:`~gateway.sign_in.SignInGate` admits it (replayed: 402; over a limit:
+body (400/413) -> :class:`~gateway.methods.sign_in.SignInGate` admits it (replayed: 402; over a limit:
 429) -> the handler. Every refusal, a 429 included, counts against the client IP's challenge
 limit, so re-sending a refused sign-in is not free; the wallet, IP and upstream-key buckets are
 spent by credible sign-ins alone.
@@ -26,7 +26,13 @@ from typing import Any, Protocol
 
 import msgspec
 
-from gateway.asgi import (
+from gateway.limits.rate_limiter import Limited, RateLimiter
+from gateway.methods.credit.sessions import STATEMENT_MISMATCH, signed_statement, with_statement
+from gateway.methods.sign_in import Replayed, SignInGate
+from gateway.routing.routes import RouteSpec
+from gateway.routing.validation import RequestValidator, ValidatedInput
+from gateway.routing.vocabulary import Outcome
+from gateway.web.asgi import (
     ASGIApp,
     RawHeaders,
     Receive,
@@ -39,13 +45,7 @@ from gateway.asgi import (
     send_bytes,
     send_error,
 )
-from gateway.context import request_context
-from gateway.credit_sessions import STATEMENT_MISMATCH, signed_statement, with_statement
-from gateway.rate_limiter import Limited, RateLimiter
-from gateway.routes import RouteSpec
-from gateway.sign_in import Replayed, SignInGate
-from gateway.validation import RequestValidator, ValidatedInput
-from gateway.vocabulary import Outcome
+from gateway.web.context import request_context
 from gateway.x402.headers import SIGN_IN_WITH_X, encode_header
 from gateway.x402.siwx import SiwxError, SiwxIssuer, SiwxReason
 

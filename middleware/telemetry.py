@@ -1,6 +1,7 @@
 """Outermost middleware: the request log and the Prometheus observations per request.
 
-The log line (or, for a plain 402 challenge, its count) is :class:`gateway.request_log.RequestLog`'s.
+The log line (or, for a plain 402 challenge, its count) is
+:class:`gateway.telemetry.request_log.RequestLog`'s.
 Payments and sign-ins are counted here too, once the response is done, from what the request's
 context says it came to (so a refusal, a replay and a reconciled settlement are told apart).
 
@@ -12,12 +13,12 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-from gateway.asgi import ASGIApp, Message, Receive, Scope, Send, send_error
-from gateway.context import request_context
 from gateway.errors import ErrorCode, GatewayError
-from gateway.logs import get_logger, monotonic_ms
-from gateway.metrics import LATENCY, REQUESTS, Usage
-from gateway.request_log import RequestLog
+from gateway.telemetry.logs import get_logger, monotonic_ms
+from gateway.telemetry.metrics import LATENCY, REQUESTS, Usage
+from gateway.telemetry.request_log import RequestLog
+from gateway.web.asgi import ASGIApp, Message, Receive, Scope, Send, send_error
+from gateway.web.context import request_context
 
 # The method is the client's word: any other token becomes one label value, so a client cannot
 # grow the metric's label set without bound.

@@ -30,8 +30,8 @@ from x402.http.utils import decode_payment_required_header
 from x402.schemas import PaymentPayload, PaymentRequired
 
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
-from gateway.routes import RoutesError, RouteSpec, load_routes, named_limits, parse_routes
-from gateway.validation import RequestValidator
+from gateway.routing.routes import RoutesError, RouteSpec, load_routes, named_limits, parse_routes
+from gateway.routing.validation import RequestValidator
 from gateway.x402.challenge import bazaar_extension
 from tests.support.gateway_server import FULL_ENV, RunningGateway, run_gateway
 

@@ -13,8 +13,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from gateway import solana_rpc
-from gateway.solana_rpc import RpcUnavailable, SolanaRpc
+from gateway.outbound import solana_rpc
+from gateway.outbound.solana_rpc import RpcUnavailable, SolanaRpc
 
 PAUSE_S = 0.01
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import aiohttp
 
-from gateway.clientip import client_ip, client_subject
 from gateway.config import IpNetwork
-from gateway.rate_limiter import RateLimiter
+from gateway.limits.rate_limiter import RateLimiter
 from gateway.store.memory import MemoryStore
+from gateway.web.clientip import client_ip, client_subject
 from tests.support.gateway_server import RunningGateway, run_gateway
 
 PROXIES: tuple[IpNetwork, ...] = (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("fd00::/8"))

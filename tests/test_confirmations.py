@@ -14,8 +14,8 @@ from solders.message import MessageV0
 from solders.system_program import TransferParams, transfer
 from solders.transaction import VersionedTransaction
 
-from gateway.payments.confirmations import ConfirmationWatcher, PollSchedule
-from gateway.solana_rpc import SignatureStatus, SolanaRpc
+from gateway.methods.exact.confirmations import ConfirmationWatcher, PollSchedule
+from gateway.outbound.solana_rpc import SignatureStatus, SolanaRpc
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 
 FAST = PollSchedule(first_s=0.01, growth=1.4, max_s=0.05, min_gap_s=0.005)

@@ -27,7 +27,7 @@ import pytest_asyncio
 from solders.keypair import Keypair
 from yarl import URL
 
-from gateway.x402.siwx_signer import sign_in
+from client.siwx_signer import sign_in
 from tests.support.gateway_server import RunningGateway, run_gateway
 from tests.support.paid_fixtures import PaidGateway, Reply, StartPaidGateway
 from tests.support.solana_rpc_server import UsdcChain

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import msgspec
 
-from gateway.credit_calls import AnswerAgain, NotAgain, StillInFlight, credit_call
-from gateway.payments.ledger import ANSWER_CAP_BYTES, ANSWER_TTL_MS, StoredResponse
+from gateway.methods.credit.calls import AnswerAgain, NotAgain, StillInFlight, credit_call
+from gateway.methods.exact.ledger import ANSWER_CAP_BYTES, ANSWER_TTL_MS, StoredResponse
 
 CALL = credit_call("route", "W", "nonce", b'{"id":1}', 31_000)
 ANSWER = StoredResponse(200, b'{"result":1}', "application/json")

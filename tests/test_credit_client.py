@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gateway.creditclient import run_credits, run_open_session, run_revoke_session, run_top_up
-from gateway.payclient import run_pay, usdc_text
+from client.credits import run_credits, run_open_session, run_revoke_session, run_top_up
+from client.pay import run_pay, usdc_text
 from tests.support.gateway_process import clean_env, command
 from tests.support.gateway_server import PAID_GROUPS
 from tests.support.paid_fixtures import (

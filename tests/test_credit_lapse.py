@@ -18,14 +18,14 @@ import pytest_asyncio
 from prometheus_client import REGISTRY
 
 from gateway.config import Settings
-from gateway.credit_lapse import CreditSweeper
-from gateway.credits import CreditBook, credit_account
-from gateway.logs import LOGGER_NAME
+from gateway.methods.credit.book import CreditBook, credit_account
+from gateway.methods.credit.lapse import CreditSweeper
 from gateway.services import Services
 from gateway.store import Entry, Store, keys
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
+from gateway.telemetry.logs import LOGGER_NAME
 from tests.support.log_capture import captured_log_lines
 from tests.support.polling import read_until
 

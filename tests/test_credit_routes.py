@@ -17,9 +17,9 @@ import pytest
 import pytest_asyncio
 from solders.keypair import Keypair
 
+from client.siwx_signer import sign_in
 from gateway.config import ConfigError, load_settings
-from gateway.routes import load_routes, named_limits, plan_routes
-from gateway.x402.siwx_signer import sign_in
+from gateway.routing.routes import load_routes, named_limits, plan_routes
 from tests.support.gateway_server import FULL_ENV, RunningGateway, run_gateway
 
 BALANCE = "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"

@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 
 from gateway.config import load_settings
-from gateway.routes import RouteSpec, load_routes, named_limits
+from gateway.routing.routes import RouteSpec, load_routes, named_limits
 from tests.support.cdp_facilitator import close_sdk_rpc_clients
 from tests.support.gateway_server import PAID_GROUPS, RunningGateway, run_gateway
 from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PRICE_INTERNAL, balance_body, paid_env

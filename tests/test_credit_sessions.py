@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from solders.keypair import Keypair
 
-from gateway.asgi import ASGIApp
-from gateway.context import request_context
-from gateway.credit_sessions import (
+from client.siwx_signer import sign_in
+from gateway.methods.credit.handlers import SessionOpenHandler, SessionRevokeHandler
+from gateway.methods.credit.sessions import (
     CreditSessions,
     SessionTerms,
     lifetime_words,
@@ -27,13 +27,13 @@ from gateway.credit_sessions import (
     token_wallet,
     usdc_words,
 )
-from gateway.handlers.credits import SessionOpenHandler, SessionRevokeHandler
-from gateway.router import MethodDispatcher
-from gateway.routes import RouteSpec
-from gateway.sign_in import SignInGate
+from gateway.methods.sign_in import SignInGate
+from gateway.routing.routes import RouteSpec
 from gateway.store import Store, keys
+from gateway.web.asgi import ASGIApp
+from gateway.web.context import request_context
+from gateway.web.router import MethodDispatcher
 from gateway.x402.siwx import SiwxIssuer
-from gateway.x402.siwx_signer import sign_in
 from middleware.siwx import SignInWithX
 from tests.support.inprocess import BASE_URL, PROVIDER_ANSWER, UpstreamStandIn, balance_body, call, paid_route
 from tests.test_credits import _book, _fund, _spend_app, store

@@ -19,21 +19,21 @@ import pytest
 import pytest_asyncio
 from solders.keypair import Keypair
 
-from gateway.asgi import ASGIApp, Receive, Scope, Send, send_bytes
-from gateway.context import request_context
-from gateway.credits import CreditBook, TopUp
-from gateway.handlers.credits import TopUpHandler
-from gateway.methods.credit import CreditMethod
-from gateway.methods.exact import ExactMethod
-from gateway.payments import Settlement
-from gateway.router import MethodDispatcher
-from gateway.routes import RateLimitSpec, RouteSpec
-from gateway.sign_in import SignInGate
+from client.siwx_signer import sign_in
+from gateway.methods.credit.book import CreditBook, TopUp
+from gateway.methods.credit.handlers import TopUpHandler
+from gateway.methods.credit.method import CreditMethod
+from gateway.methods.exact.method import ExactMethod
+from gateway.methods.exact.settlement import Settlement
+from gateway.methods.sign_in import SignInGate
+from gateway.routing.routes import RateLimitSpec, RouteSpec
 from gateway.store import Entry, Store
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
+from gateway.web.asgi import ASGIApp, Receive, Scope, Send, send_bytes
+from gateway.web.context import request_context
+from gateway.web.router import MethodDispatcher
 from gateway.x402.siwx import SiwxIssuer
-from gateway.x402.siwx_signer import sign_in
 from gateway.x402.types import PaymentPayload, PaymentRequirements, SettleResponse
 from middleware.paid_access import PaidAccess
 from tests.support.inprocess import (

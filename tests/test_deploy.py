@@ -34,7 +34,6 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from solders.keypair import Keypair
 
-from gateway import credit_metrics, metrics, readiness, upstream_metrics
 from gateway.config import (
     GATEWAY_VARIABLES,
     PACKAGED_ROUTES_FILE,
@@ -44,7 +43,10 @@ from gateway.config import (
     upstream_variables,
 )
 from gateway.ledger import metrics as ledger_metrics
-from gateway.routes import named_limits, parse_routes
+from gateway.methods.credit import metrics as credit_metrics
+from gateway.outbound import metrics as upstream_metrics
+from gateway.routing.routes import named_limits, parse_routes
+from gateway.telemetry import metrics, readiness
 from tests.support.gateway_process import serve
 from tests.support.gateway_server import SERVICE_ONLY_ENV
 from tests.support.ports import free_port
@@ -1374,7 +1376,7 @@ def test_the_failed_payments_panel_counts_only_failures() -> None:
 
 
 def _credit_series() -> set[str]:
-    """The series of every counter in gateway/credit_metrics.py."""
+    """The series of every counter in gateway/methods/credit/metrics.py."""
     counters = [c for c in vars(credit_metrics).values() if isinstance(c, credit_metrics.Counter)]
     return {f"{family.name}_total" for counter in counters for family in counter.describe()}
 
@@ -1388,7 +1390,7 @@ def test_dashboard_shows_credit_sold_spent_per_route_and_lapsed_beside_revenue()
         "x402_credit_spent_micro_usdc_total",
         "x402_credit_lapsed_micro_usdc_total",
     } <= credit
-    # Every credit series the dashboard queries is one gateway/credit_metrics.py counts, and it
+    # Every credit series the dashboard queries is one gateway/methods/credit/metrics.py counts, and it
     # shows every one of them.
     named = set(re.findall(r"\bx402_credit_[a-z0-9_]+", joined))
     assert named == credit

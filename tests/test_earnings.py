@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from solders.keypair import Keypair
 
-from gateway.x402.siwx_signer import sign_in
+from client.siwx_signer import sign_in
 from tests.support.cdp_facilitator import Fault
 from tests.support.metrics_text import Series, earnings_series
 from tests.support.paid_fixtures import (

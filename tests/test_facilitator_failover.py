@@ -25,11 +25,11 @@ import msgspec
 import pytest
 from solders.keypair import Keypair
 
-from gateway.payments.facilitator_health import DOWN_S, PROBE_S, FacilitatorHealth
-from gateway.payments.facilitators import HttpFacilitator
-from gateway.readiness import facilitator_probes
+from gateway.facilitators.health import DOWN_S, PROBE_S, FacilitatorHealth
+from gateway.facilitators.http import HttpFacilitator
 from gateway.store import keys
 from gateway.store.memory import MemoryStore
+from gateway.telemetry.readiness import facilitator_probes
 from gateway.x402.types import PaymentRequirements, ResourceInfo
 from tests.support.adversarial_paid import Money
 from tests.support.cdp_facilitator import CdpCredentials, ReferenceBackend

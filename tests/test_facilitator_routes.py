@@ -19,14 +19,14 @@ import pytest
 import pytest_asyncio
 from starlette.routing import Route, Router
 
-from gateway.asgi import ASGIApp, Receive, Scope, Send
+from client.svm_payer import create_exact_payment
+from gateway.facilitators.local import LocalFacilitator
 from gateway.handlers.facilitator import InternalFacilitatorRoutes
-from gateway.payments.local_facilitator import LocalFacilitator
-from gateway.router import MethodDispatcher, PathTable, not_found
-from gateway.routes import RouteSpec
-from gateway.solana_rpc import SolanaRpc
+from gateway.outbound.solana_rpc import SolanaRpc
+from gateway.routing.routes import RouteSpec
 from gateway.store.redis import RedisStore
-from gateway.x402.svm_payer import create_exact_payment
+from gateway.web.asgi import ASGIApp, Receive, Scope, Send
+from gateway.web.router import MethodDispatcher, PathTable, not_found
 from gateway.x402.types import FacilitatorRequest, PaymentPayload, PaymentRequirements
 from tests.support.gateway_server import run_app
 from tests.support.ports import refusing_port

@@ -12,17 +12,17 @@ import pytest
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
-from gateway.payments.fee_guard import FeeGuard, Party
-from gateway.payments.local_facilitator import LocalFacilitator
-from gateway.solana_rpc import SolanaRpc
-from gateway.store import Store
-from gateway.store.memory import MemoryStore
-from gateway.store.redis import RedisStore
-from gateway.x402.svm_payer import (
+from client.svm_payer import (
     MintInfo,
     build_exact_transaction,
     build_payment_payload,
 )
+from gateway.facilitators.local import LocalFacilitator
+from gateway.methods.exact.fee_guard import FeeGuard, Party
+from gateway.outbound.solana_rpc import SolanaRpc
+from gateway.store import Store
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
 from gateway.x402.types import PaymentPayload, PaymentRequirements, SettleResponse
 from tests.support.adversarial_paid import drain_transaction
 from tests.support.paid_processes import eventually

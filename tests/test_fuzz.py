@@ -46,15 +46,8 @@ from solders.pubkey import Pubkey
 from solders.signature import Signature
 from solders.transaction import VersionedTransaction
 
-from gateway.config import PACKAGED_ROUTES_FILE
-from gateway.errors import STATUS_BY_CODE, ErrorCode
-from gateway.routes import load_routes
-from gateway.validation import InvalidInput, RequestValidator
-from gateway.x402 import svm
-from gateway.x402.headers import HeaderError, decode_header
-from gateway.x402.siwx import SiwxError, SiwxIssuer, VerifiedSignIn, format_time
-from gateway.x402.siwx_signer import sign_in, sign_payload
-from gateway.x402.svm_payer import (
+from client.siwx_signer import sign_in, sign_payload
+from client.svm_payer import (
     MintInfo,
     build_exact_transaction,
     compute_unit_limit_instruction,
@@ -62,6 +55,13 @@ from gateway.x402.svm_payer import (
     memo_instruction,
     transfer_checked_instruction,
 )
+from gateway.config import PACKAGED_ROUTES_FILE
+from gateway.errors import STATUS_BY_CODE, ErrorCode
+from gateway.routing.routes import load_routes
+from gateway.routing.validation import InvalidInput, RequestValidator
+from gateway.x402 import svm
+from gateway.x402.headers import HeaderError, decode_header
+from gateway.x402.siwx import SiwxError, SiwxIssuer, VerifiedSignIn, format_time
 from gateway.x402.types import (
     SOLANA_DEVNET,
     SOLANA_MAINNET,

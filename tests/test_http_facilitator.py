@@ -22,8 +22,8 @@ from x402.mechanisms.svm import KeypairSigner
 from x402.mechanisms.svm.exact.client import ExactSvmScheme as ReferenceExactSvmClient
 from x402.schemas import PaymentRequired as ReferencePaymentRequired
 
-from gateway.payments.cdp_auth import CdpKey, request_uri
-from gateway.payments.facilitators import FacilitatorUnavailable, HttpFacilitator, fee_payer_for
+from gateway.facilitators.cdp_auth import CdpKey, request_uri
+from gateway.facilitators.http import FacilitatorUnavailable, HttpFacilitator, fee_payer_for
 from gateway.x402.types import (
     SOLANA_DEVNET,
     SOLANA_MAINNET,

@@ -17,10 +17,10 @@ import pytest
 import yaml
 from solders.keypair import Keypair
 
-from gateway.credits import CreditBook
 from gateway.ledger import Entry, Journal
 from gateway.ledger.entries import SettledPayment, credit_spent, sale, top_up
 from gateway.ledger.restore import StoreRestorer
+from gateway.methods.credit.book import CreditBook
 from gateway.sandbox.postgres import binaries
 from gateway.store.memory import MemoryStore
 from tests.support.postgres_server import create_database

@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 from solders.keypair import Keypair
 
-from gateway.creditclient import run_credits
-from gateway.x402.siwx_signer import sign_in
+from client.credits import run_credits
+from client.siwx_signer import sign_in
 from tests.support.adversarial_credit import BALANCES, CALL_CREDIT, TOP_UP_1_CREDIT, CreditClient, credit_env
 from tests.support.gateway_process import run_cli
 from tests.support.gateway_server import run_gateway

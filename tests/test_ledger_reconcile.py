@@ -22,7 +22,7 @@ from solders.signature import Signature
 from gateway.ledger import entries
 from gateway.ledger.entries import Entry, SettledPayment
 from gateway.ledger.reconcile import Difference, reconcile
-from gateway.solana_rpc import SolanaRpc
+from gateway.outbound.solana_rpc import SolanaRpc
 from tests.support.adversarial_credit import TOP_UP_1_CREDIT
 from tests.support.gateway_process import run_cli
 from tests.support.ledger_served import (

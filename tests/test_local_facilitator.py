@@ -20,18 +20,18 @@ from x402.mechanisms.svm import KeypairSigner
 from x402.mechanisms.svm.exact.register import register_exact_svm_client
 from x402.schemas import PaymentRequired as ReferencePaymentRequired
 
-from gateway.payments.facilitators import FacilitatorUnavailable
-from gateway.payments.local_facilitator import SettlementRecord, load_local_facilitator
-from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SolanaRpc
-from gateway.store import keys
-from gateway.store.memory import MemoryStore
-from gateway.x402.svm import TOKEN_2022_PROGRAM, Reason, decode_transaction, payment_key
-from gateway.x402.svm_payer import (
+from client.svm_payer import (
     MintInfo,
     build_exact_transaction,
     build_payment_payload,
     create_exact_payment,
 )
+from gateway.facilitators.http import FacilitatorUnavailable
+from gateway.facilitators.local import SettlementRecord, load_local_facilitator
+from gateway.outbound.solana_rpc import RpcResponseError, RpcUnavailable, SolanaRpc
+from gateway.store import keys
+from gateway.store.memory import MemoryStore
+from gateway.x402.svm import TOKEN_2022_PROGRAM, Reason, decode_transaction, payment_key
 from gateway.x402.types import SOLANA_DEVNET, PaymentPayload, PaymentRequirements
 from tests.support.solana_fixtures import MakeFacilitator, exact_requirements
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain

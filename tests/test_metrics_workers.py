@@ -11,10 +11,10 @@ import aiohttp
 import pytest
 from solders.keypair import Keypair
 
+from client.siwx_signer import sign_in
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
-from gateway.metrics import payment_outcomes, usage_outcomes
-from gateway.routes import RouteSpec, load_routes, named_limits
-from gateway.x402.siwx_signer import sign_in
+from gateway.routing.routes import RouteSpec, load_routes, named_limits
+from gateway.telemetry.metrics import payment_outcomes, usage_outcomes
 from tests.support.cdp_facilitator import CdpCredentials, StaticBackend
 from tests.support.facilitator_fixtures import StartFacilitator
 from tests.support.gateway_process import GatewayProcess, serve

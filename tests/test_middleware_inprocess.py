@@ -18,7 +18,19 @@ from prometheus_client import REGISTRY
 from solders.keypair import Keypair
 from starlette.routing import Router
 
-from gateway.asgi import (
+from client.siwx_signer import sign_in
+from gateway.errors import ErrorCode, GatewayError
+from gateway.facilitators.http import FacilitatorUnavailable
+from gateway.limits.rate_limiter import CHALLENGE_SCOPE, RateLimiter
+from gateway.limits.synced import SyncedWindowLimit
+from gateway.methods.sign_in import SignInGate
+from gateway.routing.routes import RateLimitSpec, RouteSpec
+from gateway.routing.validation import InvalidInput, ValidatedInput
+from gateway.store import StoreUnavailable
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
+from gateway.telemetry.metrics import Usage
+from gateway.web.asgi import (
     ASGIApp,
     BodyReadDeadline,
     Message,
@@ -29,22 +41,10 @@ from gateway.asgi import (
     replay_body,
     send_bytes,
 )
-from gateway.context import request_context
-from gateway.errors import ErrorCode, GatewayError
-from gateway.metrics import Usage
-from gateway.payments.facilitators import FacilitatorUnavailable
-from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
-from gateway.router import MethodDispatcher, PathTable, not_found
-from gateway.routes import RateLimitSpec, RouteSpec
-from gateway.sign_in import SignInGate
-from gateway.store import StoreUnavailable
-from gateway.store.memory import MemoryStore
-from gateway.store.redis import RedisStore
-from gateway.synced_limit import SyncedWindowLimit
-from gateway.validation import InvalidInput, ValidatedInput
+from gateway.web.context import request_context
+from gateway.web.router import MethodDispatcher, PathTable, not_found
 from gateway.x402.headers import encode_header
 from gateway.x402.siwx import SiwxIssuer, SiwxReason
-from gateway.x402.siwx_signer import sign_in
 from middleware.cors import CorsMiddleware
 from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
 from middleware.siwx import SignInWithX

@@ -13,9 +13,9 @@ import schemathesis
 from openapi_spec_validator import validate
 
 from gateway.config import PACKAGED_ROUTES_FILE
-from gateway.openapi import build_openapi
-from gateway.pricing import FacilitatorFee
-from gateway.routes import RouteSpec, load_routes
+from gateway.routing.openapi import build_openapi
+from gateway.routing.pricing import FacilitatorFee
+from gateway.routing.routes import RouteSpec, load_routes
 from tests.support.gateway_server import FULL_ENV, PAY_TO, SERVICE_ONLY_ENV, RunningGateway, run_gateway
 
 MINT = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"

@@ -3,7 +3,7 @@
 The gateway runs under hypercorn on loopback with a recording loopback provider, a fake CDP
 facilitator that checks every JWT (optionally delegating to the reference x402 facilitator, so
 money moves on LiteSVM), or our own internal facilitator. Payments are partially signed Solana
-transactions built by ``gateway.x402.svm_payer`` or by the reference x402 client.
+transactions built by ``client.svm_payer`` or by the reference x402 client.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from x402.http.utils import decode_payment_required_header, decode_payment_response_header
 from x402.schemas import PaymentRequired as ReferencePaymentRequired
 
-from gateway.solana_rpc import SolanaRpc
-from gateway.x402.svm_payer import create_exact_payment
+from client.svm_payer import create_exact_payment
+from gateway.outbound.solana_rpc import SolanaRpc
 from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT, PaymentPayload
 from tests.support.cdp_facilitator import ReferenceBackend, settlement_signature
 from tests.support.paid_fixtures import (

@@ -11,7 +11,7 @@ import base58
 import pytest
 from solders.keypair import Keypair
 
-from gateway.payclient import (
+from client.pay import (
     DEFAULT_RETRY_AFTER_S,
     MAX_USDC_AMOUNT,
     Challenge,
@@ -29,7 +29,7 @@ from gateway.payclient import (
     rpc_failure,
     siwx_extension,
 )
-from gateway.solana_rpc import RpcUnavailable
+from gateway.outbound.solana_rpc import RpcUnavailable
 from gateway.x402.headers import decode_header, encode_header
 from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT, PaymentPayload, PaymentRequirements
 from tests.support.ports import free_port

@@ -17,7 +17,11 @@ import pytest_asyncio
 from solders.keypair import Keypair
 
 from gateway.errors import GatewayError
-from gateway.payments import (
+from gateway.facilitators.http import FacilitatorUnavailable
+from gateway.limits.rate_limiter import Limited
+from gateway.methods.exact.ledger import ANSWER_CAP_BYTES, PaymentLedger, PendingSettlement, StoredResponse
+from gateway.methods.exact.settlement import Settlement
+from gateway.methods.results import (
     Authorization,
     Candidate,
     Conflict,
@@ -25,24 +29,17 @@ from gateway.payments import (
     Failed,
     Interrupted,
     Paid,
-    PaymentLedger,
+    PaidRequest,
     Pending,
-    PendingSettlement,
     Reconcile,
     Refused,
     Replay,
-    Settlement,
-    StoredResponse,
 )
-from gateway.payments.facilitators import FacilitatorUnavailable
-from gateway.payments.ledger import ANSWER_CAP_BYTES
-from gateway.payments.results import PaidRequest
-from gateway.rate_limiter import Limited
-from gateway.routes import RateLimitSpec
+from gateway.routing.routes import RateLimitSpec
+from gateway.routing.validation import InvalidInput
 from gateway.store import Store, StoreUnavailable, keys
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
-from gateway.validation import InvalidInput
 from gateway.x402 import svm
 from gateway.x402.headers import encode_header
 from gateway.x402.types import PaymentPayload, PaymentRequirements, VerifyResponse

@@ -20,8 +20,8 @@ from prometheus_client import REGISTRY
 
 from gateway import cli
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
-from gateway.routes import load_routes, named_limits
-from gateway.vocabulary import ACCESS_MODES, register_payment_method, unregister_payment_method
+from gateway.routing.routes import load_routes, named_limits
+from gateway.routing.vocabulary import ACCESS_MODES, register_payment_method, unregister_payment_method
 from tests.support import token_method
 from tests.support.gateway_server import FULL_ENV, RunningGateway, run_gateway
 from tests.support.upstream import Upstream

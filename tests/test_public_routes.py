@@ -10,9 +10,9 @@ import pytest
 import pytest_asyncio
 
 from gateway.config import PACKAGED_ROUTES_FILE
-from gateway.metrics import usage_key
-from gateway.routes import load_routes
+from gateway.routing.routes import load_routes
 from gateway.store.memory import MemoryStore
+from gateway.telemetry.metrics import usage_key
 from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT
 from tests.support.gateway_server import FULL_ENV, PAY_TO, SERVICE_ONLY_ENV, RunningGateway, run_gateway
 

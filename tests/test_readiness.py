@@ -11,8 +11,8 @@ import time
 import aiohttp
 import pytest
 
-from gateway import readiness
-from gateway.readiness import STORE_TTL_S, CachedCheck, Problem
+from gateway.telemetry import readiness
+from gateway.telemetry.readiness import STORE_TTL_S, CachedCheck, Problem
 from tests.support.gateway_server import FULL_ENV, SERVICE_ONLY_ENV, run_gateway
 from tests.support.paid_fixtures import PaidGateway, Reply, StartPaidGateway
 from tests.support.ports import refusing_port

@@ -20,9 +20,9 @@ import pytest
 import pytest_asyncio
 from solders.keypair import Keypair
 
+from client.siwx_signer import sign_in
+from client.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.x402.headers import encode_header
-from gateway.x402.siwx_signer import sign_in
-from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from tests.support.cdp_facilitator import CdpFacilitatorServer, ReferenceBackend, make_ed25519_credentials
 from tests.support.paid_fixtures import (
     GET_BALANCE,

@@ -16,12 +16,12 @@ import aiohttp
 import pytest
 from solders.keypair import Keypair
 
+from client.siwx_signer import sign_in
 from gateway.config import ConfigError, load_settings
-from gateway.context import RequestContext
-from gateway.logs import LOGGER_NAME
-from gateway.request_log import RequestLog
-from gateway.vocabulary import Outcome
-from gateway.x402.siwx_signer import sign_in
+from gateway.routing.vocabulary import Outcome
+from gateway.telemetry.logs import LOGGER_NAME
+from gateway.telemetry.request_log import RequestLog
+from gateway.web.context import RequestContext
 from tests.support.gateway_process import serve
 from tests.support.gateway_server import FULL_ENV, PAID_GROUPS, PAY_TO
 from tests.support.log_capture import captured_log_lines

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
-from gateway.pricing import FacilitatorFee, RoutePrice, route_price
-from gateway.routes import (
+from gateway.routing.pricing import FacilitatorFee, RoutePrice, route_price
+from gateway.routing.routes import (
     InternalSettlement,
     RoutesError,
     RouteSpec,
@@ -19,7 +19,7 @@ from gateway.routes import (
     parse_routes,
     route_plan,
 )
-from gateway.vocabulary import HANDLERS
+from gateway.routing.vocabulary import HANDLERS
 from gateway.x402.challenge import ExactChallenge
 from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT, PaymentRequirements
 

@@ -11,11 +11,11 @@ from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 from solders.token.associated import get_associated_token_address
 
+from client.svm_payer import MintInfo, build_exact_transaction
 from gateway.sandbox.chain import INVALID_PARAMS, TOKEN_PROGRAM, LiteSvmRpcServer, UsdcChain, setup_usdc_chain
 from gateway.sandbox.faucet import FUND_METHOD, fund_method, parse_amount, run_fund
 from gateway.sandbox.upstreams import das_methods
 from gateway.x402.svm import encode_transaction, sign_as_fee_payer
-from gateway.x402.svm_payer import MintInfo, build_exact_transaction
 from gateway.x402.types import SOLANA_MAINNET, PaymentRequirements
 
 

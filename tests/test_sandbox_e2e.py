@@ -27,8 +27,8 @@ from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 from solders.token.associated import get_associated_token_address
 
+from client.pay import usdc_text
 from gateway import cli
-from gateway.payclient import usdc_text
 from gateway.x402.types import USDC_MAINNET_MINT
 from tests.support.gateway_process import clean_env, command, kill_group, read_output, run_cli
 from tests.support.ports import free_port

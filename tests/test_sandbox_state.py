@@ -11,8 +11,8 @@ import msgspec
 import pytest
 
 from gateway.config import load_settings
-from gateway.credits import CreditBook, credit_account
-from gateway.routes import load_routes, named_limits, route_plan
+from gateway.methods.credit.book import CreditBook, credit_account
+from gateway.routing.routes import load_routes, named_limits, route_plan
 from gateway.sandbox.credit import CreditKeepingStore, keep_credit, load_credit, unjournaled_credit
 from gateway.sandbox.ports import PortChoice, check_free
 from gateway.sandbox.state import (

@@ -1,4 +1,4 @@
-"""The client's credit session cache (``gateway.sessionclient``): kept per origin and wallet, in
+"""The client's credit session cache (``client.sessions``): kept per origin and wallet, in
 memory and optionally in an owner-only file, never reused once close to its end, and a URL is
 called on a session straight away only within the price its 402 was seen at."""
 
@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from gateway.sessionclient import REUSE_MARGIN_S, CreditSession, SessionCache
+from client.sessions import REUSE_MARGIN_S, CreditSession, SessionCache
 
 ORIGIN = "http://127.0.0.1:8080"
 URL = ORIGIN + "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"

@@ -29,22 +29,21 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from gateway.payments import (
+from gateway.methods.exact.fee_guard import FeeGuard, Party
+from gateway.methods.exact.ledger import PendingSettlement, StoredResponse
+from gateway.methods.exact.offer import Option, RouteOffers
+from gateway.methods.exact.settlement import Settlement
+from gateway.methods.results import (
     Authorization,
     Candidate,
     Delivered,
     Failed,
     Paid,
     Pending,
-    PendingSettlement,
     Reconcile,
     Replay,
-    Settlement,
 )
-from gateway.payments.fee_guard import FeeGuard, Party
-from gateway.payments.ledger import StoredResponse
-from gateway.payments.offer import Option, RouteOffers
-from gateway.pricing import FacilitatorFee
+from gateway.routing.pricing import FacilitatorFee
 from gateway.store import Bucket, CreditHoldOrder, Entry, Lookup, Store, keys
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore

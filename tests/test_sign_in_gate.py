@@ -12,11 +12,11 @@ import pytest
 import pytest_asyncio
 from solders.keypair import Keypair
 
-from gateway.credit_calls import StillInFlight, credit_call
-from gateway.credits import CreditBook
-from gateway.rate_limiter import RateLimiter
-from gateway.routes import RateLimitSpec
-from gateway.sign_in import Admitted, Limited, Replayed, SignInGate, Uncovered
+from gateway.limits.rate_limiter import RateLimiter
+from gateway.methods.credit.book import CreditBook
+from gateway.methods.credit.calls import StillInFlight, credit_call
+from gateway.methods.sign_in import Admitted, Limited, Replayed, SignInGate, Uncovered
+from gateway.routing.routes import RateLimitSpec
 from gateway.store import Share, Store, keys
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore

@@ -13,6 +13,7 @@ import pytest
 from nacl.signing import SigningKey
 from solders.keypair import Keypair
 
+from client.siwx_signer import sign_in, sign_payload, signer_address
 from gateway.x402.headers import MAX_HEADER_CHARS, decode_header, encode_header
 from gateway.x402.siwx import (
     EXTENSION_KEY,
@@ -22,7 +23,6 @@ from gateway.x402.siwx import (
     VerifiedSignIn,
     siws_message,
 )
-from gateway.x402.siwx_signer import sign_in, sign_payload, signer_address
 from gateway.x402.types import SOLANA_DEVNET, SOLANA_MAINNET, SiwxExtension, SiwxInfo, SiwxPayload
 
 SECRET = b"test-siwx-secret-0123456789abcdef"

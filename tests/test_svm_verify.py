@@ -24,6 +24,17 @@ from solders.pubkey import Pubkey
 from solders.system_program import TransferParams, transfer
 from solders.transaction import VersionedTransaction
 
+from client.svm_payer import (
+    MintInfo,
+    build_exact_transaction,
+    build_payment_payload,
+    compute_unit_limit_instruction,
+    compute_unit_price_instruction,
+    exact_instructions,
+    memo_instruction,
+    partially_signed_transaction,
+    transfer_checked_instruction,
+)
 from gateway.x402.svm import (
     LIGHTHOUSE_PROGRAM,
     TOKEN_2022_PROGRAM,
@@ -36,17 +47,6 @@ from gateway.x402.svm import (
     parse_wallet,
     payment_key,
     sign_as_fee_payer,
-)
-from gateway.x402.svm_payer import (
-    MintInfo,
-    build_exact_transaction,
-    build_payment_payload,
-    compute_unit_limit_instruction,
-    compute_unit_price_instruction,
-    exact_instructions,
-    memo_instruction,
-    partially_signed_transaction,
-    transfer_checked_instruction,
 )
 from gateway.x402.types import SOLANA_DEVNET, PaymentPayload, PaymentRequirements
 from tests.support.solana_fixtures import MakeFacilitator, exact_requirements

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from gateway.limits.synced import SyncedWindowLimit
 from gateway.store import Store, StoreUnavailable
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
-from gateway.synced_limit import SyncedWindowLimit
 from tests.support.ports import refusing_port
 
 PERIOD_MS = 60_000

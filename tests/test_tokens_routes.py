@@ -21,12 +21,12 @@ from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 from yarl import URL
 
+from client.siwx_signer import Signer, sign_in, sign_payload, signer_address
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
-from gateway.routes import RateLimitSpec, RouteSpec, load_routes, named_limits
+from gateway.routing.routes import RateLimitSpec, RouteSpec, load_routes, named_limits
 from gateway.store.upstash import UpstashStore
 from gateway.x402.headers import encode_header
 from gateway.x402.siwx import SiwxIssuer
-from gateway.x402.siwx_signer import Signer, sign_in, sign_payload, signer_address
 from gateway.x402.types import SOLANA_DEVNET, SOLANA_MAINNET, SiwxExtension
 from tests.support.gateway_server import RunningGateway, run_gateway
 from tests.support.paid_fixtures import Reply

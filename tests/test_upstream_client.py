@@ -25,16 +25,10 @@ from aioresponses import aioresponses
 from prometheus_client import REGISTRY
 from pytest_aiohttp import AiohttpServer
 
-from gateway.asgi import ASGIApp, Receive, Scope, Send
-from gateway.context import request_context
+from gateway.facilitators.http import FacilitatorUnavailable, HttpFacilitator
 from gateway.handlers.jsonrpc import JsonRpcProxy
 from gateway.handlers.tokens import TokensHandler
-from gateway.payments.facilitators import FacilitatorUnavailable, HttpFacilitator
-from gateway.redact import redact_url
-from gateway.router import MethodDispatcher
-from gateway.routes import RouteSpec
-from gateway.solana_rpc import RpcResponseError, RpcUnavailable, SolanaRpc
-from gateway.upstream_client import (
+from gateway.outbound.client import (
     SESSION_CLOSED,
     UpstreamClient,
     UpstreamStatus,
@@ -42,7 +36,13 @@ from gateway.upstream_client import (
     UpstreamTooLarge,
     UpstreamUnreachable,
 )
-from gateway.validation import ValidatedInput
+from gateway.outbound.solana_rpc import RpcResponseError, RpcUnavailable, SolanaRpc
+from gateway.routing.routes import RouteSpec
+from gateway.routing.validation import ValidatedInput
+from gateway.telemetry.redact import redact_url
+from gateway.web.asgi import ASGIApp, Receive, Scope, Send
+from gateway.web.context import request_context
+from gateway.web.router import MethodDispatcher
 from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT, PaymentPayload, PaymentRequirements
 from tests.support.inprocess import balance_route, call
 from tests.support.ports import refusing_port

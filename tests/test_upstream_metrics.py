@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from solders.keypair import Keypair
 
-from gateway.x402.siwx_signer import sign_in
+from client.siwx_signer import sign_in
 from tests.support.gateway_server import RunningGateway, run_gateway
 from tests.support.paid_fixtures import GET_BALANCE, PROVIDER_KEY, PaidGateway, StartPaidGateway, balance_body
 from tests.support.ports import refusing_port

@@ -10,13 +10,13 @@ import pytest
 from prometheus_client import REGISTRY
 
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
-from gateway.context import RequestContext
-from gateway.metrics import Usage, payment_outcomes, usage_key, usage_outcomes
-from gateway.routes import RouteSpec, load_routes, named_limits, payment_methods
+from gateway.routing.routes import RouteSpec, load_routes, named_limits, payment_methods
+from gateway.routing.vocabulary import Outcome
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
-from gateway.vocabulary import Outcome
+from gateway.telemetry.metrics import Usage, payment_outcomes, usage_key, usage_outcomes
+from gateway.web.context import RequestContext
 from tests.support.ports import refusing_port
 from tests.support.upstash_rest import UpstashRestServer
 
@@ -211,7 +211,7 @@ def _outcomes_given(value: str, position: int, default: str) -> set[str]:
     """The outcomes the payment methods and the payment core build ``value``s with (its
     ``outcome`` field, at ``position``; ``default`` where none is given)."""
     found: set[str] = set()
-    sources = [*(ROOT / "gateway" / "methods").glob("*.py"), *(ROOT / "gateway" / "payments").glob("*.py")]
+    sources = [*(ROOT / "gateway" / "methods").rglob("*.py")]
     for path in sorted(sources):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and ast.unparse(node.func) == value:

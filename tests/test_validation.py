@@ -9,8 +9,14 @@ import msgspec
 import pytest
 
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
-from gateway.routes import RouteSpec, load_routes, named_limits
-from gateway.validation import InvalidInput, RequestValidator, SchemaError, check_schema, compile_schema
+from gateway.routing.routes import RouteSpec, load_routes, named_limits
+from gateway.routing.validation import (
+    InvalidInput,
+    RequestValidator,
+    SchemaError,
+    check_schema,
+    compile_schema,
+)
 
 LIMITS = named_limits(Settings(base_url="https://gw.example.com"))
 """The named limits at their defaults (rpc 50/s, das 10/s, tokens 30/min, challenge 120/min, wallet 5/s)."""

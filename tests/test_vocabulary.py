@@ -6,9 +6,9 @@ import pytest
 
 from gateway.app import ACCESS_LAYERS, HANDLER_FACTORIES, UnbuildableRoute, create_app
 from gateway.config import Settings
-from gateway.methods import binder
-from gateway.routes import RouteSpec
-from gateway.vocabulary import ACCESS_MODES, HANDLERS, PAYMENT_METHODS
+from gateway.methods.seam import binder
+from gateway.routing.routes import RouteSpec
+from gateway.routing.vocabulary import ACCESS_MODES, HANDLERS, PAYMENT_METHODS
 
 
 def test_the_app_has_a_factory_for_every_handler_and_nothing_else() -> None:

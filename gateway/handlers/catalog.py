@@ -8,20 +8,19 @@ from typing import Any
 import msgspec
 
 from gateway import SERVICE_NAME
-from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
-from gateway.credit_sessions import MAX_LIFETIME_S, SESSION_HEADER
 from gateway.errors import ErrorCode, GatewayError
-from gateway.pricing import (
+from gateway.methods.credit.sessions import MAX_LIFETIME_S, SESSION_HEADER
+from gateway.routing.pricing import (
     CreditTerms,
     FacilitatorFee,
-    credit_price,
     micro_usdc_string,
     route_price,
     usd_display,
 )
-from gateway.routes import RouteSpec, provider_groups, published
-from gateway.validation import InvalidInput, RequestValidator
-from gateway.vocabulary import ACCESS_MODES, CREDIT_METHOD
+from gateway.routing.routes import RouteSpec, credit_price, provider_groups, published
+from gateway.routing.validation import InvalidInput, RequestValidator
+from gateway.routing.vocabulary import ACCESS_MODES, CREDIT_METHOD
+from gateway.web.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 from gateway.x402.types import SOLANA_MAINNET
 
 

@@ -16,7 +16,7 @@ import hashlib
 import re
 from pathlib import Path
 
-from gateway.asgi import RawHeaders, Receive, Scope, Send, header, send_bytes
+from gateway.web.asgi import RawHeaders, Receive, Scope, Send, header, send_bytes
 
 PAGE_DIR = Path(__file__).resolve().parent.parent / "docs_page"
 PAGE = "index.html"

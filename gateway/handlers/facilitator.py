@@ -1,7 +1,7 @@
 """The internal facilitator routes: ``/api/internal/facilitator/{supported,verify,settle}``.
 
 Three plain ASGI handlers over one facilitator, and the shared secret that guards them. The app
-mounts each on its path behind a :class:`~gateway.router.MethodDispatcher` that is given
+mounts each on its path behind a :class:`~gateway.web.router.MethodDispatcher` that is given
 :meth:`InternalFacilitatorRoutes.require_secret` as its gate: the secret in
 ``x-gateway-internal-secret`` is compared in constant time before anything else happens (no body
 read, no parsing, no method check), and a missing or wrong secret, or a facilitator that is not
@@ -22,9 +22,9 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, read_body, send_bytes
 from gateway.errors import ErrorCode, GatewayError
-from gateway.payments.facilitators import Facilitator
+from gateway.facilitators.http import Facilitator
+from gateway.web.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, read_body, send_bytes
 from gateway.x402.types import FacilitatorRequest
 
 SECRET_HEADER = b"x-gateway-internal-secret"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from gateway import SERVICE_NAME
-from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
+from gateway.web.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 
 
 class HealthBody(msgspec.Struct):

@@ -11,18 +11,18 @@ from typing import Any, Final
 
 import msgspec
 
-from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
-from gateway.context import validated_input
 from gateway.errors import ErrorCode, GatewayError
-from gateway.redact import scrub, url_secrets
-from gateway.upstream_client import (
+from gateway.outbound.client import (
     UpstreamClient,
     UpstreamStatus,
     UpstreamTimeout,
     UpstreamTooLarge,
     UpstreamUnreachable,
 )
-from gateway.upstream_metrics import ErrorKind
+from gateway.outbound.metrics import ErrorKind
+from gateway.telemetry.redact import scrub, url_secrets
+from gateway.web.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
+from gateway.web.context import validated_input
 
 
 class JsonRpcRequest(msgspec.Struct):

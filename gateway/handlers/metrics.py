@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.asgi import Receive, Scope, Send, send_bytes
-from gateway.metrics import Usage, render
 from gateway.store import StoreUnavailable
+from gateway.telemetry.metrics import Usage, render
+from gateway.web.asgi import Receive, Scope, Send, send_bytes
 
 
 class MetricsHandler:

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import msgspec
 
-from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
-from gateway.openapi import build_openapi
-from gateway.pricing import CreditTerms, FacilitatorFee
-from gateway.routes import RouteSpec
+from gateway.routing.openapi import build_openapi
+from gateway.routing.pricing import CreditTerms, FacilitatorFee
+from gateway.routing.routes import RouteSpec
+from gateway.web.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 
 
 class OpenApiHandler:

@@ -1,14 +1,14 @@
 """``GET /readyz``: readiness. 200 while the store answers and (when paid routes are served) the
 facilitator is reachable; otherwise 503 ``not_ready`` in the one error shape, naming the failing
-parts in ``details.failing``. The checks and their caching are in :mod:`gateway.readiness`."""
+parts in ``details.failing``. The checks and their caching are in :mod:`gateway.telemetry.readiness`."""
 
 from __future__ import annotations
 
 import msgspec
 
-from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 from gateway.errors import ErrorCode, GatewayError
-from gateway.readiness import OK, Readiness
+from gateway.telemetry.readiness import OK, Readiness
+from gateway.web.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
 
 READY = "ready"
 

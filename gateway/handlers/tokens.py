@@ -33,12 +33,8 @@ from urllib.parse import quote, urlencode
 import msgspec
 from yarl import URL
 
-from gateway.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, header, send_bytes
-from gateway.context import validated_input
 from gateway.errors import ErrorCode, GatewayError
-from gateway.logs import log_event
-from gateway.routes import RouteSpec
-from gateway.upstream_client import (
+from gateway.outbound.client import (
     Answer,
     UpstreamClient,
     UpstreamStatus,
@@ -46,8 +42,12 @@ from gateway.upstream_client import (
     UpstreamTooLarge,
     UpstreamUnreachable,
 )
-from gateway.upstream_metrics import ErrorKind
-from gateway.validation import ValidatedInput
+from gateway.outbound.metrics import ErrorKind
+from gateway.routing.routes import RouteSpec
+from gateway.routing.validation import ValidatedInput
+from gateway.telemetry.logs import log_event
+from gateway.web.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, header, send_bytes
+from gateway.web.context import validated_input
 
 PROVIDER: Final = "tokens"
 MAX_RETRY_AFTER_S: Final = 3600

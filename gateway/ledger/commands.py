@@ -19,11 +19,11 @@ from urllib.parse import urlsplit
 import msgspec
 from solders.pubkey import Pubkey
 
+from client.pay import usdc_text
 from gateway.ledger.export import Format, iso_utc, write_export
 from gateway.ledger.journal import Journal, LedgerUnavailable
 from gateway.ledger.reconcile import Difference, Finding, Reconciliation, reconcile
-from gateway.payclient import usdc_text
-from gateway.solana_rpc import SolanaRpc, SolanaRpcError
+from gateway.outbound.solana_rpc import SolanaRpc, SolanaRpcError
 from gateway.x402.svm import TOKEN_PROGRAMS, associated_token_address
 from gateway.x402.types import USDC_MAINNET_MINT
 

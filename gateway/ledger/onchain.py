@@ -18,7 +18,7 @@ from solders.pubkey import Pubkey
 from solders.transaction import VersionedTransaction
 from solders.transaction_status import EncodedConfirmedTransactionWithStatusMeta, UiTransactionStatusMeta
 
-from gateway.solana_rpc import MAX_SIGNATURES_PAGE, SolanaRpc
+from gateway.outbound.solana_rpc import MAX_SIGNATURES_PAGE, SolanaRpc
 from gateway.x402.svm import TOKEN_PROGRAMS, TRANSFER_CHECKED
 
 TRANSFER = 3

@@ -20,7 +20,7 @@ from solders.pubkey import Pubkey
 from gateway.ledger.entries import EntryKind
 from gateway.ledger.journal import Journal, Recorded
 from gateway.ledger.onchain import ChainPayment, payment, payments_into
-from gateway.solana_rpc import MAX_SIGNATURES_PAGE, SolanaRpc
+from gateway.outbound.solana_rpc import MAX_SIGNATURES_PAGE, SolanaRpc
 
 SETTLED = (EntryKind.SALE, EntryKind.TOP_UP)
 LOOKUP_BATCH = 500

@@ -33,12 +33,12 @@ from collections.abc import Callable
 import msgspec
 
 from gateway.background import cancel_and_wait
-from gateway.credits import credit_account
 from gateway.ledger.journal import Journal, LedgerUnavailable
-from gateway.logs import log_event
-from gateway.payments.ledger import PENDING_TTL_MS, DeliveredRecord
+from gateway.methods.credit.book import credit_account
+from gateway.methods.exact.ledger import PENDING_TTL_MS, DeliveredRecord
 from gateway.store import Store, StoreUnavailable, keys
 from gateway.store.base import POSITION_TTL_MS
+from gateway.telemetry.logs import log_event
 
 CHECK_INTERVAL_S = 5.0
 """How often each replica checks the store against the ledger."""

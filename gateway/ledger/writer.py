@@ -21,7 +21,7 @@ from gateway.background import cancel_and_wait
 from gateway.ledger.entries import Entry
 from gateway.ledger.journal import Journal, LedgerUnavailable
 from gateway.ledger.metrics import LEDGER_BACKLOG, LEDGER_DROPPED, LEDGER_LAG_SECONDS
-from gateway.logs import log_event
+from gateway.telemetry.logs import log_event
 
 
 class JournalWriter:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.credits import CreditBook, credit_account
+from gateway.methods.credit.book import CreditBook, credit_account
 from gateway.sandbox.state import (
     CREDIT_VERSION,
     CreditSnapshot,

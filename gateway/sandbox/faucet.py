@@ -24,8 +24,9 @@ from solders.pubkey import Pubkey
 from solders.token.associated import get_associated_token_address
 from solders.token.state import Mint, TokenAccount
 
-from gateway.payclient import DEFAULT_TIMEOUT_S, PayError, rpc_failure, sol_text, usdc_text
-from gateway.redact import redact_url
+from client.challenge import PayError
+from client.pay import DEFAULT_TIMEOUT_S, rpc_failure, sol_text, usdc_text
+from gateway.outbound.solana_rpc import RpcResponseError, SolanaRpc, SolanaRpcError
 from gateway.sandbox.chain import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
@@ -38,7 +39,7 @@ from gateway.sandbox.chain import (
     set_token_account,
 )
 from gateway.sandbox.state import read_config
-from gateway.solana_rpc import RpcResponseError, SolanaRpc, SolanaRpcError
+from gateway.telemetry.redact import redact_url
 from gateway.x402.types import USDC_DECIMALS
 
 FUND_METHOD = "sandboxFund"

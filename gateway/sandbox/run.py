@@ -46,9 +46,10 @@ from solders.litesvm import LiteSVM
 from solders.pubkey import Pubkey
 from solders.token.associated import get_associated_token_address
 
+from client.challenge import PayError
+from client.credits import CREDITS_PATH, TOP_UP_PATH
+from client.pay import load_keypair, usdc_text
 from gateway.config import Settings, load_settings
-from gateway.creditclient import CREDITS_PATH, TOP_UP_PATH
-from gateway.payclient import PayError, load_keypair, usdc_text
 from gateway.sandbox.chain import USDC_MAINNET_MINT, LiteSvmRpcServer, UsdcChain, setup_usdc_chain
 from gateway.sandbox.credit import CreditKeepingStore, keep_credit, load_credit, unjournaled_credit
 from gateway.sandbox.environment import HOST_STATE_DIR_VARIABLE, routes_file, sdk_exports, serve_env

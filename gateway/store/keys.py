@@ -93,33 +93,33 @@ _REPORTED_TAIL: Final = ":done"
 
 
 def payment_claim(payment_key: str) -> str:
-    """The claim on a payment (``gateway.payments.ledger``)."""
+    """The claim on a payment (``gateway.methods.exact.ledger``)."""
     return PAYMENT_CLAIM + payment_key
 
 
 def pending_settlement(payment_key: str) -> str:
-    """The write-ahead record of a payment's settlement (``gateway.payments.ledger``)."""
+    """The write-ahead record of a payment's settlement (``gateway.methods.exact.ledger``)."""
     return PENDING_SETTLEMENT + payment_key
 
 
 def delivery(payment_key: str) -> str:
-    """The one delivery of a settled payment (``gateway.payments.ledger``)."""
+    """The one delivery of a settled payment (``gateway.methods.exact.ledger``)."""
     return DELIVERY + payment_key
 
 
 def payment_id(identifier: str) -> str:
-    """A payment identifier's request (``gateway.payments.ledger``)."""
+    """A payment identifier's request (``gateway.methods.exact.ledger``)."""
     return PAYMENT_ID + identifier
 
 
 def sign_in_nonce(nonce: str) -> str:
-    """A used sign-in nonce (``gateway.sign_in``)."""
+    """A used sign-in nonce (``gateway.methods.sign_in``)."""
     return SIGN_IN_NONCE + nonce
 
 
 def rate_bucket(scope: str, subject: str | None = None) -> str:
     """A route limit's bucket: the scope's shared one, or one client's (its wallet or IP) within
-    it (``gateway.rate_limiter``)."""
+    it (``gateway.limits.rate_limiter``)."""
     return f"{RATE_BUCKET}{scope}" if subject is None else f"{RATE_BUCKET}{scope}:{subject}"
 
 
@@ -131,87 +131,87 @@ def rate_contention(scope: str) -> str:
 
 def limit_window(scope: str, subject: str, window: int) -> str:
     """A subject's admissions in one window of a limit decided in the process
-    (``gateway.synced_limit``)."""
+    (``gateway.limits.synced``)."""
     return f"{LIMIT_WINDOW}{scope}:{subject}:{window}"
 
 
 def usage(route: str, outcome: str) -> str:
-    """A route's requests of one outcome, across replicas (``gateway.metrics``)."""
+    """A route's requests of one outcome, across replicas (``gateway.telemetry.metrics``)."""
     return f"{USAGE}{route}:{outcome}"
 
 
 def fee_guard_record(kind: str, party: str) -> str:
-    """A party's settlements that landed recently (``gateway.payments.fee_guard``)."""
+    """A party's settlements that landed recently (``gateway.methods.exact.fee_guard``)."""
     return f"{FEE_GUARD_RECORD}{kind}:{party}"
 
 
 def fee_guard_cooldown(kind: str, party: str) -> str:
-    """A party cooling down after a failed settlement (``gateway.payments.fee_guard``)."""
+    """A party cooling down after a failed settlement (``gateway.methods.exact.fee_guard``)."""
     return f"{FEE_GUARD_COOLDOWN}{kind}:{party}"
 
 
 def fee_guard_in_flight(kind: str, party: str) -> str:
-    """A party's settlements in flight (``gateway.payments.fee_guard``)."""
+    """A party's settlements in flight (``gateway.methods.exact.fee_guard``)."""
     return f"{FEE_GUARD_IN_FLIGHT}{kind}:{party}"
 
 
 def fee_guard_funds(account: str) -> str:
-    """The amounts in flight from one token account (``gateway.payments.fee_guard``)."""
+    """The amounts in flight from one token account (``gateway.methods.exact.fee_guard``)."""
     return FEE_GUARD_FUNDS + account
 
 
 def fee_guard_counted(side: str, signature: str) -> str:
     """A settlement's outcome counted for one side of its parties (``payer``: owner and token
-    account; ``client``: the IP), claimed by whoever counts it (``gateway.payments.fee_guard``)."""
+    account; ``client``: the IP), claimed by whoever counts it (``gateway.methods.exact.fee_guard``)."""
     return f"{FEE_GUARD_COUNTED}{side}:{signature}"
 
 
 def facilitator_down(name: str) -> str:
-    """A facilitator marked down by some replica (``gateway.payments.facilitator_health``)."""
+    """A facilitator marked down by some replica (``gateway.facilitators.health``)."""
     return FACILITATOR_DOWN + name
 
 
 def fee_payer(network: str, facilitator_url: str) -> str:
-    """The fee payer a facilitator last advertised (``gateway.payments.facilitators``)."""
+    """The fee payer a facilitator last advertised (``gateway.facilitators.http``)."""
     return f"{FEE_PAYER}{network}:{facilitator_url}"
 
 
 def credit_balance(wallet: str) -> str:
-    """A wallet's prepaid credit, the operator's liability (``gateway.credits``)."""
+    """A wallet's prepaid credit, the operator's liability (``gateway.methods.credit.book``)."""
     return CREDIT_BALANCE + wallet
 
 
 def credit_holds(wallet: str) -> str:
-    """The credit held by a wallet's calls in flight (``gateway.credits``)."""
+    """The credit held by a wallet's calls in flight (``gateway.methods.credit.book``)."""
     return CREDIT_HOLDS + wallet
 
 
 def credit_lapses() -> str:
     """The lapse index: every wallet with a balance, scored by when its credit lapses
-    (``gateway.credits``; swept by ``gateway.credit_lapse``)."""
+    (``gateway.methods.credit.book``; swept by ``gateway.methods.credit.lapse``)."""
     return CREDIT_LAPSES
 
 
 def credit_lapsed() -> str:
     """Credit a top-up found lapsed, by wallet, until the sweeper counts it
-    (``gateway.credit_lapse``)."""
+    (``gateway.methods.credit.lapse``)."""
     return CREDIT_LAPSED
 
 
 def credit_sweep() -> str:
-    """The claim of the one replica sweeping lapsed credit (``gateway.credit_lapse``)."""
+    """The claim of the one replica sweeping lapsed credit (``gateway.methods.credit.lapse``)."""
     return CREDIT_SWEEP
 
 
 def credit_call(wallet: str, call_id: str) -> str:
     """One call on a wallet's credit, named by its call id (a sign-in's nonce), and the answer it
-    was charged for (``gateway.credit_calls``)."""
+    was charged for (``gateway.methods.credit.calls``)."""
     return f"{CREDIT_CALL}{wallet}:{call_id}"
 
 
 def credit_session(digest: str) -> str:
     """A credit session: its wallet, signed cap and credit spent so far, under the SHA-256 of its
-    origin and token, never the token itself (``gateway.credit_sessions``)."""
+    origin and token, never the token itself (``gateway.methods.credit.sessions``)."""
     return CREDIT_SESSION + digest
 
 
@@ -228,7 +228,7 @@ def ledger_restore() -> str:
 
 
 def settlement(message_hash: str) -> str:
-    """The internal facilitator's record of one payment (``gateway.payments.local_facilitator``)."""
+    """The internal facilitator's record of one payment (``gateway.facilitators.local``)."""
     return SETTLEMENT + message_hash
 
 

@@ -3,7 +3,7 @@
 * :func:`check_exact_payment` applies every structural rule of the x402 exact scheme on
   Solana, under the profile in ``docs/x402-profile.md``, to a v2 payment and answers an
   :class:`ExactCheck` with the SDK reason string. Simulation is the caller's job (it needs
-  RPC): see ``gateway.payments.local_facilitator``.
+  RPC): see ``gateway.facilitators.local``.
 * :func:`parse_wallet` reads ``FACILITATOR_WALLET_BASE58`` with messages that never echo the key.
 * :func:`sign_as_fee_payer` fills signature slot 0; :func:`payment_key` is the duplicate-settlement
   key (SHA-256 of the signed message, immune to whatever bytes a client puts in slot 0).

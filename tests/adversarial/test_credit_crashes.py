@@ -25,9 +25,9 @@ import pytest_asyncio
 from aiohttp import web
 from solders.keypair import Keypair
 
+from client.siwx_signer import sign_in
 from gateway.store import Store
 from gateway.store.redis import RedisStore
-from gateway.x402.siwx_signer import sign_in
 from tests.support.adversarial_credit import (
     BALANCES,
     CALL_CREDIT,

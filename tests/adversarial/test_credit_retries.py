@@ -30,7 +30,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from solders.keypair import Keypair
 
-from gateway.credits import Balance
+from gateway.methods.credit.book import Balance
 from gateway.store import Store, keys
 from gateway.x402.headers import decode_header, encode_header
 from gateway.x402.siwx import DEFAULT_CLOCK_SKEW_S, DEFAULT_LIFETIME_S

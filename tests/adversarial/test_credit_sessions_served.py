@@ -23,8 +23,8 @@ import pytest
 import redis.asyncio as aioredis
 from solders.keypair import Keypair
 
+from client.siwx_signer import sign_in
 from gateway.store import Store, keys
-from gateway.x402.siwx_signer import sign_in
 from tests.support.adversarial_credit import CALL_CREDIT, credit_env, credit_of, fund, hold_fields
 from tests.support.paid_fixtures import (
     GET_BALANCE,

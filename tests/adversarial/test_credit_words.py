@@ -26,8 +26,8 @@ import pytest
 import pytest_asyncio
 from solders.keypair import Keypair
 
+from client.siwx_signer import sign_in
 from gateway.store import Store
-from gateway.x402.siwx_signer import sign_in
 from tests.support.adversarial_credit import (
     BALANCES,
     CALL_CREDIT,

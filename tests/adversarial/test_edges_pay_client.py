@@ -30,8 +30,8 @@ from aiohttp import web
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
-from gateway import payclient
-from gateway.payclient import run_pay
+import client.pay as payclient
+from client.pay import run_pay
 from gateway.x402.headers import encode_header
 from gateway.x402.types import SOLANA_MAINNET
 from tests.support.gateway_process import clean_env, command

@@ -19,7 +19,7 @@ import msgspec
 import pytest_asyncio
 from solders.keypair import Keypair
 
-from gateway.x402.siwx_signer import sign_in
+from client.siwx_signer import sign_in
 from tests.support.gateway_server import RunningGateway, run_gateway
 from tests.support.upstream import ASSET_API_KEY, Upstream
 

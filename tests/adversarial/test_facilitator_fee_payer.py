@@ -20,8 +20,7 @@ from solders.instruction import AccountMeta, Instruction
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
-from gateway.x402.svm import TOKEN_PROGRAM, associated_token_address
-from gateway.x402.svm_payer import (
+from client.svm_payer import (
     MintInfo,
     build_payment_payload,
     exact_instructions,
@@ -29,6 +28,7 @@ from gateway.x402.svm_payer import (
     partially_signed_transaction,
     transfer_checked_instruction,
 )
+from gateway.x402.svm import TOKEN_PROGRAM, associated_token_address
 from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, Money
 from tests.support.paid_fixtures import (

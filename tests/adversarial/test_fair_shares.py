@@ -30,8 +30,8 @@ import msgspec
 import pytest
 from solders.keypair import Keypair
 
+from client.siwx_signer import sign_in
 from gateway.x402.headers import encode_header
-from gateway.x402.siwx_signer import sign_in
 from gateway.x402.types import PaymentPayload
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, Money, via
 from tests.support.cdp_facilitator import ReferenceBackend

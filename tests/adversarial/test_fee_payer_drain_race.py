@@ -17,13 +17,13 @@ import asyncio
 
 from solders.keypair import Keypair
 
-from gateway.solana_rpc import SolanaRpc
-from gateway.x402.headers import encode_header
-from gateway.x402.svm_payer import (
+from client.svm_payer import (
     MintInfo,
     build_exact_transaction,
     build_payment_payload,
 )
+from gateway.outbound.solana_rpc import SolanaRpc
+from gateway.x402.headers import encode_header
 from gateway.x402.types import PaymentPayload
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, drain_transaction, via
 from tests.support.paid_fixtures import GET_BALANCE, PaidGateway, Reply, StartPaidGateway, balance_body

@@ -23,13 +23,13 @@ import secrets
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
-from gateway.payments.fee_guard import Party
-from gateway.solana_rpc import SolanaRpc
+from client.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
+from gateway.methods.exact.fee_guard import Party
+from gateway.outbound.solana_rpc import SolanaRpc
 from gateway.store import Store
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.x402.headers import encode_header
-from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, drain_transaction, via
 from tests.support.paid_fixtures import (

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import PACKAGED_ROUTES_FILE, load_settings
-from gateway.routes import load_routes, named_limits
+from gateway.routing.routes import load_routes, named_limits
 from gateway.x402.headers import encode_header
 from gateway.x402.types import PaymentPayload
 from tests.support.adversarial_paid import (

@@ -18,8 +18,8 @@ import pytest
 import pytest_asyncio
 from solders.keypair import Keypair
 
+from client.siwx_signer import sign_payload
 from gateway.x402.headers import encode_header
-from gateway.x402.siwx_signer import sign_payload
 from gateway.x402.types import SOLANA_DEVNET, SOLANA_MAINNET, PaymentPayload, SiwxExtension
 from tests.support.adversarial_paid import Money
 from tests.support.gateway_server import RunningGateway, run_gateway

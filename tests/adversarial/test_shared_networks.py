@@ -30,9 +30,9 @@ import yaml
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
-from gateway.solana_rpc import SolanaRpc
+from client.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
+from gateway.outbound.solana_rpc import SolanaRpc
 from gateway.x402.headers import encode_header
-from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, drain_transaction, funded_wallet, via
 from tests.support.paid_fixtures import (

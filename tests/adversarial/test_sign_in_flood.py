@@ -23,9 +23,9 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from solders.keypair import Keypair
 
+from client.siwx_signer import sign_in
 from gateway.store import keys
 from gateway.x402.siwx import DEFAULT_CLOCK_SKEW_S, DEFAULT_LIFETIME_S
-from gateway.x402.siwx_signer import sign_in
 from tests.support.adversarial_credit import BALANCES, credit_env, started_provider
 from tests.support.adversarial_paid import via
 from tests.support.gateway_server import RunningGateway, run_gateway

@@ -42,12 +42,12 @@ import redis.asyncio as aioredis
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
-from gateway.credits import Balance, CreditBook
+from client.siwx_signer import sign_in
+from client.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
+from gateway.methods.credit.book import Balance, CreditBook
 from gateway.store import Entry, Store, keys
 from gateway.store.redis import RedisStore
 from gateway.x402.headers import encode_header
-from gateway.x402.siwx_signer import sign_in
-from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, Money, funded_wallet
 from tests.support.gateway_server import PAID_GROUPS, run_gateway

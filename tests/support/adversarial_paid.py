@@ -30,8 +30,8 @@ from x402 import InMemoryPendingSettlementStore, x402FacilitatorSync
 from x402.mechanisms.svm import FacilitatorKeypairSigner
 from x402.mechanisms.svm.exact import ExactSvmFacilitatorScheme
 
+from client.svm_payer import transfer_checked_instruction
 from gateway.x402.svm import decode_transaction, encode_transaction
-from gateway.x402.svm_payer import transfer_checked_instruction
 from gateway.x402.types import SOLANA_MAINNET, PaymentPayload
 from tests.support.cdp_facilitator import ReferenceBackend
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_token_account

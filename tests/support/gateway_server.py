@@ -17,9 +17,9 @@ from starlette.applications import Starlette
 
 from gateway.app import create_app
 from gateway.config import Settings, load_settings
-from gateway.routes import RouteSpec, load_routes, named_limits
+from gateway.routing.routes import RouteSpec, load_routes, named_limits
+from gateway.routing.vocabulary import ACCESS_MODES, HANDLERS
 from gateway.store import Store
-from gateway.vocabulary import ACCESS_MODES, HANDLERS
 from tests.support.cdp_facilitator import make_ed25519_credentials
 from tests.support.ports import bound_socket
 

@@ -17,23 +17,25 @@ from typing import Any
 from solders.hash import Hash
 from solders.keypair import Keypair
 
-from gateway.asgi import ASGIApp, Message, Receive, replay_body, send_bytes
-from gateway.context import request_context
-from gateway.methods.exact import ExactMethod
-from gateway.payments import PaymentGate, PaymentLedger, Settlement, exact_challenge
-from gateway.payments.facilitator_health import FacilitatorHealth
-from gateway.payments.facilitators import ChallengeFeePayer
-from gateway.payments.offer import Option, RouteOffers, SettlingFacilitator
-from gateway.pricing import FacilitatorFee
-from gateway.rate_limiter import CHALLENGE_SCOPE, RateLimiter
-from gateway.router import MethodDispatcher
-from gateway.routes import RateLimitSpec, RouteSpec
+from client.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
+from gateway.facilitators.health import FacilitatorHealth
+from gateway.facilitators.http import ChallengeFeePayer
+from gateway.limits.rate_limiter import CHALLENGE_SCOPE, RateLimiter
+from gateway.limits.synced import SyncedWindowLimit
+from gateway.methods.exact.gate import PaymentGate
+from gateway.methods.exact.ledger import PaymentLedger
+from gateway.methods.exact.method import ExactMethod
+from gateway.methods.exact.offer import Option, RouteOffers, SettlingFacilitator, exact_challenge
+from gateway.methods.exact.settlement import Settlement
+from gateway.routing.pricing import FacilitatorFee
+from gateway.routing.routes import RateLimitSpec, RouteSpec
+from gateway.routing.validation import RequestValidator, ValidatedInput
 from gateway.store import Store
-from gateway.synced_limit import SyncedWindowLimit
-from gateway.validation import RequestValidator, ValidatedInput
+from gateway.web.asgi import ASGIApp, Message, Receive, replay_body, send_bytes
+from gateway.web.context import request_context
+from gateway.web.router import MethodDispatcher
 from gateway.x402.challenge import ExactChallenge
 from gateway.x402.headers import encode_header
-from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.x402.types import (
     SOLANA_MAINNET,
     PaymentPayload,

@@ -28,9 +28,9 @@ from solders.message import MessageV0
 from solders.pubkey import Pubkey
 from solders.transaction import VersionedTransaction
 
+from client.svm_payer import transfer_checked_instruction
 from gateway.ledger import Journal, Recorded
-from gateway.solana_rpc import SolanaRpc
-from gateway.x402.svm_payer import transfer_checked_instruction
+from gateway.outbound.solana_rpc import SolanaRpc
 from tests.support.adversarial_credit import CreditClient, served_credit_gateway
 from tests.support.adversarial_paid import funded_wallet
 from tests.support.paid_fixtures import GET_BALANCE, PaidGateway, balance_body

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from gateway.logs import LOGGER_NAME, JsonFormatter
+from gateway.telemetry.logs import LOGGER_NAME, JsonFormatter
 
 
 class _Lines(logging.Handler):

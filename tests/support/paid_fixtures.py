@@ -10,7 +10,7 @@
   chain's fee payer by default, or any backend, e.g. ``ReferenceBackend``), or ``internal``.
 
 :class:`PaidGateway` talks to it over HTTP and builds REAL signed Solana payments with our
-client-side builder (``gateway.x402.svm_payer``) from the challenge the gateway sent.
+client-side builder (``client.svm_payer``) from the challenge the gateway sent.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from multidict import CIMultiDictProxy
 from solders.hash import Hash
 from solders.keypair import Keypair
 
+from client.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.store import Store
 from gateway.x402.headers import encode_header
-from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
 from tests.support.cdp_facilitator import (
     CdpCredentials,

@@ -24,8 +24,8 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from client.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.x402.headers import encode_header
-from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
 from tests.support.cdp_facilitator import CdpFacilitatorServer
 from tests.support.gateway_process import GatewayProcess, serve

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gateway.payments.confirmations import PollSchedule
-from gateway.payments.local_facilitator import LocalFacilitator
+from gateway.facilitators.local import LocalFacilitator
+from gateway.methods.exact.confirmations import PollSchedule
 from gateway.store.memory import MemoryStore
 from gateway.x402.types import SOLANA_MAINNET, PaymentRequirements
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, setup_usdc_chain

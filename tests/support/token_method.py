@@ -1,7 +1,7 @@
 """A payment method that exists only in the test suite: a fixed token in ``X-Test-Token``.
 
 It proves the seam: one module (this one) and one registration
-(:func:`gateway.vocabulary.register_payment_method`) are all a new way of paying needs; the
+(:func:`gateway.routing.vocabulary.register_payment_method`) are all a new way of paying needs; the
 route table, the 402, the catalog, OpenAPI, the metrics and the CLI learn of it from there.
 """
 
@@ -13,12 +13,13 @@ from typing import Any
 
 import msgspec
 
-from gateway.methods import Admitted, Answer, Checked, Incoming, Offer, credential_headers
-from gateway.payments import Delivered, Refused, Settled, StoredResponse
-from gateway.routes import RouteSpec
+from gateway.methods.exact.ledger import StoredResponse
+from gateway.methods.results import Delivered, Refused, Settled
+from gateway.methods.seam import Admitted, Answer, Checked, Incoming, Offer, credential_headers
+from gateway.routing.routes import RouteSpec
+from gateway.routing.validation import RequestValidator
+from gateway.routing.vocabulary import AccessMode, Credential, Outcome
 from gateway.services import Services
-from gateway.validation import RequestValidator
-from gateway.vocabulary import AccessMode, Credential, Outcome
 
 NAME = "test_token"
 TOKEN = "open-sesame"

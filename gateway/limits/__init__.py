@@ -1,0 +1,1 @@
+"""Rate limits: GCRA buckets decided in the store, and windows decided in the process and synced."""
