@@ -12,7 +12,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("gateway", "middleware")
+PACKAGES = ("gateway", "middleware", "client")
+ROOT_MODULES_AT_MOST = 15
+"""A small root: wiring, settings and the CLI; everything else lives in a package with one job."""
 COMPOSITION_ROOT = "gateway.app"
 
 
@@ -122,3 +124,21 @@ def test_no_module_level_import_circle() -> None:
 
 def test_the_circle_check_finds_a_circle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _every_import_in_tree(module: str, path: Path) -> set[str]:
+    return {name for name in _every_import(module, path) if name in MODULES and name != module}
+
+
+def test_no_import_circle_at_all_not_even_through_lazy_or_typing_imports() -> None:
+    """A lazy import or one for typing only does not deadlock, but it still ties two modules
+    together: neither can be read, moved or tested without the other."""
+    graph = {module: _every_import_in_tree(module, path) for module, path in MODULES.items()}
+
+    assert _cycles(graph) == []
+
+
+def test_the_root_of_gateway_stays_small() -> None:
+    root = sorted(path.name for path in (ROOT / "gateway").glob("*.py"))
+
+    assert len(root) <= ROOT_MODULES_AT_MOST, root
