@@ -37,10 +37,24 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from bench.run import Bench, Server
+from bench.common import (
+    PAID_PATH,
+    PROVIDER_PATH,
+    REDIS,
+    RPC_BODY,
+    SERVER_CPU,
+    Bench,
+    Server,
+    bench_routes_file,
+    challenge_of,
+    gateway_env,
+    paid_job,
+    static_job,
+    table,
+)
+from bench.procs import GATEWAY_ARGS, python_server, redis_url, started, waits_stubs
 
 CREDIT = "credit"
 FROM_CREDIT = "gateway, credit on: paid from credit"
@@ -82,8 +96,6 @@ def session_job(url: str, c: int, counts: tuple[int, int], kind: str) -> dict[st
 
 def credit_job(url: str, c: int, counts: tuple[int, int]) -> dict[str, Any]:
     """One fresh sign-in per call of the paid route, over challenges fetched before the clock."""
-    from bench.run import PAID_PATH, RPC_BODY
-
     warmup, count = counts
     return {
         "kind": "siwx",
@@ -101,26 +113,12 @@ def credit_job(url: str, c: int, counts: tuple[int, int]) -> dict[str, Any]:
 
 
 def run_credit(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]) -> None:
-    from bench.run import (
-        PAID_PATH,
-        PROVIDER_PATH,
-        REDIS,
-        RPC_BODY,
-        SERVER_CPU,
-        bench_routes_file,
-        challenge_of,
-        gateway_env,
-        paid_job,
-        static_job,
-    )
-    from bench.settlement_pace import GATEWAY_ARGS, _redis, _server, started
-
     p = bench.profile
     print("(h) paid from credit: a fresh sign-in per call, beside exact payments", flush=True)
-    gateway = _server("credit gateway", GATEWAY_ARGS, SERVER_CPU if bench.pin else None, hypercorn=True)
+    gateway = python_server("credit gateway", GATEWAY_ARGS, SERVER_CPU if bench.pin else None, hypercorn=True)
     with tempfile.TemporaryDirectory(prefix="x402-bench-credit-routes-") as tmp:
         env = gateway_env(gateway.port, stubs, bench_routes_file(Path(tmp)), "WARNING")
-        env.update(CREDITS_ENABLED="true", STATE_STORE_REST_URL=_redis(servers, REDIS_DATABASE))
+        env.update(CREDITS_ENABLED="true", STATE_STORE_REST_URL=redis_url(servers, REDIS_DATABASE))
         gateway.env = env
         with started(bench, [gateway], ["/healthz"]):
             plain = servers[REDIS]
@@ -160,19 +158,16 @@ def run_credit(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server
 def run_credit_with_waits(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]) -> None:
     """From credit against per call (exact) at c=32, where the provider and the facilitator take
     the time they take for real (scenario (g)'s stubs)."""
-    from bench.run import PAID_PATH, SERVER_CPU, bench_routes_file, challenge_of, gateway_env, paid_job
-    from bench.settlement_pace import GATEWAY_ARGS, _redis, _server, started, waits_stubs
-
     p = bench.profile
     c = p.concurrency
     print(f"(h) paid from credit beside exact payments that settle at a chain's pace (c={c})", flush=True)
     provider, facilitator = waits_stubs(bench)
     cpus = SERVER_CPU if bench.pin else None
-    gateway = _server("credit gateway, waits", GATEWAY_ARGS, cpus, hypercorn=True)
+    gateway = python_server("credit gateway, waits", GATEWAY_ARGS, cpus, hypercorn=True)
     waiting = {"provider": provider, "asset": stubs["asset"], "facilitator": facilitator}
     with tempfile.TemporaryDirectory(prefix="x402-bench-credit-waits-") as tmp:
         env = gateway_env(gateway.port, waiting, bench_routes_file(Path(tmp)), "WARNING")
-        env.update(CREDITS_ENABLED="true", STATE_STORE_REST_URL=_redis(servers, WAITS_REDIS_DATABASE))
+        env.update(CREDITS_ENABLED="true", STATE_STORE_REST_URL=redis_url(servers, WAITS_REDIS_DATABASE))
         gateway.env = env
         with started(bench, [provider, facilitator, gateway], ["/", "/", "/healthz"]):
             challenge = challenge_of(gateway.url + PAID_PATH)
@@ -261,8 +256,6 @@ def session_summary(bench: Bench, direct: dict[str, Any]) -> list[str]:
 
 def credit_report(bench: Bench) -> list[str]:
     """The report's section for (h) (nothing when it did not run)."""
-    from bench.run import table
-
     if bench.find(CREDIT, FROM_CREDIT, 1) is None:
         return []
     return [

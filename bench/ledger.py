@@ -23,15 +23,35 @@ Targets, against the gateway without a ledger in the same run: a call from credi
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from bench.run import Bench, Server, Spec
+from bench.common import (
+    CLIENT_CPU,
+    PROVIDER_PATH,
+    RPC_BODY,
+    SERVER_CPU,
+    Bench,
+    Server,
+    Spec,
+    bench_routes_file,
+    children,
+    fetch_402,
+    gateway_env,
+    paid_job,
+    static_job,
+    table,
+)
+from bench.credit import TOP_UP_PATH, credit_job
+from bench.load import CLK_TCK, own_ticks
+from bench.procs import GATEWAY_ARGS, python_server, redis_url, started
+from bench.profiling import profile_jobs
 
 LEDGER = "ledger"
 DIRECT = "direct to provider"
@@ -56,7 +76,6 @@ THROUGHPUT_TARGET = 0.90
 def postgres(bench: Bench) -> Iterator[str]:
     """One embedded PostgreSQL for the scenario, pinned with the stubs; a fresh database's URL.
     Its backends are counted as the bench's own processes (they fork per connection)."""
-    from bench.run import CLIENT_CPU
     from tests.support.postgres_server import create_database, start_postgres
 
     with start_postgres(durable=True) as server_url:
@@ -95,8 +114,6 @@ def _parent(pid: int) -> int:
 
 def _tree_cpu_s(pid: int) -> float:
     """CPU-seconds of ``pid``, its children that exited (reaped by it) and those still running."""
-    from bench.load import CLK_TCK, own_ticks
-
     with contextlib.suppress(OSError):
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
         reaped = int(fields[13]) + int(fields[14])  # cutime, cstime
@@ -105,55 +122,32 @@ def _tree_cpu_s(pid: int) -> float:
 
 
 def _tree(pid: int) -> list[int]:
-    from bench.run import children
-
     return [pid, *children(pid)]
 
 
 def top_up_job(url: str, challenge: dict[str, Any], counts: tuple[int, int]) -> dict[str, Any]:
     """One unique exact payment per top-up, from one payer, one after the other."""
-    from bench.credit import TOP_UP_PATH
-    from bench.run import paid_job
-
     job = paid_job(url, TOP_UP_PATH, challenge, 1, counts)
     return {**job, "body": "", "payer_seed": "bench-ledger-payer"}
 
 
 def top_up_challenge(url: str) -> dict[str, Any]:
-    import base64
-    import json
-
-    from bench.credit import TOP_UP_PATH
-    from bench.run import fetch_402
-
     headers, _ = fetch_402(url + TOP_UP_PATH, b"")
     decoded: dict[str, Any] = json.loads(base64.b64decode(headers["payment-required"]))
     return decoded
 
 
 def run_ledger(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]) -> None:
-    from bench.credit import credit_job
-    from bench.run import (
-        PROVIDER_PATH,
-        RPC_BODY,
-        SERVER_CPU,
-        bench_routes_file,
-        gateway_env,
-        profile_jobs,
-        static_job,
-    )
-    from bench.settlement_pace import GATEWAY_ARGS, _redis, _server, started
-
     p = bench.profile
     rounds = max(p.rounds, ROUNDS)
     print("(j) the ledger's cost: credit gateways with and without one (embedded PostgreSQL)", flush=True)
     cpus = SERVER_CPU if bench.pin else None
-    off = _server("credit gateway, no ledger", GATEWAY_ARGS, cpus, hypercorn=True)
-    on = _server("credit gateway, ledger", GATEWAY_ARGS, cpus, hypercorn=True)
+    off = python_server("credit gateway, no ledger", GATEWAY_ARGS, cpus, hypercorn=True)
+    on = python_server("credit gateway, ledger", GATEWAY_ARGS, cpus, hypercorn=True)
     with tempfile.TemporaryDirectory(prefix="x402-bench-ledger-") as tmp, postgres(bench) as ledger_url:
         for gateway, database in ((off, NO_LEDGER_DATABASE), (on, LEDGER_DATABASE)):
             env = gateway_env(gateway.port, stubs, bench_routes_file(Path(tmp)), "WARNING")
-            env.update(CREDITS_ENABLED="true", STATE_STORE_REST_URL=_redis(servers, database))
+            env.update(CREDITS_ENABLED="true", STATE_STORE_REST_URL=redis_url(servers, database))
             gateway.env = env
         on.env["LEDGER_DATABASE_URL"] = ledger_url
         with started(bench, [off, on], ["/healthz", "/healthz"]):
@@ -250,8 +244,6 @@ def ledger_summary(bench: Bench) -> list[str]:
 
 def ledger_report(bench: Bench) -> list[str]:
     """The report's section for (j) (nothing when it did not run)."""
-    from bench.run import table
-
     if bench.find(LEDGER, ON, 1) is None:
         return []
     return [

@@ -38,11 +38,10 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -53,7 +52,28 @@ from solders.pubkey import Pubkey
 from solders.transaction import VersionedTransaction
 
 from bench.apps import PEER_PATH
+from bench.common import (
+    CLIENT_CPU,
+    PAID_PATH,
+    PAY_TO,
+    PROVIDER_PATH,
+    REPO,
+    RPC_BODY,
+    SERVER_CPU,
+    Bench,
+    Row,
+    Server,
+    base_env,
+    bench_routes_file,
+    challenge_of,
+    gateway_env,
+    paid_job,
+    pinner,
+    static_job,
+    verify_body,
+)
 from bench.load import CLK_TCK, machine_busy_s, own_ticks, percentile
+from bench.procs import GATEWAY_ARGS, python_server, redis_url, started, waits_stubs
 from bench.stubs import APPS, FACILITATOR_BASE_PATH
 from client.pay import (
     Challenge,
@@ -74,9 +94,6 @@ from gateway.outbound.solana_rpc import SolanaRpc
 from gateway.sandbox.chain import USDC_MAINNET_MINT, LiteSvmRpcServer, set_token_account, setup_usdc_chain
 from gateway.x402.headers import HeaderError, decode_header
 from gateway.x402.types import PaymentRequirements, ResourceInfo, SettleResponse
-
-if TYPE_CHECKING:
-    from bench.run import Bench, Server
 
 CONFIRM_S = 0.600
 """The chain's confirmation: a landed transaction reports ``confirmed`` this long after landing."""
@@ -448,44 +465,6 @@ async def run_client(job: dict[str, Any]) -> dict[str, Any]:
 # --- driving the scenarios (called by bench/run.py) ------------------------------------------
 
 
-@contextmanager
-def started(bench: Bench, servers: Sequence[Server], probes: Sequence[str]) -> Iterator[None]:
-    """Start ``servers`` in their own log directory, count them as the bench's own processes,
-    and stop them on the way out."""
-    from bench.run import start
-
-    with tempfile.TemporaryDirectory(prefix="x402-bench-pace-") as tmp:
-        try:
-            for server in servers:
-                server.start(Path(tmp))
-            for server, probe in zip(servers, probes, strict=True):
-                start(server, Path(tmp), probe, retries=3)
-                bench.own_pids.extend(server.pids())
-            yield
-        finally:
-            for server in servers:
-                server.stop()
-
-
-def _redis(servers: dict[str, Server], database: int) -> str:
-    from bench.run import REDIS
-
-    return f"{servers[REDIS].env['STATE_STORE_REST_URL'].rsplit('/', 1)[0]}/{database}"
-
-
-def _server(name: str, args: Sequence[str], cpus: set[int] | None, *, hypercorn: bool) -> Server:
-    """``python -m ARGS`` on a free port (``{port}`` in ``args`` is replaced by it)."""
-    from bench.run import Server, base_env, free_port
-
-    port = free_port()
-    argv = [sys.executable, "-m", *(arg.format(port=port) for arg in args)]
-    return Server(name, port, argv, base_env(), cpus, hypercorn=hypercorn)
-
-
-GATEWAY_ARGS = ("gateway.cli", "serve", "--host", "127.0.0.1", "--port", "{port}", "--workers", "1")
-"""``x402-gateway serve``, one worker, as bench/run.py runs it."""
-
-
 def run_pace_scenarios(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server], only: str) -> None:
     """Scenarios (f) and (g), those named in ``only``."""
     if "f" in only:
@@ -495,8 +474,6 @@ def run_pace_scenarios(bench: Bench, servers: dict[str, Server], stubs: dict[str
 
 
 def run_chain_pace(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]) -> None:
-    from bench.run import CLIENT_CPU, PAID_PATH, PAY_TO, RPC_BODY, SERVER_CPU, bench_routes_file, gateway_env
-
     quick = bench.profile.name == "quick"
     print(
         f"(f) settlement at the chain's pace: internal facilitator, a chain confirming "
@@ -504,8 +481,8 @@ def run_chain_pace(bench: Bench, servers: dict[str, Server], stubs: dict[str, Se
         flush=True,
     )
     chain_args = ("bench.settlement_pace", "chain", "{port}", str(int(CONFIRM_S * 1000)), PAY_TO)
-    chain = _server("chain", chain_args, CLIENT_CPU if bench.pin else None, hypercorn=False)
-    gateway = _server("pace gateway", GATEWAY_ARGS, SERVER_CPU if bench.pin else None, hypercorn=True)
+    chain = python_server("chain", chain_args, CLIENT_CPU if bench.pin else None, hypercorn=False)
+    gateway = python_server("pace gateway", GATEWAY_ARGS, SERVER_CPU if bench.pin else None, hypercorn=True)
     with tempfile.TemporaryDirectory(prefix="x402-bench-pace-routes-") as tmp:
         env = gateway_env(gateway.port, stubs, bench_routes_file(Path(tmp)), "WARNING")
         for unused in (
@@ -519,7 +496,7 @@ def run_chain_pace(bench: Bench, servers: dict[str, Server], stubs: dict[str, Se
             FACILITATOR_WALLET_BASE58=_base58(FEE_PAYER),
             SOLANA_MAINNET_RPC_URL=chain.url,
             SOLANA_DEVNET_RPC_URL=chain.url,
-            STATE_STORE_REST_URL=_redis(servers, REDIS_DATABASES["pace"]),
+            STATE_STORE_REST_URL=redis_url(servers, REDIS_DATABASES["pace"]),
             # The drain race's client speaks for its wallets' addresses as a proxy would.
             TRUSTED_PROXIES="127.0.0.0/8",
         )
@@ -554,8 +531,6 @@ def _one_64(n: int) -> list[str]:
 
 def _client(bench: Bench, job: dict[str, Any]) -> dict[str, Any]:
     """One (f) client process, pinned with the load generators, on a fresh client IP."""
-    from bench.run import CLIENT_CPU, REPO, _pinner, base_env
-
     job = {**job, "local_ip": bench.next_ip(), "own_pids": bench.own_pids}
     proc = subprocess.run(
         [sys.executable, "-m", "bench.settlement_pace", "client", json.dumps(job)],
@@ -564,7 +539,7 @@ def _client(bench: Bench, job: dict[str, Any]) -> dict[str, Any]:
         capture_output=True,
         text=True,
         timeout=600,
-        preexec_fn=_pinner(CLIENT_CPU if bench.pin else None),
+        preexec_fn=pinner(CLIENT_CPU if bench.pin else None),
         check=False,
     )
     if proc.returncode != 0:
@@ -590,8 +565,6 @@ def _base58(keypair: Keypair) -> str:
 
 def _record_pace(bench: Bench, results: dict[str, list[dict[str, Any]]]) -> None:
     """Fold each phase's rounds into one row of the report (the raw rounds kept with it)."""
-    from bench.run import Row
-
     confirm_ms = CONFIRM_S * 1000
     (single,) = results[ONE_AT_A_TIME]
     answers = [Answer(**a) for a in single["answers"]]
@@ -709,8 +682,6 @@ def _confirm_to_last_ms(burst: Sequence[Answer]) -> float:
 
 def _record_drain(bench: Bench, target: str, found: Sequence[dict[str, Any]]) -> None:
     """The drain race's rounds: the fee payer's lamports lost, and what the wallets were told."""
-    from bench.run import Row
-
     rounds = []
     for result in found:
         answers = [Answer(**a) for a in result["answers"]]
@@ -746,33 +717,7 @@ def _statuses(answers: Sequence[Answer]) -> dict[str, int]:
     return {str(k): v for k, v in sorted(Counter(a.status for a in answers).items())}
 
 
-def waits_stubs(bench: Bench) -> tuple[Server, Server]:
-    """The provider and the facilitator with realistic waits (not yet started), on the load
-    generator's CPU."""
-    from bench.run import CLIENT_CPU
-
-    client_cpus = CLIENT_CPU if bench.pin else None
-    stub = ("bench.settlement_pace", "stub")
-    provider = _server("waits provider", (*stub, "provider", "{port}"), client_cpus, hypercorn=False)
-    facilitator = _server("waits facilitator", (*stub, "facilitator", "{port}"), client_cpus, hypercorn=False)
-    return provider, facilitator
-
-
 def run_waits(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]) -> None:
-    from bench.run import (
-        PAID_PATH,
-        PAY_TO,
-        PROVIDER_PATH,
-        RPC_BODY,
-        SERVER_CPU,
-        bench_routes_file,
-        challenge_of,
-        gateway_env,
-        paid_job,
-        static_job,
-        verify_body,
-    )
-
     p = bench.profile
     counts = (3, 15) if p.name == "quick" else (5, 40)
     limit = PHYSICAL_LIMIT_MS
@@ -783,14 +728,14 @@ def run_waits(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]
     )
     server_cpus = SERVER_CPU if bench.pin else None
     provider, facilitator = waits_stubs(bench)
-    gateway = _server("waits gateway", GATEWAY_ARGS, server_cpus, hypercorn=True)
+    gateway = python_server("waits gateway", GATEWAY_ARGS, server_cpus, hypercorn=True)
     serve = ("bench.serve", "--port", "{port}")
-    peer = _server(PEER_WAITS, (*serve, "bench.apps:peer_app()"), server_cpus, hypercorn=True)
-    floor = _server(FLOOR_WAITS, (*serve, "bench.apps:io_floor_app()"), server_cpus, hypercorn=True)
+    peer = python_server(PEER_WAITS, (*serve, "bench.apps:peer_app()"), server_cpus, hypercorn=True)
+    floor = python_server(FLOOR_WAITS, (*serve, "bench.apps:io_floor_app()"), server_cpus, hypercorn=True)
     waiting = {"provider": provider, "asset": stubs["asset"], "facilitator": facilitator}
     with tempfile.TemporaryDirectory(prefix="x402-bench-waits-routes-") as tmp:
         env = gateway_env(gateway.port, waiting, bench_routes_file(Path(tmp)), "WARNING")
-        env["STATE_STORE_REST_URL"] = _redis(servers, REDIS_DATABASES["waits"])
+        env["STATE_STORE_REST_URL"] = redis_url(servers, REDIS_DATABASES["waits"])
         gateway.env = env
         apps_env = {
             "BENCH_PROVIDER_URL": provider.url + PROVIDER_PATH,
@@ -798,7 +743,7 @@ def run_waits(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]
             "BENCH_PAY_TO": PAY_TO,
         }
         peer.env = {**peer.env, **apps_env}
-        floor.env = {**floor.env, **apps_env, "BENCH_REDIS_URL": _redis(servers, REDIS_DATABASES["floor"])}
+        floor.env = {**floor.env, **apps_env, "BENCH_REDIS_URL": redis_url(servers, REDIS_DATABASES["floor"])}
         processes = [provider, facilitator, gateway, peer, floor]
         with started(bench, processes, ["/", "/", "/healthz", "/", "/"]):
             challenge = challenge_of(gateway.url + PAID_PATH)

@@ -26,15 +26,27 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from solders.keypair import Keypair
 
+from bench.common import (
+    CLIENT_CPU,
+    PAID_PATH,
+    REPO,
+    RPC_BODY,
+    SERVER_CPU,
+    Bench,
+    Row,
+    Server,
+    base_env,
+    gateway_env,
+    pinner,
+)
+from bench.load import CLK_TCK, buy_credit, machine_busy_s, own_ticks, percentile
+from bench.procs import GATEWAY_ARGS, python_server, redis_url, started
 from client.siwx_signer import sign_in
-
-if TYPE_CHECKING:
-    from bench.run import Bench, Server
 
 VOLUME = "volume"
 TARGET = "one IP, from credit, 402 + sign-in per call"
@@ -49,8 +61,6 @@ TOP_UP_PATH = "/v1/x402/credits/top-up/1"
 
 
 async def paced_sign_ins(job: dict[str, Any]) -> dict[str, Any]:
-    from bench.load import CLK_TCK, buy_credit, machine_busy_s, own_ticks, percentile
-
     local = (job["local_ip"], 0) if job.get("local_ip") else None
     connector = aiohttp.TCPConnector(limit=0, local_addr=local)
     timeout = aiohttp.ClientTimeout(total=30)
@@ -120,25 +130,12 @@ def main() -> None:
 
 
 def run_volume(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server]) -> None:
-    from bench.run import (
-        CLIENT_CPU,
-        PAID_PATH,
-        REPO,
-        RPC_BODY,
-        SERVER_CPU,
-        Row,
-        _pinner,
-        base_env,
-        gateway_env,
-    )
-    from bench.settlement_pace import GATEWAY_ARGS, _redis, _server, started
-
     print(f"(i) one IP from credit, 402 + sign-in per call, {RATE}/s for {SECONDS} s", flush=True)
-    gateway = _server("volume gateway", GATEWAY_ARGS, SERVER_CPU if bench.pin else None, hypercorn=True)
+    gateway = python_server("volume gateway", GATEWAY_ARGS, SERVER_CPU if bench.pin else None, hypercorn=True)
     env = gateway_env(gateway.port, stubs, REPO / "gateway" / "routes.yaml", "WARNING")
     for name in [k for k in env if k.startswith("RATE_LIMIT_")]:
         del env[name]  # every limit at its default
-    env.update(CREDITS_ENABLED="true", STATE_STORE_REST_URL=_redis(servers, REDIS_DATABASE))
+    env.update(CREDITS_ENABLED="true", STATE_STORE_REST_URL=redis_url(servers, REDIS_DATABASE))
     gateway.env = env
     with started(bench, [gateway], ["/healthz"]):
         job = {
@@ -158,7 +155,7 @@ def run_volume(bench: Bench, servers: dict[str, Server], stubs: dict[str, Server
             capture_output=True,
             text=True,
             timeout=SECONDS + 120,
-            preexec_fn=_pinner(CLIENT_CPU if bench.pin else None),
+            preexec_fn=pinner(CLIENT_CPU if bench.pin else None),
             check=False,
         )
     if proc.returncode != 0:

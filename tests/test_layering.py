@@ -3,7 +3,9 @@
 ``middleware/`` depends on ``gateway/``; inside ``gateway/`` only the composition root
 (``gateway/app.py``) names a middleware. No two modules import each other, directly or round a
 longer circle, at module level (imports inside functions and under ``TYPE_CHECKING`` run later
-and cannot deadlock a partial import).
+and cannot deadlock a partial import), nor through any import at all. The circle checks cover
+the benchmark (``bench/``) too: its scenarios import what they share from ``bench/common.py``
+and ``bench/procs.py``, never from the entry point ``bench/run.py`` that imports them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("gateway", "middleware", "client")
+PACKAGES = ("gateway", "middleware", "client", "bench")
 ROOT_MODULES_AT_MOST = 15
 """A small root: wiring, settings and the CLI; everything else lives in a package with one job."""
 COMPOSITION_ROOT = "gateway.app"
@@ -100,7 +102,14 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_modules_are_found() -> None:
-    expected = {"gateway.app", "gateway.methods.exact.gate", "middleware.paid_access", "gateway.store"}
+    expected = {
+        "gateway.app",
+        "gateway.methods.exact.gate",
+        "middleware.paid_access",
+        "gateway.store",
+        "bench.run",
+        "bench.credit",
+    }
     assert expected <= set(MODULES)
 
 
@@ -136,6 +145,16 @@ def test_no_import_circle_at_all_not_even_through_lazy_or_typing_imports() -> No
     graph = {module: _every_import_in_tree(module, path) for module, path in MODULES.items()}
 
     assert _cycles(graph) == []
+
+
+def test_the_benchmark_entry_point_is_imported_by_no_module() -> None:
+    """``bench/run.py`` runs as a script too (``python bench/run.py``): a module importing it
+    would load a second copy of it beside ``__main__``."""
+    importers = sorted(
+        module for module, path in MODULES.items() if "bench.run" in _every_import_in_tree(module, path)
+    )
+
+    assert importers == []
 
 
 def test_the_root_of_gateway_stays_small() -> None:
