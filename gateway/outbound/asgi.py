@@ -72,8 +72,10 @@ class AsgiTransport:
         body = request.body or b""
         headers = [(b"host", (url.raw_authority.rpartition("@")[2]).encode("latin-1"))]
         headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()]
-        if request.body is not None:
+        if request.body is not None:  # as aiohttp sends bytes
             headers.append((b"content-length", str(len(body)).encode()))
+            if not any(name == b"content-type" for name, _ in headers):
+                headers.append((b"content-type", b"application/octet-stream"))
         scope = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -154,8 +156,7 @@ def _headers(raw: list[tuple[bytes, bytes]]) -> CIMultiDictProxy[str]:
 
 def _redirected(request: Request, status: int, url: URL) -> Request:
     """The next request of a redirect, as aiohttp makes it: a 303, or a 301/302 after a POST,
-    becomes a GET without a body."""
+    becomes a GET without a body (its headers kept)."""
     if (status == 303 and request.method != "HEAD") or (status in (301, 302) and request.method == "POST"):
-        headers = {k: v for k, v in request.headers.items() if k.lower() != "content-type"}
-        return Request("GET", url, headers, None)
+        return Request("GET", url, request.headers, None)
     return Request(request.method, url, request.headers, request.body)
