@@ -130,7 +130,9 @@ EXCHANGES = [
     pytest.param("GET", "/status/503", {}, id="503"),
     pytest.param("GET", "/status/409", {"accept": {409}}, id="accepted-409"),
     pytest.param("GET", "/moved", {}, id="redirect-followed"),
-    pytest.param("POST", "/see-other", {"data": b"x", "headers": {"Content-Type": "text/plain"}}, id="303-post"),
+    pytest.param(
+        "POST", "/see-other", {"data": b"x", "headers": {"Content-Type": "text/plain"}}, id="303-post"
+    ),
     pytest.param("GET", "/big/4000", {}, id="under-the-cap"),
 ]  # fmt: skip
 
