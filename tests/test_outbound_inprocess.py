@@ -19,8 +19,11 @@ from solders.keypair import Keypair
 
 from client.siwx_signer import sign_in
 from client.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
+from gateway.app import create_app
+from gateway.config import load_settings
 from gateway.outbound.client import UpstreamClient
 from gateway.sandbox.chain import LiteSvmRpcServer, UsdcChain, setup_usdc_chain
+from gateway.services import OUTBOUND_PER_HOST
 from gateway.x402.headers import decode_header, encode_header
 from gateway.x402.types import (
     USDC_MAINNET_MINT,
@@ -30,9 +33,10 @@ from gateway.x402.types import (
     SettleResponse,
 )
 from tests.support.cdp_facilitator import make_ed25519_credentials
-from tests.support.gateway_server import PAID_GROUPS
+from tests.support.gateway_server import PAID_GROUPS, routes_of
 from tests.support.inprocess import Answer
 from tests.support.outbound import (
+    BASE_URL,
     InProcessGateway,
     Reply,
     ThirdParty,
@@ -330,3 +334,30 @@ async def test_a_node_that_answers_garbage_settles_nothing_and_is_not_ready() ->
         "failing": ["facilitator"],
         "checks": {"store": "ok", "facilitator": "unavailable"},
     }
+
+
+# --- production wiring: one aiohttp pool, opened and closed by the lifespan --------------------
+
+
+async def test_without_a_client_handed_in_the_app_opens_one_pool_for_everything_and_closes_it() -> None:
+    internal = Internal()
+    env = {**internal.env, "FACILITATOR_URL": "http://facilitator.test/x402,internal"}
+    env |= {"FACILITATOR_API_KEY_ID": CDP.key_id, "FACILITATOR_API_KEY_SECRET": CDP.secret}
+    settings = load_settings({"GATEWAY_BASE_URL": BASE_URL, "LOG_LEVEL": "WARNING", **env})
+    app = create_app(settings, routes_of(settings))
+    services = app.state.services
+    assert services.outbound.session is None  # nothing opened outside the running loop
+
+    async with app.router.lifespan_context(app):
+        session = services.outbound.session
+        assert session is not None and not session.closed
+        assert session.connector.limit_per_host == OUTBOUND_PER_HOST
+        senders = [
+            services.upstream("provider_a_mainnet"),
+            *(s.facilitator._http for s in services.settling),
+            services.local_facilitator._rpc_for(None)._http,
+        ]
+        assert len(services.settling) == 2
+        assert all(client.session is session for client in senders)
+
+    assert session.closed
