@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import jwt
 import msgspec
 import pytest
 from prometheus_client import REGISTRY
@@ -145,7 +146,11 @@ async def test_a_paid_call_goes_out_through_the_one_client_and_is_settled_once(e
     # a fresh CDP JWT for its own path.
     paths = external.facilitator.paths()
     assert paths.count("/x402/verify") == 1 and len(settled_through(external.facilitator)) == 1
-    assert all(s.headers["authorization"].startswith("Bearer ") for s in external.facilitator.seen)
+    for seen in external.facilitator.seen:
+        token = seen.headers["authorization"].removeprefix("Bearer ")
+        claims = jwt.decode(token, CDP.public_key, algorithms=["EdDSA"], issuer="cdp")
+        assert claims["uris"] == [f"{seen.method} {seen.headers['host']}{seen.path}"]
+        assert seen.headers["host"] == "facilitator.test"
     assert probe.status == 200 and probe.json()["checks"]["facilitator"] == "ok"
 
 
