@@ -56,12 +56,15 @@ class Seen:
 
 @dataclass(frozen=True)
 class Reply:
-    """What a third party answers: ``hang`` never answers (the caller's timeout ends it)."""
+    """What a third party answers: ``hang`` never answers (the caller's timeout ends it),
+    ``broken`` breaks off after the first bytes of its body."""
 
     status: int = 200
     body: bytes = b"{}"
     content_type: str = "application/json"
+    location: str | None = None
     hang: bool = False
+    broken: bool = False
 
     @classmethod
     def of(cls, value: Any, status: int = 200) -> Reply:
@@ -98,7 +101,12 @@ class ThirdParty:
         if reply.hang:
             await asyncio.Event().wait()
         headers_out = [(b"content-type", reply.content_type.encode())]
+        if reply.location is not None:
+            headers_out.append((b"location", reply.location.encode()))
         await send({"type": "http.response.start", "status": reply.status, "headers": headers_out})
+        if reply.broken:
+            await send({"type": "http.response.body", "body": reply.body[:1], "more_body": True})
+            raise ConnectionResetError("the third party broke off its answer")
         await send({"type": "http.response.body", "body": reply.body})
 
 
