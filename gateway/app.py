@@ -35,6 +35,7 @@ from gateway.methods.credit.handlers import (
 from gateway.methods.credit.sessions import CreditSessions, SessionTerms
 from gateway.methods.seam import binder
 from gateway.methods.sign_in import SignInGate
+from gateway.outbound.client import UpstreamClient
 from gateway.routing.pricing import credit_terms
 from gateway.routing.routes import (
     RouteSpec,
@@ -258,9 +259,16 @@ class GatewayApp(Starlette):
 
 
 def create_app(
-    settings: Settings, routes: list[RouteSpec] | None = None, store: Store | None = None
+    settings: Settings,
+    routes: list[RouteSpec] | None = None,
+    store: Store | None = None,
+    outbound: UpstreamClient | None = None,
 ) -> Starlette:
-    """Build the whole gateway for ``settings``; ``routes`` defaults to the ROUTES_FILE table."""
+    """Build the whole gateway for ``settings``; ``routes`` defaults to the ROUTES_FILE table.
+
+    ``store`` and ``outbound`` (the one client every upstream, facilitator and node call goes
+    out through) are made from ``settings`` unless handed in; the app's lifespan opens and
+    closes both."""
     configure_logging(settings.log_level)
     if routes is None:
         routes = load_routes(settings.routes_file, named_limits(settings))
@@ -270,7 +278,7 @@ def create_app(
         log_event(note)
     for warning in warnings:
         log_event(warning, logging.WARNING)
-    services = Services(settings, mounted, store)
+    services = Services(settings, mounted, store, outbound)
     entries: list[tuple[str, ASGIApp, str]] = []
     for path, group in groupby(sorted(mounted, key=_path_order), key=lambda r: r.path):
         specs = list(group)

@@ -1,7 +1,7 @@
-"""The long-lived parts one app shares: store, upstream clients, facilitator, limiter, usage.
+"""The long-lived parts one app shares: store, outbound client, facilitator, limiter, usage.
 
-Created by the app factory; opened and closed by the app's lifespan, so every aiohttp session
-lives inside the running event loop and exactly once per upstream.
+Created by the app factory; opened and closed by the app's lifespan, so the one outbound pool
+lives inside the running event loop, once per process.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from gateway.methods.exact.confirmations import FOLLOW_MAX_S
 from gateway.methods.exact.fee_guard import FeeGuard
 from gateway.methods.exact.offer import SettlingFacilitator
 from gateway.outbound.client import UpstreamClient
+from gateway.outbound.transport import AiohttpTransport
 from gateway.routing.pricing import facilitator_fee
 from gateway.routing.routes import RouteSpec, named_limits, payment_methods
 from gateway.store import Store, StoreUnavailable, open_store
@@ -37,11 +38,22 @@ from gateway.telemetry.readiness import build_readiness, facilitator_probes
 from gateway.telemetry.request_log import RequestLog
 from gateway.x402.siwx import SiwxIssuer, random_secret
 
-UPSTREAM_CONNECTIONS = 100
-UPSTREAM_DNS_CACHE_S = 300
+OUTBOUND_PER_HOST = 100
+"""Connections the process's one pool keeps to any one host (a slow provider cannot take the
+facilitator's); there is no total bound beyond it, the hosts being the configured few."""
+OUTBOUND_DNS_CACHE_S = 300
 
 
-def _external_facilitator(settings: Settings, url: str, *, authenticated: bool) -> HttpFacilitator:
+def outbound_client(settings: Settings) -> UpstreamClient:
+    """The process's one outbound client: one aiohttp pool for every upstream, facilitator,
+    Solana node and probe (each caller binds its own name, timeout and cap to it)."""
+    pool = AiohttpTransport(connections=0, per_host=OUTBOUND_PER_HOST, dns_cache_s=OUTBOUND_DNS_CACHE_S)
+    return UpstreamClient(pool, timeout_s=settings.upstream_timeout_s)
+
+
+def _external_facilitator(
+    settings: Settings, url: str, outbound: UpstreamClient, *, authenticated: bool
+) -> HttpFacilitator:
     """An external facilitator; only the first one in FACILITATOR_URL gets the API key (a token
     minted for one host must never reach another, which could replay it there)."""
     return HttpFacilitator(
@@ -49,13 +61,23 @@ def _external_facilitator(settings: Settings, url: str, *, authenticated: bool) 
         api_key_id=(settings.facilitator_api_key_id or None) if authenticated else None,
         api_key_secret=(settings.facilitator_api_key_secret or None) if authenticated else None,
         timeout_s=min(settings.upstream_timeout_s, 10.0),
+        session=outbound,
     )
 
 
 class Services:
-    def __init__(self, settings: Settings, routes: list[RouteSpec], store: Store | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        routes: list[RouteSpec],
+        store: Store | None = None,
+        outbound: UpstreamClient | None = None,
+    ) -> None:
         self.settings = settings
         self.routes = routes
+        self.outbound = outbound if outbound is not None else outbound_client(settings)
+        """Every server-side HTTP call goes out through this one client (one connection pool);
+        opened and closed by the lifespan, whether made here or handed in (a test's transport)."""
         self.store = (
             store
             if store is not None
@@ -97,6 +119,7 @@ class Services:
             mainnet_rpc_url=settings.solana_mainnet_rpc_url.reveal(),
             devnet_rpc_url=settings.solana_devnet_rpc_url.reveal() or None,
             url=settings.base_url,  # the gateway settles itself; internal routes stay undiscovered
+            session=self.outbound,
             policy=settings.exact_policy,
             confirm_timeout_s=settings.settlement_confirm_s,
         )
@@ -105,6 +128,7 @@ class Services:
         probes = facilitator_probes(
             {s.name: s.facilitator for s in self.settling},
             node_url=settings.solana_mainnet_rpc_url.reveal(),
+            outbound=self.outbound,
         )
         self.facilitator_health = FacilitatorHealth(self.store, probes.questions)
         """Which facilitators are down, probed live with the readiness probe's questions."""
@@ -131,7 +155,7 @@ class Services:
             facilitator: Facilitator | None = (
                 self.local_facilitator
                 if url == INTERNAL
-                else _external_facilitator(settings, url, authenticated=url == first_external)
+                else _external_facilitator(settings, url, self.outbound, authenticated=url == first_external)
             )
             if facilitator is None:  # internal without its wallet: start-up names the variable
                 continue
@@ -153,15 +177,12 @@ class Services:
         return self.settling[0].facilitator if self.settling else None
 
     def upstream(self, name: str) -> UpstreamClient:
-        """The one client of upstream ``name`` (its session is opened by :meth:`start`), made
-        for the first handler that asks for it: only the upstreams routes use are metered."""
+        """The client of upstream ``name`` over :attr:`outbound`, made for the first handler that
+        asks for it: only the upstreams routes use are metered."""
         client = self._upstreams.get(name)
         if client is None:
-            client = self._upstreams[name] = UpstreamClient(
-                timeout_s=self.settings.upstream_timeout_s,
-                upstream=name or None,
-                connections=UPSTREAM_CONNECTIONS,
-                dns_cache_s=UPSTREAM_DNS_CACHE_S,
+            client = self._upstreams[name] = self.outbound.bound(
+                upstream=name or None, timeout_s=self.settings.upstream_timeout_s
             )
         return client
 
@@ -175,8 +196,7 @@ class Services:
         self.facilitator_health.start()
         if self.credit_sweeper is not None:
             self.credit_sweeper.start()
-        for client in self._upstreams.values():
-            client.open()
+        self.outbound.open()
 
     async def _open_ledger(self) -> None:
         """The journal, its writer and (with credit) the check that brings a store that lost
@@ -206,12 +226,10 @@ class Services:
         await self.facilitator_health.stop()
         if self.credit_sweeper is not None:
             await self.credit_sweeper.stop()
-        for client in self._upstreams.values():
-            await client.close()
         facilitators = [s.facilitator for s in self.settling] + [self.local_facilitator]
         for facilitator in {id(f): f for f in facilitators if f}.values():
-            await facilitator.close()
-        await self.readiness.close()
+            await facilitator.close()  # its watchers; the pool it shares is closed once, below
+        await self.outbound.close()
         if self.restorer is not None:
             await self.restorer.stop()
         if self.recorder.writer is not None:

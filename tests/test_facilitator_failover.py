@@ -27,6 +27,7 @@ from solders.keypair import Keypair
 
 from gateway.facilitators.health import DOWN_S, PROBE_S, FacilitatorHealth
 from gateway.facilitators.http import HttpFacilitator
+from gateway.outbound.client import UpstreamClient
 from gateway.store import keys
 from gateway.store.memory import MemoryStore
 from gateway.telemetry.readiness import facilitator_probes
@@ -283,7 +284,8 @@ async def test_a_facilitator_that_stops_is_found_by_its_live_probe_past_its_cach
         preferred.base_url: HttpFacilitator(preferred.base_url),
         fallback.base_url: HttpFacilitator(fallback.base_url),
     }
-    probes = facilitator_probes(facilitators, node_url="")  # no internal facilitator: no node
+    # no internal facilitator: no node, nothing sent on the client
+    probes = facilitator_probes(facilitators, node_url="", outbound=UpstreamClient(timeout_s=1))
     health = FacilitatorHealth(MemoryStore(), probes.questions, probe_s=0.0)
     try:
         for facilitator in facilitators.values():

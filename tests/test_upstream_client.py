@@ -4,9 +4,9 @@
 ``aiohttp_server``, on 127.0.0.1), then each of its four callers is handed one: the JSON-RPC
 proxy and the asset-data handler run as ASGI apps behind the real error boundary
 (``MethodDispatcher``), the Solana RPC client against a loopback node, and the external
-facilitator's client against the third party's HTTP as ``aioresponses`` plays it (failures a
-socket cannot be made to show on cue: a disconnect, a timeout, a redirect). Each caller must
-still say exactly what it said before the seam: statuses, codes, messages, metrics.
+facilitator's client against the third party's HTTP answered in-process through the transport
+seam (``AsgiTransport``: a broken answer, a timeout, a redirect on cue). Each caller must still
+say exactly what it said before the seam: statuses, codes, messages, metrics.
 """
 
 from __future__ import annotations
@@ -14,20 +14,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Awaitable, Callable, Iterator
-from types import SimpleNamespace
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
-from aioresponses import aioresponses
 from prometheus_client import REGISTRY
 from pytest_aiohttp import AiohttpServer
 
 from gateway.facilitators.http import FacilitatorUnavailable, HttpFacilitator
 from gateway.handlers.jsonrpc import JsonRpcProxy
 from gateway.handlers.tokens import TokensHandler
+from gateway.outbound.asgi import AsgiTransport
 from gateway.outbound.client import (
     SESSION_CLOSED,
     UpstreamClient,
@@ -45,6 +44,7 @@ from gateway.web.context import request_context
 from gateway.web.router import MethodDispatcher
 from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT, PaymentPayload, PaymentRequirements
 from tests.support.inprocess import balance_route, call
+from tests.support.outbound import Reply, ThirdParty
 from tests.support.ports import refusing_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -645,85 +645,86 @@ PAYLOAD = PaymentPayload(x402Version=2, payload={"transaction": "AQID"}, accepte
 WHERE = f"facilitator verify at {redact_url(FACILITATOR)}"
 
 
-class _SentResponse(aiohttp.ClientResponse):
-    """A response to a request already sent. aioresponses 0.7.9 builds its responses without the
-    ``stream_writer`` aiohttp 3.14 requires; with no writer running, only its size is read."""
-
-    def __init__(self, method: str, url: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("stream_writer", SimpleNamespace(output_size=0))
-        super().__init__(method, url, **kwargs)
-
-
-class ThirdParty(aioresponses):  # type: ignore[misc]
-    """aioresponses whose answers the pinned aiohttp can build."""
-
-    def add(self, url: Any, method: str = "GET", **kwargs: Any) -> None:
-        kwargs.setdefault("response_class", _SentResponse)
-        super().add(url, method, **kwargs)
+FACILITATOR_TIMEOUT_S = 0.5
 
 
 @pytest.fixture
-def third_party() -> Iterator[ThirdParty]:
-    with ThirdParty() as mocked:
-        yield mocked
+def third_party() -> ThirdParty:
+    """The facilitator's HTTP API, in-process: it answers what a test queues for a path."""
+    return ThirdParty(lambda seen: Reply(404, b'{"error":"not queued"}'))
 
 
 @pytest.fixture
-async def facilitator() -> Any:
-    client = HttpFacilitator(FACILITATOR, timeout_s=2)
+async def facilitator(third_party: ThirdParty) -> Any:
+    transport = AsgiTransport({"facilitator.example": third_party})
+    client = HttpFacilitator(
+        FACILITATOR,
+        timeout_s=FACILITATOR_TIMEOUT_S,
+        session=UpstreamClient(transport, timeout_s=FACILITATOR_TIMEOUT_S),
+    )
     yield client
     await client.close()
+
+
+VERIFY_PATH = "/platform/x402/verify"
 
 
 async def test_the_facilitator_client_asks_through_the_seam(
     third_party: ThirdParty, facilitator: HttpFacilitator
 ) -> None:
     before = duration_count("facilitator_verify")
-    third_party.post(FACILITATOR + "/verify", payload={"isValid": True, "payer": "Payer111"})
+    third_party.then(VERIFY_PATH, Reply.of({"isValid": True, "payer": "Payer111"}))
 
     verified = await facilitator.verify(PAYLOAD, REQUIREMENTS)
 
     assert verified.isValid and verified.payer == "Payer111"
-    ((method, url), (request,)), = third_party.requests.items()
-    assert (method, str(url)) == ("POST", FACILITATOR + "/verify")
-    assert request.kwargs["headers"]["Content-Type"] == "application/json"
-    assert request.kwargs["allow_redirects"] is False  # a bearer token is for one host only
-    assert json.loads(request.kwargs["data"])["paymentRequirements"]["amount"] == "1000"
+    [request] = third_party.seen
+    assert (request.method, request.path) == ("POST", VERIFY_PATH)
+    assert request.headers["host"] == "facilitator.example"
+    assert request.headers["content-type"] == "application/json"
+    assert request.json()["paymentRequirements"]["amount"] == "1000"
     assert duration_count("facilitator_verify") == before + 1
 
 
 @pytest.mark.parametrize(
-    ("answer", "message"),
+    ("reply", "message"),
     [
-        pytest.param({"status": 401}, f"{WHERE}: HTTP 401 (API key refused)", id="401"),
-        pytest.param({"status": 503}, f"{WHERE}: HTTP 503", id="503"),
-        pytest.param({"status": 302, "headers": {"Location": "https://elsewhere.example/"}},
-                     f"{WHERE}: HTTP 302", id="redirect-not-followed"),
-        pytest.param({"status": 400, "body": "garbage"}, f"{WHERE}: HTTP 400", id="400-without-an-answer"),
-        pytest.param({"status": 200, "body": "[]"}, f"{WHERE}: answer is not a valid verify response",
+        pytest.param(Reply(401, b""), f"{WHERE}: HTTP 401 (API key refused)", id="401"),
+        pytest.param(Reply(503, b""), f"{WHERE}: HTTP 503", id="503"),
+        pytest.param(Reply(302, b"", location="https://elsewhere.example/"), f"{WHERE}: HTTP 302",
+                     id="redirect-not-followed"),
+        pytest.param(Reply(400, b"garbage"), f"{WHERE}: HTTP 400", id="400-without-an-answer"),
+        pytest.param(Reply(200, b"[]"), f"{WHERE}: answer is not a valid verify response",
                      id="200-without-an-answer"),
-        pytest.param({"exception": aiohttp.ServerDisconnectedError()}, f"{WHERE}: ServerDisconnectedError",
-                     id="disconnected"),
-        pytest.param({"exception": TimeoutError()}, f"{WHERE}: timed out after 2s", id="timeout"),
+        pytest.param(Reply(broken=True), f"{WHERE}: ClientPayloadError", id="broken-mid-answer"),
+        pytest.param(Reply(hang=True), f"{WHERE}: timed out after {FACILITATOR_TIMEOUT_S:g}s", id="timeout"),
     ],
 )  # fmt: skip
 async def test_each_facilitator_failure_is_unavailable_as_before_the_seam(
-    third_party: ThirdParty, facilitator: HttpFacilitator, answer: dict[str, Any], message: str
+    third_party: ThirdParty, facilitator: HttpFacilitator, reply: Reply, message: str
 ) -> None:
-    third_party.post(FACILITATOR + "/verify", **answer)
+    third_party.then(VERIFY_PATH, reply)
 
     with pytest.raises(FacilitatorUnavailable) as caught:
         await facilitator.verify(PAYLOAD, REQUIREMENTS)
 
     assert str(caught.value) == message
+    assert len(third_party.seen) == 1  # a redirect is never followed: the token is for one host
+
+
+async def test_an_unreachable_facilitator_is_unavailable() -> None:
+    client = HttpFacilitator(FACILITATOR, session=UpstreamClient(AsgiTransport({}), timeout_s=1))
+
+    with pytest.raises(FacilitatorUnavailable) as caught:
+        await client.verify(PAYLOAD, REQUIREMENTS)
+
+    assert str(caught.value) == f"{WHERE}: ConnectionRefusedError"
 
 
 async def test_a_refusal_with_an_answer_status_is_an_answer(
     third_party: ThirdParty, facilitator: HttpFacilitator
 ) -> None:
-    third_party.post(
-        FACILITATOR + "/verify", status=400, payload={"isValid": False, "invalidReason": "insufficient_funds"}
-    )
+    third_party.then(VERIFY_PATH, Reply.of({"isValid": False, "invalidReason": "insufficient_funds"}, 400))
 
     verified = await facilitator.verify(PAYLOAD, REQUIREMENTS)
 
@@ -731,7 +732,7 @@ async def test_a_refusal_with_an_answer_status_is_an_answer(
 
 
 async def test_an_oversized_facilitator_answer_is_unavailable(aiohttp_server: AiohttpServer) -> None:
-    """Over a socket: aioresponses cannot hold a body past its stream's buffer."""
+    """Over a socket: the cap holds however the body arrives."""
     padded = '{"isValid": true, "pad": "' + "x" * (1 << 20) + '"}'
     url = await serve(aiohttp_server, answering(200, text=padded)) + "/x402"
     client = HttpFacilitator(url, timeout_s=2)
@@ -745,10 +746,10 @@ async def test_an_oversized_facilitator_answer_is_unavailable(aiohttp_server: Ai
     assert str(caught.value) == f"{where}: answer larger than 1048576 bytes"
 
 
-async def test_a_facilitator_over_a_shared_session_leaves_it_open(third_party: ThirdParty) -> None:
+async def test_a_facilitator_over_a_shared_session_leaves_it_open(aiohttp_server: AiohttpServer) -> None:
+    url = await serve(aiohttp_server, answering(200, {"kinds": [], "extensions": [], "signers": {}}))
     shared = UpstreamClient(timeout_s=5)
-    client = HttpFacilitator(FACILITATOR, timeout_s=2, session=shared)
-    third_party.get(FACILITATOR + "/supported", payload={"kinds": [], "extensions": [], "signers": {}})
+    client = HttpFacilitator(url + "/x402", timeout_s=2, session=shared)
 
     assert (await client.supported()).kinds == []
     await client.close()

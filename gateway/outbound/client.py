@@ -1,9 +1,9 @@
 """One way out: every HTTP call the gateway makes to a third party goes through :class:`UpstreamClient`.
 
 The JSON-RPC providers, the asset-data API, the external facilitator and the Solana RPC nodes
-are called alike: one aiohttp session per client (its own, opened lazily inside the running
-loop and again after a close, or one borrowed from the caller or shared with another client),
-a total timeout per call, the answer read whole but bounded, the call timed and its failures
+are called alike: through one transport (:mod:`gateway.outbound.transport`; in the gateway one
+per process, shared by every caller through :meth:`UpstreamClient.bound`), a total timeout per
+call, the answer read whole but bounded, the call timed and its failures
 counted under the upstream's fixed name (:mod:`gateway.outbound.metrics`), and every way the
 exchange can fail raised as one of four typed failures. Each caller turns those into its own
 error, with its own words and status; this module never decides what a client is told.
@@ -16,33 +16,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Container, Mapping
-from dataclasses import dataclass
 from typing import Final
 
 import aiohttp
 from yarl import URL
 
-from gateway.outbound.bounded_body import MAX_UPSTREAM_BYTES, AnswerTooLarge, read_bounded
+from gateway.outbound.bounded_body import MAX_UPSTREAM_BYTES, AnswerTooLarge
 from gateway.outbound.metrics import ErrorKind, UpstreamMeter, status_kind, upstream_meter
+from gateway.outbound.transport import AiohttpTransport, Request, SessionClosed, Transport
+from gateway.outbound.transport import Answer as Answer  # re-exported: callers read answers from here
 
 ANY_STATUS: Final = range(100, 1000)
 """``accept`` for a caller that reads every answer's body whatever its status (JSON-RPC nodes)."""
 
-SESSION_CLOSED: Final = "SessionClosed"
+SESSION_CLOSED: Final = SessionClosed.__name__
 """The ``cause`` when a borrowed session was closed by its owner: nothing can be sent on it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """A whole HTTP answer: its final status, its body (at most the client's cap) and headers."""
-
-    status: int
-    body: bytes
-    headers: Mapping[str, str]
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status < 300
 
 
 class UpstreamFailure(Exception):
@@ -83,60 +71,24 @@ class UpstreamStatus(UpstreamFailure):
         return self.answer.status
 
 
-class _Session:
-    """The one aiohttp session behind one or more clients: borrowed, or owned and (re)opened on use."""
-
-    __slots__ = ("_connections", "_dns_cache_s", "_session", "_timeout", "owned")
-
-    def __init__(
-        self,
-        borrowed: aiohttp.ClientSession | None,
-        timeout: aiohttp.ClientTimeout,
-        connections: int,
-        dns_cache_s: int,
-    ) -> None:
-        self._session = borrowed
-        self.owned = borrowed is None
-        self._timeout = timeout
-        self._connections = connections
-        self._dns_cache_s = dns_cache_s
-
-    def get(self) -> aiohttp.ClientSession:
-        session = self._session
-        if session is not None and not session.closed:
-            return session
-        if not self.owned:
-            raise UpstreamUnreachable(SESSION_CLOSED)
-        connector = aiohttp.TCPConnector(limit=self._connections, ttl_dns_cache=self._dns_cache_s)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
-        return self._session
-
-    @property
-    def current(self) -> aiohttp.ClientSession | None:
-        return self._session
-
-    async def close(self) -> None:
-        if self.owned:
-            session, self._session = self._session, None
-            if session is not None:
-                await session.close()
-
-
 class UpstreamClient:
-    """Calls to one upstream: a timeout, a cap on the answer and (when named) its metrics.
+    """Calls to one upstream: a timeout, a cap on the answer and (when named) its metrics,
+    sent through a :class:`~gateway.outbound.transport.Transport`.
 
-    ``session`` is what it sends on: ``None`` for a session of its own (closed by :meth:`close`,
-    opened again by the next call), an aiohttp session the caller owns (never closed here), or
-    another client, whose session it shares (for several upstreams over one connection pool,
-    each with its own name, timeout and cap; only that other client closes it).
+    ``session`` is what it sends on: ``None`` for a pool of its own (an
+    :class:`AiohttpTransport`, closed by :meth:`close`, opened again by the next call), an
+    aiohttp session the caller owns (never closed here), a transport (closed by :meth:`close`),
+    or another client, whose transport it shares (only that other client closes it): the
+    gateway builds one client per process and every caller shares it through :meth:`bound`,
+    each with its own name, timeout and cap.
 
     ``upstream`` is the metrics' label, a fixed name and never a URL; without it nothing is
-    recorded. ``connections`` and ``dns_cache_s`` shape a session of its own only.
+    recorded. ``connections`` and ``dns_cache_s`` shape a pool of its own only.
     """
 
     def __init__(
         self,
-        session: aiohttp.ClientSession | UpstreamClient | None = None,
+        session: aiohttp.ClientSession | UpstreamClient | Transport | None = None,
         *,
         timeout_s: float,
         max_bytes: int = MAX_UPSTREAM_BYTES,
@@ -147,30 +99,52 @@ class UpstreamClient:
     ) -> None:
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._follow_redirects = follow_redirects
+        self.follow_redirects = follow_redirects
         self._meter: UpstreamMeter | None = upstream_meter(upstream) if upstream else None
-        self._session: _Session
         self._closes = not isinstance(session, UpstreamClient)
-        """Whether :meth:`close` closes the session: not one shared from another client."""
+        """Whether :meth:`close` closes the transport: not one shared from another client."""
+        self.transport: Transport
         if isinstance(session, UpstreamClient):
-            self._session = session._session
+            self.transport = session.transport
+        elif session is None or isinstance(session, aiohttp.ClientSession):
+            self.transport = AiohttpTransport(session, connections=connections, dns_cache_s=dns_cache_s)
         else:
-            self._session = _Session(session, self._timeout, connections, dns_cache_s)
+            self.transport = session
+
+    def bound(
+        self,
+        *,
+        upstream: str | None,
+        timeout_s: float | None = None,
+        max_bytes: int | None = None,
+        follow_redirects: bool | None = None,
+    ) -> UpstreamClient:
+        """A client of upstream ``upstream`` over this one's transport (its pool), with its
+        own timeout, cap and redirect rule (this one's where not given); closing it closes
+        nothing."""
+        return UpstreamClient(
+            self,
+            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+            max_bytes=self.max_bytes if max_bytes is None else max_bytes,
+            upstream=upstream,
+            follow_redirects=self.follow_redirects if follow_redirects is None else follow_redirects,
+        )
 
     @property
     def session(self) -> aiohttp.ClientSession | None:
-        """The session calls go out on; ``None`` while one of its own is not open."""
-        return self._session.current
+        """The aiohttp session calls go out on; ``None`` while one of its own is not open, or
+        when the transport is not aiohttp's."""
+        transport = self.transport
+        return transport.session if isinstance(transport, AiohttpTransport) else None
 
     def open(self) -> None:
-        """Open a session of its own now (inside the running loop) rather than at the first call."""
-        self._session.get()
+        """Open a pool of its own now (inside the running loop) rather than at the first call."""
+        self.transport.open()
 
     async def close(self) -> None:
-        """Close the session if it is this client's own; a borrowed or shared one is left open."""
+        """Close the transport if it is this client's own; a borrowed or shared one is left open."""
         if self._closes:
-            await self._session.close()
+            await self.transport.close()
 
     async def request(
         self,
@@ -188,19 +162,15 @@ class UpstreamClient:
         or an oversized answer is raised as its :class:`UpstreamFailure` (counted by
         :meth:`UpstreamMeter.timed`). A cancelled call propagates as it is.
         """
-        session = self._session.get()
+        outgoing = Request(method, url if isinstance(url, URL) else URL(url), headers or {}, data)
         try:
             with self._timed():
-                async with session.request(
-                    method,
-                    url,
-                    data=data,
-                    headers=headers,
-                    timeout=self._timeout,
-                    allow_redirects=self._follow_redirects,
-                ) as response:
-                    body = await read_bounded(response, self.max_bytes)
-                    answer = Answer(response.status, body, response.headers)
+                answer = await self.transport.send(
+                    outgoing,
+                    timeout_s=self.timeout_s,
+                    max_bytes=self.max_bytes,
+                    follow_redirects=self.follow_redirects,
+                )
         except TimeoutError as exc:  # before OSError, which it is; aiohttp's timeouts are too
             raise UpstreamTimeout(type(exc).__name__) from None
         except AnswerTooLarge:

@@ -24,6 +24,7 @@ from typing import Final
 
 from gateway.facilitators.http import Facilitator, FacilitatorUnavailable, HttpFacilitator
 from gateway.facilitators.local import RPC_UPSTREAM_NAMES
+from gateway.outbound.client import UpstreamClient
 from gateway.outbound.solana_rpc import SolanaRpc, SolanaRpcError
 from gateway.store import Store
 from gateway.telemetry.logs import log_event
@@ -90,20 +91,13 @@ class CachedCheck:
 class Readiness:
     """The checks of one app; :meth:`states` asks them all at once."""
 
-    def __init__(
-        self, checks: Sequence[CachedCheck], closers: Sequence[Callable[[], Awaitable[None]]] = ()
-    ) -> None:
+    def __init__(self, checks: Sequence[CachedCheck]) -> None:
         self.checks = list(checks)
-        self._closers = list(closers)
 
     async def states(self) -> dict[str, str]:
         """Each check's name and state, asked concurrently."""
         states = await asyncio.gather(*(check.state() for check in self.checks))
         return {check.name: state for check, state in zip(self.checks, states, strict=True)}
-
-    async def close(self) -> None:
-        for close in self._closers:
-            await close()
 
 
 def store_question(store: Store) -> Question:
@@ -147,22 +141,23 @@ class FacilitatorProbes:
     facilitator answers again."""
 
     questions: Mapping[str, Question]
-    closers: tuple[Callable[[], Awaitable[None]], ...] = ()
 
 
-def facilitator_probes(facilitators: Mapping[str, Facilitator], *, node_url: str) -> FacilitatorProbes:
+def facilitator_probes(
+    facilitators: Mapping[str, Facilitator], *, node_url: str, outbound: UpstreamClient
+) -> FacilitatorProbes:
     """An external facilitator answers ``/supported`` now; the internal one is as alive as its
-    mainnet node (``node_url``), which answers ``getHealth``."""
+    mainnet node (``node_url``), which answers ``getHealth`` over ``outbound`` (the process's
+    one client: the probe opens no pool of its own)."""
     questions: dict[str, Question] = {}
-    closers: list[Callable[[], Awaitable[None]]] = []
     for name, facilitator in facilitators.items():
         if isinstance(facilitator, HttpFacilitator):
             questions[name] = facilitator_question(facilitator)
         else:
-            rpc = SolanaRpc(node_url, timeout_s=CHECK_TIMEOUT_S, upstream=RPC_UPSTREAM_NAMES[SOLANA_MAINNET])
+            upstream = RPC_UPSTREAM_NAMES[SOLANA_MAINNET]
+            rpc = SolanaRpc(node_url, outbound, timeout_s=CHECK_TIMEOUT_S, upstream=upstream)
             questions[name] = node_question(rpc)
-            closers.append(rpc.close)
-    return FacilitatorProbes(questions, tuple(closers))
+    return FacilitatorProbes(questions)
 
 
 def build_readiness(store: Store, probes: FacilitatorProbes, *, sells_paid_routes: bool) -> Readiness:
@@ -172,7 +167,7 @@ def build_readiness(store: Store, probes: FacilitatorProbes, *, sells_paid_route
     questions = list(probes.questions.values()) if sells_paid_routes else []
     if questions:
         checks.append(CachedCheck("facilitator", any_answers(questions), ttl_s=FACILITATOR_TTL_S))
-    return Readiness(checks, probes.closers)
+    return Readiness(checks)
 
 
 def any_answers(questions: Sequence[Question]) -> Question:
