@@ -166,11 +166,18 @@ def _error_response(status: int) -> dict[str, Any]:
     return response
 
 
+def _receipt(receipt: Credential) -> dict[str, Any]:
+    """A receipt header of a paid answer: x402's settlement receipt by reference, others inline."""
+    if receipt.header.removeprefix("X-") == "PAYMENT-RESPONSE":
+        return _ref("headers", "PaymentResponse")
+    return {"description": receipt.description, "schema": {"type": "string"}}
+
+
 def _responses(route: RouteSpec) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "Success.", "content": {JSON: {"schema": route.output or {}}}}
-    if route.paid:
-        receipt = _ref("headers", "PaymentResponse")
-        ok["headers"] = {"PAYMENT-RESPONSE": receipt, "X-PAYMENT-RESPONSE": receipt}
+    receipts = ACCESS_MODES[route.access].receipts
+    if receipts:
+        ok["headers"] = {r.header: _receipt(r) for r in receipts}
     statuses = {*ACCESS_MODES[route.access].error_statuses, *HANDLERS[route.handler].error_statuses}
     if route.input:
         statuses.add(400)

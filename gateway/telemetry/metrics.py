@@ -40,7 +40,7 @@ from gateway.web.context import RequestContext
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-USAGE_OF: Mapping[Outcome, str] = {
+USAGE_OF: Mapping[str, str] = {
     Outcome.CHALLENGED: "unpaid",
     Outcome.CREDIT_UNCOVERED: "unpaid",
     Outcome.PAID: "paid",
@@ -55,7 +55,7 @@ USAGE_OF: Mapping[Outcome, str] = {
 pending settlement add nothing: the one payment is counted once, when it settles or fails. A
 sign-in that found no credit to spend was answered with the route's 402, as an unpaid request."""
 
-def payment_outcomes(access: str) -> tuple[Outcome, ...]:
+def payment_outcomes(access: str) -> tuple[str, ...]:
     """What a request on a route of ``access`` can come to: its mode's declared outcomes (public
     and internal routes take no payment and have no outcome series)."""
     return ACCESS_MODES[access].outcomes
@@ -100,7 +100,7 @@ class _Series(NamedTuple):
     revenue: Counter | None
 
 
-def payment_outcome(ctx: RequestContext) -> Outcome:
+def payment_outcome(ctx: RequestContext) -> str:
     """The request's outcome as counted: a signed-in call whose upstream failed is
     ``upstream_failed`` (as on a paid route), anything else is the context's own word."""
     if ctx.outcome == Outcome.SIGNED_IN and ctx.status >= 500:
