@@ -54,7 +54,7 @@ def _table(directory: Path) -> Path:
             "name": ROUTE,
             "path": PATH,
             "method": "POST",
-            "access": token_method.NAME,
+            "accepts": [token_method.NAME],
             "handler": "jsonrpc",
             "group": "token_demo",
             "upstream": "provider_a_mainnet",
