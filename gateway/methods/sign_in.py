@@ -45,7 +45,7 @@ from gateway.methods.results import Refused
 from gateway.methods.seam import Asked, Checked, Incoming, Offer, Passed, credential_headers
 from gateway.routing.routes import RateLimitSpec, RouteSpec
 from gateway.routing.validation import RequestValidator, ValidatedInput
-from gateway.routing.vocabulary import PAYMENT_METHODS, AccessMode, Outcome
+from gateway.routing.vocabulary import PAYMENT_METHODS, SIGN_IN_METHOD, AccessMode, Outcome
 from gateway.store import CreditHoldOrder, CreditState, Entry, Store, StoreUnavailable, keys
 from gateway.x402.headers import encode_header
 from gateway.x402.siwx import SiwxError, SiwxIssuer, SiwxReason, VerifiedSignIn
@@ -159,7 +159,7 @@ class SignInMethod:
     """One sign-in route: nothing is paid and nothing is settled; a verified sign-in, used once,
     reaches the handler, which reads it from the request's context."""
 
-    credential_headers = credential_headers(PAYMENT_METHODS["siwx"])
+    credential_headers = credential_headers(PAYMENT_METHODS[SIGN_IN_METHOD])
 
     def __init__(self, *, route: RouteSpec, sign_in: SignInSequence, terms: SignedTerms | None) -> None:
         self.description = route.description
@@ -242,8 +242,8 @@ class SignInDeps:
 class SignIn:
     """The ``siwx`` way in (:mod:`gateway.methods.registry`): sign-in-with-x at $0.00."""
 
-    name: str = "siwx"
-    mode: AccessMode = PAYMENT_METHODS["siwx"]
+    name: str = SIGN_IN_METHOD
+    mode: AccessMode = PAYMENT_METHODS[SIGN_IN_METHOD]
 
     def dependencies(self, parts: SharedParts) -> SignInDeps:
         return SignInDeps(parts.siwx, parts.store, parts.limiter)

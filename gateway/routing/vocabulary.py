@@ -16,6 +16,8 @@ import enum
 
 import msgspec
 
+from gateway.x402.types import SCHEME_EXACT
+
 
 class Outcome(enum.StrEnum):
     """What a request on a paid or sign-in route came to: the one vocabulary the middlewares set
@@ -113,9 +115,16 @@ EXACT_OUTCOMES = (
     Outcome.UPSTREAM_FAILED,
 )
 
+EXACT_METHOD = "exact"
+"""The payment method of one x402 ``exact`` transfer per call (its scheme: ``SCHEME_EXACT``)."""
+CREDIT_METHOD = "credit"
+"""The payment method of prepaid credit (in :data:`PAYMENT_METHODS`)."""
+SIGN_IN_METHOD = "siwx"
+"""Sign-in-with-x at $0.00: the asset-data routes and the credit balance."""
+
 PAYMENT_METHODS: dict[str, AccessMode] = {
-    "exact": AccessMode(
-        scheme="exact",
+    EXACT_METHOD: AccessMode(
+        scheme=SCHEME_EXACT,
         rate_limit_per=("scope", "wallet", "ip"),
         error_statuses=(400, 402, 405, 409, 413, 429, 502, 503, 504),
         sells=True,
@@ -131,7 +140,7 @@ PAYMENT_METHODS: dict[str, AccessMode] = {
         also_allowed=(X_PAYMENT_RESPONSE.header, PAYMENT_RESPONSE.header),
         outcomes=EXACT_OUTCOMES,
     ),
-    "credit": AccessMode(
+    CREDIT_METHOD: AccessMode(
         scheme="sign-in-with-x",
         rate_limit_per=("scope", "wallet", "ip"),
         error_statuses=(400, 402, 405, 409, 413, 429, 502, 503, 504),
@@ -147,7 +156,7 @@ PAYMENT_METHODS: dict[str, AccessMode] = {
         ),
         beside_only=True,
     ),
-    "siwx": AccessMode(
+    SIGN_IN_METHOD: AccessMode(
         scheme="sign-in-with-x",
         rate_limit_per=("scope", "wallet", "ip"),
         required_per=("ip", "wallet"),
@@ -217,8 +226,6 @@ HANDLERS: dict[str, Handler] = {
     "credit_session_revoke": Handler(credentials=(CREDIT_SESSION,), error_statuses=(400, 404, 429, 503)),
 }
 
-CREDIT_METHOD = "credit"
-"""The payment method of prepaid credit (in :data:`PAYMENT_METHODS`)."""
 CREDITS_GROUP = "credits"
 """The top-up and balance routes: served only while credit is on (``CREDITS_ENABLED``)."""
 SERVICE_GROUP = "service"

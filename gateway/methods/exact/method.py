@@ -35,7 +35,7 @@ from gateway.methods.seam import (
 )
 from gateway.routing.routes import RouteSpec
 from gateway.routing.validation import RequestValidator
-from gateway.routing.vocabulary import HANDLERS, PAYMENT_METHODS, AccessMode
+from gateway.routing.vocabulary import EXACT_METHOD, HANDLERS, PAYMENT_METHODS, AccessMode
 from gateway.store import Store
 from gateway.telemetry.logs import log_event
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 class ExactMethod:
     """One exact route's payments: challenge, verify and claim, settle after success."""
 
-    credential_headers = credential_headers(PAYMENT_METHODS["exact"])
+    credential_headers = credential_headers(PAYMENT_METHODS[EXACT_METHOD])
 
     def __init__(
         self, *, route_name: str, offers: RouteOffers, gate: PaymentGate, settlement: Settlement
@@ -111,8 +111,8 @@ class ExactDeps:
 class Exact:
     """The ``exact`` way of paying (:mod:`gateway.methods.registry`)."""
 
-    name: str = "exact"
-    mode: AccessMode = PAYMENT_METHODS["exact"]
+    name: str = EXACT_METHOD
+    mode: AccessMode = PAYMENT_METHODS[EXACT_METHOD]
 
     def dependencies(self, parts: SharedParts) -> ExactDeps:
         s = parts.settings
