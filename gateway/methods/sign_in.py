@@ -41,8 +41,8 @@ import msgspec
 
 from gateway.limits.rate_limiter import Limited, RateLimiter
 from gateway.methods.credit.sessions import SessionTerms
-from gateway.methods.results import Refused
-from gateway.methods.seam import Asked, Checked, Incoming, Offer, Passed, credential_headers
+from gateway.methods.results import Refused, Settled
+from gateway.methods.seam import Answer, Asked, Checked, Incoming, Offer, Passed, credential_headers
 from gateway.routing.routes import RateLimitSpec, RouteSpec
 from gateway.routing.validation import RequestValidator, ValidatedInput
 from gateway.routing.vocabulary import PAYMENT_METHODS, SIGN_IN_METHOD, AccessMode, Outcome
@@ -222,11 +222,12 @@ class SignInMethod:
         body = self.validator.body(await incoming.read_body()) if self.validator.has_body else None
         return ValidatedInput(path=path, query=query, body=body)
 
-    async def finish(self, grant: None, answer: Any) -> Any:
+    async def finish(self, grant: None, answer: Answer) -> Settled:
+        """Never called: a sign-in is ``Passed``, never ``Admitted`` (nothing to collect)."""
         raise AssertionError("a sign-in passes: nothing is finished")
 
     async def abandon(self, grant: None) -> None:
-        return None
+        """Nothing was held."""
 
 
 @dataclass(frozen=True, slots=True)
