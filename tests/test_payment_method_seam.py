@@ -121,12 +121,12 @@ async def test_without_its_token_the_route_answers_the_methods_own_402(
 async def test_a_wrong_token_is_refused_with_the_methods_reason(
     gateway: RunningGateway, provider: Upstream
 ) -> None:
-    calls = len(provider.calls)
+    calls, finished = len(provider.calls), len(token_method.LEDGER.finished)
 
     status, _, body = await _post(gateway, {"X-Test-Token": "guess"})
 
     assert (status, body["error"]) == (402, "invalid_token")
-    assert len(provider.calls) == calls and token_method.LEDGER.finished.count(ROUTE) == 0
+    assert len(provider.calls) == calls and len(token_method.LEDGER.finished) == finished
 
 
 async def test_the_token_reaches_the_provider_once_and_is_finished_once(
@@ -134,6 +134,8 @@ async def test_the_token_reaches_the_provider_once_and_is_finished_once(
 ) -> None:
     calls, finished = len(provider.calls), len(token_method.LEDGER.finished)
     spent, paid = _payments(token_method.SPENT) or 0.0, _payments("paid")
+    usage = gateway.app.state.services.usage
+    used = (await usage.snapshot([ROUTE]))[(ROUTE, "token")]
 
     status, headers, body = await _post(gateway, {"X-Test-Token": token_method.TOKEN})
 
@@ -146,6 +148,7 @@ async def test_the_token_reaches_the_provider_once_and_is_finished_once(
     assert token_method.LEDGER.finished[finished:] == [ROUTE]
     assert _payments(token_method.SPENT) == spent + 1  # counted under its own outcome
     assert _payments("paid") == paid  # not a settled payment
+    assert (await usage.snapshot([ROUTE]))[(ROUTE, "token")] == used + 1  # and in the shared usage
 
 
 async def test_a_provider_failure_is_abandoned_and_nothing_finished(

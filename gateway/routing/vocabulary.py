@@ -81,6 +81,10 @@ class AccessMode(msgspec.Struct, frozen=True, kw_only=True):
     """Other request headers a browser may send on its routes (CORS allows them)."""
     outcomes: tuple[str, ...] = ()
     """What a request on a route of this mode can come to (the metrics' series)."""
+    usage: tuple[tuple[str, str], ...] = ()
+    """The shared store's coarser count of each of its outcomes, (outcome, count): ``unpaid``,
+    ``failed``, or what was paid (``paid``, ``credit``, ``signed_in``); an outcome not named here
+    (a replay, a pending settlement) adds nothing there."""
     beside_only: bool = False
     """A payment method accepted only beside a route's own (prepaid credit beside ``exact``):
     routes.yaml cannot name it as a route's access."""
@@ -139,6 +143,13 @@ PAYMENT_METHODS: dict[str, AccessMode] = {
         # x402 browser clients of old echo the receipt headers: allowed since they were
         also_allowed=(X_PAYMENT_RESPONSE.header, PAYMENT_RESPONSE.header),
         outcomes=EXACT_OUTCOMES,
+        usage=(
+            (Outcome.CHALLENGED, "unpaid"),
+            (Outcome.REJECTED, "failed"),
+            (Outcome.PAID, "paid"),
+            (Outcome.SETTLE_FAILED, "failed"),
+            (Outcome.UPSTREAM_FAILED, "failed"),
+        ),
     ),
     CREDIT_METHOD: AccessMode(
         scheme="sign-in-with-x",
@@ -154,6 +165,13 @@ PAYMENT_METHODS: dict[str, AccessMode] = {
             Outcome.CREDIT_SPENT,
             Outcome.UPSTREAM_FAILED,
         ),
+        # a sign-in that found too little credit was answered with the route's 402: unpaid
+        usage=(
+            (Outcome.REJECTED, "failed"),
+            (Outcome.CREDIT_UNCOVERED, "unpaid"),
+            (Outcome.CREDIT_SPENT, "credit"),
+            (Outcome.UPSTREAM_FAILED, "failed"),
+        ),
         beside_only=True,
     ),
     SIGN_IN_METHOD: AccessMode(
@@ -164,6 +182,12 @@ PAYMENT_METHODS: dict[str, AccessMode] = {
         sells=True,
         credentials=(SIGN_IN,),
         outcomes=(Outcome.CHALLENGED, Outcome.REFUSED, Outcome.SIGNED_IN, Outcome.UPSTREAM_FAILED),
+        usage=(
+            (Outcome.CHALLENGED, "unpaid"),
+            (Outcome.REFUSED, "failed"),
+            (Outcome.SIGNED_IN, "signed_in"),
+            (Outcome.UPSTREAM_FAILED, "failed"),
+        ),
         counts_challenges=False,
     ),
 }

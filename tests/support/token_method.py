@@ -35,6 +35,12 @@ MODE = AccessMode(
     credentials=(Credential("X-Test-Token", "The suite's fixed test token."),),
     receipts=(Credential(RECEIPT, "Which token paid, and for which route."),),
     outcomes=(Outcome.CHALLENGED, Outcome.REJECTED, SPENT, Outcome.UPSTREAM_FAILED),
+    usage=(
+        (Outcome.CHALLENGED, "unpaid"),
+        (Outcome.REJECTED, "failed"),
+        (SPENT, "token"),
+        (Outcome.UPSTREAM_FAILED, "failed"),
+    ),
 )
 
 
