@@ -7,8 +7,8 @@ layer (``middleware.paid_access.PaidAccess``) finds the method whose credential 
 carries, renders what the method decided and, between ``check`` and ``finish``, calls the
 handler; it decides nothing itself, and the grant never leaves it.
 
-A route's access mode names its primary method (routes.yaml ``access``); the primary renders the
-402 and the other methods a route accepts add their extensions to it. A method is registered as
+A route lists the methods it accepts (routes.yaml ``accepts``), first its primary: the primary
+renders the 402 and the other methods add their extensions to it. A method is registered as
 one object (:class:`gateway.methods.registry.PaymentMethod`: its description and its binder) with
 :func:`gateway.methods.registry.register`; the loader, catalog, OpenAPI document, CORS, metrics
 and CLI read its description.

@@ -2,7 +2,7 @@
 and what a request on a paid or sign-in route can come to.
 
 The loader refuses a word that is not here (with its YAML location), the app factory holds one
-factory per handler and builds each access mode's layers from its entry, and the catalog, the
+factory per handler and binds each payment method a route accepts, and the catalog, the
 OpenAPI document, the metrics, CORS and the CLI describe a route by its access mode's entry, so
 they never disagree. A payment method is an access mode of :data:`PAYMENT_METHODS`; its entry here
 is what the routing layer knows of it, and :func:`gateway.methods.registry.register` adds it
@@ -86,8 +86,8 @@ class AccessMode(msgspec.Struct, frozen=True, kw_only=True):
     ``failed``, or what was paid (``paid``, ``credit``, ``signed_in``); an outcome not named here
     (a replay, a pending settlement) adds nothing there."""
     beside_only: bool = False
-    """A payment method accepted only beside a route's own (prepaid credit beside ``exact``):
-    routes.yaml cannot name it as a route's access."""
+    """A payment method accepted only beside another (prepaid credit beside ``exact``): it is
+    never first in a route's ``accepts``."""
     counts_challenges: bool = True
     """Its unanswered 402s count against the client IP's challenge limit; a sign-in's challenge
     has no side effect (only refused sign-ins count)."""
@@ -193,9 +193,8 @@ PAYMENT_METHODS: dict[str, AccessMode] = {
 }
 """The ways of paying a route: each one access mode, bound to a route by its registered method
 (:mod:`gateway.methods.registry`). ``siwx`` is sign-in-with-x at a price of $0.00: a wallet
-signs in and reads, nothing is paid or taken. ``credit``
-(prepaid credit spent by signing in) is also accepted beside ``exact`` on every paid route while
-credit is on (``CREDITS_ENABLED``)."""
+signs in and reads, nothing is paid or taken. ``credit`` (prepaid credit spent by signing in)
+is accepted beside ``exact`` where a route lists it, while credit is on (``CREDITS_ENABLED``)."""
 
 
 ACCESS_MODES: dict[str, AccessMode] = {
