@@ -130,7 +130,7 @@ def route_table(routes: Sequence[RouteSpec], fee: FacilitatorFee) -> str:
         limits = ",".join(_limit_text(x) for x in r.rate_limits) or "-"
         price = route_price(r, fee)
         parts = [price.total, price.provider, price.settlement_fee] if price is not None else ["-"] * 3
-        in_credit = credit_price(r) if CREDIT_METHOD in r.methods else None
+        in_credit = credit_price(r) if CREDIT_METHOD in r.payment_methods else None
         credit = str(in_credit) if in_credit is not None else "-"
         rows.append([r.method, r.access, *map(str, parts), credit, limits, r.path])
     columns = len(rows[0]) - 1  # the path, last, is not padded

@@ -64,7 +64,8 @@ class _Buffer:
 
 
 class PaidAccess:
-    """Pure-ASGI middleware guarding one paid route; ``methods[0]`` is its access mode's."""
+    """Pure-ASGI middleware guarding one paid or sign-in route; ``methods[0]`` is its primary
+    (the first the route accepts): its 402 is the route's, the others extend it."""
 
     def __init__(
         self,

@@ -129,8 +129,9 @@ class RouteSpec(msgspec.Struct, frozen=True, kw_only=True):
     answers; a route built in code without them accepts its access mode alone."""
 
     @property
-    def methods(self) -> tuple[str, ...]:
-        """The payment methods it lists (none for a public or internal route)."""
+    def payment_methods(self) -> tuple[str, ...]:
+        """The payment methods it lists (none for a public or internal route); which of them it
+        takes under a configuration: :func:`accepted`."""
         if self.accepts:
             return self.accepts
         return (self.access,) if self.access in PAYMENT_METHODS else ()
@@ -1085,9 +1086,8 @@ def accepted(route: RouteSpec, credits_on: bool) -> tuple[str, ...]:
     """The ways of paying ``route`` takes, first the one whose 402 it answers: the methods it
     lists, credit only while credit is on (``CREDITS_ENABLED``) and where a call has a credit
     price."""
-    return tuple(
-        m for m in route.methods if m != CREDIT_METHOD or (credits_on and credit_price(route) is not None)
-    )
+    takes_credit = credits_on and credit_price(route) is not None
+    return tuple(m for m in route.payment_methods if m != CREDIT_METHOD or takes_credit)
 
 
 def payment_methods(route: RouteSpec, settings: Settings) -> tuple[str, ...]:
