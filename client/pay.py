@@ -101,8 +101,9 @@ from gateway.telemetry.redact import redact_url
 from gateway.x402.challenge import PAYMENT_IDENTIFIER
 from gateway.x402.headers import HeaderError, decode_header, encode_header
 from gateway.x402.siwx import normalize_origin
-from gateway.x402.svm import SCHEME_EXACT, associated_token_address
+from gateway.x402.svm import associated_token_address
 from gateway.x402.types import (
+    SCHEME_EXACT,
     USDC_DECIMALS,
     USDC_MAINNET_MINT,
     V1_NETWORKS,

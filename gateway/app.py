@@ -3,9 +3,12 @@
 Each route's ``access`` decides the middlewares stacked around its handler:
 
     public:           CORS -> handler
-    a payment method: CORS -> ChallengeRateLimit -> PaidAccess (the method bound to the route) -> handler
-    siwx:             CORS -> ChallengeRateLimit -> SignInWithX -> handler
+    a payment method: CORS -> ChallengeRateLimit -> PaidAccess (the methods bound to the route) -> handler
+    siwx (sign-in):   CORS -> PaidAccess (sign-in-with-x at $0.00) -> handler
     internal:         handler (gated by its shared secret; no CORS)
+
+This is the composition root: each payment method (:mod:`gateway.methods.registry`) takes its
+typed dependencies from the shared parts once per app, and binds to each route with them.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from itertools import groupby
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.types import ASGIApp as StarletteASGIApp
@@ -32,9 +36,9 @@ from gateway.methods.credit.handlers import (
     SessionRevokeHandler,
     TopUpHandler,
 )
-from gateway.methods.credit.sessions import CreditSessions, SessionTerms
-from gateway.methods.seam import binder
-from gateway.methods.sign_in import SignInGate
+from gateway.methods.credit.sessions import CreditSessions
+from gateway.methods.registry import METHODS, PaymentMethod
+from gateway.methods.seam import RouteMethod
 from gateway.outbound.client import UpstreamClient
 from gateway.routing.pricing import credit_terms
 from gateway.routing.routes import (
@@ -45,7 +49,7 @@ from gateway.routing.routes import (
     plan_routes,
     sells_anything,
 )
-from gateway.routing.vocabulary import ACCESS_MODES, PAYMENT_METHODS
+from gateway.routing.vocabulary import ACCESS_MODES
 from gateway.services import Services
 from gateway.store import Store
 from gateway.telemetry.logs import configure_logging, log_event
@@ -54,7 +58,6 @@ from gateway.web.router import MethodDispatcher, PathTable, not_found
 from middleware.cors import CorsMiddleware
 from middleware.paid_access import PaidAccess
 from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
-from middleware.siwx import SignInWithX
 from middleware.telemetry import TelemetryMiddleware
 
 HandlerFactory = Callable[[RouteSpec, Services], ASGIApp]
@@ -126,6 +129,7 @@ def credit_sessions(services: Services) -> CreditSessions:
 
 
 def _credit_session_open(route: RouteSpec, services: Services) -> ASGIApp:
+    # its sign-in signs the session's terms (gateway.methods.sign_in.SignInMethod)
     return SessionOpenHandler(credit_sessions(services))
 
 
@@ -168,31 +172,34 @@ def _public(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
     return ScopeRateLimit(app, services.limiter, route.rate_limits) if route.rate_limits else app
 
 
-def _siwx(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
-    """A sign-in challenge has no side effect: only refused sign-ins count against the IP."""
-    return SignInWithX(
-        app,
-        route=route,
-        issuer=services.siwx,
-        gate=SignInGate(services.store, services.limiter, route.rate_limits),
-        limiter=services.limiter,
-        max_body=services.settings.max_body_bytes,
-        terms=SessionTerms(services.siwx.base_url) if route.handler == "credit_session_open" else None,
-    )
+class MethodBinder:
+    """Binds payment methods to routes, each with the typed dependencies it takes from the
+    app's shared parts, made once per app (the method never sees the rest)."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.deps: dict[str, Any] = {}
+
+    def bind(self, method: PaymentMethod[Any], route: RouteSpec) -> RouteMethod[Any]:
+        if method.name not in self.deps:
+            self.deps[method.name] = method.dependencies(self.services)
+        return method.bind(route, self.deps[method.name])
 
 
-def _paid(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
+def _paid(app: ASGIApp, route: RouteSpec, services: Services, binder: MethodBinder) -> ASGIApp:
     """A payment method's route: the one paid-access layer around the handler, with the methods
     the route accepts bound to it (its access mode's first); unpaid requests are limited per
-    client IP first."""
-    methods = [binder(name)(route, services) for name in payment_methods(route, services.settings)]
+    client IP first, unless the route's challenge has no side effect (a sign-in's)."""
+    accepted = [METHODS[name] for name in payment_methods(route, services.settings)]
     paid = PaidAccess(
         app,
         route_name=route.name,
-        methods=methods,
+        methods=[binder.bind(method, route) for method in accepted],
         limiter=services.limiter,
         max_body=services.settings.max_body_bytes,
     )
+    if not any(method.mode.counts_challenges for method in accepted):
+        return paid
     return challenge_limit(paid, services, paid.credential_headers)
 
 
@@ -203,18 +210,15 @@ def _internal_gate(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIAp
 
 ACCESS_LAYERS: dict[str, AccessLayer] = {
     "public": _public,
-    "siwx": _siwx,
     "internal": _internal_gate,
 }
 """The middlewares around a handler, per built-in access mode of
 :data:`gateway.routing.vocabulary.ACCESS_MODES`; every payment method gets :func:`_paid`."""
 
 
-def access_layer(access: str) -> AccessLayer | None:
-    """The layers of ``access``: a built-in mode's own, or the paid layer of a payment method."""
-    if access in PAYMENT_METHODS:
-        return _paid
-    return ACCESS_LAYERS.get(access)
+def buildable(access: str) -> bool:
+    """A built-in mode with its own layers, or a registered payment method."""
+    return access in METHODS or access in ACCESS_LAYERS
 
 
 class UnbuildableRoute(LookupError):
@@ -222,12 +226,12 @@ class UnbuildableRoute(LookupError):
     both, so only a hand-built route list can get here)."""
 
 
-def build_pipeline(route: RouteSpec, services: Services) -> ASGIApp:
+def build_pipeline(route: RouteSpec, services: Services, binder: MethodBinder) -> ASGIApp:
     """The handler with exactly the middlewares its access mode needs (CORS is per path)."""
     app = HANDLER_FACTORIES[route.handler](route, services)
-    layer = access_layer(route.access)
-    assert layer is not None, f"route {route.name}: no layer for access mode {route.access!r}"
-    return layer(app, route, services)
+    if route.access in METHODS:
+        return _paid(app, route, services, binder)
+    return ACCESS_LAYERS[route.access](app, route, services)
 
 
 def check_buildable(routes: list[RouteSpec]) -> None:
@@ -237,7 +241,7 @@ def check_buildable(routes: list[RouteSpec]) -> None:
         if r.handler not in HANDLER_FACTORIES
         else f"route {r.name}: no layer for access mode {r.access!r}"
         for r in routes
-        if r.handler not in HANDLER_FACTORIES or access_layer(r.access) is None
+        if r.handler not in HANDLER_FACTORIES or not buildable(r.access)
     ]
     if problems:
         raise UnbuildableRoute("\n".join(problems))
@@ -279,10 +283,11 @@ def create_app(
     for warning in warnings:
         log_event(warning, logging.WARNING)
     services = Services(settings, mounted, store, outbound)
+    binder = MethodBinder(services)
     entries: list[tuple[str, ASGIApp, str]] = []
     for path, group in groupby(sorted(mounted, key=_path_order), key=lambda r: r.path):
         specs = list(group)
-        pipelines = {r.method: (r, build_pipeline(r, services)) for r in specs}
+        pipelines = {r.method: (r, build_pipeline(r, services, binder)) for r in specs}
         methods = [r.method for r in specs]
         allowed = [*methods, "HEAD"] if "GET" in methods else methods
         app: ASGIApp

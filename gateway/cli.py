@@ -27,6 +27,7 @@ from gateway.routing.routes import (
     route_plan,
 )
 from gateway.routing.settlement_cost import worst_case_lamports
+from gateway.routing.vocabulary import CREDIT_METHOD
 from gateway.telemetry.redact import redact_url
 
 PRICING_VARIABLES = ("ROUTES_FILE", "FACILITATOR_URL", "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC")
@@ -122,13 +123,14 @@ def report(settings: Settings, notes: Sequence[str]) -> str:
 def route_table(routes: Sequence[RouteSpec], fee: FacilitatorFee) -> str:
     """One line per route; PRICE is what the facilitator charging ``fee`` settles, the sum of
     PROVIDER and FEE (its settlement fee); CREDIT is what a call takes from prepaid credit while
-    credit is on (CREDITS_ENABLED); LIMITS lists every rate limit in full (count per period)."""
+    credit is on (CREDITS_ENABLED), where the route accepts credit; LIMITS lists every rate limit
+    in full (count per period)."""
     rows = [["METHOD", "ACCESS", "PRICE(uUSDC)", "PROVIDER", "FEE", "CREDIT", "LIMITS", "PATH"]]
     for r in routes:
         limits = ",".join(_limit_text(x) for x in r.rate_limits) or "-"
         price = route_price(r, fee)
         parts = [price.total, price.provider, price.settlement_fee] if price is not None else ["-"] * 3
-        in_credit = credit_price(r)
+        in_credit = credit_price(r) if CREDIT_METHOD in r.payment_methods else None
         credit = str(in_credit) if in_credit is not None else "-"
         rows.append([r.method, r.access, *map(str, parts), credit, limits, r.path])
     columns = len(rows[0]) - 1  # the path, last, is not padded

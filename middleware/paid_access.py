@@ -1,10 +1,11 @@
 """PaidAccess: the one access layer of every payment method, as a thin ASGI adapter.
 
 No credential header of any of the route's methods -> the route's 402 (the body is never read).
-A credential -> its method checks it (:class:`gateway.methods.RouteMethod`) and this layer
+A credential -> its method checks it (:class:`gateway.methods.seam.RouteMethod`) and this layer
 renders the decision: a refusal, a conflict, a limit, an answer given again or reconciled, or
 the handler, whose answer is buffered and handed to the method to finish only when it is a 200
-(anything else passes through and the method abandons the grant: nothing is collected). The
+(anything else passes through and the method abandons the grant: nothing is collected). A
+method with nothing to collect (a sign-in at $0.00) lets the handler answer directly. The
 grant stays in this call: no other layer sees it. Every method's admission passes here, so
 this is the one place a 402 answered with an admitted credential is handed back to the client
 IP's challenge limit: only unanswered 402s and refused credentials add up. Invalid input and
@@ -19,7 +20,7 @@ from typing import Any
 from gateway.errors import ErrorCode, GatewayError
 from gateway.limits.rate_limiter import Limited, RateLimiter
 from gateway.methods.results import Conflict, InProgress, Refused, Replay
-from gateway.methods.seam import Admitted, Answer, Finished, Incoming, Offer, RouteMethod
+from gateway.methods.seam import Admitted, Answer, Asked, Finished, Incoming, Offer, Passed, RouteMethod
 from gateway.routing.validation import ValidatedInput
 from gateway.routing.vocabulary import Outcome
 from gateway.web.asgi import (
@@ -30,6 +31,7 @@ from gateway.web.asgi import (
     Send,
     header,
     read_body,
+    replay_body,
     request_path,
     send_bytes,
     send_error,
@@ -62,7 +64,8 @@ class _Buffer:
 
 
 class PaidAccess:
-    """Pure-ASGI middleware guarding one paid route; ``methods[0]`` is its access mode's."""
+    """Pure-ASGI middleware guarding one paid or sign-in route; ``methods[0]`` is its primary
+    (the first the route accepts): its 402 is the route's, the others extend it."""
 
     def __init__(
         self,
@@ -89,11 +92,11 @@ class PaidAccess:
 
     async def challenge(self, scope: Scope, error: str | None) -> Offer:
         """The route's 402: its primary method's, with what the others add."""
-        path = request_path(scope)
+        asked = _asked(scope)
         extensions: dict[str, Any] = {}
         for method in self.others:
-            extensions.update(await method.extensions(path))
-        return await self.primary.challenge(path, error, extensions)
+            extensions.update(await method.extensions(asked))
+        return await self.primary.challenge(asked, error, extensions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = request_context(scope)
@@ -103,21 +106,33 @@ class PaidAccess:
             await self.answers.send_challenge(scope, send)
             return
         credential, method, name = found
+        read: list[bytes] = []
+
+        async def body() -> bytes:
+            read.append(await read_body(receive, self.max_body))
+            return read[-1]
+
         incoming = Incoming(
             credential,
             request_path(scope),
             self.client_ip(scope),
-            lambda: read_body(receive, self.max_body),
+            body,
             name.decode("latin-1"),
+            scope.get("query_string", b""),
+            scope.get("path_params") or {},
         )
         checked = await method.check(incoming)
         ctx.payer = checked.payer
+        ctx.wallet = checked.wallet or ctx.wallet
         match checked.decision:
             case Admitted() as admitted:
                 self.limiter.answered(scope)  # its 402 was answered: not an unpaid challenge
                 ctx.amount = admitted.amount
                 ctx.input = ValidatedInput(path={}, query={}, body=admitted.body)
                 await self._serve(scope, receive, send, method, admitted)
+            case Passed() as passed:
+                ctx.outcome, ctx.input, ctx.sign_in = passed.outcome, passed.input, passed.sign_in
+                await self.app(scope, replay_body(read[-1]) if read else receive, send)
             case Finished(settled=settled, amount=amount):
                 ctx.amount = amount
                 await self.answers.settled(scope, send, settled)
@@ -130,6 +145,8 @@ class PaidAccess:
             case Conflict(message=message):
                 await send_error(send, GatewayError(ErrorCode.IDEMPOTENCY_CONFLICT, message))
             case Limited(error=error):
+                if checked.limit_counted:
+                    await self.limiter.challenge(scope)
                 await send_error(send, error)
 
     def _credential(self, scope: Scope) -> tuple[str, RouteMethod[Any], bytes] | None:
@@ -161,3 +178,7 @@ class PaidAccess:
     async def _abandon(self, scope: Scope, method: RouteMethod[Any], admitted: Admitted[Any]) -> None:
         request_context(scope).outcome = Outcome.UPSTREAM_FAILED
         await method.abandon(admitted.grant)
+
+
+def _asked(scope: Scope) -> Asked:
+    return Asked(request_path(scope), scope.get("query_string", b""), scope.get("path_params") or {})

@@ -36,13 +36,14 @@ def pending_error() -> GatewayError:
 
 async def send_stored(send: Send, response: StoredResponse) -> None:
     """Deliver a paid response (first time or replay) with its receipt: both payment-response
-    headers, or the credit left."""
+    headers, the credit left, or another method's own receipts."""
     headers = [(b"content-type", response.content_type.encode())]
     if response.payment_response:
         value = response.payment_response.encode()
         headers += [(b"payment-response", value), (b"x-payment-response", value)]
     if response.credit_balance:
         headers.append((CREDIT_BALANCE_HEADER, response.credit_balance.encode()))
+    headers += [(name.lower().encode(), value.encode()) for name, value in response.receipts.items()]
     await send_bytes(send, response.status, response.body, headers)
 
 

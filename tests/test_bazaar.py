@@ -44,11 +44,11 @@ def _paid_routes_written_in_the_table() -> int:
     """The paid routes routes.yaml declares, counted from the YAML itself (each template's
     matrices times its methods), so a loader that dropped routes could not shrink the check."""
     doc = yaml.safe_load(PACKAGED_ROUTES_FILE.read_text(encoding="utf-8"))
-    routes = sum(1 for r in doc.get("routes") or [] if r.get("access") == "exact")
+    routes = sum(1 for r in doc.get("routes") or [] if (r.get("accepts") or [None])[0] == "exact")
     templates = sum(
         len(t["methods"]) * sum(math.prod(len(axis) for axis in m.values()) for m in t["expand"])
         for t in doc.get("templates") or []
-        if t.get("access") == "exact"
+        if (t.get("accepts") or [None])[0] == "exact"
     )
     return routes + templates
 

@@ -15,10 +15,11 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+import yaml
 from solders.keypair import Keypair
 
 from client.siwx_signer import sign_in
-from gateway.config import ConfigError, load_settings
+from gateway.config import PACKAGED_ROUTES_FILE, ConfigError, Settings, load_settings
 from gateway.routing.routes import load_routes, named_limits, plan_routes
 from tests.support.gateway_server import FULL_ENV, RunningGateway, run_gateway
 
@@ -178,3 +179,65 @@ def test_without_credit_the_credit_routes_are_off() -> None:
 
     assert not [r for r in mounted if r.group == "credits"]
     assert not [w for w in warnings if "credits" in w]  # an option left off, not a group switched off
+
+
+EXACT_ONLY = "/v1/exact-only/getBalance"
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def exact_only(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[RunningGateway]:
+    """The packaged table plus a paid route that lists exact alone, with credit on."""
+    doc: dict[str, Any] = yaml.safe_load(PACKAGED_ROUTES_FILE.read_text(encoding="utf-8"))
+    packaged = load_routes(PACKAGED_ROUTES_FILE, named_limits(Settings(base_url="https://gw.example")))
+    balance = next(r for r in packaged if r.path == BALANCE)
+    doc["routes"].append(
+        {
+            "name": "exact_only.getBalance",
+            "path": EXACT_ONLY,
+            "method": "POST",
+            "accepts": ["exact"],
+            "handler": "jsonrpc",
+            "group": "provider_a",
+            "upstream": "provider_a_mainnet",
+            "operation": "getBalance",
+            "price": 1000,
+            "description": "getBalance, paid per call only.",
+            "input": {"body": balance.input["body"]},
+        }
+    )
+    table = tmp_path_factory.mktemp("exact_only") / "routes.yaml"
+    table.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    env = {**FULL_ENV, "CREDITS_ENABLED": "true", "STATE_STORE_REST_URL": redis_url}
+    env["ROUTES_FILE"] = str(table)
+    async with run_gateway(env) as running:
+        yield running
+
+
+async def test_a_route_that_does_not_list_credit_takes_none_while_credit_is_on(
+    exact_only: RunningGateway,
+) -> None:
+    url = exact_only.url + EXACT_ONLY
+    status, headers, _ = await _get(url, "POST", json={"params": []})
+    required = _required(headers)
+    _, beside, _ = await _get(exact_only.url + BALANCE, "POST", json={"params": []})
+    signed = sign_in(_required(beside)["extensions"]["sign-in-with-x"], Keypair())
+    again, again_headers, body = await _get(
+        url, "POST", json={"params": []}, headers={"SIGN-IN-WITH-X": signed}
+    )
+    _, _, catalog = await _get(exact_only.url + "/v1/catalog")
+    _, _, openapi = await _get(exact_only.url + "/openapi.json")
+
+    assert status == 402 and [a["scheme"] for a in required["accepts"]] == ["exact"]
+    assert "sign-in-with-x" not in required.get("extensions", {})
+    # a sign-in is no credential here: the route's plain 402, nothing spent or taken
+    assert again == 402 and "sign-in-with-x" not in _required(again_headers).get("extensions", {})
+    assert body.get("error") is None
+    entry = next(r for r in catalog["routes"] if r["path"] == EXACT_ONLY)
+    assert entry["access"] == "exact" and entry.get("creditPrice") is None
+    paid_with_credit = next(r for r in catalog["routes"] if r["path"] == BALANCE)
+    assert paid_with_credit["creditPrice"] is not None
+    parameters = openapi["paths"][EXACT_ONLY]["post"]["parameters"]
+    assert {"$ref": "#/components/parameters/SignInWithX"} not in parameters
+    assert "creditPrice" not in openapi["paths"][EXACT_ONLY]["post"]["x-x402"]

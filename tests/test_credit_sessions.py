@@ -2,9 +2,9 @@
 and lifetime bound what its token spends; a call with ``X-CREDIT-SESSION`` spends credit with no
 402 and no signature; a revoked, unknown, tampered or foreign token spends nothing.
 
-Everything is the gateway's own (SignInWithX with the session terms, PaidAccess with the exact
-and credit methods, the credit book and sessions on MemoryStore and on Redis); the sign-ins are
-real ed25519 signatures over the challenges the gateway issued.
+Everything is the gateway's own (PaidAccess with the sign-in method and the session terms,
+PaidAccess with the exact and credit methods, the credit book and sessions on MemoryStore and
+on Redis); the sign-ins are real ed25519 signatures over the challenges the gateway issued.
 """
 
 from __future__ import annotations
@@ -21,21 +21,26 @@ from client.siwx_signer import sign_in
 from gateway.methods.credit.handlers import SessionOpenHandler, SessionRevokeHandler
 from gateway.methods.credit.sessions import (
     CreditSessions,
-    SessionTerms,
     lifetime_words,
     new_token,
     token_wallet,
     usdc_words,
 )
-from gateway.methods.sign_in import SignInGate
 from gateway.routing.routes import RouteSpec
 from gateway.store import Store, keys
 from gateway.web.asgi import ASGIApp
 from gateway.web.context import request_context
 from gateway.web.router import MethodDispatcher
 from gateway.x402.siwx import SiwxIssuer
-from middleware.siwx import SignInWithX
-from tests.support.inprocess import BASE_URL, PROVIDER_ANSWER, UpstreamStandIn, balance_body, call, paid_route
+from tests.support.inprocess import (
+    BASE_URL,
+    PROVIDER_ANSWER,
+    UpstreamStandIn,
+    balance_body,
+    call,
+    paid_route,
+    signed_in,
+)
 from tests.test_credits import _book, _fund, _spend_app, store
 
 __all__ = ["store"]
@@ -74,15 +79,7 @@ def _sessions_app(store: Store, origin: str = BASE_URL, challenge_limit: int = 1
     sessions = CreditSessions(store, origin, _book(store))
     route = _open_route()
     issuer = SiwxIssuer(SECRET, origin, "Sign in to spend credit.")
-    opener = SignInWithX(
-        SessionOpenHandler(sessions),
-        route=route,
-        issuer=issuer,
-        gate=SignInGate(store, limiter, ()),
-        limiter=limiter,
-        max_body=4096,
-        terms=SessionTerms(issuer.base_url),
-    )
+    opener = signed_in(SessionOpenHandler(sessions), route, issuer, store, limiter)
     revoke = RouteSpec(
         name="credits.sessions.revoke",
         path=SESSIONS,

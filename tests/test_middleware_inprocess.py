@@ -23,7 +23,6 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.facilitators.http import FacilitatorUnavailable
 from gateway.limits.rate_limiter import CHALLENGE_SCOPE, RateLimiter
 from gateway.limits.synced import SyncedWindowLimit
-from gateway.methods.sign_in import SignInGate
 from gateway.routing.routes import RateLimitSpec, RouteSpec
 from gateway.routing.validation import InvalidInput, ValidatedInput
 from gateway.store import StoreUnavailable
@@ -47,7 +46,6 @@ from gateway.x402.headers import encode_header
 from gateway.x402.siwx import SiwxIssuer, SiwxReason
 from middleware.cors import CorsMiddleware
 from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
-from middleware.siwx import SignInWithX
 from middleware.telemetry import TelemetryMiddleware
 from tests.support.inprocess import (
     BASE_URL,
@@ -60,6 +58,7 @@ from tests.support.inprocess import (
     paid_route,
     payment_header,
     settle_refused,
+    signed_in,
 )
 from tests.support.ports import refusing_port
 
@@ -280,7 +279,7 @@ async def test_a_shutdown_mid_settle_tells_the_client_to_retry_and_keeps_stoppin
     assert len(route.facilitator.settled) == 1
 
 
-# --- SignInWithX ----------------------------------------------------------------------------
+# --- sign-in-with-x (PaidAccess with the sign-in method) ----------------------------------------
 
 SEARCH_ROUTE = RouteSpec(
     name="assets_search",
@@ -304,10 +303,7 @@ SEARCH_ROUTE = RouteSpec(
 def _signed_in_app(upstream: UpstreamStandIn, store: MemoryStore) -> Any:
     issuer = SiwxIssuer(b"s" * 32, BASE_URL, "Sign in to test.")
     limiter = RateLimiter(store)
-    gate = SignInGate(store, limiter, SEARCH_ROUTE.rate_limits)
-    guarded = SignInWithX(
-        upstream, route=SEARCH_ROUTE, issuer=issuer, gate=gate, limiter=limiter, max_body=4096
-    )
+    guarded = signed_in(upstream, SEARCH_ROUTE, issuer, store, limiter)
     return MethodDispatcher({"GET": (SEARCH_ROUTE, guarded)}, "GET, HEAD, OPTIONS")
 
 

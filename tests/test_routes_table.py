@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -17,11 +18,13 @@ from gateway.routing.routes import (
     load_routes,
     named_limits,
     parse_routes,
+    payment_methods,
     route_plan,
 )
 from gateway.routing.vocabulary import HANDLERS
 from gateway.x402.challenge import ExactChallenge
 from gateway.x402.types import SOLANA_MAINNET, USDC_MAINNET_MINT, PaymentRequirements
+from tests.support.log_capture import captured_log_lines
 
 LIMITS = named_limits(Settings(base_url="https://gw.example.com"))
 KNOWN_HANDLERS = ", ".join(sorted(HANDLERS))
@@ -926,8 +929,8 @@ routes:
 def test_a_misspelt_key_points_at_its_own_line(tmp_path: Any) -> None:
     text = PACKAGED_ROUTES_FILE.read_text()
     at = text.index("templates:")
-    text = text[:at] + text[at:].replace("    access: exact\n", "    acess: exact\n", 1)
-    line = text.splitlines().index("    acess: exact") + 1
+    text = text[:at] + text[at:].replace("    accepts: [exact, credit]\n", "    acepts: [exact, credit]\n", 1)
+    line = text.splitlines().index("    acepts: [exact, credit]") + 1
 
     [problem] = _file_error(tmp_path, text)
 
@@ -938,7 +941,7 @@ def test_a_misspelt_key_points_at_its_own_line(tmp_path: Any) -> None:
         if r.name.startswith("solana.") and ".rpc." in r.name
     ]
     assert problem.endswith(
-        ": unknown field(s) ['acess'] (did you mean 'access'?) "
+        ": unknown field(s) ['acepts'] (did you mean 'accepts'?) "
         f"[affects all {len(rpc)} routes of the template]"
     )
 
@@ -964,3 +967,98 @@ routes:
     assert problems == [
         f"{source}:7: routes[0], routes[1]: unknown field(s) ['acess'] (did you mean 'access'?)"
     ]
+
+
+# --- accepts: the payment methods a route takes ------------------------------------------------
+
+
+def _paid(**overrides: Any) -> dict[str, Any]:
+    route = {k: v for k, v in _route(method="POST", price=1000).items() if k != "access"}
+    return {**route, "accepts": ["exact", "credit"], **overrides}
+
+
+@pytest.mark.parametrize("credits", [True, False])
+def test_credit_is_accepted_where_a_route_lists_it_and_credit_is_on(credits: bool) -> None:
+    settings = Settings(base_url="https://gw.example.com", credits_enabled=credits)
+    both, alone = parse_routes(_doc(_paid(), _paid(name="alone", path="/alone", accepts=["exact"])), LIMITS)
+
+    assert (both.access, both.accepts) == ("exact", ("exact", "credit"))
+    assert payment_methods(both, settings) == (("exact", "credit") if credits else ("exact",))
+    assert (alone.access, payment_methods(alone, settings)) == ("exact", ("exact",))
+
+
+SIGN_IN_LIMITS = [
+    {"scope": "s:ip", "per": "ip", "limit": "sign_in_ip"},
+    {"scope": "s:wallet", "per": "wallet", "limit": "sign_in_wallet"},
+]
+
+
+def test_a_table_naming_a_payment_method_as_access_loads_as_it_always_meant_with_a_warning() -> None:
+    top_up = _route(
+        name="top", path="/top", method="POST", access="exact", handler="credit_top_up", price=1000
+    )
+    with captured_log_lines() as lines:
+        paid, bought, signed = parse_routes(
+            _doc(
+                _route(method="POST", access="exact", price=1000),
+                top_up,
+                _route(
+                    name="s", path="/s", access="siwx", handler="credit_balance", rate_limits=SIGN_IN_LIMITS
+                ),
+            ),
+            LIMITS,
+        )
+
+    assert [r.accepts for r in (paid, bought, signed)] == [("exact", "credit"), ("exact",), ("siwx",)]
+    [warning] = [json.loads(line) for line in lines]
+    assert warning["level"] == "warning"
+    assert warning["msg"].startswith(
+        "routes.yaml: 3 route(s) name a payment method as access; read as accepts"
+    )
+    assert "routes[0] (ping): access: exact -> accepts: [exact, credit]" in warning["msg"]
+
+
+def test_the_packaged_table_lists_its_methods_and_loads_without_a_warning() -> None:
+    with captured_log_lines() as lines:
+        routes = load_routes(PACKAGED_ROUTES_FILE, LIMITS)
+
+    assert lines == []
+    assert {r.accepts for r in routes} == {(), ("exact",), ("exact", "credit"), ("siwx",)}
+    assert all(r.accepts == ("exact",) for r in routes if r.handler == "credit_top_up")
+
+
+@pytest.mark.parametrize(
+    ("route", "problem"),
+    [
+        (
+            _paid(accepts=["exakt"]),
+            "accepts: unknown payment method 'exakt' (did you mean 'exact'?) (known: exact, credit, siwx)",
+        ),
+        (
+            _paid(accepts=["public"]),
+            "accepts: unknown payment method 'public' (public and internal routes say so with access:) "
+            "(known: exact, credit, siwx)",
+        ),
+        (
+            _paid(accepts=["credit"]),
+            "accepts: credit is accepted only beside another method; list one of ['exact', 'siwx'] first",
+        ),
+        (_paid(accepts=["exact", "exact"]), "accepts: names a payment method twice"),
+        (_paid(accepts="exact"), "accepts: a non-empty list of payment methods, got the text 'exact'"),
+        (_paid(accepts=[]), "accepts: a non-empty list of payment methods, got a list"),
+        (
+            _paid(access="public"),
+            "access: give access (public or internal) or accepts (payment methods), not both",
+        ),
+        (
+            _paid(accepts=["exact"], credit_price=5),
+            "credit_price: the route does not accept credit: add credit to its accepts",
+        ),
+        (
+            _paid(handler="credit_top_up"),
+            "accepts: credit is accepted only on a paid route that does not sell credit",
+        ),
+    ],
+)
+def test_a_wrong_accepts_is_refused_naming_its_location(route: dict[str, Any], problem: str) -> None:
+    assert _load_error(_doc(route)) == f"routes.yaml: routes[0] (ping).{problem}"

@@ -6,7 +6,7 @@ import pytest
 
 from gateway.app import ACCESS_LAYERS, HANDLER_FACTORIES, UnbuildableRoute, create_app
 from gateway.config import Settings
-from gateway.methods.seam import binder
+from gateway.methods.registry import METHODS
 from gateway.routing.routes import RouteSpec
 from gateway.routing.vocabulary import ACCESS_MODES, HANDLERS, PAYMENT_METHODS
 
@@ -16,11 +16,13 @@ def test_the_app_has_a_factory_for_every_handler_and_nothing_else() -> None:
 
 
 def test_the_app_has_a_layer_for_every_access_mode_and_nothing_else() -> None:
-    """The built-in modes have their own layers; every payment method is bound by its binder."""
+    """The built-in modes have their own layers; every payment method is a registered object
+    whose description is the vocabulary's."""
     assert set(ACCESS_LAYERS) | set(PAYMENT_METHODS) == set(ACCESS_MODES)
     assert not set(ACCESS_LAYERS) & set(PAYMENT_METHODS)
-    for name in PAYMENT_METHODS:
-        assert callable(binder(name)), name
+    assert set(METHODS) == set(PAYMENT_METHODS)
+    for name, method in METHODS.items():
+        assert method.name == name and method.mode is PAYMENT_METHODS[name], name
 
 
 @pytest.mark.parametrize(

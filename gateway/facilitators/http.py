@@ -33,6 +33,7 @@ from gateway.store import Store, StoreUnavailable, keys
 from gateway.telemetry.logs import log_event
 from gateway.telemetry.redact import Secret, redact_url
 from gateway.x402.types import (
+    SCHEME_EXACT,
     SOLANA_MAINNET,
     FacilitatorRequest,
     PaymentPayload,
@@ -62,7 +63,7 @@ class Facilitator(Protocol):
     async def close(self) -> None: ...
 
 
-def fee_payer_for(supported: SupportedResponse, network: str, scheme: str = "exact") -> str | None:
+def fee_payer_for(supported: SupportedResponse, network: str, scheme: str = SCHEME_EXACT) -> str | None:
     """``extra.feePayer`` the facilitator advertises for ``scheme`` on ``network`` (the 402 needs it).
 
     A v2 kind wins over a v1 kind for the same network; ``None`` when the facilitator does not

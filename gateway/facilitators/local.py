@@ -65,7 +65,6 @@ from gateway.store import keys
 from gateway.store.base import Hold, Store
 from gateway.telemetry.logs import log_event
 from gateway.x402.svm import (
-    SCHEME_EXACT,
     ExactCheck,
     ExactPolicy,
     Reason,
@@ -79,6 +78,7 @@ from gateway.x402.svm import (
     transfer_source,
 )
 from gateway.x402.types import (
+    SCHEME_EXACT,
     SOLANA_DEVNET,
     SOLANA_MAINNET,
     PaymentPayload,

@@ -17,7 +17,7 @@ from gateway.routing.pricing import (
     route_price,
     usd_display,
 )
-from gateway.routing.routes import RouteSpec, credit_price, provider_groups, published
+from gateway.routing.routes import RouteSpec, accepted, credit_price, provider_groups, published
 from gateway.routing.validation import InvalidInput, RequestValidator
 from gateway.routing.vocabulary import ACCESS_MODES, CREDIT_METHOD
 from gateway.web.asgi import JSON_CONTENT_TYPE, Receive, Scope, Send, send_bytes
@@ -101,7 +101,7 @@ def catalog_entry(
     credit, while ``credit`` is on)."""
     price = route_price(route, fee)
     paid = route.paid
-    in_credit = credit_price(route) if credit is not None else None
+    in_credit = credit_price(route) if CREDIT_METHOD in accepted(route, credit is not None) else None
     return CatalogEntry(
         name=route.name,
         path=route.path,

@@ -63,14 +63,15 @@ class Refused:
     reason: str
     message: str = ""
     payer: str | None = None
-    outcome: Outcome = Outcome.REJECTED
-    """How it is counted: a failed payment, unless it is a probe for credit that found none."""
+    outcome: str = Outcome.REJECTED
+    """How it is counted: a failed payment, unless it is a probe for credit that found none (or
+    a refused sign-in, or a method's own word)."""
 
     @property
     def probe(self) -> bool:
         """A good credential that found nothing to spend (a sign-in without enough credit): the
         client pays another way next, and that payment's admission hands this count back too."""
-        return self.outcome is Outcome.CREDIT_UNCOVERED
+        return self.outcome == Outcome.CREDIT_UNCOVERED
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +120,9 @@ class Delivered:
 
     response: StoredResponse
     settlement: str
-    outcome: Outcome = Outcome.PAID
-    """``paid`` (settled, revenue) or ``credit_spent`` (taken from prepaid credit)."""
+    outcome: str = Outcome.PAID
+    """``paid`` (settled, revenue), ``credit_spent`` (taken from prepaid credit), or a method's
+    own word (one of its declared outcomes)."""
 
 
 @dataclass(frozen=True, slots=True)

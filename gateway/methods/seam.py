@@ -7,30 +7,41 @@ layer (``middleware.paid_access.PaidAccess``) finds the method whose credential 
 carries, renders what the method decided and, between ``check`` and ``finish``, calls the
 handler; it decides nothing itself, and the grant never leaves it.
 
-A route's access mode names its primary method (routes.yaml ``access``); the primary renders the
-402 and the other methods a route accepts add their extensions to it. A method is registered by
-one entry of :data:`gateway.routing.vocabulary.PAYMENT_METHODS`, whose ``binder`` names the function
-that binds it to a route; the loader, catalog, OpenAPI document, metrics and CLI read the rest
-of that entry.
+A route lists the methods it accepts (routes.yaml ``accepts``), first its primary: the primary
+renders the 402 and the other methods add their extensions to it. A method is registered as
+one object (:class:`gateway.methods.registry.PaymentMethod`: its description and its binder) with
+:func:`gateway.methods.registry.register`; the loader, catalog, OpenAPI document, CORS, metrics
+and CLI read its description.
+
+A method with nothing to collect (sign-in-with-x at $0.00) answers :class:`Passed`: the handler
+then answers the client directly, with no buffering and nothing to finish.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from gateway.limits.rate_limiter import Limited
 from gateway.methods.results import Conflict, InProgress, Refused, Replay, Settled
-from gateway.routing.routes import RouteSpec
-from gateway.routing.vocabulary import ACCESS_MODES, AccessMode
-
-if TYPE_CHECKING:
-    from gateway.services import Services
+from gateway.routing.validation import ValidatedInput
+from gateway.routing.vocabulary import AccessMode
+from gateway.x402.siwx import VerifiedSignIn
 
 Grant = TypeVar("Grant")
 BodyReader = Callable[[], Awaitable[bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What was asked, as a challenge or a check may need it."""
+
+    path: str
+    """The path as the client sent it (percent-encoded): what a signed resource names."""
+    query: bytes = b""
+    """The raw query string (a sign-in's terms are given in it)."""
+    path_params: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +57,12 @@ class Incoming:
     """Reads the body (bounded); call it once, only after the credential decoded."""
     header: str = ""
     """The (lower-case) header that carried the credential, for a method that reads several."""
+    query: bytes = b""
+    path_params: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def asked(self) -> Asked:
+        return Asked(self.path, self.query, self.path_params)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +74,16 @@ class Admitted(Generic[Grant]):
     """The validated JSON body."""
     amount: str | None = None
     """What the request costs its payer, in micro-USDC (for the log line and revenue)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Passed:
+    """Admitted with nothing to collect (a sign-in at $0.00): the handler answers the client
+    directly, as it will; nothing is buffered, finished or abandoned."""
+
+    input: ValidatedInput
+    outcome: str
+    sign_in: VerifiedSignIn | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +99,13 @@ class Checked(Generic[Grant]):
     """What checking a credential came to, and who it was about (the payer, once the credential
     named one). Everything else is an outage or a bug, and raises."""
 
-    decision: Admitted[Grant] | Finished | Refused | Replay | InProgress | Conflict | Limited
+    decision: Admitted[Grant] | Passed | Finished | Refused | Replay | InProgress | Conflict | Limited
     payer: str | None = None
+    wallet: str | None = None
+    """Who signed in, where that is all a credential says (nothing is paid)."""
+    limit_counted: bool = False
+    """A ``Limited`` answer is free for the client, so it counts against the client IP's
+    challenge limit too (a sign-in over a limit: throwaway keys sign in for nothing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +124,12 @@ class RouteMethod(Protocol[Grant]):
         """Lower-case header names whose presence selects this method."""
         ...
 
-    async def challenge(self, path: str, error: str | None, extensions: Mapping[str, Any]) -> Offer:
-        """The route's 402 for a request of ``path`` (``error``: why a credential was refused),
-        with other methods' ``extensions`` added."""
+    async def challenge(self, asked: Asked, error: str | None, extensions: Mapping[str, Any]) -> Offer:
+        """The route's 402 for ``asked`` (``error``: why a credential was refused), with other
+        methods' ``extensions`` added."""
         ...
 
-    async def extensions(self, path: str) -> Mapping[str, Any]:
+    async def extensions(self, asked: Asked) -> Mapping[str, Any]:
         """What this method adds to the primary method's 402 (fresh per challenge if need be)."""
         ...
 
@@ -126,17 +158,3 @@ class Answer:
 def credential_headers(mode: AccessMode) -> tuple[bytes, ...]:
     """The request headers (lower-case) that carry a credential of ``mode``, as it declares them."""
     return tuple(credential.header.lower().encode() for credential in mode.credentials)
-
-
-Binder = Callable[[RouteSpec, "Services"], RouteMethod[Any]]
-
-
-def binder(access: str) -> Binder:
-    """The function that binds the payment method ``access`` to a route (its registered
-    ``module:function``); resolved by name, so the vocabulary stays free of the methods."""
-    target = ACCESS_MODES[access].binder
-    if target is None:
-        raise LookupError(f"access mode {access!r} is not a payment method")
-    module, _, name = target.partition(":")
-    found: Binder = getattr(importlib.import_module(module), name)
-    return found

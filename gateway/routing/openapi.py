@@ -27,7 +27,7 @@ from gateway.routing.pricing import (
     route_price,
     usd_display,
 )
-from gateway.routing.routes import RouteSpec, credit_price, published
+from gateway.routing.routes import RouteSpec, accepted, credit_price, published
 from gateway.routing.vocabulary import ACCESS_MODES, CREDIT_METHOD, HANDLERS, Credential
 from gateway.x402.types import SOLANA_MAINNET
 
@@ -128,12 +128,11 @@ def _header_param(name: str, description: str) -> dict[str, Any]:
 
 
 def _credentials(route: RouteSpec, credit: CreditTerms | None) -> tuple[Credential, ...]:
-    """The credential headers ``route`` answers to: its access mode's, and a sign-in where it
-    takes prepaid credit."""
+    """The credential headers ``route`` answers to: its access mode's and its handler's, then
+    those of every other method it accepts (credit only while it is on)."""
     own = (*ACCESS_MODES[route.access].credentials, *HANDLERS[route.handler].credentials)
-    if credit is not None and credit_price(route) is not None:
-        return (*own, *ACCESS_MODES[CREDIT_METHOD].credentials)
-    return own
+    others = accepted(route, credit is not None)[1:]
+    return (*own, *(c for method in others for c in ACCESS_MODES[method].credentials))
 
 
 def _parameters(route: RouteSpec, credit: CreditTerms | None = None) -> list[dict[str, Any]]:
@@ -166,11 +165,18 @@ def _error_response(status: int) -> dict[str, Any]:
     return response
 
 
+def _receipt(receipt: Credential) -> dict[str, Any]:
+    """A receipt header of a paid answer: x402's settlement receipt by reference, others inline."""
+    if receipt.header.removeprefix("X-") == "PAYMENT-RESPONSE":
+        return _ref("headers", "PaymentResponse")
+    return {"description": receipt.description, "schema": {"type": "string"}}
+
+
 def _responses(route: RouteSpec) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "Success.", "content": {JSON: {"schema": route.output or {}}}}
-    if route.paid:
-        receipt = _ref("headers", "PaymentResponse")
-        ok["headers"] = {"PAYMENT-RESPONSE": receipt, "X-PAYMENT-RESPONSE": receipt}
+    receipts = ACCESS_MODES[route.access].receipts
+    if receipts:
+        ok["headers"] = {r.header: _receipt(r) for r in receipts}
     statuses = {*ACCESS_MODES[route.access].error_statuses, *HANDLERS[route.handler].error_statuses}
     if route.input:
         statuses.add(400)
@@ -210,7 +216,7 @@ def _x402(
         }
         if HANDLERS[route.handler].sells_credit and route.provider_price_micro_usdc is not None:
             described["buysCredit"] = _price(route.provider_price_micro_usdc)  # a purchase, not a call
-        in_credit = credit_price(route) if credit is not None else None
+        in_credit = credit_price(route) if CREDIT_METHOD in accepted(route, credit is not None) else None
         if credit is not None and in_credit is not None:
             described["creditPrice"] = _price(in_credit)
             described["creditLapseDays"] = credit.lapse_days

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import logging
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -31,14 +32,17 @@ from gateway.routing.vocabulary import (
     HANDLERS,
     PAYMENT_METHODS,
     SERVICE_GROUP,
+    Handler,
     is_provider_group,
 )
+from gateway.telemetry.logs import log_event
 
 HTTP_METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
 INPUT_LOCATIONS = {"path", "query", "body"}
 ROUTE_KEYS = {
-    "name", "path", "method", "access", "handler", "group", "upstream", "upstream_path", "operation",
-    "price", "rate_limits", "input", "output", "description", "listed", "replay_cap_bytes", "credit_price",
+    "name", "path", "method", "access", "accepts", "handler", "group", "upstream", "upstream_path",
+    "operation", "price", "rate_limits", "input", "output", "description", "listed", "replay_cap_bytes",
+    "credit_price",
 }  # fmt: skip
 METHOD_KEYS = {"description", "params", "example", "output"}
 DEFAULT_REPLAY_CAP_BYTES = 1024 * 1024
@@ -95,7 +99,9 @@ class RouteSpec(msgspec.Struct, frozen=True, kw_only=True):
     path: str
     method: str
     access: str
-    """A key of :data:`gateway.routing.vocabulary.ACCESS_MODES` (the loader refuses any other)."""
+    """A key of :data:`gateway.routing.vocabulary.ACCESS_MODES` (the loader refuses any other):
+    ``public`` or ``internal``, or the first of the payment methods it accepts (whose 402 the
+    route answers)."""
     handler: str
     """A key of :data:`gateway.routing.vocabulary.HANDLERS` (the loader refuses any other)."""
     group: str
@@ -118,6 +124,17 @@ class RouteSpec(msgspec.Struct, frozen=True, kw_only=True):
     replay_cap_bytes: int = DEFAULT_REPLAY_CAP_BYTES
     internal_settlement: InternalSettlement = msgspec.field(default_factory=InternalSettlement)
     """The table's terms for settling through the internal facilitator (one per table)."""
+    accepts: tuple[str, ...] = ()
+    """The payment methods it accepts (routes.yaml ``accepts``), first the one whose 402 it
+    answers; a route built in code without them accepts its access mode alone."""
+
+    @property
+    def payment_methods(self) -> tuple[str, ...]:
+        """The payment methods it lists (none for a public or internal route); which of them it
+        takes under a configuration: :func:`accepted`."""
+        if self.accepts:
+            return self.accepts
+        return (self.access,) if self.access in PAYMENT_METHODS else ()
 
     @property
     def has_path_params(self) -> bool:
@@ -319,6 +336,12 @@ def parse_routes(
     _check_catalog_filter(located, problems)
     if problems.items:
         raise RoutesError(problems.said_once())
+    if table.deprecated:
+        log_event(
+            f"{source}: {len(table.deprecated)} route(s) name a payment method as access; read as "
+            f"accepts (first: {table.deprecated[0]}); write accepts: [...] instead",
+            logging.WARNING,
+        )
     return [route for _, route in located]
 
 
@@ -417,6 +440,8 @@ class _Table(msgspec.Struct, frozen=True):
     pricing: dict[str, Any]
     upstreams: dict[str, str]
     limits: Mapping[str, tuple[int, int]]
+    deprecated: list[str] = msgspec.field(default_factory=list)
+    """Where a route names a payment method as its ``access`` (read as its ``accepts``)."""
 
     @property
     def internal_settlement(self) -> InternalSettlement:
@@ -603,6 +628,8 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
     # a misspelt key (``acess:``) is one cause: its "did you mean" says the right key is missing
     meant = {close[0] for key in unknown if (close := difflib.get_close_matches(str(key), ROUTE_KEYS, n=1))}
     for key in ("name", "path", "method", "access", "handler"):
+        if key == "access" and ("accepts" in raw or "accepts" in meant):
+            continue  # a paid or sign-in route lists its methods instead
         if (not isinstance(raw.get(key), str) or not raw[key]) and not (key in meant and key not in raw):
             problems.add(f"{where}.{key}", f"required text, got {_kind(raw.get(key))}")
     if len(problems.items) > before:
@@ -618,11 +645,10 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
     method = raw["method"].upper()
     if method not in HTTP_METHODS:
         bad("method", f"{raw['method']!r} is not one of {sorted(HTTP_METHODS)}")
-    access = raw["access"]
-    routable = [name for name, mode in ACCESS_MODES.items() if not mode.beside_only]
-    if access not in routable:
-        bad("access", f"{access!r} is not one of {routable}{did_you_mean(access, routable)}")
     handler = HANDLERS.get(raw["handler"])
+    accepts = _accepts(raw, where, handler, table, problems)
+    access = accepts[0] if accepts else str(raw.get("access") or "")
+    routable = [name for name, mode in ACCESS_MODES.items() if not mode.beside_only]
     if handler is None:
         hint = did_you_mean(raw["handler"], HANDLERS)
         bad("handler", f"unknown handler {raw['handler']!r}{hint} (known: {', '.join(sorted(HANDLERS))})")
@@ -638,14 +664,19 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
     pricing = table.pricing
     price = _price(raw.get("price"), f"{where}.price", pricing, problems)
     paid = access in routable and ACCESS_MODES[access].paid
+    known = access in routable  # else its one cause is said at access or accepts
     if paid and raw.get("price") is None:
         bad("price", "an exact route needs a price")
-    if not paid and raw.get("price") is not None:
+    if known and not paid and raw.get("price") is not None:
         bad("price", "only exact routes carry a price")
     credit = _price(raw.get("credit_price"), f"{where}.credit_price", pricing, problems)
     sells_credit = handler is not None and handler.sells_credit
     if raw.get("credit_price") is not None and (not paid or sells_credit):
         bad("credit_price", "only a paid route that does not sell credit has a credit price")
+    elif raw.get("credit_price") is not None and CREDIT_METHOD not in accepts:
+        bad("credit_price", f"the route does not accept credit: add {CREDIT_METHOD} to its accepts")
+    if CREDIT_METHOD in accepts and (not paid or sells_credit):
+        bad("accepts", f"{CREDIT_METHOD} is accepted only on a paid route that does not sell credit")
     if sells_credit and (not paid or not isinstance(raw.get("price"), int)):
         bad("price", "a top-up is an exact route whose price is a literal number of micro-USDC")
     listed = raw.get("listed", True)
@@ -689,6 +720,7 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
         operation=raw.get("operation"),
         provider_price_micro_usdc=price,
         credit_price_micro_usdc=credit,
+        accepts=accepts,
         internal_settlement=table.internal_settlement,
         rate_limits=rate_limits,
         input=input_schemas,
@@ -696,6 +728,58 @@ def _route(raw: Any, where: str, table: _Table, problems: _Problems) -> RouteSpe
         listed=listed,
         replay_cap_bytes=replay_cap,
     )
+
+
+UNPAID_ACCESS = ("public", "internal")
+"""What ``access`` names: a route nobody pays for. A paid or sign-in route lists ``accepts``."""
+
+
+def _accepts(
+    raw: dict[str, Any], where: str, handler: Handler | None, table: _Table, problems: _Problems
+) -> tuple[str, ...]:
+    """The payment methods a route accepts: its ``accepts`` list, checked; or, from a table that
+    names a payment method as its ``access`` (the form before ``accepts``), that method with credit
+    beside a paid route that does not sell credit, as such a table always meant (a deprecation
+    the loader logs). Empty for a public or internal route."""
+    methods = [name for name, mode in PAYMENT_METHODS.items() if not mode.beside_only]
+    if "accepts" not in raw:
+        access = raw.get("access")
+        if not isinstance(access, str) or not access or access in UNPAID_ACCESS:
+            return ()
+        if access not in methods:
+            known = [name for name, mode in ACCESS_MODES.items() if not mode.beside_only]
+            problems.add(f"{where}.access", f"{access!r} is not one of {known}{did_you_mean(access, known)}")
+            return ()
+        beside = ACCESS_MODES[access].paid and not (handler is not None and handler.sells_credit)
+        accepts = (access, CREDIT_METHOD) if beside else (access,)
+        table.deprecated.append(f"{where}: access: {access} -> accepts: [{', '.join(accepts)}]")
+        return accepts
+    given = raw["accepts"]
+    if "access" in raw:
+        problems.add(
+            f"{where}.access", "give access (public or internal) or accepts (payment methods), not both"
+        )
+    if not isinstance(given, list) or not given or not all(isinstance(m, str) for m in given):
+        problems.add(f"{where}.accepts", f"a non-empty list of payment methods, got {_kind(given)}")
+        return ()
+    unknown = [m for m in given if m not in PAYMENT_METHODS]
+    for name in unknown:
+        known = list(PAYMENT_METHODS)
+        hint = did_you_mean(name, known) or (
+            " (public and internal routes say so with access:)" if name in UNPAID_ACCESS else ""
+        )
+        problems.add(f"{where}.accepts", f"unknown payment method {name!r}{hint} (known: {', '.join(known)})")
+    if len(set(given)) != len(given):
+        problems.add(f"{where}.accepts", "names a payment method twice")
+    if unknown or len(set(given)) != len(given):
+        return ()
+    if given[0] not in methods:
+        problems.add(
+            f"{where}.accepts",
+            f"{given[0]} is accepted only beside another method; list one of {methods} first",
+        )
+        return ()
+    return tuple(given)
 
 
 def _check_body_examples(schema: Mapping[str, Any], paid: bool, where: str, problems: _Problems) -> None:
@@ -998,14 +1082,17 @@ def credit_price(route: RouteSpec) -> int | None:
     return own if own is not None else route.provider_price_micro_usdc
 
 
+def accepted(route: RouteSpec, credits_on: bool) -> tuple[str, ...]:
+    """The ways of paying ``route`` takes, first the one whose 402 it answers: the methods it
+    lists, credit only while credit is on (``CREDITS_ENABLED``) and where a call has a credit
+    price."""
+    takes_credit = credits_on and credit_price(route) is not None
+    return tuple(m for m in route.payment_methods if m != CREDIT_METHOD or takes_credit)
+
+
 def payment_methods(route: RouteSpec, settings: Settings) -> tuple[str, ...]:
-    """The ways of paying ``route`` accepts, first its access mode's: beside a paid route's own,
-    prepaid credit while credit is on (never on a top-up: credit does not buy credit)."""
-    if route.access not in PAYMENT_METHODS:
-        return ()
-    if settings.credits_enabled and credit_price(route) is not None:
-        return (route.access, CREDIT_METHOD)
-    return (route.access,)
+    """The ways of paying ``route`` takes under ``settings`` (:func:`accepted`)."""
+    return accepted(route, settings.credits_enabled)
 
 
 def published(routes: Iterable[RouteSpec]) -> list[RouteSpec]:

@@ -2,11 +2,12 @@
 and what a request on a paid or sign-in route can come to.
 
 The loader refuses a word that is not here (with its YAML location), the app factory holds one
-factory per handler and builds each access mode's layers from its entry, and the catalog, the
-OpenAPI document, the metrics and the CLI describe a route by its access mode's entry, so they
-never disagree. A payment method is an access mode whose entry names the module that binds it to
-a route (:data:`PAYMENT_METHODS`): registering one here is all the rest needs to know of it.
-Provider groups are not listed: they are whatever groups routes.yaml gives its routes.
+factory per handler and binds each payment method a route accepts, and the catalog, the
+OpenAPI document, the metrics, CORS and the CLI describe a route by its access mode's entry, so
+they never disagree. A payment method is an access mode of :data:`PAYMENT_METHODS`; its entry here
+is what the routing layer knows of it, and :func:`gateway.methods.registry.register` adds it
+together with the object that binds it to a route. Provider groups are not listed: they are
+whatever groups routes.yaml gives its routes.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ import enum
 
 import msgspec
 
+from gateway.x402.types import SCHEME_EXACT
+
 
 class Outcome(enum.StrEnum):
     """What a request on a paid or sign-in route came to: the one vocabulary the middlewares set
-    and the metrics and logs read, so a misspelt outcome is a type error, never a dropped count."""
+    and the metrics and logs read, so a misspelt outcome is a type error, never a dropped count.
+    A method registered later may declare outcomes of its own (plain strings in its
+    :attr:`AccessMode.outcomes`): they are counted like these."""
 
     NONE = "-"
     CHALLENGED = "challenged"
@@ -37,7 +42,7 @@ class Outcome(enum.StrEnum):
 
 
 class Credential(msgspec.Struct, frozen=True):
-    """A request header that carries a credential of an access mode (an OpenAPI parameter)."""
+    """A header a way of paying reads (a credential: an OpenAPI parameter) or writes (a receipt)."""
 
     header: str
     description: str
@@ -68,15 +73,24 @@ class AccessMode(msgspec.Struct, frozen=True, kw_only=True):
     """Sold for USDC on Solana to the operator's wallet: its routes carry a price, need a
     facilitator and the pay-to wallet, and count revenue."""
     credentials: tuple[Credential, ...] = ()
-    """The headers a client answers its challenge with, first the preferred one."""
-    outcomes: tuple[Outcome, ...] = ()
+    """The headers a client answers its challenge with, first the preferred one (CORS allows
+    them, OpenAPI lists them)."""
+    receipts: tuple[Credential, ...] = ()
+    """The response headers its paid answer carries (CORS exposes them, OpenAPI lists them)."""
+    also_allowed: tuple[str, ...] = ()
+    """Other request headers a browser may send on its routes (CORS allows them)."""
+    outcomes: tuple[str, ...] = ()
     """What a request on a route of this mode can come to (the metrics' series)."""
-    binder: str | None = None
-    """A payment method's ``module:function`` that binds it to one route (a
-    :class:`gateway.methods.RouteMethod`); the built-in modes have their layers in the app."""
+    usage: tuple[tuple[str, str], ...] = ()
+    """The shared store's coarser count of each of its outcomes, (outcome, count): ``unpaid``,
+    ``failed``, or what was paid (``paid``, ``credit``, ``signed_in``); an outcome not named here
+    (a replay, a pending settlement) adds nothing there."""
     beside_only: bool = False
-    """A payment method accepted only beside a route's own (prepaid credit beside ``exact``):
-    routes.yaml cannot name it as a route's access."""
+    """A payment method accepted only beside another (prepaid credit beside ``exact``): it is
+    never first in a route's ``accepts``."""
+    counts_challenges: bool = True
+    """Its unanswered 402s count against the client IP's challenge limit; a sign-in's challenge
+    has no side effect (only refused sign-ins count)."""
 
 
 SIGN_IN = Credential(
@@ -89,6 +103,12 @@ CREDIT_SESSION = Credential(
     "revoked (DELETE /v1/x402/credits/sessions).",
 )
 
+PAYMENT_RESPONSE = Credential("PAYMENT-RESPONSE", "The settlement receipt, base64 JSON.")
+X_PAYMENT_RESPONSE = Credential("X-PAYMENT-RESPONSE", "The settlement receipt, base64 JSON (x402 v1).")
+CREDIT_BALANCE = Credential(
+    "X-Credit-Balance", "The wallet's prepaid credit left after the call, in micro-USDC."
+)
+
 EXACT_OUTCOMES = (
     Outcome.CHALLENGED,
     Outcome.REJECTED,
@@ -99,9 +119,16 @@ EXACT_OUTCOMES = (
     Outcome.UPSTREAM_FAILED,
 )
 
+EXACT_METHOD = "exact"
+"""The payment method of one x402 ``exact`` transfer per call (its scheme: ``SCHEME_EXACT``)."""
+CREDIT_METHOD = "credit"
+"""The payment method of prepaid credit (in :data:`PAYMENT_METHODS`)."""
+SIGN_IN_METHOD = "siwx"
+"""Sign-in-with-x at $0.00: the asset-data routes and the credit balance."""
+
 PAYMENT_METHODS: dict[str, AccessMode] = {
-    "exact": AccessMode(
-        scheme="exact",
+    EXACT_METHOD: AccessMode(
+        scheme=SCHEME_EXACT,
         rate_limit_per=("scope", "wallet", "ip"),
         error_statuses=(400, 402, 405, 409, 413, 429, 502, 503, 504),
         sells=True,
@@ -112,15 +139,25 @@ PAYMENT_METHODS: dict[str, AccessMode] = {
             ),
             Credential("X-PAYMENT", "x402 v1 payment payload (base64 JSON)."),
         ),
+        receipts=(PAYMENT_RESPONSE, X_PAYMENT_RESPONSE),
+        # x402 browser clients of old echo the receipt headers: allowed since they were
+        also_allowed=(X_PAYMENT_RESPONSE.header, PAYMENT_RESPONSE.header),
         outcomes=EXACT_OUTCOMES,
-        binder="gateway.methods.exact.method:bind",
+        usage=(
+            (Outcome.CHALLENGED, "unpaid"),
+            (Outcome.REJECTED, "failed"),
+            (Outcome.PAID, "paid"),
+            (Outcome.SETTLE_FAILED, "failed"),
+            (Outcome.UPSTREAM_FAILED, "failed"),
+        ),
     ),
-    "credit": AccessMode(
+    CREDIT_METHOD: AccessMode(
         scheme="sign-in-with-x",
         rate_limit_per=("scope", "wallet", "ip"),
         error_statuses=(400, 402, 405, 409, 413, 429, 502, 503, 504),
         sells=True,
         credentials=(SIGN_IN, CREDIT_SESSION),
+        receipts=(CREDIT_BALANCE,),
         outcomes=(
             Outcome.REJECTED,
             Outcome.CREDIT_UNCOVERED,
@@ -128,19 +165,16 @@ PAYMENT_METHODS: dict[str, AccessMode] = {
             Outcome.CREDIT_SPENT,
             Outcome.UPSTREAM_FAILED,
         ),
-        binder="gateway.methods.credit.method:bind",
+        # a sign-in that found too little credit was answered with the route's 402: unpaid
+        usage=(
+            (Outcome.REJECTED, "failed"),
+            (Outcome.CREDIT_UNCOVERED, "unpaid"),
+            (Outcome.CREDIT_SPENT, "credit"),
+            (Outcome.UPSTREAM_FAILED, "failed"),
+        ),
         beside_only=True,
     ),
-}
-"""The ways of paying a route: each one access mode, bound to a route by its ``binder``. ``credit``
-(prepaid credit spent by signing in) is also accepted beside ``exact`` on every paid route while
-credit is on (``CREDITS_ENABLED``)."""
-
-
-ACCESS_MODES: dict[str, AccessMode] = {
-    "public": AccessMode(rate_limit_per=("scope",), error_statuses=(405,)),
-    **PAYMENT_METHODS,
-    "siwx": AccessMode(
+    SIGN_IN_METHOD: AccessMode(
         scheme="sign-in-with-x",
         rate_limit_per=("scope", "wallet", "ip"),
         required_per=("ip", "wallet"),
@@ -148,15 +182,32 @@ ACCESS_MODES: dict[str, AccessMode] = {
         sells=True,
         credentials=(SIGN_IN,),
         outcomes=(Outcome.CHALLENGED, Outcome.REFUSED, Outcome.SIGNED_IN, Outcome.UPSTREAM_FAILED),
+        usage=(
+            (Outcome.CHALLENGED, "unpaid"),
+            (Outcome.REFUSED, "failed"),
+            (Outcome.SIGNED_IN, "signed_in"),
+            (Outcome.UPSTREAM_FAILED, "failed"),
+        ),
+        counts_challenges=False,
     ),
+}
+"""The ways of paying a route: each one access mode, bound to a route by its registered method
+(:mod:`gateway.methods.registry`). ``siwx`` is sign-in-with-x at a price of $0.00: a wallet
+signs in and reads, nothing is paid or taken. ``credit`` (prepaid credit spent by signing in)
+is accepted beside ``exact`` where a route lists it, while credit is on (``CREDITS_ENABLED``)."""
+
+
+ACCESS_MODES: dict[str, AccessMode] = {
+    "public": AccessMode(rate_limit_per=("scope",), error_statuses=(405,)),
+    **PAYMENT_METHODS,
     # Answers only to its shared secret: no limiter, no CORS, never published.
     "internal": AccessMode(published=False, from_browsers=False),
 }
 
 
 def register_payment_method(name: str, mode: AccessMode) -> None:
-    """Add a way of paying (a test's own, say) to the words routes.yaml may use."""
-    assert mode.binder is not None, "a payment method names its binder"
+    """Add a way of paying to the words routes.yaml may use (through
+    :func:`gateway.methods.registry.register`, which also keeps the object that binds it)."""
     assert name not in ACCESS_MODES or ACCESS_MODES[name] == mode, f"access mode {name!r} exists"
     PAYMENT_METHODS[name] = ACCESS_MODES[name] = mode
 
@@ -198,8 +249,6 @@ HANDLERS: dict[str, Handler] = {
     "credit_session_revoke": Handler(credentials=(CREDIT_SESSION,), error_statuses=(400, 404, 429, 503)),
 }
 
-CREDIT_METHOD = "credit"
-"""The payment method of prepaid credit (in :data:`PAYMENT_METHODS`)."""
 CREDITS_GROUP = "credits"
 """The top-up and balance routes: served only while credit is on (``CREDITS_ENABLED``)."""
 SERVICE_GROUP = "service"

@@ -33,29 +33,20 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.routing.routes import RouteSpec
-from gateway.routing.vocabulary import ACCESS_MODES, Outcome
+from gateway.routing.vocabulary import ACCESS_MODES, PAYMENT_METHODS, Outcome
 from gateway.store import Store, StoreUnavailable, keys
 from gateway.telemetry.logs import log_event
 from gateway.web.context import RequestContext
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-USAGE_OF: Mapping[Outcome, str] = {
-    Outcome.CHALLENGED: "unpaid",
-    Outcome.CREDIT_UNCOVERED: "unpaid",
-    Outcome.PAID: "paid",
-    Outcome.SIGNED_IN: "signed_in",
-    Outcome.CREDIT_SPENT: "credit",
-    Outcome.REJECTED: "failed",
-    Outcome.REFUSED: "failed",
-    Outcome.SETTLE_FAILED: "failed",
-    Outcome.UPSTREAM_FAILED: "failed",
-}
-"""The shared store's coarser outcome of each payment outcome. A payment-identifier replay and a
+USAGE_OF: Mapping[str, str] = {o: u for mode in PAYMENT_METHODS.values() for o, u in mode.usage}
+"""The shared store's coarser outcome of each built-in method's outcome, as the methods declare
+them (:attr:`~gateway.routing.vocabulary.AccessMode.usage`). A payment-identifier replay and a
 pending settlement add nothing: the one payment is counted once, when it settles or fails. A
 sign-in that found no credit to spend was answered with the route's 402, as an unpaid request."""
 
-def payment_outcomes(access: str) -> tuple[Outcome, ...]:
+def payment_outcomes(access: str) -> tuple[str, ...]:
     """What a request on a route of ``access`` can come to: its mode's declared outcomes (public
     and internal routes take no payment and have no outcome series)."""
     return ACCESS_MODES[access].outcomes
@@ -64,8 +55,18 @@ def payment_outcomes(access: str) -> tuple[Outcome, ...]:
 def usage_outcomes(*accesses: str) -> tuple[str, ...]:
     """The store's outcomes of a route accepting ``accesses``: exact (unpaid, failed, paid), siwx
     (unpaid, failed, signed_in), exact beside credit (unpaid, failed, paid, credit)."""
-    outcomes = (o for access in accesses for o in payment_outcomes(access))
-    return tuple(dict.fromkeys(USAGE_OF[o] for o in outcomes if o in USAGE_OF))
+    usage = usage_of(*accesses)
+    return tuple(dict.fromkeys(usage[o] for o in outcomes_of(accesses) if o in usage))
+
+
+def outcomes_of(accesses: Sequence[str]) -> tuple[str, ...]:
+    """Every outcome a route accepting ``accesses`` can come to, each once."""
+    return tuple(dict.fromkeys(o for access in accesses for o in payment_outcomes(access)))
+
+
+def usage_of(*accesses: str) -> dict[str, str]:
+    """The store's count of each outcome of ``accesses``, as their methods declare it."""
+    return {o: u for access in accesses for o, u in ACCESS_MODES[access].usage}
 
 
 REQUESTS = Counter("x402_requests_total", "HTTP requests by route and status.", ["route", "method", "status"])
@@ -100,7 +101,7 @@ class _Series(NamedTuple):
     revenue: Counter | None
 
 
-def payment_outcome(ctx: RequestContext) -> Outcome:
+def payment_outcome(ctx: RequestContext) -> str:
     """The request's outcome as counted: a signed-in call whose upstream failed is
     ``upstream_failed`` (as on a paid route), anything else is the context's own word."""
     if ctx.outcome == Outcome.SIGNED_IN and ctx.status >= 500:
@@ -130,10 +131,11 @@ class Usage:
         self._usage_outcomes: dict[str, tuple[str, ...]] = {}
         for route in routes:
             accepted = (methods(route) if methods is not None else ()) or (route.access,)
-            outcomes = tuple(dict.fromkeys(o for access in accepted for o in payment_outcomes(access)))
+            outcomes = outcomes_of(accepted)
+            usage_counts = usage_of(*accepted)
             revenue = REVENUE.labels(route.name) if route.paid else None
             for outcome in outcomes:
-                usage = USAGE_OF.get(outcome)
+                usage = usage_counts.get(outcome)
                 self._series[(route.name, outcome)] = _Series(
                     PAYMENTS.labels(route.name, outcome),
                     usage_key(route.name, usage) if usage else None,

@@ -26,16 +26,17 @@ class RequestContext:
     status: int = 0
     """Set when the response starts (by the outermost middleware): after that, no error page."""
     access: str = "-"
-    outcome: Outcome = Outcome.NONE
+    outcome: str = Outcome.NONE
+    """An :class:`Outcome`, or a registered method's own word."""
     wallet: str | None = None
     payer: str | None = None
     amount: str | None = None
     settlement: str | None = None
     error: str | None = None
     input: ValidatedInput | None = None
-    """The request after its route's validator (``exact`` and ``siwx`` routes); ``.body`` is the JSON body."""
+    """The request after its route's validator (every payment method's routes); ``.body`` is the JSON body."""
     sign_in: VerifiedSignIn | None = None
-    """The verified sign-in (``siwx`` routes)."""
+    """The verified sign-in (``siwx`` routes, :class:`gateway.methods.seam.Passed`)."""
 
 
 def request_context(scope: Scope) -> RequestContext:

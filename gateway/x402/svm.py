@@ -29,6 +29,7 @@ from solders.token.associated import get_associated_token_address
 from solders.transaction import VersionedTransaction
 
 from gateway.x402.types import (
+    SCHEME_EXACT,
     SOLANA_DEVNET,
     SOLANA_MAINNET,
     V1_NETWORKS,
@@ -57,7 +58,6 @@ MAX_INSTRUCTIONS = 7
 MAX_TRANSACTION_BYTES = 1232
 """Solana's packet limit: a transaction larger than this can never be sent."""
 
-SCHEME_EXACT = "exact"
 SUPPORTED_NETWORKS = (SOLANA_MAINNET, SOLANA_DEVNET)
 
 _P = "invalid_exact_svm_payload_"

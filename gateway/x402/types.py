@@ -10,6 +10,9 @@ from typing import Any
 
 import msgspec
 
+SCHEME_EXACT = "exact"
+"""The x402 scheme of one signed transfer of an exact amount (the ``exact`` payment method's)."""
+
 SOLANA_MAINNET = "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp"
 SOLANA_DEVNET = "solana:EtWTRABZaYq6iMfeYKouRu166VU2xqa1"
 V1_NETWORKS = {"solana": SOLANA_MAINNET, "solana-devnet": SOLANA_DEVNET}

@@ -27,6 +27,7 @@ from gateway.methods.exact.ledger import PaymentLedger
 from gateway.methods.exact.method import ExactMethod
 from gateway.methods.exact.offer import Option, RouteOffers, SettlingFacilitator, exact_challenge
 from gateway.methods.exact.settlement import Settlement
+from gateway.methods.sign_in import SIGN_IN, SignInDeps
 from gateway.routing.pricing import FacilitatorFee
 from gateway.routing.routes import RateLimitSpec, RouteSpec
 from gateway.routing.validation import RequestValidator, ValidatedInput
@@ -36,6 +37,7 @@ from gateway.web.context import request_context
 from gateway.web.router import MethodDispatcher
 from gateway.x402.challenge import ExactChallenge
 from gateway.x402.headers import encode_header
+from gateway.x402.siwx import SiwxIssuer
 from gateway.x402.types import (
     SOLANA_MAINNET,
     PaymentPayload,
@@ -273,6 +275,20 @@ class Answer:
         data = self.json()
         error = data.get("error")
         return error.get("code") if isinstance(error, dict) else error
+
+
+def signed_in(
+    app: ASGIApp,
+    route: RouteSpec,
+    issuer: SiwxIssuer,
+    store: Store,
+    limiter: RateLimiter,
+    max_body: int = 4096,
+) -> PaidAccess:
+    """``app`` behind sign-in-with-x, as the app builds a ``siwx`` route: the one access layer
+    with the sign-in method bound to ``route``."""
+    method = SIGN_IN.bind(route, SignInDeps(issuer, store, limiter))
+    return PaidAccess(app, route_name=route.name, methods=[method], limiter=limiter, max_body=max_body)
 
 
 async def call(

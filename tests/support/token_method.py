@@ -1,8 +1,10 @@
 """A payment method that exists only in the test suite: a fixed token in ``X-Test-Token``.
 
-It proves the seam: one module (this one) and one registration
-(:func:`gateway.routing.vocabulary.register_payment_method`) are all a new way of paying needs; the
-route table, the 402, the catalog, OpenAPI, the metrics and the CLI learn of it from there.
+It proves the seam: this one module and one registration line
+(``gateway.methods.registry.register(token_method.METHOD)``) are all a new way of paying needs.
+It has its own credential header (``X-Test-Token``), its own receipt header
+(``X-Test-Receipt``) and its own outcome (``token_spent``); the route table, the 402, CORS, the
+catalog, OpenAPI, the metrics and the CLI learn of all three from its description.
 """
 
 from __future__ import annotations
@@ -15,21 +17,30 @@ import msgspec
 
 from gateway.methods.exact.ledger import StoredResponse
 from gateway.methods.results import Delivered, Refused, Settled
-from gateway.methods.seam import Admitted, Answer, Checked, Incoming, Offer, credential_headers
+from gateway.methods.seam import Admitted, Answer, Asked, Checked, Incoming, Offer, credential_headers
+from gateway.methods.shared import SharedParts
 from gateway.routing.routes import RouteSpec
 from gateway.routing.validation import RequestValidator
 from gateway.routing.vocabulary import AccessMode, Credential, Outcome
-from gateway.services import Services
 
 NAME = "test_token"
 TOKEN = "open-sesame"
+SPENT = "token_spent"
+"""Its own outcome: a call paid with the token (a metrics series of its own)."""
+RECEIPT = "X-Test-Receipt"
 MODE = AccessMode(
     scheme="test-token",
     rate_limit_per=("scope",),
     error_statuses=(400, 402, 405, 413, 502, 504),
     credentials=(Credential("X-Test-Token", "The suite's fixed test token."),),
-    outcomes=(Outcome.CHALLENGED, Outcome.REJECTED, Outcome.PAID, Outcome.UPSTREAM_FAILED),
-    binder="tests.support.token_method:bind",
+    receipts=(Credential(RECEIPT, "Which token paid, and for which route."),),
+    outcomes=(Outcome.CHALLENGED, Outcome.REJECTED, SPENT, Outcome.UPSTREAM_FAILED),
+    usage=(
+        (Outcome.CHALLENGED, "unpaid"),
+        (Outcome.REJECTED, "failed"),
+        (SPENT, "token"),
+        (Outcome.UPSTREAM_FAILED, "failed"),
+    ),
 )
 
 
@@ -47,17 +58,18 @@ LEDGER = TokenLedger()
 class TokenMethod:
     credential_headers = credential_headers(MODE)
 
-    def __init__(self, route: RouteSpec) -> None:
+    def __init__(self, route: RouteSpec, ledger: TokenLedger) -> None:
         self.route_name = route.name
         self.validator = RequestValidator(route.input)
+        self.ledger = ledger
 
-    async def challenge(self, path: str, error: str | None, extensions: Mapping[str, Any]) -> Offer:
+    async def challenge(self, asked: Asked, error: str | None, extensions: Mapping[str, Any]) -> Offer:
         body = msgspec.json.encode(
             {"x402Version": 2, "accepts": [{"scheme": "test-token", "network": "test"}], "error": error}
         )
         return Offer(body, [(b"content-type", b"application/json")])
 
-    async def extensions(self, path: str) -> Mapping[str, Any]:
+    async def extensions(self, asked: Asked) -> Mapping[str, Any]:
         return {}
 
     async def check(self, incoming: Incoming) -> Checked[str]:
@@ -67,12 +79,26 @@ class TokenMethod:
         return Checked(Admitted(self.route_name, body, "0"), payer="token-holder")
 
     async def finish(self, grant: str, answer: Answer) -> Settled:
-        LEDGER.finished.append(grant)
-        return Delivered(StoredResponse(200, answer.body, answer.content_type), settlement="token")
+        self.ledger.finished.append(grant)
+        receipt = {RECEIPT: f"{TOKEN[:4]}:{grant}"}
+        return Delivered(StoredResponse(200, answer.body, answer.content_type, receipts=receipt), "", SPENT)
 
     async def abandon(self, grant: str) -> None:
-        LEDGER.abandoned.append(grant)
+        self.ledger.abandoned.append(grant)
 
 
-def bind(route: RouteSpec, services: Services) -> TokenMethod:
-    return TokenMethod(route)
+@dataclass(frozen=True, slots=True)
+class TokenPayment:
+    """The method object: its description, its typed dependencies (the ledger), its binder."""
+
+    name: str = NAME
+    mode: AccessMode = MODE
+
+    def dependencies(self, parts: SharedParts) -> TokenLedger:
+        return LEDGER
+
+    def bind(self, route: RouteSpec, deps: TokenLedger) -> TokenMethod:
+        return TokenMethod(route, deps)
+
+
+METHOD = TokenPayment()

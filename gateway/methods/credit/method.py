@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from gateway.ledger.recorder import MoneyRecorder
-from gateway.limits.rate_limiter import Limited
+from gateway.limits.rate_limiter import Limited, RateLimiter
 from gateway.methods.credit.book import CreditBook, CreditHold
 from gateway.methods.credit.calls import AnswerAgain, CreditCall, NotAgain, StillInFlight, credit_call
 from gateway.methods.credit.metrics import CREDIT_SPENT
@@ -44,20 +45,20 @@ from gateway.methods.credit.sessions import (
 )
 from gateway.methods.exact.ledger import StoredResponse
 from gateway.methods.results import Delivered, InProgress, Refused, Replay, Settled
-from gateway.methods.seam import Admitted, Answer, Checked, Incoming, Offer, credential_headers
+from gateway.methods.seam import Admitted, Answer, Asked, Checked, Incoming, Offer, credential_headers
 from gateway.methods.sign_in import Admitted as SignedIn
-from gateway.methods.sign_in import Replayed, SignInGate, Uncovered
+from gateway.methods.sign_in import Replayed, SignInGate, SignInSequence, Uncovered
 from gateway.routing.pricing import usd_display
 from gateway.routing.routes import RouteSpec, credit_price
 from gateway.routing.validation import RequestValidator
-from gateway.routing.vocabulary import CREDIT_METHOD, PAYMENT_METHODS, Outcome
-from gateway.store import SessionSpent, StoreUnavailable
+from gateway.routing.vocabulary import CREDIT_METHOD, PAYMENT_METHODS, AccessMode, Outcome
+from gateway.store import SessionSpent, Store, StoreUnavailable
 from gateway.telemetry.logs import log_event
 from gateway.x402.headers import encode_header
-from gateway.x402.siwx import EXTENSION_KEY, SiwxError, SiwxIssuer, SiwxReason
+from gateway.x402.siwx import EXTENSION_KEY, SiwxIssuer, SiwxReason
 
 if TYPE_CHECKING:
-    from gateway.services import Services
+    from gateway.methods.shared import SharedParts
 
 INSUFFICIENT_CREDIT = "insufficient_credit"
 _SESSION_HEADER = SESSION_HEADER.lower()
@@ -90,6 +91,7 @@ class CreditMethod:
         self.price = price
         self.issuer = issuer
         self.gate = gate
+        self.sign_in = SignInSequence(issuer, gate)
         self.book = book
         self.recorder = recorder or MoneyRecorder()
         self.sessions = sessions or CreditSessions(gate.store, issuer.base_url, book)
@@ -97,10 +99,10 @@ class CreditMethod:
         self.spent = CREDIT_SPENT.labels(route.name)
         self.statement = spend_statement(route, price, issuer.base_url)
 
-    async def challenge(self, path: str, error: str | None, extensions: Mapping[str, Any]) -> Offer:
+    async def challenge(self, asked: Asked, error: str | None, extensions: Mapping[str, Any]) -> Offer:
         """The sign-in challenge alone (credit is accepted beside another method, whose 402 this
         method only extends; this is its 402 were it ever a route's own)."""
-        resource = self.issuer.resource_url(path)
+        resource = self.sign_in.resource(asked.path)
         document = self.issuer.challenge(
             resource,
             error=error,
@@ -117,19 +119,18 @@ class CreditMethod:
         ]
         return Offer(body, headers)
 
-    async def extensions(self, path: str) -> Mapping[str, Any]:
+    async def extensions(self, asked: Asked) -> Mapping[str, Any]:
         """A fresh sign-in challenge for this route's URL (its nonce is single-use)."""
-        resource = self.issuer.resource_url(path)
+        resource = self.sign_in.resource(asked.path)
         return {EXTENSION_KEY: self.issuer.extension(resource, statement=self.statement)}
 
     async def check(self, incoming: Incoming) -> Checked[CreditHold]:
         if incoming.header == _SESSION_HEADER:
             return await self._check_session(incoming)
-        resource = self.issuer.resource_url(incoming.path)
-        try:
-            signed = self.issuer.verify(incoming.credential, resource, statement=self.statement)
-        except SiwxError as refused:
-            return Checked(Refused(refused.reason.value, str(refused)))
+        resource = self.sign_in.resource(incoming.path)
+        signed = self.sign_in.verify(incoming.credential, resource, self.statement, Outcome.REJECTED)
+        if isinstance(signed, Refused):
+            return Checked(signed)
         wallet = signed.address
         raw = await incoming.read_body()
         body = self.validator.body(raw)
@@ -139,7 +140,7 @@ class CreditMethod:
         order = self.book.order(wallet, self.price)
         # Its answer is kept while the sign-in verifies: no retry can present it later.
         call = credit_call(self.route_name, wallet, signed.nonce, raw, order.ttl_ms, signed.replay_ttl_ms)
-        match await self.gate.admit(signed, incoming.client_ip, order, call.in_flight()):
+        match await self.sign_in.admit(signed, incoming.client_ip, order, call.in_flight()):
             case SignedIn(held=held) if held is not None:
                 grant = self.book.held(order, held, call)
                 return Checked(Admitted(grant, body, str(self.price)), wallet)
@@ -253,14 +254,39 @@ class CreditMethod:
             )
 
 
-def bind(route: RouteSpec, services: Services) -> CreditMethod:
-    price = credit_price(route)
-    assert price is not None, f"route {route.name} takes no credit"
-    return CreditMethod(
-        route=route,
-        price=price,
-        issuer=services.siwx,
-        gate=SignInGate(services.store, services.limiter, route.rate_limits),
-        book=services.credit_book,
-        recorder=services.recorder,
-    )
+@dataclass(frozen=True, slots=True)
+class CreditDeps:
+    """What credit routes use: the sign-in issuer, the store, the limiter and the book."""
+
+    issuer: SiwxIssuer
+    store: Store
+    limiter: RateLimiter
+    book: CreditBook
+    recorder: MoneyRecorder
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """The ``credit`` way of paying (:mod:`gateway.methods.registry`): prepaid credit, spent by
+    signing in or on a credit session."""
+
+    name: str = CREDIT_METHOD
+    mode: AccessMode = PAYMENT_METHODS[CREDIT_METHOD]
+
+    def dependencies(self, parts: SharedParts) -> CreditDeps:
+        return CreditDeps(parts.siwx, parts.store, parts.limiter, parts.credit_book, parts.recorder)
+
+    def bind(self, route: RouteSpec, deps: CreditDeps) -> CreditMethod:
+        price = credit_price(route)
+        assert price is not None, f"route {route.name} takes no credit"
+        return CreditMethod(
+            route=route,
+            price=price,
+            issuer=deps.issuer,
+            gate=SignInGate(deps.store, deps.limiter, route.rate_limits),
+            book=deps.book,
+            recorder=deps.recorder,
+        )
+
+
+CREDIT = Credit()

@@ -65,6 +65,8 @@ class StoredResponse(msgspec.Struct):
     settlement: str = ""
     credit_balance: str = ""
     """Paid from prepaid credit: the wallet's credit left (the ``X-Credit-Balance`` header)."""
+    receipts: dict[str, str] = msgspec.field(default_factory=dict)
+    """Another method's own receipt headers (as its description declares them), by name."""
 
 
 class PendingSettlement(msgspec.Struct):

@@ -14,7 +14,7 @@ from gateway.methods.exact.ledger import claimant
 from gateway.methods.results import Refused
 from gateway.x402 import svm
 from gateway.x402.challenge import PAYMENT_IDENTIFIER
-from gateway.x402.types import V1_NETWORKS, PaymentPayload, PaymentRequirements, ResourceInfo
+from gateway.x402.types import SCHEME_EXACT, V1_NETWORKS, PaymentPayload, PaymentRequirements, ResourceInfo
 
 PAYMENT_ID = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
@@ -36,7 +36,7 @@ def match_payment(payload: PaymentPayload, want: PaymentRequirements) -> Signed 
     network = accepted.network if accepted else V1_NETWORKS.get(payload.network or "", payload.network)
     if payload.x402Version not in (1, 2) or (payload.x402Version == 2 and accepted is None):
         return Refused("invalid_x402_version")
-    if scheme != "exact":
+    if scheme != SCHEME_EXACT:
         return Refused("invalid_scheme")
     if network != want.network:
         return Refused("invalid_network")

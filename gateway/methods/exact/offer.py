@@ -11,7 +11,7 @@ from gateway.facilitators.http import ChallengeFeePayer, Facilitator
 from gateway.routing.pricing import FacilitatorFee, route_price
 from gateway.routing.routes import RouteSpec
 from gateway.x402.challenge import ExactChallenge
-from gateway.x402.types import SOLANA_MAINNET, PaymentPayload, PaymentRequirements
+from gateway.x402.types import SCHEME_EXACT, SOLANA_MAINNET, PaymentPayload, PaymentRequirements
 
 
 def exact_challenge(
@@ -30,7 +30,7 @@ def exact_challenge(
     price = route_price(route, fee)
     assert price is not None, f"route {route.name} is exact but has no price"
     requirements = PaymentRequirements(
-        scheme="exact",
+        scheme=SCHEME_EXACT,
         network=SOLANA_MAINNET,
         amount=str(price.total),
         asset=asset,
