@@ -18,9 +18,12 @@ from collections.abc import Callable
 from itertools import groupby
 from typing import Any
 
+import msgspec
 from starlette.applications import Starlette
 from starlette.types import ASGIApp as StarletteASGIApp
 
+from gateway.batch.endpoint import BatchEndpoint, batch_endpoints
+from gateway.batch.proxy import BatchProxy
 from gateway.config import Settings, startup_notes
 from gateway.handlers.catalog import CatalogHandler
 from gateway.handlers.docs import DocsHandler
@@ -38,7 +41,7 @@ from gateway.methods.credit.handlers import (
 )
 from gateway.methods.credit.sessions import CreditSessions
 from gateway.methods.registry import METHODS, PaymentMethod
-from gateway.methods.seam import RouteMethod
+from gateway.methods.seam import RouteMethod, credential_headers
 from gateway.routing.pricing import credit_terms
 from gateway.routing.routes import (
     RouteSpec,
@@ -54,6 +57,7 @@ from gateway.store import Store
 from gateway.telemetry.logs import configure_logging, log_event
 from gateway.web.asgi import ASGIApp, BodyReadDeadline
 from gateway.web.router import MethodDispatcher, PathTable, not_found
+from middleware.batch_access import BatchAccess
 from middleware.cors import CorsMiddleware
 from middleware.paid_access import PaidAccess
 from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
@@ -202,6 +206,27 @@ def _paid(app: ASGIApp, route: RouteSpec, services: Services, binder: MethodBind
     return challenge_limit(paid, services, paid.credential_headers)
 
 
+def batch_pipeline(endpoint: BatchEndpoint, services: Services, binder: MethodBinder) -> ASGIApp:
+    """A provider's JSON-RPC endpoint (``gateway.batch``): unpaid requests limited per client IP
+    first, as on its per-method routes, then the body priced, then the paid-access layer."""
+    route = endpoint.template
+    accepted = [METHODS[name] for name in payment_methods(route, services.settings)]
+    proxy = _jsonrpc(msgspec.structs.replace(route, operation=""), services)
+    assert isinstance(proxy, JsonRpcProxy)
+    access = BatchAccess(
+        BatchProxy(proxy),
+        endpoint=endpoint,
+        bind=lambda priced: [(m.name, binder.bind(m, priced)) for m in accepted],
+        limiter=services.limiter,
+        max_body=services.settings.max_body_bytes,
+    )
+    app: ASGIApp = access
+    if any(method.mode.counts_challenges for method in accepted):
+        headers = tuple(name for method in accepted for name in credential_headers(method.mode))
+        app = challenge_limit(access, services, headers)
+    return CorsMiddleware(MethodDispatcher({"POST": (route, app)}, "POST, OPTIONS"), ["POST"])
+
+
 def _internal_gate(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
     """Nothing around it: the endpoint checks its shared secret itself, before anything else."""
     return app
@@ -290,6 +315,8 @@ def create_app(
         else:
             app = CorsMiddleware(MethodDispatcher(pipelines, ", ".join([*allowed, "OPTIONS"])), methods)
         entries.append((path, app, specs[0].name))
+    for endpoint in batch_endpoints(mounted, settings.rpc_batch_max_items):
+        entries.append((endpoint.path, batch_pipeline(endpoint, services, binder), endpoint.name))
     starlette = GatewayApp(
         routes=[PathTable(entries)],
         lifespan=services.lifespan,
