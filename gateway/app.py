@@ -22,7 +22,7 @@ import msgspec
 from starlette.applications import Starlette
 from starlette.types import ASGIApp as StarletteASGIApp
 
-from gateway.batch.endpoint import BatchEndpoint, batch_endpoints
+from gateway.batch.endpoint import BatchEndpoint
 from gateway.batch.proxy import BatchProxy
 from gateway.config import Settings, startup_notes
 from gateway.handlers.catalog import CatalogHandler
@@ -83,7 +83,8 @@ def _catalog(route: RouteSpec, services: Services) -> ASGIApp:
 
 
 def _metrics(route: RouteSpec, services: Services) -> ASGIApp:
-    return MetricsHandler(services.usage, [r.name for r in services.routes])
+    endpoints = [endpoint.name for endpoint in services.batch_endpoints]
+    return MetricsHandler(services.usage, [*(r.name for r in services.routes), *endpoints])
 
 
 def _openapi(route: RouteSpec, services: Services) -> ASGIApp:
@@ -315,7 +316,7 @@ def create_app(
         else:
             app = CorsMiddleware(MethodDispatcher(pipelines, ", ".join([*allowed, "OPTIONS"])), methods)
         entries.append((path, app, specs[0].name))
-    for endpoint in batch_endpoints(mounted, settings.rpc_batch_max_items):
+    for endpoint in services.batch_endpoints:
         entries.append((endpoint.path, batch_pipeline(endpoint, services, binder), endpoint.name))
     starlette = GatewayApp(
         routes=[PathTable(entries)],

@@ -111,8 +111,7 @@ class BatchEndpoint:
         if len(items) > self.max_items:
             raise InvalidInput("body", f"a batch holds at most {self.max_items} calls, got {len(items)}")
         calls = tuple(
-            self._call(index, item, "" if single else f"body[{index}]")
-            for index, item in enumerate(items)
+            self._call(index, item, "" if single else f"body[{index}]") for index, item in enumerate(items)
         )
         return Batch(
             calls,

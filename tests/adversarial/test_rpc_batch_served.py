@@ -32,6 +32,7 @@ from gateway.store import Store
 from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
 from tests.support.adversarial_credit import credit_of, fund, served_credit_gateway, started_provider
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, Money
+from tests.support.metrics_text import earnings_series
 from tests.support.paid_fixtures import (
     ACCOUNT,
     INTERNAL_SETTLEMENT_FEE,
@@ -46,6 +47,7 @@ from tests.support.upstream import Upstream
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
 
 RPC = "/v1/x402/solana/mainnet/provider_a/rpc"
+ENDPOINT = "solana.mainnet.provider_a.rpc"
 DAS = "/v1/x402/solana/mainnet/provider_a/das"
 SESSIONS = "/v1/x402/credits/sessions"
 FAILING = "FaiLeDZzq1v2mXyW3aDLfTYtPuwGNEuNkShAxzpxuMJo"
@@ -124,6 +126,13 @@ async def pay_for(gateway: PaidGateway, body: Any, *, payment_id: str | None = N
     return gateway.sign(requirements, resource, extensions=extensions)
 
 
+async def revenue(gateway: PaidGateway) -> float:
+    """The revenue the gateway's /metrics show for the endpoint."""
+    reply = await gateway.get("/metrics")
+    assert reply.status == 200, reply.body
+    return earnings_series(reply.body.decode()).get(("x402_revenue_micro_usdc_total", ENDPOINT, ""), 0.0)
+
+
 def assert_invalid(reply: Reply, parameter: str, words: str) -> None:
     assert reply.status == 400, reply.body
     error = reply.json()["error"]
@@ -161,6 +170,7 @@ async def test_a_paid_batch_is_settled_once_and_answered_in_order_under_the_clie
     price = 2 * BALANCE + TRANSACTION + INTERNAL_SETTLEMENT_FEE
     payment = await pay_for(gateway, batch)
     before = Money.of(gateway.chain)
+    earned = await revenue(gateway)
 
     reply = await gateway.pay(RPC, batch, payment)
     again = await gateway.pay(RPC, batch, payment)
@@ -184,6 +194,22 @@ async def test_a_paid_batch_is_settled_once_and_answered_in_order_under_the_clie
     assert other.status == 402 and other.json()["error"] == "payment_already_used"
     assert len(gateway.upstream.calls) == 1
     assert Money.of(gateway.chain).minus(before) == Money(-price, price, -ONE_SETTLEMENT_FEE)
+    assert await revenue(gateway) == earned + price  # the endpoint's sales are counted as its own
+
+
+async def test_a_payment_for_a_cheaper_batch_pays_for_no_dearer_one(gateway: PaidGateway) -> None:
+    cheap, dear = balances(ACCOUNT), [*balances(ACCOUNT), call("getTransaction", [SIGNATURE], 7)]
+    payment = await pay_for(gateway, cheap)
+    before = Money.of(gateway.chain)
+
+    reply = await gateway.pay(RPC, dear, payment)
+
+    assert reply.status == 402, reply.body
+    assert reply.json()["accepts"][0]["amount"] == str(BALANCE + TRANSACTION + INTERNAL_SETTLEMENT_FEE)
+    assert reply.json()["error"] == "amount_mismatch"
+    assert str(MARKER) not in reply.body.decode()
+    assert gateway.upstream.calls == []
+    assert Money.of(gateway.chain) == before
 
 
 async def test_an_identical_retry_with_a_payment_identifier_gets_the_answer_it_paid_for(
