@@ -78,7 +78,14 @@ def _ready(route: RouteSpec, services: Services) -> ASGIApp:
 def _catalog(route: RouteSpec, services: Services) -> ASGIApp:
     s = services.settings
     return CatalogHandler(
-        route, services.routes, s.base_url, s.usdc_mint, s.pay_to, services.facilitator_fee, credit_terms(s)
+        route,
+        services.routes,
+        s.base_url,
+        s.usdc_mint,
+        s.pay_to,
+        services.facilitator_fee,
+        credit_terms(s),
+        services.batch_endpoints,
     )
 
 
@@ -90,7 +97,13 @@ def _metrics(route: RouteSpec, services: Services) -> ASGIApp:
 def _openapi(route: RouteSpec, services: Services) -> ASGIApp:
     s = services.settings
     return OpenApiHandler(
-        services.routes, s.base_url, s.usdc_mint, s.pay_to, services.facilitator_fee, credit_terms(s)
+        services.routes,
+        s.base_url,
+        s.usdc_mint,
+        s.pay_to,
+        services.facilitator_fee,
+        credit_terms(s),
+        services.batch_endpoints,
     )
 
 

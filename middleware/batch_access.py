@@ -4,7 +4,7 @@ What a batch costs depends on its body, so the body is read (bounded by ``MAX_BO
 every call validated and priced (``gateway.batch.endpoint``) before anything else: a 400 here
 costs no store round trip, no bucket and no facilitator. Only then does the request meet
 :class:`~middleware.paid_access.PaidAccess`, with the route's payment methods bound to this
-request's priced route (bound once per distinct price and size, then reused): its 402 asks for
+request's priced route (bound once per distinct mix of methods, then reused): its 402 asks for
 this batch's price, and a credential is checked, limited, settled or taken exactly as on a
 per-method route.
 """
@@ -26,7 +26,7 @@ from middleware.paid_access import PaidAccess
 Binder = Callable[[RouteSpec], Sequence[tuple[str, RouteMethod[Any]]]]
 """The route's payment methods bound to a priced route, each with its registered name."""
 MAX_BOUND = 4096
-"""Distinct (price, size) bindings kept; far more than the methods' prices can combine to."""
+"""Distinct mixes of methods bound and kept (then all forgotten at once, and bound again)."""
 
 
 class BatchAccess:
@@ -40,7 +40,7 @@ class BatchAccess:
         self.bind = bind
         self.limiter = limiter
         self.max_body = max_body
-        self._bound: dict[tuple[int, int, int], Sequence[tuple[str, RouteMethod[Any]]]] = {}
+        self._bound: dict[tuple[str, ...], Sequence[tuple[str, RouteMethod[Any]]]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = await read_body(receive, self.max_body)
@@ -58,7 +58,7 @@ class BatchAccess:
 
     def _methods(self, call: BatchCall) -> Sequence[tuple[str, RouteMethod[Any]]]:
         batch = call.batch
-        key = (batch.provider_price, batch.credit_price, len(batch.calls))
+        key = batch.key
         bound = self._bound.get(key)
         if bound is None:
             if len(self._bound) >= MAX_BOUND:

@@ -13,6 +13,7 @@ same code.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
@@ -52,6 +53,11 @@ class Batch:
     """The sum of the calls' provider parts (a payment adds one settlement fee)."""
     credit_prices: tuple[int, ...]
     """Each call's credit price."""
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """What decides its price, limits and terms: the methods it calls, in a fixed order."""
+        return tuple(sorted(call.method for call in self.calls))
 
     @property
     def credit_price(self) -> int:
@@ -146,8 +152,14 @@ class BatchEndpoint:
         """The route this request is: the endpoint priced at the sum of its calls' provider parts
         (the facilitator adds one settlement fee) and their credit prices, whose limits count every
         call (each call's limits once per call), so a batch of n spends n requests of each bucket."""
+        counts = Counter(batch.key)
+        shown = ", ".join(f"{method} x{n}" if n > 1 else method for method, n in counts.items())
         return msgspec.structs.replace(
             self.template,
+            description=(
+                f"{len(batch.calls)} JSON-RPC call(s) to {self.path} ({shown}): the sum of their "
+                f"provider parts ({batch.provider_price} micro-USDC) plus one settlement fee."
+            ),
             provider_price_micro_usdc=batch.provider_price,
             credit_price_micro_usdc=batch.credit_price,
             rate_limits=tuple(spec for call in batch.calls for spec in call.route.rate_limits),

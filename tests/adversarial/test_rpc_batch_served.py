@@ -160,6 +160,44 @@ async def test_a_batch_costs_its_calls_provider_parts_plus_one_settlement_fee(ga
     assert gateway.upstream.calls == []
 
 
+async def test_the_catalog_the_openapi_document_and_the_402_say_how_a_batch_is_priced(
+    gateway: PaidGateway,
+) -> None:
+    catalog = (await gateway.get("/v1/catalog")).json()
+    document = (await gateway.get("/openapi.json")).json()
+    challenge = await gateway.challenge(
+        RPC, [*balances(ACCOUNT, ACCOUNT), call("getTransaction", [SIGNATURE], 7)]
+    )
+
+    listed = {e["path"]: e for e in catalog["endpoints"]}
+    rpc = listed[RPC]
+    assert rpc["url"] == catalog["baseUrl"] + RPC
+    assert (rpc["name"], rpc["method"], rpc["provider"], rpc["maxCalls"]) == (
+        ENDPOINT,
+        "POST",
+        "provider_a",
+        20,
+    )
+    assert rpc["settlementFee"] == {"microUsdc": str(INTERNAL_SETTLEMENT_FEE), "usd": "$0.0022"}
+    assert "plus one settlement fee" in rpc["pricing"]
+    assert rpc["methods"]["getBalance"] == {
+        "operationId": "solana.mainnet.provider_a.rpc.getBalance",
+        "provider": {"microUsdc": "5", "usd": "$0.000005"},
+        "creditPrice": {"microUsdc": "5", "usd": "$0.000005"},
+    }
+    assert rpc["methods"]["getTransaction"]["provider"]["microUsdc"] == str(TRANSACTION)
+    assert "getAsset" in listed[DAS]["methods"] and "getAsset" not in rpc["methods"]
+    operation = document["paths"][RPC]["post"]
+    assert operation["operationId"] == ENDPOINT
+    assert operation["x-x402"]["methods"] == rpc["methods"]
+    assert operation["requestBody"]["content"]["application/json"]["schema"]["oneOf"][1]["maxItems"] == 20
+    described = challenge.header_json("payment-required")["resource"]["description"]
+    assert described == (
+        f"3 JSON-RPC call(s) to {RPC} (getBalance x2, getTransaction): the sum of their provider parts "
+        f"({2 * BALANCE + TRANSACTION} micro-USDC) plus one settlement fee."
+    )
+
+
 # --- exact ----------------------------------------------------------------------------------
 
 
