@@ -140,6 +140,8 @@ class BatchEndpoint:
             sold = ", ".join(sorted(self.methods))
             raise InvalidInput(at_method, f"{method[:64]!r} is not a method priced here (priced: {sold})")
         route, validate = found
+        if "params" in item:
+            item = {**item, "params": _without_nulls(item["params"])}
         try:
             body = validate(item, "")
         except InvalidInput as exc:
@@ -165,6 +167,17 @@ class BatchEndpoint:
             rate_limits=tuple(spec for call in batch.calls for spec in call.route.rate_limits),
             replay_cap_bytes=sum(call.route.replay_cap_bytes for call in batch.calls),
         )
+
+
+def _without_nulls(params: Any) -> Any:
+    """``params`` with the optional fields its config objects give as ``null`` left out, as
+    Solana's RPC reads them (Solana SDKs send unset options as ``null``, e.g. solana-py's
+    ``minContextSlot``), so each call meets its method's rules as its client meant it."""
+    if isinstance(params, dict):
+        return {key: value for key, value in params.items() if value is not None}
+    if isinstance(params, list):
+        return [_without_nulls(p) if isinstance(p, dict) else p for p in params]
+    return params
 
 
 def _at(where: str, inner: str) -> str:

@@ -12,7 +12,9 @@ the client's and payTo's USDC and the fee payer's SOL on chain, or the wallet's 
 * an unknown method, an empty or oversized batch or a malformed call: 400 naming the call,
   before anything is looked at (the provider and the chain hear nothing);
 * on credit, the answered calls are taken, the failed ones released, every result returned;
-* the rate limits count calls, not requests.
+* the rate limits count calls, not requests;
+* solana-py's ``AsyncClient`` uses the endpoint as its RPC URL through the reference x402 httpx
+  client, paying per call or from credit (its unset options, sent as ``null``, are left out).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from client.siwx_signer import sign_in
 from gateway.store import Store
 from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
 from tests.support.adversarial_credit import credit_of, fund, served_credit_gateway, started_provider
-from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, Money
+from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, Money, funded_wallet
 from tests.support.metrics_text import earnings_series
 from tests.support.paid_fixtures import (
     ACCOUNT,
@@ -446,3 +448,80 @@ async def test_the_rate_limits_count_calls_not_requests(
         spent_over, spent_within = await credit_of(store, over), await credit_of(store, within)
         assert (spent_over.balance, spent_over.held) == (100, 0)
         assert (spent_within.balance, spent_within.held) == (100 - 5 * BALANCE, 0)
+
+
+# --- an ordinary Solana client, through the reference x402 client -------------------------
+
+
+class ThroughX402:
+    """solana-py 0.39 speaks over ``httpx2`` (its fork of httpx); the reference x402 transport is
+    httpx's. This hands each request of the one to a client of the other, unchanged: the paying
+    is all the reference ``x402HttpxClient``'s."""
+
+    def __init__(self, paying: Any) -> None:
+        self.paying = paying
+
+    async def handle_async_request(self, request: Any) -> Any:
+        import httpx2
+
+        body = await request.aread()
+        answer = await self.paying.request(
+            request.method, str(request.url), headers=dict(request.headers), content=body
+        )
+        kept = [
+            (k, v)
+            for k, v in answer.headers.multi_items()
+            if k.lower() not in ("content-length", "content-encoding")
+        ]
+        return httpx2.Response(answer.status_code, headers=kept, content=answer.content)
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("paid_from", ["exact", "credit"])
+async def test_solana_py_uses_the_endpoint_as_its_rpc_url_through_the_reference_x402_client(
+    gateway: PaidGateway, store: Store, paid_from: str
+) -> None:
+    import httpx2
+    from solana.rpc.async_api import AsyncClient
+    from solders.pubkey import Pubkey
+    from x402 import x402Client
+    from x402.extensions.sign_in_with_x import create_siwx_client_hook
+    from x402.http import x402HTTPClient
+    from x402.http.clients import x402HttpxClient
+    from x402.mechanisms.svm import KeypairSigner
+    from x402.mechanisms.svm.exact.register import register_exact_svm_client
+
+    from tests.support.cdp_facilitator import close_sdk_rpc_clients
+
+    payer, payer_ata = funded_wallet(gateway.chain, 1_000_000)
+    if paid_from == "credit":
+        await fund(store, payer, 100)
+    signer = KeypairSigner(payer)
+    client = x402Client()
+    register_exact_svm_client(client, signer, rpc_url=gateway.rpc.url)
+    signing_in = x402HTTPClient(client).on_payment_required(create_siwx_client_hook(signer))
+    before = Money.of(gateway.chain, payer_ata)
+    try:
+        async with x402HttpxClient(signing_in, timeout=30) as paying:
+            solana = AsyncClient(gateway.url + RPC)
+            solana._provider.session = httpx2.AsyncClient(transport=ThroughX402(paying))
+            balances_seen = [(await solana.get_balance(Pubkey.from_string(ACCOUNT))).value for _ in range(2)]
+            await solana.close()
+    finally:
+        for schemes in client._schemes.values():  # the SDK cannot close its RPC clients itself
+            for scheme in schemes.values():
+                close_sdk_rpc_clients(scheme)
+
+    assert balances_seen == [MARKER, MARKER]
+    assert [[call["method"] for call in c.json] for c in gateway.upstream.calls] == [["getBalance"]] * 2
+    moved = Money.of(gateway.chain, payer_ata).minus(before)
+    credit = await credit_of(store, payer)
+    if paid_from == "exact":
+        price = BALANCE + INTERNAL_SETTLEMENT_FEE
+        assert moved == Money(-2 * price, 2 * price, -2 * ONE_SETTLEMENT_FEE)
+        assert (credit.balance, credit.held) == (0, 0)
+    else:
+        assert moved == Money(0, 0, 0)
+        assert (credit.balance, credit.held) == (100 - 2 * BALANCE, 0)
