@@ -44,7 +44,7 @@ from tests.support.paid_fixtures import (
     balance_body,
 )
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
-from tests.support.upstream import Upstream
+from tests.support.upstream import Upstream, static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
 
@@ -290,6 +290,23 @@ async def test_a_paid_batch_with_a_failed_call_settles_nothing_and_names_the_cal
     assert "payment-response" not in reply.headers
     assert Money.of(gateway.chain) == before
     assert len(gateway.upstream.calls) == 1
+
+
+async def test_a_paid_batch_whose_provider_answers_no_batch_settles_nothing(gateway: PaidGateway) -> None:
+    batch = balances(ACCOUNT, ACCOUNT)
+    payment = await pay_for(gateway, batch)
+    before = Money.of(gateway.chain)
+    gateway.upstream.responder = static(200, {"jsonrpc": "2.0", "id": 0, "result": {"value": MARKER}})
+
+    reply = await gateway.pay(RPC, batch, payment)
+    gateway.upstream.responder = static(500, {"error": "down"})
+    down = await gateway.pay(RPC, batch, await pay_for(gateway, batch))
+
+    assert reply.status == 502, reply.body
+    assert reply.json()["error"]["message"] == "provider answered with no JSON-RPC batch; nothing was charged"
+    assert str(MARKER) not in reply.body.decode()
+    assert down.status == 502 and "HTTP 500" in down.json()["error"]["message"]
+    assert Money.of(gateway.chain) == before
 
 
 # --- refused before anything ----------------------------------------------------------------
