@@ -109,20 +109,15 @@ def openapi_operation(
         "properties": {"jsonrpc": {"const": "2.0"}, "id": {}, "result": {}, "error": {"type": "object"}},
     }
 
-    examples = [
-        {**route.input["body"]["examples"][0], "id": i}
-        for i, route in enumerate(endpoint.routes[:2])
-        if (route.input.get("body") or {}).get("examples")
-    ]
-
+    discovery = endpoint.template.input["body"]
     body_schema: dict[str, Any] = {
         "oneOf": [
             one_call,
             {"type": "array", "minItems": 1, "maxItems": endpoint.max_items, "items": one_call},
         ]
     }
-    if examples:
-        body_schema["examples"] = [examples]
+    if "examples" in discovery:
+        body_schema["examples"] = discovery["examples"]
 
     def error(description: str) -> dict[str, Any]:
         schema = {"$ref": "#/components/schemas/Error"}

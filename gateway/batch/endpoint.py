@@ -87,10 +87,33 @@ class BatchEndpoint:
                 f"{max_items} of {', '.join(sorted(self.methods))}; a batch costs the sum of its "
                 "calls' provider parts plus one settlement fee."
             ),
-            input={},
+            input={"body": self._discovery_schema()},
             output=None,
             rate_limits=(),
         )
+
+    def _discovery_schema(self) -> dict[str, Any]:
+        """The body as the 402's discovery extension (``bazaar``) shows it: one call or a batch,
+        each method's provider part, and an example batch. Its only rule is the body's type:
+        each call is held to its own method's rules when the body is parsed."""
+        routes = [self.methods[name][0] for name in sorted(self.methods)]
+        prices = ", ".join(f"{r.operation} {r.provider_price_micro_usdc}" for r in routes)
+        examples = [
+            {**r.input["body"]["examples"][0], "id": i}
+            for i, r in enumerate(routes[:2])
+            if (r.input.get("body") or {}).get("examples")
+        ]
+        schema: dict[str, Any] = {
+            "type": ["object", "array"],
+            "description": (
+                f"One JSON-RPC call or a batch of at most {self.max_items}, each held to its method's "
+                f"own route's rules. Provider part per call, in micro-USDC: {prices}; a request adds "
+                "one settlement fee."
+            ),
+        }
+        if examples:
+            schema["examples"] = [examples]
+        return schema
 
     @property
     def routes(self) -> list[RouteSpec]:

@@ -193,6 +193,13 @@ async def test_the_catalog_the_openapi_document_and_the_402_say_how_a_batch_is_p
     assert operation["operationId"] == ENDPOINT
     assert operation["x-x402"]["methods"] == rpc["methods"]
     assert operation["requestBody"]["content"]["application/json"]["schema"]["oneOf"][1]["maxItems"] == 20
+    bazaar = challenge.header_json("payment-required")["extensions"]["bazaar"]
+    example = bazaar["info"]["input"]["body"]
+    assert [c["method"] for c in example] == ["getAccountInfo", "getBalance"]
+    assert example == operation["requestBody"]["content"]["application/json"]["schema"]["examples"][0]
+    body_schema = bazaar["schema"]["properties"]["input"]["properties"]["body"]
+    assert "getBalance 5, getProgramAccounts 9" in body_schema["description"]
+    assert "one settlement fee" in body_schema["description"]
     described = challenge.header_json("payment-required")["resource"]["description"]
     assert described == (
         f"3 JSON-RPC call(s) to {RPC} (getBalance x2, getTransaction): the sum of their provider parts "
