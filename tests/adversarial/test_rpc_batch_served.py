@@ -549,3 +549,27 @@ async def test_solana_py_uses_the_endpoint_as_its_rpc_url_through_the_reference_
     else:
         assert moved == Money(0, 0, 0)
         assert (credit.balance, credit.held) == (100 - 2 * BALANCE, 0)
+
+
+async def test_a_credit_batch_on_a_sign_in_with_a_failed_call_takes_the_rest_once(
+    gateway: PaidGateway, store: Store
+) -> None:
+    wallet = Keypair()
+    await fund(store, wallet, 100)
+    batch = [*balances(FAILING), call("getTransaction", [SIGNATURE], 9)]
+    challenge = await gateway.challenge(RPC, batch)
+    header = sign_in(challenge.header_json("payment-required")["extensions"]["sign-in-with-x"], wallet)
+
+    reply = await gateway.post(RPC, batch, {"sign-in-with-x": header})
+    retried = await gateway.post(RPC, batch, {"sign-in-with-x": header})
+
+    assert reply.status == 200, reply.body
+    assert reply.json() == [
+        {"jsonrpc": "2.0", "id": "c0", "error": {"code": -32602, "message": "no such account"}},
+        result(9),
+    ]
+    assert reply.headers["x-credit-balance"] == str(100 - TRANSACTION)
+    assert retried.status == 200 and retried.json() == reply.json()  # answered again, not taken again
+    credit = await credit_of(store, wallet)
+    assert (credit.balance, credit.held) == (100 - TRANSACTION, 0)
+    assert len(gateway.upstream.calls) == 1
