@@ -23,7 +23,8 @@ gateway worker's resident memory after warm-up and after M more requests, (f) se
 chain's pace and (g) the paid path with realistic waits (bench/settlement_pace.py), (h) calls
 paid from prepaid credit beside calls paid one by one (bench/credit.py), (i) one IP calling in
 volume from credit at the default limits (bench/volume.py), (j) the ledger's cost: a credit
-gateway with and without a ledger in PostgreSQL (bench/ledger.py). Every run is bounded
+gateway with and without a ledger in PostgreSQL (bench/ledger.py), (k) a JSON-RPC batch of 20
+calls on credit against 20 separate calls (bench/batch.py). Every run is bounded
 in count and time; the whole benchmark stops by itself, prints one ratio line per target and a
 markdown report, also written to bench/results.md. ``--profile DIR`` adds py-spy runs of the
 gateway (after, and separate from, the measured ones) and writes their collapsed stacks and
@@ -55,6 +56,7 @@ if _ROOT not in sys.path:  # run as a script, ``python bench/run.py``
     sys.path.insert(0, _ROOT)
 
 from bench.apps import PEER_PATH  # noqa: E402
+from bench.batch import batch_report, batch_summary, run_batch  # noqa: E402
 from bench.common import (  # noqa: E402
     ASSET_PATH,
     CLIENT_CPU,
@@ -170,13 +172,13 @@ def mounted_routes(env: dict[str, str]) -> int:
     return len(mounted)
 
 
-SCENARIOS = "abcdefghij"
+SCENARIOS = "abcdefghijk"
 
 
 def run_scenarios(
     bench: Bench, servers: dict[str, Server], stubs: dict[str, Server], only: str = SCENARIOS
 ) -> None:
-    """Scenarios (a) to (j), or those named in ``only``; (e) soaks whatever ran before it."""
+    """Scenarios (a) to (k), or those named in ``only``; (e) soaks whatever ran before it."""
     gateways = [(name, servers[name]) for name in (*GATEWAYS, LOGS) if name in servers]
 
     for name in GATEWAYS:
@@ -201,6 +203,8 @@ def run_scenarios(
         run_volume(bench, servers, stubs)
     if "j" in only:
         run_ledger(bench, servers, stubs)
+    if "k" in only:
+        run_batch(bench, servers, stubs)
 
 
 def run_challenges(bench: Bench, servers: dict[str, Server], gateways: list[tuple[str, Server]]) -> None:
@@ -489,6 +493,7 @@ def summary(bench: Bench) -> list[str]:
             )
     lines += pace_summary(bench)
     lines += credit_summary(bench)
+    lines += batch_summary(bench)
     lines += volume_summary(bench)
     lines += ledger_summary(bench)
     noisy = [row for row in bench.rows if row.result["foreign_cpu_pct"] > FOREIGN_CPU_LIMIT * 100]
@@ -607,6 +612,7 @@ def report(bench: Bench, routes: int) -> str:
         *table(bench, "soak", None),
         *pace_report(bench),
         *credit_report(bench),
+        *batch_report(bench),
         *volume_report(bench),
         *ledger_report(bench),
     ]

@@ -2,7 +2,8 @@
 
 ``python -m bench.stubs KIND PORT`` with KIND one of:
 
-* ``provider``: a JSON-RPC provider answering every POST with one constant result;
+* ``provider``: a JSON-RPC provider answering every POST with one constant result (a batch: once
+  per call, under its id);
 * ``asset``: the asset-data API answering every GET with one constant JSON document;
 * ``facilitator``: an x402 facilitator without authentication (``/supported``, ``/verify``,
   ``/settle``) that accepts every payment, like the fake CDP facilitator's ``StaticBackend``.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -43,13 +45,20 @@ ASSET_RESULT = (
 )
 
 
+def _result(call_id: Any) -> bytes:
+    return RPC_RESULT.replace(b'"id":1', b'"id":' + msgspec.json.encode(call_id), 1)
+
+
 def _constant(body: bytes) -> web.Response:
     return web.Response(body=body, content_type="application/json")
 
 
 def provider_app() -> web.Application:
     async def handle(request: web.Request) -> web.Response:
-        await request.read()
+        body = await request.read()
+        if body.lstrip()[:1] == b"[":  # a JSON-RPC batch: the constant result once per call
+            calls = msgspec.json.decode(body)
+            return _constant(b"[" + b",".join(_result(call.get("id")) for call in calls) + b"]")
         return _constant(RPC_RESULT)
 
     app = web.Application()

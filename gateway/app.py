@@ -18,9 +18,12 @@ from collections.abc import Callable
 from itertools import groupby
 from typing import Any
 
+import msgspec
 from starlette.applications import Starlette
 from starlette.types import ASGIApp as StarletteASGIApp
 
+from gateway.batch.endpoint import BatchEndpoint
+from gateway.batch.proxy import BatchProxy
 from gateway.config import Settings, startup_notes
 from gateway.handlers.catalog import CatalogHandler
 from gateway.handlers.docs import DocsHandler
@@ -38,7 +41,7 @@ from gateway.methods.credit.handlers import (
 )
 from gateway.methods.credit.sessions import CreditSessions
 from gateway.methods.registry import METHODS, PaymentMethod
-from gateway.methods.seam import RouteMethod
+from gateway.methods.seam import RouteMethod, credential_headers
 from gateway.outbound.client import UpstreamClient
 from gateway.routing.pricing import credit_terms
 from gateway.routing.routes import (
@@ -55,6 +58,7 @@ from gateway.store import Store
 from gateway.telemetry.logs import configure_logging, log_event
 from gateway.web.asgi import ASGIApp, BodyReadDeadline
 from gateway.web.router import MethodDispatcher, PathTable, not_found
+from middleware.batch_access import BatchAccess
 from middleware.cors import CorsMiddleware
 from middleware.paid_access import PaidAccess
 from middleware.ratelimit import ChallengeRateLimit, ScopeRateLimit
@@ -75,18 +79,32 @@ def _ready(route: RouteSpec, services: Services) -> ASGIApp:
 def _catalog(route: RouteSpec, services: Services) -> ASGIApp:
     s = services.settings
     return CatalogHandler(
-        route, services.routes, s.base_url, s.usdc_mint, s.pay_to, services.facilitator_fee, credit_terms(s)
+        route,
+        services.routes,
+        s.base_url,
+        s.usdc_mint,
+        s.pay_to,
+        services.facilitator_fee,
+        credit_terms(s),
+        services.batch_endpoints,
     )
 
 
 def _metrics(route: RouteSpec, services: Services) -> ASGIApp:
-    return MetricsHandler(services.usage, [r.name for r in services.routes])
+    endpoints = [endpoint.name for endpoint in services.batch_endpoints]
+    return MetricsHandler(services.usage, [*(r.name for r in services.routes), *endpoints])
 
 
 def _openapi(route: RouteSpec, services: Services) -> ASGIApp:
     s = services.settings
     return OpenApiHandler(
-        services.routes, s.base_url, s.usdc_mint, s.pay_to, services.facilitator_fee, credit_terms(s)
+        services.routes,
+        s.base_url,
+        s.usdc_mint,
+        s.pay_to,
+        services.facilitator_fee,
+        credit_terms(s),
+        services.batch_endpoints,
     )
 
 
@@ -203,6 +221,27 @@ def _paid(app: ASGIApp, route: RouteSpec, services: Services, binder: MethodBind
     return challenge_limit(paid, services, paid.credential_headers)
 
 
+def batch_pipeline(endpoint: BatchEndpoint, services: Services, binder: MethodBinder) -> ASGIApp:
+    """A provider's JSON-RPC endpoint (``gateway.batch``): unpaid requests limited per client IP
+    first, as on its per-method routes, then the body priced, then the paid-access layer."""
+    route = endpoint.template
+    accepted = [METHODS[name] for name in payment_methods(route, services.settings)]
+    proxy = _jsonrpc(msgspec.structs.replace(route, operation=""), services)
+    assert isinstance(proxy, JsonRpcProxy)
+    access = BatchAccess(
+        BatchProxy(proxy),
+        endpoint=endpoint,
+        bind=lambda priced: [(m.name, binder.bind(m, priced)) for m in accepted],
+        limiter=services.limiter,
+        max_body=services.settings.max_body_bytes,
+    )
+    app: ASGIApp = access
+    if any(method.mode.counts_challenges for method in accepted):
+        headers = tuple(name for method in accepted for name in credential_headers(method.mode))
+        app = challenge_limit(access, services, headers)
+    return CorsMiddleware(MethodDispatcher({"POST": (route, app)}, "POST, OPTIONS"), ["POST"])
+
+
 def _internal_gate(app: ASGIApp, route: RouteSpec, services: Services) -> ASGIApp:
     """Nothing around it: the endpoint checks its shared secret itself, before anything else."""
     return app
@@ -298,6 +337,8 @@ def create_app(
         else:
             app = CorsMiddleware(MethodDispatcher(pipelines, ", ".join([*allowed, "OPTIONS"])), methods)
         entries.append((path, app, specs[0].name))
+    for endpoint in services.batch_endpoints:
+        entries.append((endpoint.path, batch_pipeline(endpoint, services, binder), endpoint.name))
     starlette = GatewayApp(
         routes=[PathTable(entries)],
         lifespan=services.lifespan,

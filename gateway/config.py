@@ -51,7 +51,7 @@ GATEWAY_VARIABLES: tuple[str, ...] = (
     "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
     "CLIENT_BODY_TIMEOUT_SECONDS", "X402_MAX_COMPUTE_UNIT_LIMIT", "X402_MAX_COMPUTE_UNIT_PRICE",
     "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "CREDITS_ENABLED", "CREDIT_LAPSE_DAYS", "LEDGER_DATABASE_URL",
-    "CLIENT_IPV6_PREFIX_LENGTH",
+    "CLIENT_IPV6_PREFIX_LENGTH", "RPC_BATCH_MAX_ITEMS",
 )  # fmt: skip
 WIDEST_TRUSTED_NETWORK = 256
 """A trusted network wider than this (an IPv4 /24) is likely a subnet or a pod CIDR, not a proxy's
@@ -138,6 +138,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     routes_file: Path = PACKAGED_ROUTES_FILE
     upstream_timeout_s: float = 15.0
     max_body_bytes: int = 65536
+    rpc_batch_max_items: int = 20
+    """The most JSON-RPC calls one request to a provider's ``/rpc`` or ``/das`` endpoint may
+    carry (``RPC_BATCH_MAX_ITEMS``): each is validated and priced before anything is charged."""
     client_header_timeout_s: float = 10.0
     client_body_timeout_s: float = 10.0
     trusted_proxies: tuple[IpNetwork, ...] = ()
@@ -497,6 +500,7 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         routes_file=routes_file,
         upstream_timeout_s=r.number("UPSTREAM_TIMEOUT_SECONDS", 15.0, 0.1, 300.0),
         max_body_bytes=r.integer("MAX_BODY_BYTES", 65536, 1024, 16 * 1024 * 1024),
+        rpc_batch_max_items=r.integer("RPC_BATCH_MAX_ITEMS", 20, 1, 100),
         client_header_timeout_s=r.number("CLIENT_HEADER_TIMEOUT_SECONDS", 10.0, 0.5, 600.0),
         client_body_timeout_s=r.number("CLIENT_BODY_TIMEOUT_SECONDS", 10.0, 0.5, 600.0),
         trusted_proxies=_trusted_proxies(r),

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from gateway.background import cancel_and_wait
+from gateway.batch.endpoint import batch_endpoints
 from gateway.config import INTERNAL, Settings
 from gateway.facilitators.health import FacilitatorHealth
 from gateway.facilitators.http import ChallengeFeePayer, Facilitator, HttpFacilitator
@@ -96,7 +97,10 @@ class Services:
         )
         self.credit_book = credit_book(self.store, settings)
         """Prepaid credit on this store: every part that moves credit shares this one book."""
-        self.usage = Usage(self.store, routes, lambda route: payment_methods(route, settings))
+        self.batch_endpoints = batch_endpoints(routes, settings.rpc_batch_max_items)
+        """The providers' JSON-RPC endpoints (``gateway.batch``), derived from the mounted routes."""
+        counted = [*routes, *(endpoint.template for endpoint in self.batch_endpoints)]
+        self.usage = Usage(self.store, counted, lambda route: payment_methods(route, settings))
         self.request_log = RequestLog(settings.log_challenges)
         self._usage_flusher: asyncio.Task[None] | None = None
         self.recorder = MoneyRecorder()

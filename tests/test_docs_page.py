@@ -157,6 +157,14 @@ async def test_the_docs_routes_are_not_published(
 
 
 @needs_chromium
+def _sells_get_balance(document: dict[str, Any], path: str) -> bool:
+    """The getBalance route, or a JSON-RPC endpoint whose calls may be getBalance (its summary
+    names its methods, so the filter finds it too)."""
+    terms = document["paths"][path].get("post", {}).get("x-x402")
+    batch = isinstance(terms, dict) and "getBalance" in terms.get("methods", {})
+    return path.endswith("/getBalance") or batch
+
+
 async def test_a_headless_browser_renders_every_operation_with_its_price(
     gateway: RunningGateway, http: aiohttp.ClientSession
 ) -> None:
@@ -187,6 +195,10 @@ async def test_a_headless_browser_renders_every_operation_with_its_price(
         assert PAY_TO in entry["text"] and "getBalance" in entry["text"]
         free = next(op for op in rendered if op["path"] == "/healthz")
         assert free["price"] == "free"
+        rpc = "/v1/x402/solana/mainnet/provider_a/rpc"
+        fee = document["paths"][rpc]["post"]["x-x402"]["settlementFee"]["usd"]
+        batch = next(op for op in rendered if op["path"] == rpc)
+        assert batch["price"] == f"its calls' prices + {fee} per request"
 
         await page.evaluate("document.getElementById('filter').focus()")
         await page.type_text("getbalance")
@@ -194,7 +206,7 @@ async def test_a_headless_browser_renders_every_operation_with_its_price(
             """[...document.querySelectorAll("details.op")].filter((op) => !op.hidden)
                 .map((op) => op.dataset.path)"""
         )
-        assert sorted(shown) == sorted(path for _, path in published if path.endswith("/getBalance"))
+        assert sorted(shown) == sorted(path for _, path in published if _sells_get_balance(document, path))
 
         assert page.problems() == []
         assert page.requested_urls(), "the browser made no request"
@@ -246,7 +258,7 @@ async def test_top_ups_read_as_purchases_and_group_names_and_counts_as_routes_ya
             assert section["count"] == f"({section['shown']} of {total})"
             assert section["hidden"] == (section["shown"] == 0)
         assert sum(s["shown"] for s in counted) == sum(
-            1 for path in document["paths"] if path.endswith("/getBalance")
+            1 for path in document["paths"] if _sells_get_balance(document, path)
         )
         await page.evaluate(
             "const f = document.getElementById('filter'); f.value = ''; f.dispatchEvent(new Event('input'))"

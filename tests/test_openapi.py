@@ -12,6 +12,7 @@ import pytest_asyncio
 import schemathesis
 from openapi_spec_validator import validate
 
+from gateway.batch.endpoint import batch_endpoints
 from gateway.config import PACKAGED_ROUTES_FILE
 from gateway.routing.openapi import build_openapi
 from gateway.routing.pricing import FacilitatorFee
@@ -26,6 +27,8 @@ PACKAGED = load_routes(
      "sign_in_ip": (1, 1), "sign_in_wallet": (1, 1)},
 )
 LISTED = [r for r in PACKAGED if r.listed and r.access != "internal"]
+ENDPOINTS = batch_endpoints(PACKAGED, 20)
+"""Each provider's JSON-RPC endpoint, described beside the routes (``gateway.batch``)."""
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 
@@ -232,12 +235,13 @@ async def test_served_document_describes_the_mounted_listed_routes(
         assert response.content_type == "application/json"
         doc = await response.json()
     async with http.get(f"{gateway.url}/v1/catalog") as response:
-        catalog = (await response.json())["routes"]
+        listed = await response.json()
+    catalog = [*listed["routes"], *listed["endpoints"]]
 
     validate(doc)
     assert doc["servers"] == [{"url": gateway.url}]
     assert set(_operations(doc)) == {entry["name"] for entry in catalog}
-    assert len(_operations(doc)) == len(LISTED)
+    assert len(_operations(doc)) == len(LISTED) + len(ENDPOINTS)
 
 
 async def test_served_document_leaks_no_secret(gateway: RunningGateway, http: aiohttp.ClientSession) -> None:
@@ -252,7 +256,7 @@ async def test_schemathesis_loads_the_served_document(gateway: RunningGateway) -
     # from_url is synchronous (requests): run it off the loop that serves the gateway.
     schema = await asyncio.to_thread(schemathesis.openapi.from_url, f"{gateway.url}/openapi.json")
 
-    assert len(list(schema.get_all_operations())) == len(LISTED)
+    assert len(list(schema.get_all_operations())) == len(LISTED) + len(ENDPOINTS)
 
 
 async def test_openapi_answers_head_like_get(gateway: RunningGateway, http: aiohttp.ClientSession) -> None:

@@ -108,6 +108,8 @@
   // credit", a top-up's purchase ("$1.00 buys $1.00 of credit"), "free, sign-in" or "free".
   function price(x402) {
     const offers = offersOf(x402);
+    const batch = offers.find((o) => o.methods);
+    if (batch) return { kind: "paid", text: `its calls' prices + ${batch.settlementFee.usd} per request` };
     const paid = offers.filter((o) => o.scheme === "exact" && o.price);
     if (paid.length) {
       const text = paid.map((o) => {
@@ -137,6 +139,17 @@
       const add = (name, value) => {
         if (value !== undefined && value !== null && value !== "") list.append(el("dt", null, name), el("dd", null, value));
       };
+      if (offer.methods) {  // a provider's JSON-RPC endpoint: priced per call it carries
+        add("pricing", offer.pricing);
+        add("calls per request", `at most ${offer.maxCalls}`);
+        add("settlement fee", `${offer.settlementFee.usd} (${offer.settlementFee.microUsdc} micro-USDC) per request`);
+        for (const [name, m] of Object.entries(offer.methods)) {
+          const credit = m.creditPrice ? ` · ${m.creditPrice.usd} with credit` : "";
+          add(name, `${m.provider.usd} (${m.provider.microUsdc} micro-USDC) per call${credit}`);
+        }
+        section.append(list);
+        continue;
+      }
       add("scheme", offer.scheme);
       add("network", offer.network);
       if (offer.buysCredit) {

@@ -8,6 +8,8 @@ from typing import Any
 import msgspec
 
 from gateway import SERVICE_NAME
+from gateway.batch.describe import CatalogEndpoint, catalog_endpoint
+from gateway.batch.endpoint import BatchEndpoint
 from gateway.errors import ErrorCode, GatewayError
 from gateway.methods.credit.sessions import MAX_LIFETIME_S, SESSION_HEADER
 from gateway.routing.pricing import (
@@ -78,6 +80,8 @@ class Catalog(msgspec.Struct, omit_defaults=True):
     x402Version: int
     routes: list[CatalogEntry]
     credit: CatalogCredit | None = None
+    endpoints: list[CatalogEndpoint] | None = None
+    """Each provider's JSON-RPC endpoint: one call or a batch of its methods (``gateway.batch``)."""
 
 
 def input_schema(route: RouteSpec) -> dict[str, Any]:
@@ -143,23 +147,32 @@ class CatalogHandler:
         pay_to: str,
         fee: FacilitatorFee,
         credit: CreditTerms | None = None,
+        endpoints: Sequence[BatchEndpoint] = (),
     ) -> None:
         self.validator = RequestValidator(route.input)
+        described = [catalog_endpoint(e, base_url, fee, credit) for e in endpoints]
         entries = [catalog_entry(r, base_url, asset, pay_to, fee, credit) for r in published(mounted)]
         terms = None
         if credit is not None:
             scheme = ACCESS_MODES[CREDIT_METHOD].scheme or ""
             terms = CatalogCredit(scheme, credit.lapse_days, SESSION_HEADER, MAX_LIFETIME_S)
 
-        def body(listed: list[CatalogEntry]) -> bytes:
+        def body(listed: list[CatalogEntry], group: str | None = None) -> bytes:
+            shown = [e for e in described if group is None or e.provider == group] or None
             catalog = Catalog(
-                ok=True, service=SERVICE_NAME, baseUrl=base_url, x402Version=2, routes=listed, credit=terms
+                ok=True,
+                service=SERVICE_NAME,
+                baseUrl=base_url,
+                x402Version=2,
+                routes=listed,
+                credit=terms,
+                endpoints=shown if listed else None,
             )
             return msgspec.json.encode(catalog)
 
         self.bodies: dict[str | None, bytes] = {None: body(entries)}
         for group in provider_groups(mounted):
-            self.bodies[group] = body([e for e in entries if e.provider == group])
+            self.bodies[group] = body([e for e in entries if e.provider == group], group)
         self.switched_off = body([])
         self.headers = [JSON_CONTENT_TYPE, (b"cache-control", b"public, max-age=60")]
 

@@ -66,7 +66,7 @@ class JsonRpcProxy:
         request = JsonRpcRequest(
             jsonrpc="2.0", id=body.get("id", 1), method=self.method, params=body["params"]
         )
-        raw = await self._post(_encode(request))
+        raw = await self.post(_encode(request))
         try:
             reply = _reply.decode(raw)
         except (msgspec.DecodeError, RecursionError) as exc:  # nesting too deep is garbage too
@@ -88,7 +88,8 @@ class JsonRpcProxy:
         """The provider's error text as we pass it on: its URL's key parts never leave."""
         return scrub(message or "", self.secrets)[:200]
 
-    async def _post(self, payload: bytes) -> bytes:
+    async def post(self, payload: bytes) -> bytes:
+        """POST ``payload`` to the provider; its failures as the 502 or 504 saying nothing was charged."""
         try:
             answer = await self.client.request("POST", self.url, data=payload, headers=_HEADERS)
         except UpstreamTimeout as exc:

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import msgspec
 
+from gateway.batch.describe import openapi_operation
+from gateway.batch.endpoint import BatchEndpoint
 from gateway.routing.openapi import build_openapi
 from gateway.routing.pricing import CreditTerms, FacilitatorFee
 from gateway.routing.routes import RouteSpec
@@ -23,8 +25,10 @@ class OpenApiHandler:
         pay_to: str,
         fee: FacilitatorFee,
         credit: CreditTerms | None = None,
+        endpoints: Sequence[BatchEndpoint] = (),
     ) -> None:
-        self.body = msgspec.json.encode(build_openapi(mounted, base_url, asset, pay_to, fee, credit))
+        extra = {e.path: {"post": openapi_operation(e, fee, credit)} for e in endpoints}
+        self.body = msgspec.json.encode(build_openapi(mounted, base_url, asset, pay_to, fee, credit, extra))
         self.headers = [JSON_CONTENT_TYPE, (b"cache-control", b"public, max-age=60")]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

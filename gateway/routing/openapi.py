@@ -15,7 +15,7 @@ operation's ``x-x402``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway import SERVICE_NAME, __version__
@@ -256,13 +256,16 @@ def build_openapi(
     pay_to: str,
     fee: FacilitatorFee,
     credit: CreditTerms | None = None,
+    extra: Mapping[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``routes`` (pass the mounted ones), served from ``base_url``,
     priced through the facilitator charging the settlement fee ``fee`` (and in credit, while
-    ``credit`` is on)."""
+    ``credit`` is on); ``extra`` adds operations described elsewhere (path -> method -> operation)."""
     paths: dict[str, dict[str, Any]] = {}
     for route in published(routes):
         paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, asset, pay_to, fee, credit)
+    for path, operations in (extra or {}).items():
+        paths.setdefault(path, {}).update(operations)
     return {
         "openapi": OPENAPI_VERSION,
         "info": {

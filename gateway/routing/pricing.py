@@ -9,6 +9,7 @@ the 402, the catalog, the OpenAPI document and the CLI all show its answer.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
@@ -67,6 +68,17 @@ def route_price(route: RouteSpec, fee: FacilitatorFee) -> RoutePrice | None:
         return RoutePrice(provider=route.provider_price_micro_usdc, settlement_fee=0)
     settlement = route.internal_settlement.fee_micro_usdc if fee.internal else fee.external_micro_usdc
     return RoutePrice(provider=route.provider_price_micro_usdc, settlement_fee=settlement)
+
+
+def batch_price(routes: Iterable[RouteSpec], fee: FacilitatorFee) -> RoutePrice | None:
+    """A JSON-RPC batch of calls of ``routes`` (one per call, repeats included) through the
+    facilitator charging ``fee``: one payment, so one settlement, so the sum of the calls'
+    provider parts plus ONE settlement fee; None when a call is unpaid (or there are none)."""
+    prices = [route_price(route, fee) for route in routes]
+    if not prices or any(price is None for price in prices):
+        return None
+    priced = [price for price in prices if price is not None]
+    return RoutePrice(provider=sum(p.provider for p in priced), settlement_fee=priced[0].settlement_fee)
 
 
 class CreditTerms(msgspec.Struct, frozen=True):
