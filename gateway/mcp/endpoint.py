@@ -1,0 +1,110 @@
+"""``/mcp``: the Streamable-HTTP MCP endpoint, mounted as its own path.
+
+The ``mcp`` SDK speaks the protocol (stateless, JSON answers: any replica answers any call);
+this module only lists the route tools and hands each call to :mod:`gateway.mcp.calls`, which
+runs the route's own pipeline. Nothing here is on another route's path: the endpoint is one
+entry of the path table, and its session manager runs inside the app's lifespan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+from mcp import types
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+from gateway import SERVICE_NAME
+from gateway.errors import ErrorCode, GatewayError
+from gateway.mcp.calls import (
+    call_scope,
+    credential_headers,
+    credentials_of,
+    receipt_headers,
+    run,
+    tool_result,
+)
+from gateway.mcp.tools import RouteTool, route_tools
+from gateway.routing.pricing import CreditTerms, FacilitatorFee
+from gateway.routing.routes import RouteSpec
+from gateway.web.asgi import ASGIApp, Receive, Scope, Send
+
+MCP_PATH = "/mcp"
+
+
+class McpEndpoint:
+    """The tools of ``tools``; a call runs on ``gateway`` (the whole app, set once it is built)."""
+
+    def __init__(self, tools: Sequence[RouteTool], *, max_body: int) -> None:
+        self.tools = {tool.name: tool for tool in tools}
+        self.listed = [
+            types.Tool(
+                name=tool.name,
+                description=tool.description,
+                inputSchema=tool.input_schema,
+                outputSchema=tool.output_schema,
+            )
+            for tool in tools
+        ]
+        self.gateway: ASGIApp | None = None
+        self.known = credential_headers()
+        self.receipts = receipt_headers()
+        server: Server[Any, Any] = Server(SERVICE_NAME)
+        server.list_tools()(self._list)  # type: ignore[no-untyped-call]  # the SDK's decorator
+        server.call_tool()(self._call)
+        self.server = server
+        self.sessions = StreamableHTTPSessionManager(
+            server, json_response=True, stateless=True, max_request_body_size=max_body
+        )
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The SDK's session manager, for as long as the app runs (its lifespan)."""
+        async with self.sessions.run():
+            yield
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.sessions.handle_request(scope, receive, send)
+
+    async def _list(self) -> list[types.Tool]:
+        return self.listed
+
+    async def _call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        tool = self.tools.get(name)
+        if tool is None:
+            raise ValueError(f"unknown tool {name!r}")
+        context = self.server.request_context
+        meta = context.meta.model_extra or {} if context.meta is not None else {}
+        outer: Scope = context.request.scope if context.request is not None else {}
+        request = tool.request(arguments)
+        if self.gateway is None:
+            raise GatewayError(ErrorCode.INTERNAL_ERROR, "the MCP endpoint is not wired to its gateway")
+        scope = call_scope(outer, request, credentials_of(meta, self.known))
+        answer = await run(self.gateway, scope, request.body)
+        return tool_result(answer, self.receipts)
+
+
+def mcp_endpoint(
+    routes: Sequence[RouteSpec], fee: FacilitatorFee, credit: CreditTerms | None, max_body: int
+) -> McpEndpoint | None:
+    """The endpoint of the served routes' tools; None when the gateway sells nothing."""
+    tools = route_tools(routes, fee, credit)
+    return McpEndpoint(tools, max_body=max_body) if tools else None
+
+
+Lifespan = Callable[[Any], AbstractAsyncContextManager[None]]
+
+
+def with_endpoint(lifespan: Lifespan, endpoint: McpEndpoint | None) -> Lifespan:
+    """The app's lifespan, with the endpoint's session manager running inside it."""
+    if endpoint is None:
+        return lifespan
+
+    @asynccontextmanager
+    async def both(app: Any) -> AsyncIterator[None]:
+        async with lifespan(app), endpoint.running():
+            yield
+
+    return both

@@ -1,0 +1,218 @@
+"""Paid MCP tools at ``/mcp``, against the real gateway served on loopback, paid on LiteSVM.
+
+The client is the ``mcp`` SDK's (Streamable HTTP), and for payments the reference x402 SDK's MCP
+client (``x402.mcp.create_x402_mcp_client_from_config``) with the exact SVM client scheme,
+unchanged. The gateway settles through its internal facilitator on the chain, so balances are
+read back from the chain: the payer down by the price, payTo up by it, nothing moved when the
+provider failed, and a payment given twice is never settled twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from mcp import ClientSession, types
+from mcp.client.streamable_http import streamable_http_client
+
+from gateway.mcp.calls import PAYMENT_META
+from tests.support.cdp_facilitator import close_sdk_rpc_clients
+from tests.support.paid_fixtures import (
+    ACCOUNT,
+    GET_BALANCE_PRICE_INTERNAL,
+    MARKER,
+    PROVIDER_ANSWER,
+    PaidGateway,
+    StartPaidGateway,
+)
+from tests.support.solana_rpc_server import UsdcChain
+from tests.support.upstream import static
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
+
+GET_BALANCE_TOOL = "solana.mainnet.provider_a.rpc.getBalance"
+
+
+@asynccontextmanager
+async def mcp_session(url: str) -> AsyncIterator[ClientSession]:
+    async with (
+        streamable_http_client(url + "/mcp") as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+class SdkSession:
+    """The MCP client the reference ``x402MCPClient`` wraps: ``call_tool(params, **options)`` with
+    ``params`` as the JSON-RPC request's (name, arguments, ``_meta``), answered with the result's
+    wire fields; this is the ``mcp`` SDK's ClientSession under that calling convention."""
+
+    def __init__(self, session: ClientSession) -> None:
+        self.session = session
+
+    async def call_tool(self, params: dict[str, Any], read_timeout_seconds: timedelta | None = None) -> Any:
+        result = await self.session.call_tool(
+            params["name"], params.get("arguments"), read_timeout_seconds, meta=params.get("_meta")
+        )
+        return SimpleNamespace(
+            content=[item.model_dump() for item in result.content],
+            isError=result.isError,
+            _meta=result.meta or {},
+            structuredContent=result.structuredContent,
+        )
+
+    async def list_tools(self) -> types.ListToolsResult:
+        return await self.session.list_tools()
+
+
+@contextmanager
+def exact_svm_config(chain: UsdcChain, rpc_url: str) -> Iterator[dict[str, Any]]:
+    """``create_x402_mcp_client_from_config``'s config: the exact SVM client scheme for the
+    chain's payer, paying without asking."""
+    from x402.mechanisms.svm import KeypairSigner
+    from x402.mechanisms.svm.exact.client import ExactSvmScheme
+
+    scheme = ExactSvmScheme(KeypairSigner(chain.payer), rpc_url)
+    try:
+        yield {"schemes": [{"network": "solana:*", "client": scheme}], "auto_payment": True}
+    finally:
+        close_sdk_rpc_clients(scheme)
+
+
+def balances(paid: PaidGateway) -> tuple[int | None, int | None]:
+    chain = paid.chain
+    return chain.balance(chain.payer_ata), chain.balance(chain.pay_to_ata)
+
+
+@pytest.fixture
+async def gateway(start_paid_gateway: StartPaidGateway) -> PaidGateway:
+    """The paid gateway settling through its own fee payer on LiteSVM."""
+    return await start_paid_gateway(internal=True)
+
+
+async def test_lists_one_tool_per_sold_method_with_its_price_and_schemas(gateway: PaidGateway) -> None:
+    async with mcp_session(gateway.url) as session:
+        listed = (await session.list_tools()).tools
+    tools = {tool.name: tool for tool in listed}
+    sold = {r.name for r in gateway.running.services.routes if r.handler == "jsonrpc" and r.listed}
+    assert set(tools) == sold and len(sold) > 10
+    balance = tools[GET_BALANCE_TOOL]
+    assert balance.description == (
+        "Lamport balance of an account (mainnet, provider_a). "
+        "Price: $0.002205 USDC per call (x402 exact, Solana)."
+    )
+    assert balance.inputSchema["required"] == ["params"]
+    assert balance.inputSchema["properties"]["params"]["prefixItems"][0]["pattern"].startswith("^[1-9A-H")
+    assert balance.inputSchema["examples"] == [{"params": ["9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin"]}]
+    assert balance.outputSchema is not None and balance.outputSchema["required"] == ["jsonrpc", "result"]
+
+
+async def test_an_unpaid_call_gets_the_payment_requirements_and_reaches_no_provider(
+    gateway: PaidGateway,
+) -> None:
+    before = balances(gateway)
+    async with mcp_session(gateway.url) as session:
+        result = await session.call_tool(GET_BALANCE_TOOL, {"params": [ACCOUNT]})
+    assert result.isError is True
+    required = result.structuredContent
+    assert required is not None and required["x402Version"] == 2
+    [accept] = [a for a in required["accepts"] if a["scheme"] == "exact"]
+    assert int(accept["amount"]) == GET_BALANCE_PRICE_INTERNAL
+    assert accept["payTo"] == str(gateway.chain.pay_to)
+    assert required["resource"]["url"] == gateway.url + "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"
+    assert json.loads(result.content[0].text) == required  # type: ignore[union-attr]
+    assert gateway.upstream_calls == 0
+    assert balances(gateway) == before
+
+
+async def test_the_reference_x402_mcp_client_pays_a_call_end_to_end(gateway: PaidGateway) -> None:
+    from x402.mcp import create_x402_mcp_client_from_config
+
+    gateway.upstream.responder = static(200, PROVIDER_ANSWER)
+    payer_before, pay_to_before = balances(gateway)
+    assert payer_before is not None and pay_to_before is not None
+    with exact_svm_config(gateway.chain, gateway.rpc.url) as config:
+        async with mcp_session(gateway.url) as session:
+            client = create_x402_mcp_client_from_config(SdkSession(session), config)
+            listed = await client.list_tools()
+            result = await client.call_tool(GET_BALANCE_TOOL, {"params": [ACCOUNT]})
+
+    assert GET_BALANCE_TOOL in {tool.name for tool in listed.tools}
+    assert result.payment_made is True and result.is_error is False, result.content
+    assert json.loads(result.content[0]["text"])["result"]["value"] == MARKER
+    settled = result.payment_response
+    assert settled is not None and settled.success is True
+    assert settled.transaction == gateway.rpc.sent[-1]
+    assert settled.payer == str(gateway.chain.payer.pubkey())
+    assert balances(gateway) == (
+        payer_before - GET_BALANCE_PRICE_INTERNAL,
+        pay_to_before + GET_BALANCE_PRICE_INTERNAL,
+    )
+    assert [call.json["method"] for call in gateway.upstream.calls] == ["getBalance"]
+
+
+async def _payment_for(session: ClientSession, config: dict[str, Any], arguments: dict[str, Any]) -> Any:
+    """A payment the reference client signs for the tool's current requirements (JSON, as sent)."""
+    from x402 import x402Client
+    from x402.mcp.utils import build_x402_client_config
+    from x402.schemas import parse_payment_required
+
+    unpaid = await session.call_tool(GET_BALANCE_TOOL, arguments)
+    assert unpaid.isError and unpaid.structuredContent is not None
+    client = x402Client.from_config(build_x402_client_config(config))
+    payload = await client.create_payment_payload(parse_payment_required(unpaid.structuredContent))
+    return payload.model_dump(by_alias=True, exclude_none=True)
+
+
+async def _paid_call(session: ClientSession, arguments: dict[str, Any], payment: Any) -> types.CallToolResult:
+    return await session.call_tool(GET_BALANCE_TOOL, arguments, meta={PAYMENT_META: payment})
+
+
+async def test_nothing_is_settled_when_the_provider_fails(gateway: PaidGateway) -> None:
+    gateway.upstream.responder = static(500, {"error": "down"})
+    before = balances(gateway)
+    with exact_svm_config(gateway.chain, gateway.rpc.url) as config:
+        async with mcp_session(gateway.url) as session:
+            payment = await _payment_for(session, config, {"params": [ACCOUNT]})
+            failed = await _paid_call(session, {"params": [ACCOUNT]}, payment)
+    assert failed.isError is True and failed.meta is None
+    assert failed.structuredContent is not None
+    assert failed.structuredContent["status"] == 502
+    assert failed.structuredContent["error"]["code"] == "upstream_error"
+    assert "x402Version" not in failed.structuredContent  # not a payment to make again
+    assert len(gateway.upstream.calls) == 1
+    assert gateway.rpc.sent == []
+    assert balances(gateway) == before
+
+
+async def test_a_payment_answers_its_identical_retry_and_is_refused_for_another_call(
+    gateway: PaidGateway,
+) -> None:
+    gateway.upstream.responder = static(200, PROVIDER_ANSWER)
+    payer_before, pay_to_before = balances(gateway)
+    assert payer_before is not None and pay_to_before is not None
+    asked = {"params": [ACCOUNT]}
+    with exact_svm_config(gateway.chain, gateway.rpc.url) as config:
+        async with mcp_session(gateway.url) as session:
+            payment = await _payment_for(session, config, asked)
+            first = await _paid_call(session, asked, payment)
+            again = await _paid_call(session, asked, payment)
+            other = await _paid_call(session, {"params": [str(gateway.chain.pay_to)]}, payment)
+
+    assert first.isError is False and first.meta is not None
+    assert again.isError is False and again.structuredContent == first.structuredContent
+    assert again.meta == first.meta  # the same receipt: one settlement
+    assert len(gateway.rpc.sent) == 1 and len(gateway.upstream.calls) == 1
+    assert other.isError is True and other.structuredContent is not None
+    assert other.structuredContent["error"] == "payment_already_used"  # a fresh 402, naming why
+    assert other.structuredContent["accepts"][0]["amount"] == str(GET_BALANCE_PRICE_INTERNAL)
+    assert balances(gateway) == (
+        payer_before - GET_BALANCE_PRICE_INTERNAL,
+        pay_to_before + GET_BALANCE_PRICE_INTERNAL,
+    )
