@@ -22,6 +22,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gateway.mcp.calls import PAYMENT_META
 from tests.support.cdp_facilitator import close_sdk_rpc_clients
+from tests.support.gateway_server import run_gateway
 from tests.support.paid_fixtures import (
     ACCOUNT,
     GET_BALANCE_PRICE_INTERNAL,
@@ -31,7 +32,7 @@ from tests.support.paid_fixtures import (
     StartPaidGateway,
 )
 from tests.support.solana_rpc_server import UsdcChain
-from tests.support.upstream import static
+from tests.support.upstream import ASSET_API_KEY, Upstream, static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
 
@@ -216,3 +217,103 @@ async def test_a_payment_answers_its_identical_retry_and_is_refused_for_another_
         payer_before - GET_BALANCE_PRICE_INTERNAL,
         pay_to_before + GET_BALANCE_PRICE_INTERNAL,
     )
+
+
+TOP_UP_1 = "/v1/x402/credits/top-up/1"
+ONE_USDC = 1_000_000
+GET_BALANCE_CREDIT = 5
+"""routes.yaml: provider_a getBalance's credit price, its provider part."""
+SESSION_META = "x402-gateway/x-credit-session"
+SIGN_IN_META = "x402-gateway/sign-in-with-x"
+BALANCE_META = "x402-gateway/x-credit-balance"
+
+
+@pytest.fixture
+async def credit_gateway(start_paid_gateway: StartPaidGateway, clean_redis_url: str) -> PaidGateway:
+    """The paid gateway with prepaid credit on (Redis), 1 USDC of it bought by the chain's payer."""
+    paid = await start_paid_gateway(
+        internal=True,
+        env={
+            "CREDITS_ENABLED": "true",
+            "STATE_STORE_REST_URL": clean_redis_url,
+            "ROUTE_GROUPS": "provider_a,provider_b,credits",
+        },
+    )
+    bought = await paid.pay(TOP_UP_1, None, await paid.payment(TOP_UP_1))
+    assert bought.status == 200, bought.body
+    return paid
+
+
+async def test_a_call_spends_prepaid_credit_through_a_session_token_or_a_sign_in(
+    credit_gateway: PaidGateway,
+) -> None:
+    from client.sessions import open_session
+    from client.siwx_signer import sign_in
+
+    paid = credit_gateway
+    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    after_top_up, sent = balances(paid), len(paid.rpc.sent)
+    credit = await open_session(paid.http, paid.url, paid.chain.payer, cap=ONE_USDC)
+    async with mcp_session(paid.url) as session:
+        tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+        on_session = await session.call_tool(
+            GET_BALANCE_TOOL, {"params": [ACCOUNT]}, meta={SESSION_META: credit.token}
+        )
+        unpaid = await session.call_tool(GET_BALANCE_TOOL, {"params": [ACCOUNT]})
+        assert unpaid.structuredContent is not None
+        extension = unpaid.structuredContent["extensions"]["sign-in-with-x"]
+        signed = sign_in(extension, paid.chain.payer, request_url=unpaid.structuredContent["resource"]["url"])
+        signed_in = await session.call_tool(
+            GET_BALANCE_TOOL, {"params": [ACCOUNT]}, meta={SIGN_IN_META: signed}
+        )
+
+    assert tools[GET_BALANCE_TOOL].description is not None
+    assert tools[GET_BALANCE_TOOL].description.endswith(
+        "Price: $0.002205 USDC per call (x402 exact, Solana), or $0.000005 from prepaid credit."
+    )
+    assert on_session.isError is False, on_session.structuredContent
+    assert on_session.meta == {BALANCE_META: str(ONE_USDC - GET_BALANCE_CREDIT)}
+    assert signed_in.isError is False, signed_in.structuredContent
+    assert signed_in.meta == {BALANCE_META: str(ONE_USDC - 2 * GET_BALANCE_CREDIT)}
+    assert (balances(paid), len(paid.rpc.sent)) == (after_top_up, sent)  # no transaction, no USDC moved
+    assert len(paid.upstream.calls) == 2
+
+
+async def test_asset_data_routes_are_tools_answered_on_a_sign_in(asset_api: Upstream) -> None:
+    from solders.keypair import Keypair
+
+    from client.siwx_signer import sign_in
+
+    env = {
+        "ROUTE_GROUPS": "tokens",
+        "ASSET_API_BASE_URL": asset_api.url,
+        "ASSET_API_KEY": ASSET_API_KEY,
+        "SIWX_SECRET": "siwx-test-secret-0123456789abcdef-0123",
+    }
+    wallet = Keypair()
+    async with run_gateway(env) as gw, mcp_session(gw.url) as session:
+        tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+        arguments = {"path": {"assetId": "solana-sol"}, "query": {"include": "profile", "marketsLimit": 5}}
+        unpaid = await session.call_tool("tokens.assetDetail", arguments)
+        assert unpaid.isError is True and unpaid.structuredContent is not None
+        challenge = unpaid.structuredContent
+        signed = sign_in(challenge["extensions"]["sign-in-with-x"], wallet, request_url=gw.url)
+        answered = await session.call_tool("tokens.assetDetail", arguments, meta={SIGN_IN_META: signed})
+        invalid = await session.call_tool("tokens.assetDetail", {"path": {"assetId": ".."}})
+
+    served = {r.name for r in gw.services.routes if r.handler == "tokens" and r.listed}
+    assert set(tools) == served
+    detail = tools["tokens.assetDetail"]
+    assert (
+        detail.description
+        == "Asset detail with optional include blocks. Free with a sign-in-with-x (no payment)."
+    )
+    assert detail.inputSchema["required"] == ["path"]
+    assert set(detail.inputSchema["properties"]) == {"path", "query"}
+    assert challenge["accepts"] == []
+    assert answered.isError is False, answered.structuredContent
+    assert answered.structuredContent is not None
+    assert answered.structuredContent["result"] == {"path": "/v1/assets/solana-sol", "items": [1, 2]}
+    [call] = asset_api.calls
+    assert call.query == {"include": "profile", "marketsLimit": "5"}
+    assert invalid.isError is True and invalid.structuredContent is None  # refused by the schema: no call

@@ -31,6 +31,7 @@ PAYMENT_RESPONSE_META = "x402/payment-response"
 GATEWAY_META = "x402-gateway/"
 """The prefix of the ``_meta`` keys carrying this gateway's other credentials and receipts."""
 _PAYMENT_RESPONSE = b"payment-response"
+_PAYMENT_REQUIRED = b"payment-required"
 _DROPPED = frozenset({b"content-type", b"content-length", b"accept", b"transfer-encoding"})
 
 
@@ -123,7 +124,12 @@ def tool_result(answer: HttpAnswer, receipts: frozenset[bytes]) -> types.CallToo
     except msgspec.DecodeError:
         decoded = {"text": text}
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=text)]
-    if answer.status == 402:  # the payment requirements, as the 402's body states them
+    if answer.status == 402:  # the payment requirements: the 402's PAYMENT-REQUIRED (x402 v2)
+        required = answer.header(_PAYMENT_REQUIRED)
+        if required is not None:
+            decoded = _decoded_header(required.encode("latin-1"))
+            text = msgspec.json.encode(decoded).decode()
+        content = [types.TextContent(type="text", text=text)]
         return types.CallToolResult(content=content, structuredContent=decoded, isError=True)
     if answer.status != 200:
         detail = decoded if isinstance(decoded, dict) else {"body": decoded}
@@ -136,7 +142,7 @@ def tool_result(answer: HttpAnswer, receipts: frozenset[bytes]) -> types.CallToo
     for name, value in answer.headers:
         name = name.lower()
         if name == _PAYMENT_RESPONSE:
-            meta[PAYMENT_RESPONSE_META] = _settlement(value)
+            meta[PAYMENT_RESPONSE_META] = _decoded_header(value)
         elif name in receipts and not name.startswith(b"x-payment-response"):
             meta[GATEWAY_META + name.decode("latin-1")] = value.decode("latin-1")
     structured = decoded if isinstance(decoded, dict) else {"result": decoded}
@@ -145,7 +151,8 @@ def tool_result(answer: HttpAnswer, receipts: frozenset[bytes]) -> types.CallToo
     )
 
 
-def _settlement(value: bytes) -> Any:
+def _decoded_header(value: bytes) -> Any:
+    """A base64 JSON header (our own: it decodes), as JSON."""
     try:
         return msgspec.json.decode(base64.b64decode(value, validate=True))
     except (binascii.Error, ValueError, msgspec.DecodeError):
