@@ -108,6 +108,7 @@ async def test_lists_one_tool_per_sold_method_with_its_price_and_schemas(gateway
         "Lamport balance of an account (mainnet, provider_a). "
         "Price: $0.002205 USDC per call (x402 exact, Solana)."
     )
+    assert balance.meta == {"x402-gateway/price": {"microUsdc": str(GET_BALANCE_PRICE_INTERNAL)}}
     assert balance.inputSchema["required"] == ["params"]
     assert balance.inputSchema["properties"]["params"]["prefixItems"][0]["pattern"].startswith("^[1-9A-H")
     assert balance.inputSchema["examples"] == [{"params": ["9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin"]}]
@@ -271,6 +272,9 @@ async def test_a_call_spends_prepaid_credit_through_a_session_token_or_a_sign_in
     assert tools[GET_BALANCE_TOOL].description.endswith(
         "Price: $0.002205 USDC per call (x402 exact, Solana), or $0.000005 from prepaid credit."
     )
+    assert tools[GET_BALANCE_TOOL].meta == {
+        "x402-gateway/price": {"microUsdc": str(GET_BALANCE_PRICE_INTERNAL), "creditMicroUsdc": "5"}
+    }
     assert on_session.isError is False, on_session.structuredContent
     assert on_session.meta == {BALANCE_META: str(ONE_USDC - GET_BALANCE_CREDIT)}
     assert signed_in.isError is False, signed_in.structuredContent
@@ -310,7 +314,7 @@ async def test_asset_data_routes_are_tools_answered_on_a_sign_in(asset_api: Upst
     )
     assert detail.inputSchema["required"] == ["path"]
     assert set(detail.inputSchema["properties"]) == {"path", "query"}
-    assert challenge["accepts"] == []
+    assert challenge["accepts"] == [] and detail.meta is None
     assert answered.isError is False, answered.structuredContent
     assert answered.structuredContent is not None
     assert answered.structuredContent["result"] == {"path": "/v1/assets/solana-sol", "items": [1, 2]}

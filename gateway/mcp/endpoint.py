@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
+import msgspec
 from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -19,6 +20,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from gateway import SERVICE_NAME
 from gateway.errors import ErrorCode, GatewayError
 from gateway.mcp.calls import (
+    PRICE_META,
     call_scope,
     credential_headers,
     credentials_of,
@@ -45,6 +47,7 @@ class McpEndpoint:
                 description=tool.description,
                 inputSchema=tool.input_schema,
                 outputSchema=tool.output_schema,
+                _meta={PRICE_META: msgspec.to_builtins(tool.price)} if tool.price else None,
             )
             for tool in tools
         ]

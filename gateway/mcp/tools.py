@@ -37,12 +37,23 @@ class ToolRequest(msgspec.Struct, frozen=True):
     body: bytes
 
 
+class ToolPrice(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A tool's price as its listing's ``_meta["x402-gateway/price"]`` states it (micro-USDC, as
+    strings like every x402 amount): what a client may hold against its spending cap before it
+    calls. Unset where nothing is paid (a sign-in route)."""
+
+    microUsdc: str
+    creditMicroUsdc: str | None = None
+    """What a call takes from prepaid credit instead, where the route takes credit."""
+
+
 class RouteTool(msgspec.Struct, frozen=True):
     name: str
     description: str
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
     route: RouteSpec
+    price: ToolPrice | None = None
 
     def request(self, arguments: Mapping[str, Any]) -> ToolRequest:
         """The route's request for ``arguments`` (already checked against the input schema; the
@@ -77,20 +88,31 @@ def route_tools(
             input_schema=_input_schema(route),
             output_schema=route.output or _ANY_OUTPUT,
             route=route,
+            price=_price(route, fee, credit),
         )
         for route in routes
         if route.handler in TOOL_HANDLERS and route.listed
     ]
 
 
-def _description(route: RouteSpec, fee: FacilitatorFee, credit: CreditTerms | None) -> str:
+def _price(route: RouteSpec, fee: FacilitatorFee, credit: CreditTerms | None) -> ToolPrice | None:
     price = route_price(route, fee)
     if price is None:
-        return f"{route.description} Free with a sign-in-with-x (no payment)."
-    text = f"{route.description} Price: {usd_display(price.total)} USDC per call (x402 exact, Solana)"
+        return None
     taken = credit_price(route)
-    if taken is not None and CREDIT_METHOD in accepted(route, credit is not None):
-        text += f", or {usd_display(taken)} from prepaid credit"
+    on_credit = taken is not None and CREDIT_METHOD in accepted(route, credit is not None)
+    return ToolPrice(str(price.total), str(taken) if on_credit else None)
+
+
+def _description(route: RouteSpec, fee: FacilitatorFee, credit: CreditTerms | None) -> str:
+    price = _price(route, fee, credit)
+    if price is None:
+        return f"{route.description} Free with a sign-in-with-x (no payment)."
+    text = (
+        f"{route.description} Price: {usd_display(int(price.microUsdc))} USDC per call (x402 exact, Solana)"
+    )
+    if price.creditMicroUsdc is not None:
+        text += f", or {usd_display(int(price.creditMicroUsdc))} from prepaid credit"
     return text + "."
 
 
