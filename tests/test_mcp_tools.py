@@ -10,19 +10,30 @@ provider failed, and a payment given twice is never settled twice.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from mcp import ClientSession, types
-from mcp.client.streamable_http import streamable_http_client
 
 from gateway.mcp.calls import PAYMENT_META
 from tests.support.cdp_facilitator import close_sdk_rpc_clients
 from tests.support.gateway_server import run_gateway
+from tests.support.mcp_client import (
+    BALANCE_META,
+    GET_BALANCE_CREDIT,
+    GET_BALANCE_TOOL,
+    ONE_USDC,
+    SESSION_META,
+    SIGN_IN_META,
+    balances,
+    buy_one_usdc_of_credit,
+    credit_env,
+    mcp_session,
+)
 from tests.support.paid_fixtures import (
     ACCOUNT,
     GET_BALANCE_PRICE_INTERNAL,
@@ -35,18 +46,6 @@ from tests.support.solana_rpc_server import UsdcChain
 from tests.support.upstream import ASSET_API_KEY, Upstream, static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
-
-GET_BALANCE_TOOL = "solana.mainnet.provider_a.rpc.getBalance"
-
-
-@asynccontextmanager
-async def mcp_session(url: str) -> AsyncIterator[ClientSession]:
-    async with (
-        streamable_http_client(url + "/mcp") as (read, write, _),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        yield session
 
 
 class SdkSession:
@@ -84,11 +83,6 @@ def exact_svm_config(chain: UsdcChain, rpc_url: str) -> Iterator[dict[str, Any]]
         yield {"schemes": [{"network": "solana:*", "client": scheme}], "auto_payment": True}
     finally:
         close_sdk_rpc_clients(scheme)
-
-
-def balances(paid: PaidGateway) -> tuple[int | None, int | None]:
-    chain = paid.chain
-    return chain.balance(chain.payer_ata), chain.balance(chain.pay_to_ata)
 
 
 @pytest.fixture
@@ -220,28 +214,11 @@ async def test_a_payment_answers_its_identical_retry_and_is_refused_for_another_
     )
 
 
-TOP_UP_1 = "/v1/x402/credits/top-up/1"
-ONE_USDC = 1_000_000
-GET_BALANCE_CREDIT = 5
-"""routes.yaml: provider_a getBalance's credit price, its provider part."""
-SESSION_META = "x402-gateway/x-credit-session"
-SIGN_IN_META = "x402-gateway/sign-in-with-x"
-BALANCE_META = "x402-gateway/x-credit-balance"
-
-
 @pytest.fixture
 async def credit_gateway(start_paid_gateway: StartPaidGateway, clean_redis_url: str) -> PaidGateway:
     """The paid gateway with prepaid credit on (Redis), 1 USDC of it bought by the chain's payer."""
-    paid = await start_paid_gateway(
-        internal=True,
-        env={
-            "CREDITS_ENABLED": "true",
-            "STATE_STORE_REST_URL": clean_redis_url,
-            "ROUTE_GROUPS": "provider_a,provider_b,credits",
-        },
-    )
-    bought = await paid.pay(TOP_UP_1, None, await paid.payment(TOP_UP_1))
-    assert bought.status == 200, bought.body
+    paid = await start_paid_gateway(internal=True, env=credit_env(clean_redis_url))
+    await buy_one_usdc_of_credit(paid)
     return paid
 
 
