@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -29,6 +27,7 @@ from tests.support.mcp_client import (
     ONE_USDC,
     SESSION_META,
     SIGN_IN_META,
+    SdkSession,
     balances,
     buy_one_usdc_of_credit,
     credit_env,
@@ -46,29 +45,6 @@ from tests.support.solana_rpc_server import UsdcChain
 from tests.support.upstream import ASSET_API_KEY, Upstream, static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
-
-
-class SdkSession:
-    """The MCP client the reference ``x402MCPClient`` wraps: ``call_tool(params, **options)`` with
-    ``params`` as the JSON-RPC request's (name, arguments, ``_meta``), answered with the result's
-    wire fields; this is the ``mcp`` SDK's ClientSession under that calling convention."""
-
-    def __init__(self, session: ClientSession) -> None:
-        self.session = session
-
-    async def call_tool(self, params: dict[str, Any], read_timeout_seconds: timedelta | None = None) -> Any:
-        result = await self.session.call_tool(
-            params["name"], params.get("arguments"), read_timeout_seconds, meta=params.get("_meta")
-        )
-        return SimpleNamespace(
-            content=[item.model_dump() for item in result.content],
-            isError=result.isError,
-            _meta=result.meta or {},
-            structuredContent=result.structuredContent,
-        )
-
-    async def list_tools(self) -> types.ListToolsResult:
-        return await self.session.list_tools()
 
 
 @contextmanager

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
 
-from mcp import ClientSession
+from mcp import ClientSession, types
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.support.paid_fixtures import PaidGateway
@@ -50,3 +53,26 @@ async def buy_one_usdc_of_credit(paid: PaidGateway) -> None:
     """The chain's payer buys 1 USDC of prepaid credit over HTTP."""
     bought = await paid.pay(TOP_UP_1, None, await paid.payment(TOP_UP_1))
     assert bought.status == 200, bought.body
+
+
+class SdkSession:
+    """The MCP client the reference ``x402MCPClient`` wraps: ``call_tool(params, **options)`` with
+    ``params`` as the JSON-RPC request's (name, arguments, ``_meta``), answered with the result's
+    wire fields; this is the ``mcp`` SDK's ClientSession under that calling convention."""
+
+    def __init__(self, session: ClientSession) -> None:
+        self.session = session
+
+    async def call_tool(self, params: dict[str, Any], read_timeout_seconds: timedelta | None = None) -> Any:
+        result = await self.session.call_tool(
+            params["name"], params.get("arguments"), read_timeout_seconds, meta=params.get("_meta")
+        )
+        return SimpleNamespace(
+            content=[item.model_dump() for item in result.content],
+            isError=result.isError,
+            _meta=result.meta or {},
+            structuredContent=result.structuredContent,
+        )
+
+    async def list_tools(self) -> types.ListToolsResult:
+        return await self.session.list_tools()
