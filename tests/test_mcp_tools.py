@@ -274,3 +274,17 @@ async def test_asset_data_routes_are_tools_answered_on_a_sign_in(asset_api: Upst
     [call] = asset_api.calls
     assert call.query == {"include": "profile", "marketsLimit": "5"}
     assert invalid.isError is True and invalid.structuredContent is None  # refused by the schema: no call
+
+
+async def test_the_catalog_names_each_routes_tool_and_the_endpoint(gateway: PaidGateway) -> None:
+    catalog = (await gateway.get("/v1/catalog")).json()
+    async with mcp_session(gateway.url) as session:
+        listed = {tool.name for tool in (await session.list_tools()).tools}
+    assert catalog["mcp"] == {
+        "url": gateway.url + "/mcp",
+        "transport": "streamable-http",
+        "paymentMeta": "x402/payment",
+    }
+    named = {entry["mcpTool"] for entry in catalog["routes"] if "mcpTool" in entry}
+    assert named == listed
+    assert all(entry["mcpTool"] == entry["name"] for entry in catalog["routes"] if "mcpTool" in entry)

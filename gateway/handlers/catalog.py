@@ -9,6 +9,9 @@ import msgspec
 
 from gateway import SERVICE_NAME
 from gateway.errors import ErrorCode, GatewayError
+from gateway.mcp.calls import PAYMENT_META
+from gateway.mcp.endpoint import MCP_PATH
+from gateway.mcp.tools import is_tool
 from gateway.methods.credit.sessions import MAX_LIFETIME_S, SESSION_HEADER
 from gateway.routing.pricing import (
     CreditTerms,
@@ -57,6 +60,17 @@ class CatalogEntry(msgspec.Struct, omit_defaults=True, kw_only=True):
     replayableUpToBytes: int | None = None
     creditPrice: CatalogPrice | None = None
     """What a call takes from prepaid credit instead (signed in), while credit is on."""
+    mcpTool: str | None = None
+    """The MCP tool that calls this route at the catalog's ``mcp`` endpoint."""
+
+
+class CatalogMcp(msgspec.Struct):
+    """The routes with an ``mcpTool`` are also MCP tools at ``url`` (Streamable HTTP), paid through
+    the x402 MCP transport: the payment in the call's ``_meta[paymentMeta]``."""
+
+    url: str
+    transport: str = "streamable-http"
+    paymentMeta: str = PAYMENT_META
 
 
 class CatalogCredit(msgspec.Struct):
@@ -78,6 +92,7 @@ class Catalog(msgspec.Struct, omit_defaults=True):
     x402Version: int
     routes: list[CatalogEntry]
     credit: CatalogCredit | None = None
+    mcp: CatalogMcp | None = None
 
 
 def input_schema(route: RouteSpec) -> dict[str, Any]:
@@ -125,6 +140,7 @@ def catalog_entry(
         operation=route.operation,
         replayableUpToBytes=route.replay_cap_bytes if paid else None,
         creditPrice=_price(in_credit) if in_credit is not None else None,
+        mcpTool=route.name if is_tool(route) else None,
     )
 
 
@@ -151,9 +167,17 @@ class CatalogHandler:
             scheme = ACCESS_MODES[CREDIT_METHOD].scheme or ""
             terms = CatalogCredit(scheme, credit.lapse_days, SESSION_HEADER, MAX_LIFETIME_S)
 
+        mcp = CatalogMcp(base_url + MCP_PATH) if any(e.mcpTool for e in entries) else None
+
         def body(listed: list[CatalogEntry]) -> bytes:
             catalog = Catalog(
-                ok=True, service=SERVICE_NAME, baseUrl=base_url, x402Version=2, routes=listed, credit=terms
+                ok=True,
+                service=SERVICE_NAME,
+                baseUrl=base_url,
+                x402Version=2,
+                routes=listed,
+                credit=terms,
+                mcp=mcp,
             )
             return msgspec.json.encode(catalog)
 

@@ -91,8 +91,13 @@ def route_tools(
             price=_price(route, fee, credit),
         )
         for route in routes
-        if route.handler in TOOL_HANDLERS and route.listed
+        if is_tool(route)
     ]
+
+
+def is_tool(route: RouteSpec) -> bool:
+    """A listed route of :data:`TOOL_HANDLERS` (when served) is an MCP tool."""
+    return route.handler in TOOL_HANDLERS and route.listed
 
 
 def _price(route: RouteSpec, fee: FacilitatorFee, credit: CreditTerms | None) -> ToolPrice | None:
