@@ -256,7 +256,14 @@ async def test_asset_data_routes_are_tools_answered_on_a_sign_in(asset_api: Upst
         challenge = unpaid.structuredContent
         signed = sign_in(challenge["extensions"]["sign-in-with-x"], wallet, request_url=gw.url)
         answered = await session.call_tool("tokens.assetDetail", arguments, meta={SIGN_IN_META: signed})
-        invalid = await session.call_tool("tokens.assetDetail", {"path": {"assetId": ".."}})
+        fresh = (await session.call_tool("tokens.assetDetail", arguments)).structuredContent
+        assert fresh is not None
+        again = sign_in(fresh["extensions"]["sign-in-with-x"], wallet, request_url=gw.url)
+        invalid = await session.call_tool(
+            "tokens.assetDetail",
+            {"path": {"assetId": "solana-sol"}, "query": {"marketsLimit": 51}},
+            meta={SIGN_IN_META: again},
+        )
 
     served = {r.name for r in gw.services.routes if r.handler == "tokens" and r.listed}
     assert set(tools) == served
@@ -271,9 +278,12 @@ async def test_asset_data_routes_are_tools_answered_on_a_sign_in(asset_api: Upst
     assert answered.isError is False, answered.structuredContent
     assert answered.structuredContent is not None
     assert answered.structuredContent["result"] == {"path": "/v1/assets/solana-sol", "items": [1, 2]}
-    [call] = asset_api.calls
+    call = asset_api.calls[0]
     assert call.query == {"include": "profile", "marketsLimit": "5"}
-    assert invalid.isError is True and invalid.structuredContent is None  # refused by the schema: no call
+    assert invalid.isError is True and invalid.structuredContent is not None  # the route's validation
+    assert invalid.structuredContent["status"] == 400
+    assert invalid.structuredContent["error"]["code"] == "invalid_request"
+    assert len(asset_api.calls) == 1  # nothing reached the upstream
 
 
 async def test_the_catalog_names_each_routes_tool_and_the_endpoint(gateway: PaidGateway) -> None:

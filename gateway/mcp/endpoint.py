@@ -56,7 +56,7 @@ class McpEndpoint:
         self.receipts = receipt_headers()
         server: Server[Any, Any] = Server(SERVICE_NAME)
         server.list_tools()(self._list)  # type: ignore[no-untyped-call]  # the SDK's decorator
-        server.call_tool()(self._call)
+        server.call_tool(validate_input=False)(self._call)  # the route validates, as for HTTP
         self.server = server
         self.sessions = StreamableHTTPSessionManager(
             server, json_response=True, stateless=True, max_request_body_size=max_body
