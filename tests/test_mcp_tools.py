@@ -298,3 +298,24 @@ async def test_the_catalog_names_each_routes_tool_and_the_endpoint(gateway: Paid
     named = {entry["mcpTool"] for entry in catalog["routes"] if "mcpTool" in entry}
     assert named == listed
     assert all(entry["mcpTool"] == entry["name"] for entry in catalog["routes"] if "mcpTool" in entry)
+
+
+async def test_unpaid_calls_count_against_the_client_ips_challenge_limit_as_over_http(
+    start_paid_gateway: StartPaidGateway,
+) -> None:
+    paid = await start_paid_gateway(internal=True, env={"RATE_LIMIT_CHALLENGE_PER_MINUTE": "2"})
+    async with mcp_session(paid.url) as session:
+        over_mcp = [await session.call_tool(GET_BALANCE_TOOL, {"params": [ACCOUNT]}) for _ in range(2)]
+        limited = await session.call_tool(GET_BALANCE_TOOL, {"params": [ACCOUNT]})
+    over_http = await paid.post("/v1/x402/solana/mainnet/provider_a/rpc/getBalance", {"params": [ACCOUNT]})
+
+    assert [r.structuredContent is not None and r.structuredContent.get("x402Version") for r in over_mcp] == [
+        2,
+        2,
+    ]
+    assert limited.isError is True and limited.structuredContent is not None
+    assert limited.structuredContent["status"] == 429
+    assert limited.structuredContent["error"]["code"] == "rate_limited"
+    assert int(limited.structuredContent["retryAfter"]) > 0
+    assert over_http.status == 429  # one budget, whichever way the client came
+    assert paid.upstream_calls == 0
