@@ -142,3 +142,39 @@ async def test_the_bridge_refuses_a_call_above_max_amount_and_past_the_session_a
         payer_before - GET_BALANCE_PRICE_INTERNAL,
         pay_to_before + GET_BALANCE_PRICE_INTERNAL,
     )
+
+
+async def test_the_bridge_pays_exact_when_the_wallet_has_no_credit(
+    start_paid_gateway: StartPaidGateway, clean_redis_url: str, tmp_path: Path
+) -> None:
+    paid = await start_paid_gateway(internal=True, env=credit_env(clean_redis_url))
+    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    payer_before, pay_to_before = balances(paid)
+    assert payer_before is not None and pay_to_before is not None
+    async with bridge(paid, key_file(tmp_path, paid.chain.payer)) as session:
+        result = await session.call_tool(GET_BALANCE_TOOL, ASKED)
+
+    assert result.isError is False, result.content
+    assert result.meta is not None and result.meta["x402/payment-response"]["success"] is True
+    assert balances(paid) == (
+        payer_before - GET_BALANCE_PRICE_INTERNAL,
+        pay_to_before + GET_BALANCE_PRICE_INTERNAL,
+    )
+
+
+async def test_a_call_the_provider_failed_costs_nothing_and_spends_none_of_the_session_amount(
+    start_paid_gateway: StartPaidGateway, tmp_path: Path
+) -> None:
+    paid = await start_paid_gateway(internal=True)
+    paid.upstream.responder = static(500, {"error": "down"})
+    before = balances(paid)
+    async with bridge(paid, key_file(tmp_path, paid.chain.payer), "--max-session-amount", "0.003") as session:
+        failed = await session.call_tool(GET_BALANCE_TOOL, ASKED)
+        assert (balances(paid), paid.rpc.sent) == (before, [])
+        paid.upstream.responder = static(200, PROVIDER_ANSWER)
+        answered = await session.call_tool(GET_BALANCE_TOOL, ASKED)  # the whole 0.003 is still there
+
+    assert failed.isError is True and failed.structuredContent is not None
+    assert failed.structuredContent["status"] == 502
+    assert answered.isError is False, answered.content
+    assert len(paid.rpc.sent) == 1

@@ -78,7 +78,9 @@ async def test_the_reference_x402_mcp_client_pays_the_sandbox(sandbox: Sandbox) 
     assert _balances(sandbox) == (before[0] - price, before[1] + price)
 
 
-async def test_the_banners_mcp_command_serves_the_tools_paying_from_the_demo_wallet(sandbox: Sandbox) -> None:
+async def test_the_banners_mcp_command_serves_the_tools_paying_and_signing_in_from_the_demo_wallet(
+    sandbox: Sandbox,
+) -> None:
     [line] = [line for line in sandbox.banner.splitlines() if line.strip().startswith("x402-gateway mcp ")]
     printed = shlex.split(line)
     [program, *args] = command()
@@ -91,8 +93,10 @@ async def test_the_banners_mcp_command_serves_the_tools_paying_from_the_demo_wal
         await session.initialize()
         tools = {tool.name: tool for tool in (await session.list_tools()).tools}
         result = await session.call_tool(GET_BALANCE_TOOL, {"params": [sandbox.wallet]})
+        signed_in = await session.call_tool("tokens.search", {"query": {"q": "sol"}})  # $0.00: a sign-in
     price = int(tools[GET_BALANCE_TOOL].meta["x402-gateway/price"]["microUsdc"])  # type: ignore[index]
-    assert "tokens.assetDetail" in tools
+    assert signed_in.isError is False, signed_in.content
+    assert signed_in.structuredContent is not None and signed_in.structuredContent["ok"] is True
     assert result.isError is False, result.content
     assert result.meta is not None and result.meta["x402/payment-response"]["success"] is True
     assert _balances(sandbox) == (before[0] - price, before[1] + price)
