@@ -174,7 +174,7 @@ async def test_a_payment_answers_its_identical_retry_and_is_refused_for_another_
         async with mcp_session(gateway.url) as session:
             payment = await _payment_for(session, config, asked)
             first = await _paid_call(session, asked, payment)
-            again = await _paid_call(session, asked, payment)
+            again = await _paid_call(session, asked, json.dumps(payment))  # its JSON text: the same payment
             other = await _paid_call(session, {"params": [str(gateway.chain.pay_to)]}, payment)
 
     assert first.isError is False and first.meta is not None

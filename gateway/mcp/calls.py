@@ -29,12 +29,12 @@ from gateway.x402.headers import PAYMENT_SIGNATURE, encode_header
 PAYMENT_META = "x402/payment"
 PAYMENT_RESPONSE_META = "x402/payment-response"
 GATEWAY_META = "x402-gateway/"
+"""The prefix of the ``_meta`` keys carrying this gateway's other credentials and receipts."""
 PRICE_META = GATEWAY_META + "price"
 """A tool listing's price (:class:`gateway.mcp.tools.ToolPrice`)."""
 SIGN_IN_META = GATEWAY_META + "sign-in-with-x"
 SESSION_META = GATEWAY_META + "x-credit-session"
 CREDIT_BALANCE_META = GATEWAY_META + "x-credit-balance"
-"""The prefix of the ``_meta`` keys carrying this gateway's other credentials and receipts."""
 _PAYMENT_RESPONSE = b"payment-response"
 _PAYMENT_REQUIRED = b"payment-required"
 _DROPPED = frozenset({b"content-type", b"content-length", b"accept", b"transfer-encoding"})
@@ -65,7 +65,9 @@ def credentials_of(meta: Mapping[str, Any], known: frozenset[bytes]) -> list[tup
     """The credential headers a call's ``_meta`` carries; anything else in it is ignored."""
     found: list[tuple[bytes, bytes]] = []
     payment = meta.get(PAYMENT_META)
-    if payment is not None:
+    if isinstance(payment, str):  # the payload's JSON text, as some clients send it
+        found.append((PAYMENT_SIGNATURE, base64.b64encode(payment.encode()).decode("ascii").encode()))
+    elif payment is not None:
         found.append((PAYMENT_SIGNATURE, encode_header(payment).encode()))
     for key, value in meta.items():
         if not (key.startswith(GATEWAY_META) and isinstance(value, str)):
@@ -76,11 +78,13 @@ def credentials_of(meta: Mapping[str, Any], known: frozenset[bytes]) -> list[tup
     return found
 
 
-def call_scope(outer: Scope, request: ToolRequest, credentials: Iterable[tuple[bytes, bytes]]) -> Scope:
+def call_scope(
+    outer: Scope, request: ToolRequest, credentials: Iterable[tuple[bytes, bytes]], known: frozenset[bytes]
+) -> Scope:
     """The route's request as the ASGI server would give it, from the same client: the MCP
-    request's own headers (proxy headers, host) minus any credential (those come from ``_meta``
-    only), plus the call's credentials."""
-    drop = _DROPPED | credential_headers()
+    request's own headers (proxy headers, host) minus any credential header of ``known`` (those
+    come from ``_meta`` only), plus the call's credentials."""
+    drop = _DROPPED | known
     kept = outer.get("headers", [])
     headers = [(k, v) for k, v in kept if k.lower() not in drop and not k.lower().startswith(b"mcp-")]
     headers += [(b"content-type", b"application/json"), *credentials]
@@ -131,9 +135,9 @@ def tool_result(answer: HttpAnswer, receipts: frozenset[bytes]) -> types.CallToo
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=text)]
     if answer.status == 402:  # the payment requirements: the 402's PAYMENT-REQUIRED (x402 v2)
         required = answer.header(_PAYMENT_REQUIRED)
-        if required is not None:
-            decoded = _decoded_header(required.encode("latin-1"))
-            text = msgspec.json.encode(decoded).decode()
+        stated = _decoded_header(required.encode("latin-1")) if required is not None else None
+        if isinstance(stated, dict):
+            decoded, text = stated, msgspec.json.encode(stated).decode()
         content = [types.TextContent(type="text", text=text)]
         return types.CallToolResult(content=content, structuredContent=decoded, isError=True)
     if answer.status != 200:

@@ -84,7 +84,7 @@ class McpEndpoint:
         request = tool.request(arguments)
         if self.gateway is None:
             raise GatewayError(ErrorCode.INTERNAL_ERROR, "the MCP endpoint is not wired to its gateway")
-        scope = call_scope(outer, request, credentials_of(meta, self.known))
+        scope = call_scope(outer, request, credentials_of(meta, self.known), self.known)
         answer = await run(self.gateway, scope, request.body)
         return tool_result(answer, self.receipts)
 
