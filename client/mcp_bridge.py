@@ -44,7 +44,7 @@ from client.pay import (
 from client.sessions import MAX_SESSION_CAP, RENEWED, SessionCache, SessionError, open_session
 from client.siwx_signer import sign_in
 from client.svm_payer import create_exact_payment
-from gateway.mcp.calls import PAYMENT_META, PRICE_META, SESSION_META, SIGN_IN_META
+from gateway.mcp.meta import PAYMENT_META, PRICE_META, SESSION_META, SIGN_IN_META
 from gateway.outbound.solana_rpc import SolanaRpc, SolanaRpcError
 
 DEFAULT_SESSION_AMOUNT = 1_000_000

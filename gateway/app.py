@@ -30,7 +30,8 @@ from gateway.handlers.metrics import MetricsHandler
 from gateway.handlers.openapi import OpenApiHandler
 from gateway.handlers.readiness import ReadyHandler
 from gateway.handlers.tokens import TokensHandler
-from gateway.mcp.endpoint import MCP_PATH, mcp_endpoint, with_endpoint
+from gateway.mcp.meta import MCP_PATH
+from gateway.mcp.mount import mcp_endpoint, with_endpoint
 from gateway.methods.credit.handlers import (
     BalanceHandler,
     SessionOpenHandler,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from mcp import ClientSession, types
 
-from gateway.mcp.calls import PAYMENT_META
+from gateway.mcp.meta import PAYMENT_META
 from tests.support.cdp_facilitator import close_sdk_rpc_clients
 from tests.support.gateway_server import run_gateway
 from tests.support.mcp_client import (

@@ -9,8 +9,7 @@ import msgspec
 
 from gateway import SERVICE_NAME
 from gateway.errors import ErrorCode, GatewayError
-from gateway.mcp.calls import PAYMENT_META
-from gateway.mcp.endpoint import MCP_PATH
+from gateway.mcp.meta import MCP_PATH, PAYMENT_META
 from gateway.mcp.tools import is_tool
 from gateway.methods.credit.sessions import MAX_LIFETIME_S, SESSION_HEADER
 from gateway.routing.pricing import (

@@ -21,20 +21,12 @@ from urllib.parse import unquote
 import msgspec
 from mcp import types
 
+from gateway.mcp.meta import GATEWAY_META, PAYMENT_META, PAYMENT_RESPONSE_META
 from gateway.mcp.tools import ToolRequest
 from gateway.routing.vocabulary import PAYMENT_METHODS
 from gateway.web.asgi import ASGIApp, Message, Scope, replay_body
 from gateway.x402.headers import PAYMENT_SIGNATURE, encode_header
 
-PAYMENT_META = "x402/payment"
-PAYMENT_RESPONSE_META = "x402/payment-response"
-GATEWAY_META = "x402-gateway/"
-"""The prefix of the ``_meta`` keys carrying this gateway's other credentials and receipts."""
-PRICE_META = GATEWAY_META + "price"
-"""A tool listing's price (:class:`gateway.mcp.tools.ToolPrice`)."""
-SIGN_IN_META = GATEWAY_META + "sign-in-with-x"
-SESSION_META = GATEWAY_META + "x-credit-session"
-CREDIT_BALANCE_META = GATEWAY_META + "x-credit-balance"
 _PAYMENT_RESPONSE = b"payment-response"
 _PAYMENT_REQUIRED = b"payment-required"
 _DROPPED = frozenset({b"content-type", b"content-length", b"accept", b"transfer-encoding"})

@@ -8,8 +8,8 @@ entry of the path table, and its session manager runs inside the app's lifespan.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
@@ -20,7 +20,6 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from gateway import SERVICE_NAME
 from gateway.errors import ErrorCode, GatewayError
 from gateway.mcp.calls import (
-    PRICE_META,
     call_scope,
     credential_headers,
     credentials_of,
@@ -28,12 +27,9 @@ from gateway.mcp.calls import (
     run,
     tool_result,
 )
-from gateway.mcp.tools import RouteTool, route_tools
-from gateway.routing.pricing import CreditTerms, FacilitatorFee
-from gateway.routing.routes import RouteSpec
+from gateway.mcp.meta import PRICE_META
+from gateway.mcp.tools import RouteTool
 from gateway.web.asgi import ASGIApp, Receive, Scope, Send
-
-MCP_PATH = "/mcp"
 
 
 class McpEndpoint:
@@ -87,27 +83,3 @@ class McpEndpoint:
         scope = call_scope(outer, request, credentials_of(meta, self.known), self.known)
         answer = await run(self.gateway, scope, request.body)
         return tool_result(answer, self.receipts)
-
-
-def mcp_endpoint(
-    routes: Sequence[RouteSpec], fee: FacilitatorFee, credit: CreditTerms | None, max_body: int
-) -> McpEndpoint | None:
-    """The endpoint of the served routes' tools; None when the gateway sells nothing."""
-    tools = route_tools(routes, fee, credit)
-    return McpEndpoint(tools, max_body=max_body) if tools else None
-
-
-Lifespan = Callable[[Any], AbstractAsyncContextManager[None]]
-
-
-def with_endpoint(lifespan: Lifespan, endpoint: McpEndpoint | None) -> Lifespan:
-    """The app's lifespan, with the endpoint's session manager running inside it."""
-    if endpoint is None:
-        return lifespan
-
-    @asynccontextmanager
-    async def both(app: Any) -> AsyncIterator[None]:
-        async with lifespan(app), endpoint.running():
-            yield
-
-    return both
