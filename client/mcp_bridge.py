@@ -108,6 +108,10 @@ class PayingBridge:
         return listed
 
     async def call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        if self.sessions.get(self.origin, self.wallet) is not None:  # no 402 first: the listed price
+            on_session = await self._on_credit(name, arguments, None)
+            if on_session is not None:
+                return on_session
         first = await self.gateway.call_tool(name, arguments)
         challenge = _challenge(first)
         if challenge is None:
@@ -141,22 +145,17 @@ class PayingBridge:
             raise PayError(f"cannot sign in: {exc}", "siwx_refused") from None
 
     async def _on_credit(
-        self, name: str, arguments: dict[str, Any], extension: dict[str, Any]
+        self, name: str, arguments: dict[str, Any], extension: dict[str, Any] | None
     ) -> types.CallToolResult | None:
-        """The call on prepaid credit, within both caps; None when the wallet has too little (or
-        the tool states no credit price): the caller pays instead."""
+        """The call on prepaid credit, within both caps, on the credit session (opened with the
+        challenge's sign-in ``extension`` when there is none yet); None when the wallet has too
+        little (or the tool states no credit price): the caller pays instead."""
         price = self._credit_price(name)
         if price is None or price > self.policy.max_amount or price > self.budget.left:
             return None
-        credit = self.sessions.get(self.origin, self.wallet)
-        if credit is None:
-            try:
-                cap = min(self.budget.left, MAX_SESSION_CAP)
-                credit = await open_session(self.http, self.origin, self.keypair, cap)
-                self.sessions.put(credit)
-            except SessionError:
-                credit = None
-        meta = {SESSION_META: credit.token} if credit else {SIGN_IN_META: self._sign_in(extension)}
+        meta = await self._credit_credential(extension)
+        if meta is None:
+            return None
         self.budget.hold(price, "the call takes")
         result = await self._call(name, arguments, meta)
         refusal = _challenge(result)
@@ -168,6 +167,23 @@ class PayingBridge:
         if refusal.error in RENEWED:
             self.sessions.drop(self.origin, self.wallet)
         return None
+
+    async def _credit_credential(self, extension: dict[str, Any] | None) -> dict[str, str] | None:
+        """The credit session's token (opened on the first call, capped at what this run may
+        still spend), or a sign-in where the gateway opens none; None with neither at hand."""
+        credit = self.sessions.get(self.origin, self.wallet)
+        if credit is not None:
+            return {SESSION_META: credit.token}
+        if extension is None:
+            return None
+        try:
+            credit = await open_session(
+                self.http, self.origin, self.keypair, min(self.budget.left, MAX_SESSION_CAP)
+            )
+        except SessionError:
+            return {SIGN_IN_META: self._sign_in(extension)}
+        self.sessions.put(credit)
+        return {SESSION_META: credit.token}
 
     def _credit_price(self, name: str) -> int | None:
         price = _listed_price(self.tools.get(name))

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from prometheus_client import REGISTRY
 from solders.keypair import Keypair
 
 from tests.support.gateway_process import clean_env, command
@@ -43,6 +44,12 @@ from tests.support.upstream import static
 pytestmark = pytest.mark.slow  # each case starts the bridge process (about a second)
 
 ASKED = {"params": [ACCOUNT]}
+
+
+def _challenges() -> float:
+    """The 402s getBalance has answered in this process (the served gateway's counter)."""
+    labels = {"route": GET_BALANCE_TOOL, "method": "POST", "status": "402"}
+    return REGISTRY.get_sample_value("x402_requests_total", labels) or 0.0
 
 
 def key_file(tmp_path: Path, keypair: Keypair) -> Path:
@@ -98,8 +105,10 @@ async def test_the_bridge_spends_prepaid_credit_through_a_credit_session(
     await buy_one_usdc_of_credit(paid)
     paid.upstream.responder = static(200, PROVIDER_ANSWER)
     after_top_up, sent = balances(paid), len(paid.rpc.sent)
+    challenged = _challenges()
     async with bridge(paid, key_file(tmp_path, paid.chain.payer)) as session:
         calls = [await session.call_tool(GET_BALANCE_TOOL, ASKED) for _ in range(2)]
+    assert _challenges() == challenged + 1  # the second call went straight to the session
 
     assert [call.isError for call in calls] == [False, False], calls[-1].content
     assert [call.meta for call in calls] == [
