@@ -292,15 +292,26 @@ async def run_bridge(
         print(f"x402-gateway mcp: {exc}", file=sys.stderr)
         return 2
     origin = gateway.rstrip("/")
-    async with aiohttp.ClientSession() as http, gateway_session(origin) as session:
-        bridge = PayingBridge(
-            session,
-            http,
-            origin,
-            keypair,
-            rpc_url=rpc_url or default_rpc_url(),
-            policy=policy,
-            budget=Budget(limit),
-        )
-        await serve(bridge)
+    try:
+        async with aiohttp.ClientSession() as http, gateway_session(origin) as session:
+            bridge = PayingBridge(
+                session,
+                http,
+                origin,
+                keypair,
+                rpc_url=rpc_url or default_rpc_url(),
+                policy=policy,
+                budget=Budget(limit),
+            )
+            await serve(bridge)
+    except Exception as exc:  # the SDK's task groups raise groups: the first cause is the reason
+        cause = _first_cause(exc)
+        print(f"x402-gateway mcp: {origin}/mcp: {type(cause).__name__}: {cause}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _first_cause(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc

@@ -21,7 +21,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from prometheus_client import REGISTRY
 from solders.keypair import Keypair
 
-from tests.support.gateway_process import clean_env, command
+from tests.support.gateway_process import clean_env, command, run_cli
 from tests.support.mcp_client import (
     BALANCE_META,
     GET_BALANCE_CREDIT,
@@ -39,6 +39,7 @@ from tests.support.paid_fixtures import (
     PaidGateway,
     StartPaidGateway,
 )
+from tests.support.ports import refusing_port
 from tests.support.upstream import static
 
 pytestmark = pytest.mark.slow  # each case starts the bridge process (about a second)
@@ -187,3 +188,20 @@ async def test_a_call_the_provider_failed_costs_nothing_and_spends_none_of_the_s
     assert failed.structuredContent["status"] == 502
     assert answered.isError is False, answered.content
     assert len(paid.rpc.sent) == 1
+
+
+def test_the_bridge_exits_with_one_line_when_the_gateway_is_out_of_reach_or_an_option_is_bad(
+    tmp_path: Path,
+) -> None:
+    wallet = str(key_file(tmp_path, Keypair()))
+    gateway = f"http://127.0.0.1:{refusing_port()}"
+    unreachable = run_cli({}, "mcp", "--gateway", gateway, "--keypair", wallet)
+    bad = run_cli({}, "mcp", "--gateway", gateway, "--keypair", wallet, "--max-session-amount", "lots")
+    assert unreachable.returncode == 1
+    assert unreachable.stderr.splitlines() == [
+        f"x402-gateway mcp: {gateway}/mcp: ConnectError: All connection attempts failed"
+    ]
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines() == [
+        "x402-gateway mcp: --max-session-amount 'lots' is not a USDC amount such as 0.10"
+    ]
