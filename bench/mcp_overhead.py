@@ -2,11 +2,13 @@
 
 Not a test and not part of ``bench/run.py``: a small timing script. It starts ``x402-gateway
 sandbox`` (its local chain is the provider), buys 1 USDC of prepaid credit with the demo wallet
-and opens a credit session, then times, interleaved in rounds, one client at a time (c=1):
+and opens a credit session, then times, interleaved call by call, one client at a time (c=1):
 
 getBalance paid from the session: ``POST /v1/x402/.../getBalance`` with ``X-CREDIT-SESSION``,
-against ``tools/call`` of the same tool with the token in ``_meta``. (Unpaid calls are left out:
-the sandbox keeps its per-IP limit on 402s, which a timing loop would run into.)
+against ``tools/call`` of the same tool with the token in ``_meta``; and, for the floor, a bare
+MCP ``ping`` against ``GET /healthz``: what the SDK's stateless transport costs a request by
+itself. (Unpaid calls are left out: the sandbox keeps its per-IP limit on 402s, which a timing
+loop would run into.)
 
 Both MCP requests are the JSON-RPC a Streamable-HTTP client POSTs (stateless: no session set-up
 per call), so the difference is the gateway's MCP handling alone. Prints p50 and mean latency per
@@ -122,15 +124,27 @@ async def measure(base: str, chain: str, key_file: Path, calls: int, rounds: int
 
             return send
 
+        async def health() -> None:
+            async with http.get(base + "/healthz") as resp:
+                await resp.read()
+
+        ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+
+        async def mcp_ping() -> None:
+            async with http.post(base + "/mcp", data=ping, headers=MCP_HEADERS) as resp:
+                assert "result" in await resp.json()
+
         paths = {
             "paid, HTTP": rpc({"content-type": "application/json", "X-CREDIT-SESSION": session.token}, 200),
             "paid, MCP": tool({"x402-gateway/x-credit-session": session.token}, False),
+            "floor, HTTP (GET /healthz)": health,
+            "floor, MCP (ping)": mcp_ping,
         }
         for send in paths.values():  # warm up
             await _time(20, send)
-        for _ in range(rounds):
+        for _ in range(rounds * calls):  # call by call, so a burst of other work hits every path alike
             for name, send in paths.items():
-                timings.setdefault(name, []).extend(await _time(calls, send))
+                timings.setdefault(name, []).extend(await _time(1, send))
     return timings
 
 
@@ -138,8 +152,9 @@ def report(timings: dict[str, list[float]]) -> str:
     lines = ["| path | p50 ms | mean ms |", "|---|---|---|"]
     for name, taken in timings.items():
         lines.append(f"| {name} | {statistics.median(taken):.2f} | {statistics.fmean(taken):.2f} |")
-    for kind in ("paid",):
-        http, mcp = timings[f"{kind}, HTTP"], timings[f"{kind}, MCP"]
+    for kind in ("paid", "floor"):
+        [http] = [taken for name, taken in timings.items() if name.startswith(f"{kind}, HTTP")]
+        [mcp] = [taken for name, taken in timings.items() if name.startswith(f"{kind}, MCP")]
         mcp_p50, http_p50 = statistics.median(mcp), statistics.median(http)
         lines.append(
             f"\nMCP over HTTP, {kind}: +{mcp_p50 - http_p50:.2f} ms at p50 ({mcp_p50 / http_p50:.2f}x)"
