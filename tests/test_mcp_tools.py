@@ -319,3 +319,42 @@ async def test_unpaid_calls_count_against_the_client_ips_challenge_limit_as_over
     assert int(limited.structuredContent["retryAfter"]) > 0
     assert over_http.status == 429  # one budget, whichever way the client came
     assert paid.upstream_calls == 0
+
+
+def _packaged_tools(**env: str) -> dict[str, Any]:
+    from gateway.config import load_settings
+    from gateway.mcp.tools import route_tools
+    from gateway.routing.pricing import credit_terms, facilitator_fee
+    from gateway.routing.routes import load_routes, named_limits
+
+    settings = load_settings({"GATEWAY_BASE_URL": "http://127.0.0.1", **env})
+    routes = load_routes(settings.routes_file, named_limits(settings))
+    return {t.name: t for t in route_tools(routes, facilitator_fee(settings), credit_terms(settings))}
+
+
+def test_a_tool_call_is_the_routes_request_byte_for_byte_the_same_for_the_same_arguments() -> None:
+    tools = _packaged_tools()
+    rpc = tools[GET_BALANCE_TOOL]
+    first = rpc.request({"params": [ACCOUNT, {"commitment": "finalized"}]})
+    assert first == rpc.request({"params": [ACCOUNT, {"commitment": "finalized"}]})
+    assert (first.method, first.path, first.query) == (
+        "POST",
+        "/v1/x402/solana/mainnet/provider_a/rpc/getBalance",
+        b"",
+    )
+    assert json.loads(first.body) == {
+        "id": 1,
+        "jsonrpc": "2.0",
+        "method": "getBalance",
+        "params": [ACCOUNT, {"commitment": "finalized"}],
+    }
+    detail = tools["tokens.assetDetail"].request(
+        {"path": {"assetId": "a/b c"}, "query": {"marketsLimit": 5, "include": "risk,profile"}}
+    )
+    assert detail.path == "/v1/x402/tokens/assets/a%2Fb%20c"  # a slash never reaches another route
+    assert detail.query == b"include=risk%2Cprofile&marketsLimit=5"
+    snapshots = tools["tokens.marketSnapshots"].request({"body": {"mints": ["m1"]}})
+    assert (snapshots.method, json.loads(snapshots.body)) == ("POST", {"mints": ["m1"]})
+    assert not any(name.startswith(("credits.", "facilitator.", "health")) for name in tools)
+    assert "credit" not in rpc.description  # credit off: only the exact price
+    assert rpc.description.endswith("Price: $0.000005 USDC per call (x402 exact, Solana).")
