@@ -358,3 +358,15 @@ def test_a_tool_call_is_the_routes_request_byte_for_byte_the_same_for_the_same_a
     assert not any(name.startswith(("credits.", "facilitator.", "health")) for name in tools)
     assert "credit" not in rpc.description  # credit off: only the exact price
     assert rpc.description.endswith("Price: $0.000005 USDC per call (x402 exact, Solana).")
+
+
+async def test_the_endpoint_takes_posts_only_and_names_an_unknown_tool(gateway: PaidGateway) -> None:
+    for method in ("GET", "DELETE"):
+        async with gateway.http.request(method, gateway.url + "/mcp") as resp:
+            assert (resp.status, resp.headers["allow"]) == (405, "POST")
+            assert (await resp.json())["error"]["code"] == "method_not_allowed"
+    async with mcp_session(gateway.url) as session:
+        unknown = await session.call_tool("solana.mainnet.provider_a.rpc.noSuchMethod", {})
+    assert unknown.isError is True
+    assert unknown.content[0].text == "unknown tool 'solana.mainnet.provider_a.rpc.noSuchMethod'"  # type: ignore[union-attr]
+    assert gateway.upstream_calls == 0

@@ -8,6 +8,7 @@ entry of the path table, and its session manager runs inside the app's lifespan.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,7 +19,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from gateway import SERVICE_NAME
-from gateway.errors import ErrorCode, GatewayError
+from gateway.errors import ErrorCode, GatewayError, error_body
 from gateway.mcp.calls import (
     call_scope,
     credential_headers,
@@ -29,7 +30,12 @@ from gateway.mcp.calls import (
 )
 from gateway.mcp.meta import PRICE_META
 from gateway.mcp.tools import RouteTool
-from gateway.web.asgi import ASGIApp, Receive, Scope, Send
+from gateway.web.asgi import ASGIApp, Receive, Scope, Send, send_bytes
+
+_NOT_ALLOWED_HEADERS = [(b"content-type", b"application/json"), (b"allow", b"POST")]
+logging.getLogger("mcp").setLevel(logging.ERROR)
+"""The SDK's own lines are plain text beside our JSON ones, and its warnings are the client's
+doing (a tool name it made up): only its errors are kept."""
 
 
 class McpEndpoint:
@@ -48,6 +54,7 @@ class McpEndpoint:
             for tool in tools
         ]
         self.gateway: ASGIApp | None = None
+        self.not_allowed = error_body(ErrorCode.METHOD_NOT_ALLOWED, "method not allowed; allowed: POST")
         self.known = credential_headers()
         self.receipts = receipt_headers()
         server: Server[Any, Any] = Server(SERVICE_NAME)
@@ -65,6 +72,9 @@ class McpEndpoint:
             yield
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":  # stateless: no stream to hold open (GET), no session to end
+            await send_bytes(send, 405, self.not_allowed, _NOT_ALLOWED_HEADERS)
+            return
         await self.sessions.handle_request(scope, receive, send)
 
     async def _list(self) -> list[types.Tool]:
