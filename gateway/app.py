@@ -33,6 +33,8 @@ from gateway.handlers.metrics import MetricsHandler
 from gateway.handlers.openapi import OpenApiHandler
 from gateway.handlers.readiness import ReadyHandler
 from gateway.handlers.tokens import TokensHandler
+from gateway.mcp.meta import MCP_PATH
+from gateway.mcp.mount import mcp_endpoint, with_endpoint
 from gateway.methods.credit.handlers import (
     BalanceHandler,
     SessionOpenHandler,
@@ -339,15 +341,20 @@ def create_app(
         entries.append((path, app, specs[0].name))
     for endpoint in services.batch_endpoints:
         entries.append((endpoint.path, batch_pipeline(endpoint, services, binder), endpoint.name))
+    mcp = mcp_endpoint(mounted, services.facilitator_fee, credit_terms(settings), settings.max_body_bytes)
+    if mcp is not None:  # its own path: the tools' calls run the routes' pipelines below
+        entries.append((MCP_PATH, mcp, "mcp"))
     starlette = GatewayApp(
         routes=[PathTable(entries)],
-        lifespan=services.lifespan,
+        lifespan=with_endpoint(services.lifespan, mcp),
     )
     starlette.body_timeout_s = settings.client_body_timeout_s
     starlette.max_body_bytes = settings.max_body_bytes
     starlette.router.redirect_slashes = False
     starlette.router.default = not_found
     starlette.state.services = services
+    if mcp is not None:
+        mcp.gateway = starlette
     if sells_anything(mounted):
         log_event("gateway ready", routes=len(mounted), base_url=settings.base_url)
     else:

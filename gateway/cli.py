@@ -416,6 +416,23 @@ def cmd_pay(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from client.mcp_bridge import run_bridge
+
+    return asyncio.run(
+        run_bridge(
+            args.gateway,
+            keypair_file=args.keypair,
+            rpc_url=args.rpc,
+            max_amount=args.max_amount,
+            max_session_amount=args.max_session_amount,
+            usdc_mint=args.usdc_mint or os.environ.get("X402_USDC_MINT") or None,
+        )
+    )
+
+
 def cmd_credits(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -832,6 +849,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gateway's ledger of record",
     )
     credits.set_defaults(func=cmd_credits)
+    mcp = sub.add_parser(
+        "mcp",
+        help="run a local stdio MCP server that pays a gateway's MCP tools from a wallet",
+        description="Serve the MCP tools of the gateway at URL (its /mcp) over stdio, for MCP clients "
+        "that cannot pay: a call answered with payment requirements is paid from the wallet, from its "
+        "prepaid credit when it has some (one credit session), else with an exact USDC payment; "
+        "sign-in routes get a sign-in. Logs go to stderr; stdout is the protocol.",
+    )
+    mcp.add_argument("--gateway", required=True, metavar="URL", help="the gateway, e.g. http://127.0.0.1:8080")
+    mcp.add_argument("--keypair", required=True, help="solana-keygen JSON file (or base58 64-byte key)")
+    mcp.add_argument("--rpc", default=None, help="Solana RPC URL (default: $SOLANA_RPC_URL or mainnet)")
+    mcp.add_argument(
+        "--max-amount",
+        default=None,
+        metavar="USDC",
+        help="the most one call may take, paid or from prepaid credit: refuse calls asking more "
+        "(default: 0.10)",
+    )
+    mcp.add_argument(
+        "--max-session-amount",
+        default=None,
+        metavar="USDC",
+        help="the most all calls of this run may take together, paid or from credit (default: 1.00)",
+    )
+    mcp.add_argument(
+        "--usdc-mint",
+        default=None,
+        metavar="MINT",
+        help="the only asset paid in (default: $X402_USDC_MINT or the mainnet USDC mint)",
+    )
+    mcp.set_defaults(func=cmd_mcp)
     _add_ledger(sub)
     with guarded_streams():
         args = parser.parse_args(argv)

@@ -11,6 +11,8 @@ from gateway import SERVICE_NAME
 from gateway.batch.describe import CatalogEndpoint, catalog_endpoint
 from gateway.batch.endpoint import BatchEndpoint
 from gateway.errors import ErrorCode, GatewayError
+from gateway.mcp.meta import MCP_PATH, PAYMENT_META
+from gateway.mcp.tools import is_tool
 from gateway.methods.credit.sessions import MAX_LIFETIME_S, SESSION_HEADER
 from gateway.routing.pricing import (
     CreditTerms,
@@ -59,6 +61,17 @@ class CatalogEntry(msgspec.Struct, omit_defaults=True, kw_only=True):
     replayableUpToBytes: int | None = None
     creditPrice: CatalogPrice | None = None
     """What a call takes from prepaid credit instead (signed in), while credit is on."""
+    mcpTool: str | None = None
+    """The MCP tool that calls this route at the catalog's ``mcp`` endpoint."""
+
+
+class CatalogMcp(msgspec.Struct):
+    """The routes with an ``mcpTool`` are also MCP tools at ``url`` (Streamable HTTP), paid through
+    the x402 MCP transport: the payment in the call's ``_meta[paymentMeta]``."""
+
+    url: str
+    transport: str = "streamable-http"
+    paymentMeta: str = PAYMENT_META
 
 
 class CatalogCredit(msgspec.Struct):
@@ -82,6 +95,7 @@ class Catalog(msgspec.Struct, omit_defaults=True):
     credit: CatalogCredit | None = None
     endpoints: list[CatalogEndpoint] | None = None
     """Each provider's JSON-RPC endpoint: one call or a batch of its methods (``gateway.batch``)."""
+    mcp: CatalogMcp | None = None
 
 
 def input_schema(route: RouteSpec) -> dict[str, Any]:
@@ -129,6 +143,7 @@ def catalog_entry(
         operation=route.operation,
         replayableUpToBytes=route.replay_cap_bytes if paid else None,
         creditPrice=_price(in_credit) if in_credit is not None else None,
+        mcpTool=route.name if is_tool(route) else None,
     )
 
 
@@ -157,6 +172,8 @@ class CatalogHandler:
             scheme = ACCESS_MODES[CREDIT_METHOD].scheme or ""
             terms = CatalogCredit(scheme, credit.lapse_days, SESSION_HEADER, MAX_LIFETIME_S)
 
+        mcp = CatalogMcp(base_url + MCP_PATH) if any(e.mcpTool for e in entries) else None
+
         def body(listed: list[CatalogEntry], group: str | None = None) -> bytes:
             shown = [e for e in described if group is None or e.provider == group] or None
             catalog = Catalog(
@@ -167,6 +184,7 @@ class CatalogHandler:
                 routes=listed,
                 credit=terms,
                 endpoints=shown if listed else None,
+                mcp=mcp,
             )
             return msgspec.json.encode(catalog)
 

@@ -223,6 +223,11 @@ def banner(parts: SandboxParts, settings: Settings) -> str:
             f"  x402-gateway credits {base} --keypair {key_file}",
             "",
             *_ledger_commands(parts),
+            f"MCP: the paid tools at {base}/mcp (Streamable HTTP; a tool call is paid with the x402 MCP",
+            'transport, _meta["x402/payment"]); for an MCP client that cannot pay, a local stdio server',
+            "paying from the demo wallet (its command for the client's configuration):",
+            f"  x402-gateway mcp --gateway {base} {tail}",
+            "",
             f"Rehearse check and serve (on port {parts.config.gateway_port + 1}) against this chain and "
             "sample API; the environment printed holds the sandbox's keys:",
             f'  (set -a; eval "$({print_env})"; x402-gateway check && x402-gateway serve --host 127.0.0.1)',

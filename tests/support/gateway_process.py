@@ -31,7 +31,9 @@ def command() -> list[str]:
 
 def clean_env(env: Mapping[str, str]) -> dict[str, str]:
     """Only what the test sets, plus what a process needs to start (no inherited gateway config)."""
-    base = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "SYSTEMROOT") if k in os.environ}
+    # PYTHONPATH too: a checkout on it (a worktree) is the code its subprocesses run
+    kept = ("PATH", "HOME", "LANG", "SYSTEMROOT", "PYTHONPATH")
+    base = {k: os.environ[k] for k in kept if k in os.environ}
     return {**base, "PYTHONUNBUFFERED": "1", **env}
 
 
