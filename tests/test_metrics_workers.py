@@ -87,7 +87,7 @@ event loop accepts every pending one, so a batch often lands on one worker: keep
 (a short pause apart, which reshuffles which worker is waiting) until both have settled some."""
 PROVIDER_ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"context": {"slot": 4}, "value": 77}}
 TOKENS_HEALTH = "/v1/x402/tokens/health"
-STORE_FLUSH_POLLS = 50
+STORE_FLUSH_POLLS = 300
 ROUTE_LIMITS = named_limits(Settings(base_url="https://gw.example.com"))
 
 
@@ -163,17 +163,27 @@ async def test_earnings_with_two_workers_add_up_and_list_only_meaningful_series(
             assert reply.status == 200
             return earnings_series(reply.body.decode())
 
-        # The shared store hears from each worker within its flush interval (a second).
+        revenue = settled * GET_BALANCE_PROVIDER_PRICE  # the fake CDP: no settlement fee
+        expected = {
+            ("x402_revenue_micro_usdc_total", ROUTE, ""): revenue,
+            ("x402_payments_total", ROUTE, "paid"): settled,
+            ("x402_payments_total", ROUTE, "challenged"): settled,
+            ("x402_usage_total", ROUTE, "paid"): settled,
+            ("x402_payments_total", TOKENS_ROUTE, "signed_in"): 1,
+            ("x402_usage_total", TOKENS_ROUTE, "signed_in"): 1,
+            ("x402_usage_total", TOKENS_ROUTE, "unpaid"): 1,
+        }
+        # The shared store hears from each worker within its flush interval (a second); a loaded
+        # runner may take several, so wait for every series, not only the first.
         for _ in range(STORE_FLUSH_POLLS):
             series = await scrape()
-            if series[("x402_usage_total", ROUTE, "paid")] == settled:
+            if all(series[key] == value for key, value in expected.items()):
                 break
             await asyncio.sleep(0.1)
         catalog = await gateway.get("/v1/catalog")
         assert catalog.status == 200
         for _ in range(6):  # whichever worker answers, it reports every worker's earnings
             series = await scrape()
-            revenue = settled * GET_BALANCE_PROVIDER_PRICE  # the fake CDP: no settlement fee
             assert series[("x402_revenue_micro_usdc_total", ROUTE, "")] == revenue
             assert series[("x402_payments_total", ROUTE, "paid")] == settled
             assert series[("x402_payments_total", ROUTE, "challenged")] == settled
