@@ -33,7 +33,7 @@ from gateway.store import (
 )
 from gateway.store.base import taken_mark
 from gateway.store.lua import CHECK_THEN_LIMIT_SCRIPT, check_then_limit_call
-from gateway.store.memory import MemoryStore, gcra
+from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
 from tests.support.polling import read_until
@@ -494,10 +494,23 @@ async def test_redis_and_upstash_backends_share_claims_and_buckets(
         await upstash_store.close()
 
 
-# --- the script is memory.gcra() -----------------------------------------------------------------
+# --- the script is GCRA --------------------------------------------------------------------------
 
 
-async def test_gcra_script_decides_exactly_as_memory_gcra(raw_redis: aioredis.Redis) -> None:
+def gcra(tat_us: int | None, now_us: int, limit: int, period_ms: int) -> tuple[RateDecision, int | None]:
+    """The reference model of one GCRA step, in microseconds: the decision and the new theoretical
+    arrival time (None: unchanged). The stores run it only as Lua; this is what it must decide."""
+    period_us = period_ms * 1_000
+    interval = max(period_ms * 1_000 // max(limit, 1), 1)
+    tat = max(tat_us if tat_us is not None else now_us, now_us)
+    new_tat = tat + interval
+    allow_at = new_tat - period_us
+    if allow_at > now_us:
+        return RateDecision(allowed=False, retry_after_ms=-(-(allow_at - now_us) // 1_000)), None
+    return RateDecision(allowed=True), new_tat
+
+
+async def test_gcra_script_decides_exactly_as_the_reference_gcra(raw_redis: aioredis.Redis) -> None:
     """Drive the script with explicit clocks and compare every decision and stored TAT."""
     script = raw_redis.register_script(CHECK_THEN_LIMIT_SCRIPT)
     rng = random.Random(402)
@@ -1450,10 +1463,10 @@ async def test_memory_store_drops_expired_buckets_and_values() -> None:
     for i in range(100):  # each bucket's TAT and each value live 300 ms: longer than the loop
         await limit_once(store, f"ip:{i}", 10, 3_000)
         await store.put(f"v:{i}", "x", 300)
-    assert store.size() == 200
+    assert await store.size() == 200
     await asyncio.sleep(0.4)
-    await store.claim("c", "x", 60_000)  # any write drops what has expired
-    assert store.size() == 1
+    await store.claim("c", "x", 60_000)  # any command sweeps out what has expired
+    assert await store.size() == 1
     assert (await limit_once(store, "ip:0", 10, 3_000)).allowed
 
 

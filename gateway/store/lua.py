@@ -1,7 +1,9 @@
-"""What the Redis and Upstash backends share: the Lua scripts and the checks on server replies.
+"""What every backend shares: the Lua scripts and the checks on server replies.
 
-The GCRA step is ``gateway.store.memory.gcra()`` line for line, run atomically inside the server so
-that every gateway process reads the same clock (``TIME``) and the same theoretical arrival time.
+These scripts are the one definition of each store behaviour: Redis and Upstash run them on the
+server, the memory store on its in-process Redis. The GCRA step runs atomically inside the server
+so that every gateway process reads the same clock (``TIME``) and the same theoretical arrival
+time (``tests/test_store_contract.py`` holds it to a reference model).
 The two payment scripts do in one round trip what would otherwise take one per key.
 A reply of the wrong shape raises StoreUnavailable: callers fail closed rather than guess.
 """
@@ -249,7 +251,7 @@ return {balance, held, left, now}
 # KEYS: the n checked keys, then the m buckets, then the puts, then (with a credit hold) the
 # balance, its hold set and the lapse index, then the contention mark of each share bucket, in
 # bucket order. ARGV: n, m, now in microseconds or "" (only the differential test against
-# memory.gcra() passes a clock: the gateway always uses the server's), '1' with a credit hold
+# the reference GCRA passes a clock: the gateway always uses the server's), '1' with a credit hold
 # else '', then limit, period_ms and kind per bucket (1: guard, 0: plain, 's<j>': a share of
 # bucket j), then value and ttl_ms per put, then (with a hold) wallet, token, amount and ttl_ms.
 # Reply: {values (nil where absent), retry_after_ms per bucket taken (0: allowed), 1 if the puts
@@ -259,7 +261,7 @@ return {balance, held, left, now}
 # (share bucket key) refused by bucket j within j's period; else it allows and is charged up
 # to full, never past. A refusal gives the shares charged before it back as they were, and a
 # bucket j that refuses records each of its shares' subjects in their marks (hash subject ->
-# µs), keeping the two latest distinct: memory.MemoryStore._limit().
+# µs), keeping the two latest distinct (``base.MAX_CONTENDERS``).
 CHECK_THEN_LIMIT_SCRIPT = (
     _CREDIT_PRELUDE
     + """

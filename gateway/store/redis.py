@@ -79,6 +79,8 @@ MAX_CONNECTIONS = 100
 class RedisStore:
     """Store over ``redis.asyncio``; the rate limit runs as one server-side script."""
 
+    timeout_s: float | None
+
     def __init__(
         self,
         url: str,
@@ -87,7 +89,6 @@ class RedisStore:
         health_check_interval_s: int = 15,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        self.timeout_s: float | None = timeout_s
         try:
             # A blocking pool: past max_connections a command waits up to timeout_s for a free
             # connection. The default pool raises at once (redis-py caps it at 100), which turned a
@@ -106,7 +107,12 @@ class RedisStore:
             )
         except ValueError:
             raise ValueError("STATE_STORE_REST_URL is not a valid redis:// URL") from None
-        self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
+        self._bind(aioredis.Redis.from_pool(pool), timeout_s)
+
+    def _bind(self, client: aioredis.Redis, timeout_s: float | None) -> None:
+        """Run every operation on ``client`` (a real server's, or the in-process one's)."""
+        self.timeout_s = timeout_s
+        self._redis: aioredis.Redis = client
         # register_script sends EVALSHA and falls back to loading the script on NOSCRIPT.
         self._check_then_limit = self._redis.register_script(CHECK_THEN_LIMIT_SCRIPT)
         self._claim_then_put = self._redis.register_script(CLAIM_THEN_PUT_SCRIPT)

@@ -1,0 +1,85 @@
+"""The in-process store's speed, operation by operation: ``python -m bench.store_ops``.
+
+Not a test. It times the store calls one request makes, one after another on one event loop,
+against the memory store (and, with ``--redis URL``, a Redis store, for scale): a paid request's
+three round trips (the claim with its buckets, the write-ahead intent, the delivery), and a call
+paid from credit (the sign-in's hold with its nonce and bucket, then the take). It prints
+operations per second per kind; ``bench/README.md`` records the figures before and after a change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+
+from gateway.store import Bucket, Credit, CreditAccount, CreditHoldOrder, Entry, Store, open_store
+from gateway.store import keys as store_keys
+
+TTL_MS = 60_000
+
+
+def _account(wallet: str) -> CreditAccount:
+    return CreditAccount(
+        wallet,
+        store_keys.credit_balance(wallet),
+        store_keys.credit_holds(wallet),
+        store_keys.credit_lapses(),
+        store_keys.credit_lapsed(),
+    )
+
+
+async def _paid(store: Store, n: int) -> None:
+    payment = secrets.token_hex(16) + str(n)
+    buckets = [Bucket(store_keys.rate_bucket("bench", f"payer{n % 50}"), 10**6, 1_000)]
+    claim = Entry(store_keys.payment_claim(payment), "claimant", TTL_MS)
+    read = [store_keys.payment_claim(payment), store_keys.pending_settlement(payment)]
+    await store.check_then_limit(read, buckets, [claim])
+    await store.put(store_keys.pending_settlement(payment), "{}", TTL_MS)
+    delivery = Entry(store_keys.delivery(payment), "answer", TTL_MS)
+    await store.claim_then_put([delivery], [Entry(store_keys.pending_settlement(payment), "", 1)])
+
+
+async def _credit(store: Store, n: int) -> None:
+    account = _account(f"wallet{n % 50}")
+    nonce = secrets.token_hex(8)
+    hold = CreditHoldOrder(account, 1, nonce, TTL_MS)
+    bucket = Bucket(store_keys.rate_bucket("bench-credit", account.wallet), 10**6, 1_000)
+    found = await store.check_then_limit([store_keys.sign_in_nonce(nonce)], [bucket], [], hold)
+    await store.take_credit(account, nonce, 1)
+    assert found.written
+
+
+async def _rate(store: Store, n: int) -> None:
+    await store.check_then_limit([], [Bucket(store_keys.rate_bucket("bench-ip", str(n % 100)), 10**6, 1_000)])
+
+
+async def _timed(label: str, count: int, step: Callable[[Store, int], Awaitable[None]], store: Store) -> None:
+    started = time.perf_counter()
+    for n in range(count):
+        await step(store, n)
+    elapsed = time.perf_counter() - started
+    print(f"{label:<34} {count / elapsed:>10.0f} /s  ({elapsed / count * 1e6:.0f} µs each)")
+
+
+async def main(url: str | None, count: int) -> None:
+    store = open_store(url, None)
+    try:
+        for wallet in (f"wallet{i}" for i in range(50)):
+            await store.claim_then_put([], [], [Credit(_account(wallet), 10**12, TTL_MS * 10, TTL_MS)])
+        print(f"store: {type(store).__name__}, {count} operations each, sequential")
+        await _timed("rate-limit check (1 bucket)", count, _rate, store)
+        await _timed("paid request (3 round trips)", count, _paid, store)
+        await _timed("credit call (hold, take)", count, _credit, store)
+    finally:
+        await store.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", default=None, help="STATE_STORE_REST_URL (default: the memory store)")
+    parser.add_argument("--count", type=int, default=5_000)
+    options = parser.parse_args()
+    asyncio.run(main(options.url, options.count))
