@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import redis.asyncio as aioredis
+from redis.crc import key_slot
 
 from gateway.store import (
     Bucket,
@@ -32,6 +33,7 @@ from gateway.store import (
     open_store,
 )
 from gateway.store.base import taken_mark
+from gateway.store.cluster import RedisClusterStore
 from gateway.store.lua import CHECK_THEN_LIMIT_SCRIPT, check_then_limit_call
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
@@ -53,11 +55,14 @@ def _upstash_server_started(upstash_url_and_token: tuple[str, str]) -> None:
     land inside the running event loop, depending on how tests are handed out."""
 
 
-@pytest.fixture(params=["memory", "redis", "upstash"])
+@pytest.fixture(params=["memory", "redis", "upstash", "cluster"])
 def make_store(request: pytest.FixtureRequest) -> StoreFactory:
     """How to open the backend under test, on an empty database (sync, so it can pull fixtures)."""
     if request.param == "memory":
         return MemoryStore
+    if request.param == "cluster":
+        cluster_url: str = request.getfixturevalue("clean_cluster_url")
+        return lambda: RedisClusterStore(cluster_url, timeout_s=LOADED_TIMEOUT_S)
     redis_url: str = request.getfixturevalue("clean_redis_url")
     if request.param == "redis":
         return lambda: RedisStore(redis_url, timeout_s=LOADED_TIMEOUT_S)
@@ -84,64 +89,64 @@ async def raw_redis(clean_redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 async def test_exactly_one_of_many_concurrent_claims_wins(store: Store) -> None:
-    results = await asyncio.gather(*(store.claim("claim:tx", f"caller-{i}", 10_000) for i in range(25)))
+    results = await asyncio.gather(*(store.claim("{t}claim:tx", f"caller-{i}", 10_000) for i in range(25)))
 
     assert results.count(True) == 1
     winner = results.index(True)
-    assert await store.get("claim:tx") == f"caller-{winner}"
+    assert await store.get("{t}claim:tx") == f"caller-{winner}"
 
 
 async def test_claim_can_be_taken_again_after_its_ttl(store: Store) -> None:
-    assert await store.claim("claim:ttl", "first", 150)
-    assert not await store.claim("claim:ttl", "second", 150)
+    assert await store.claim("{t}claim:ttl", "first", 150)
+    assert not await store.claim("{t}claim:ttl", "second", 150)
 
-    third = await read_until(lambda: store.claim("claim:ttl", "third", 150), bool, time.monotonic() + 0.25)
+    third = await read_until(lambda: store.claim("{t}claim:ttl", "third", 150), bool, time.monotonic() + 0.25)
 
     assert third
-    assert await store.get("claim:ttl") == "third"
+    assert await store.get("{t}claim:ttl") == "third"
 
 
 async def test_release_by_the_holder_frees_the_lock(store: Store) -> None:
-    assert await store.claim("lock:a", "holder", 10_000)
+    assert await store.claim("{t}lock:a", "holder", 10_000)
 
-    assert await store.release("lock:a", "holder")
+    assert await store.release("{t}lock:a", "holder")
 
-    assert await store.get("lock:a") is None
-    assert await store.claim("lock:a", "next", 10_000)
+    assert await store.get("{t}lock:a") is None
+    assert await store.claim("{t}lock:a", "next", 10_000)
 
 
 async def test_release_by_a_former_holder_leaves_the_new_holders_lock(store: Store) -> None:
     """The first holder's lock expired and another settlement took it: the late release of the
     first must not let a third one in beside the second."""
-    assert await store.claim("lock:b", "first", 100)
-    assert await read_until(lambda: store.claim("lock:b", "second", 10_000), bool, time.monotonic() + 0.15)
+    assert await store.claim("{t}lock:b", "first", 100)
+    assert await read_until(lambda: store.claim("{t}lock:b", "second", 10_000), bool, time.monotonic() + 0.15)
 
-    assert not await store.release("lock:b", "first")
+    assert not await store.release("{t}lock:b", "first")
 
-    assert await store.get("lock:b") == "second"
-    assert not await store.claim("lock:b", "third", 10_000)
+    assert await store.get("{t}lock:b") == "second"
+    assert not await store.claim("{t}lock:b", "third", 10_000)
 
 
 async def test_release_of_an_absent_lock_changes_nothing(store: Store) -> None:
-    assert not await store.release("lock:none", "anyone")
+    assert not await store.release("{t}lock:none", "anyone")
 
-    assert await store.get("lock:none") is None
+    assert await store.get("{t}lock:none") is None
 
 
 # --- get / put -----------------------------------------------------------------------------------
 
 
 async def test_get_of_an_absent_key_is_none(store: Store) -> None:
-    assert await store.get("value:absent") is None
+    assert await store.get("{t}value:absent") is None
 
 
 async def test_put_overwrites_and_expires_after_its_ttl(store: Store) -> None:
-    await store.put("value:k", "one", 10_000)
-    await store.put("value:k", "two", 150)
-    assert await store.get("value:k") == "two"
+    await store.put("{t}value:k", "one", 10_000)
+    await store.put("{t}value:k", "two", 150)
+    assert await store.get("{t}value:k") == "two"
 
     expired = await read_until(
-        lambda: store.get("value:k"), lambda value: value is None, time.monotonic() + 0.25
+        lambda: store.get("{t}value:k"), lambda value: value is None, time.monotonic() + 0.25
     )
 
     assert expired is None
@@ -180,7 +185,7 @@ async def limit_once(store: Store, key: str, limit: int, period_ms: int) -> Rate
 
 
 async def test_rate_limit_allows_exactly_limit_in_a_burst_then_refuses(store: Store) -> None:
-    decisions = [await limit_once(store, "rl:burst", 5, 60_000) for _ in range(7)]
+    decisions = [await limit_once(store, "{t}rl:burst", 5, 60_000) for _ in range(7)]
 
     assert [d.allowed for d in decisions] == [True] * 5 + [False] * 2
     # The next slot opens one emission interval (60 s / 5) after the first request, give or take
@@ -190,7 +195,7 @@ async def test_rate_limit_allows_exactly_limit_in_a_burst_then_refuses(store: St
 
 
 async def test_rate_limit_allows_exactly_limit_of_a_concurrent_burst(store: Store) -> None:
-    decisions = await asyncio.gather(*(limit_once(store, "rl:gather", 8, 60_000) for _ in range(40)))
+    decisions = await asyncio.gather(*(limit_once(store, "{t}rl:gather", 8, 60_000) for _ in range(40)))
 
     assert sum(d.allowed for d in decisions) == 8
 
@@ -200,31 +205,31 @@ async def test_rate_limit_refills_one_slot_per_interval_and_all_after_the_period
     # One slot every 800 ms: the calls that must fall within one interval still do when a
     # loaded machine stalls this process for a few hundred milliseconds.
     limit, period_ms = 2, 1_600
-    assert (await limit_once(store, "rl:refill", limit, period_ms)).allowed
-    assert (await limit_once(store, "rl:refill", limit, period_ms)).allowed
-    refused = await limit_once(store, "rl:refill", limit, period_ms)
+    assert (await limit_once(store, "{t}rl:refill", limit, period_ms)).allowed
+    assert (await limit_once(store, "{t}rl:refill", limit, period_ms)).allowed
+    refused = await limit_once(store, "{t}rl:refill", limit, period_ms)
     assert not refused.allowed
     assert 0 < refused.retry_after_ms <= 800
 
     await asyncio.sleep(refused.retry_after_ms / 1000 + 0.03)
-    assert (await limit_once(store, "rl:refill", limit, period_ms)).allowed
-    assert not (await limit_once(store, "rl:refill", limit, period_ms)).allowed
+    assert (await limit_once(store, "{t}rl:refill", limit, period_ms)).allowed
+    assert not (await limit_once(store, "{t}rl:refill", limit, period_ms)).allowed
 
     await asyncio.sleep(period_ms / 1000 + 0.03)
-    decisions = [await limit_once(store, "rl:refill", limit, period_ms) for _ in range(limit + 1)]
+    decisions = [await limit_once(store, "{t}rl:refill", limit, period_ms) for _ in range(limit + 1)]
     assert [d.allowed for d in decisions] == [True] * limit + [False]
 
 
 async def test_rate_limit_keys_are_independent(store: Store) -> None:
-    assert (await limit_once(store, "rl:wallet-a", 1, 60_000)).allowed
-    assert not (await limit_once(store, "rl:wallet-a", 1, 60_000)).allowed
+    assert (await limit_once(store, "{t}rl:wallet-a", 1, 60_000)).allowed
+    assert not (await limit_once(store, "{t}rl:wallet-a", 1, 60_000)).allowed
 
-    assert (await limit_once(store, "rl:wallet-b", 1, 60_000)).allowed
+    assert (await limit_once(store, "{t}rl:wallet-b", 1, 60_000)).allowed
 
 
 # --- shares: a subject's part of a budget, binding only while others wait for it ------------------
 
-SHARE_MARK = "rl-contended:share"
+SHARE_MARK = "{t}rl-contended:share"
 
 
 async def ask_shared(
@@ -232,7 +237,9 @@ async def ask_shared(
 ) -> tuple[int | None, RateDecision]:
     """One request of ``subject``: its share of ``budget``, then ``budget``. The index of the
     bucket that refused it (0: its share, 1: the budget; None: allowed) and that decision."""
-    share = Bucket(f"rl:share:{subject}", share_limit, share_period_ms, share=Share(budget.key, SHARE_MARK))
+    share = Bucket(
+        f"{{t}}rl:share:{subject}", share_limit, share_period_ms, share=Share(budget.key, SHARE_MARK)
+    )
     decisions = (await store.check_then_limit([], [share, budget])).decisions
     for at, decision in enumerate(decisions):
         if not decision.allowed:
@@ -242,7 +249,7 @@ async def ask_shared(
 
 
 async def test_a_lone_subject_may_use_all_of_the_budget_its_share_is_part_of(store: Store) -> None:
-    budget = Bucket("rl:key", 4, 60_000)
+    budget = Bucket("{t}rl:key", 4, 60_000)
 
     asks = [await ask_shared(store, "alone", budget, 1) for _ in range(6)]
 
@@ -253,7 +260,7 @@ async def test_a_lone_subject_may_use_all_of_the_budget_its_share_is_part_of(sto
 async def test_once_another_subject_waits_for_the_budget_the_shares_bind(store: Store) -> None:
     # A slot every second (wide: the asks below must fall within one slot on a loaded
     # machine too); each share 1 a minute.
-    budget = Bucket("rl:key", 4, 4_000)
+    budget = Bucket("{t}rl:key", 4, 4_000)
     for _ in range(4):
         assert (await ask_shared(store, "busy", budget, 1))[0] is None
 
@@ -277,7 +284,7 @@ async def test_once_another_subject_waits_for_the_budget_the_shares_bind(store: 
 
 @pytest.mark.slow
 async def test_the_contention_mark_expires_after_the_budgets_period(store: Store) -> None:
-    budget = Bucket("rl:key", 2, 2_000)  # a slot a second: wide enough for a loaded machine
+    budget = Bucket("{t}rl:key", 2, 2_000)  # a slot a second: wide enough for a loaded machine
     for _ in range(2):
         assert (await ask_shared(store, "busy", budget, 1))[0] is None
     assert (await ask_shared(store, "waiting", budget, 1))[0] == 1
@@ -297,7 +304,7 @@ async def test_the_contention_mark_expires_after_the_budgets_period(store: Store
 async def test_a_subjects_own_refusals_never_lift_the_binding_another_put_on_it(store: Store) -> None:
     """The mark keeps the latest two distinct subjects refused, so a flooder that gets itself
     refused over and over cannot push out the client that waits."""
-    budget = Bucket("rl:key", 2, 3_000)  # a slot every 1.5 s
+    budget = Bucket("{t}rl:key", 2, 3_000)  # a slot every 1.5 s
     for _ in range(2):
         assert (await ask_shared(store, "third", budget, 1))[0] is None
     assert (await ask_shared(store, "waiting", budget, 1))[0] == 1
@@ -313,8 +320,8 @@ async def test_a_subjects_own_refusals_never_lift_the_binding_another_put_on_it(
 
 
 async def test_a_share_whose_budget_is_not_a_later_bucket_is_refused(store: Store) -> None:
-    budget = Bucket("rl:key", 2, 60_000)
-    share = Bucket("rl:share:x", 1, 60_000, share=Share(budget.key, SHARE_MARK))
+    budget = Bucket("{t}rl:key", 2, 60_000)
+    share = Bucket("{t}rl:share:x", 1, 60_000, share=Share(budget.key, SHARE_MARK))
     with pytest.raises(ValueError, match="budget"):
         await store.check_then_limit([], [budget, share])
     with pytest.raises(ValueError, match="budget"):
@@ -325,10 +332,10 @@ async def test_a_share_whose_budget_is_not_a_later_bucket_is_refused(store: Stor
 
 
 async def test_a_guard_bucket_refuses_when_exhausted_but_never_charges(store: Store) -> None:
-    guard = Bucket("rl:guard", 2, 60_000, guard=True)
+    guard = Bucket("{t}rl:guard", 2, 60_000, guard=True)
     for _ in range(5):  # checked five times, charged never
         assert (await store.check_then_limit([], [guard])).decisions == [RateDecision(allowed=True)]
-    await store.undo_claim([], debts=[Bucket("rl:guard", 2, 60_000)] * 2)
+    await store.undo_claim([], debts=[Bucket("{t}rl:guard", 2, 60_000)] * 2)
 
     refused = (await store.check_then_limit([], [guard])).decisions[0]
 
@@ -336,11 +343,11 @@ async def test_a_guard_bucket_refuses_when_exhausted_but_never_charges(store: St
 
 
 async def test_a_refused_guard_stops_the_buckets_after_it(store: Store) -> None:
-    await store.undo_claim([], debts=[Bucket("rl:refusals", 1, 60_000)])
-    shared = Bucket("rl:shared-after-guard", 1, 60_000)
+    await store.undo_claim([], debts=[Bucket("{t}rl:refusals", 1, 60_000)])
+    shared = Bucket("{t}rl:shared-after-guard", 1, 60_000)
 
     found = await store.check_then_limit(
-        [], [Bucket("rl:refusals", 1, 60_000, guard=True), shared], [Entry("claim:g", "me", 60_000)]
+        [], [Bucket("{t}rl:refusals", 1, 60_000, guard=True), shared], [Entry("{t}claim:g", "me", 60_000)]
     )
 
     assert [d.allowed for d in found.decisions] == [False] and not found.written
@@ -348,9 +355,9 @@ async def test_a_refused_guard_stops_the_buckets_after_it(store: Store) -> None:
 
 
 async def test_a_debt_is_charged_past_the_limit_and_waits_it_out(store: Store) -> None:
-    await store.undo_claim([], debts=[Bucket("rl:debt", 2, 10_000)] * 5)  # 5 charges, 2 per 10 s
+    await store.undo_claim([], debts=[Bucket("{t}rl:debt", 2, 10_000)] * 5)  # 5 charges, 2 per 10 s
 
-    refused = await limit_once(store, "rl:debt", 2, 10_000)
+    refused = await limit_once(store, "{t}rl:debt", 2, 10_000)
 
     # Five intervals of 5 s are owed; one more charge fits once 6 intervals less the period
     # (10 s) have passed: 20 s (a second of margin for a loaded machine).
@@ -358,7 +365,7 @@ async def test_a_debt_is_charged_past_the_limit_and_waits_it_out(store: Store) -
 
 
 async def test_a_refund_hands_back_one_request_and_never_goes_below_idle(store: Store) -> None:
-    bucket = Bucket("rl:refund", 2, 60_000)
+    bucket = Bucket("{t}rl:refund", 2, 60_000)
     assert (await limit_once(store, bucket.key, 2, 60_000)).allowed
     assert (await limit_once(store, bucket.key, 2, 60_000)).allowed
     assert not (await limit_once(store, bucket.key, 2, 60_000)).allowed
@@ -373,7 +380,7 @@ async def test_a_refund_hands_back_one_request_and_never_goes_below_idle(store: 
 
 
 async def test_undo_claim_deletes_only_what_still_holds_its_value(store: Store) -> None:
-    mine, taken = Entry("claim:mine", "me", 60_000), Entry("claim:taken", "me", 60_000)
+    mine, taken = Entry("{t}claim:mine", "me", 60_000), Entry("{t}claim:taken", "me", 60_000)
     await store.put(mine.key, "me", 60_000)
     await store.put(taken.key, "someone else", 60_000)
 
@@ -399,30 +406,30 @@ def read_late(started: float, lifetime_ms: int) -> bool:
 
 
 async def test_holds_fit_their_cap_and_a_refused_hold_changes_nothing(store: Store) -> None:
-    balance = Hold("held:account", 40, 100)
+    balance = Hold("{t}held:account", 40, 100)
     assert await store.hold([balance], "first", 60_000)
     assert await store.hold([balance], "second", 60_000)
     assert not await store.hold([balance], "third", 60_000)  # 40 + 40 + 40 > 100
-    assert await store.hold([Hold("held:account", 20, 100)], "small", 60_000)
+    assert await store.hold([Hold("{t}held:account", 20, 100)], "small", 60_000)
 
-    await store.unhold(["held:account"], "first")
+    await store.unhold(["{t}held:account"], "first")
 
     assert await store.hold([balance], "third", 60_000)
 
 
 async def test_a_hold_on_several_keys_is_all_or_nothing(store: Store) -> None:
-    assert await store.hold([Hold("held:owner", 1, 1)], "busy", 60_000)
-    both = [Hold("held:ip", 1, 5), Hold("held:owner", 1, 1)]
+    assert await store.hold([Hold("{t}held:owner", 1, 1)], "busy", 60_000)
+    both = [Hold("{t}held:ip", 1, 5), Hold("{t}held:owner", 1, 1)]
 
     assert not await store.hold(both, "next", 60_000)
 
-    assert await store.hold([Hold("held:ip", 5, 5)], "probe", 60_000)  # nothing was held at held:ip
+    assert await store.hold([Hold("{t}held:ip", 5, 5)], "probe", 60_000)  # nothing was held at held:ip
 
 
 async def test_holding_again_under_the_same_token_replaces_the_hold(store: Store) -> None:
-    assert await store.hold([Hold("held:again", 3, 3)], "me", 60_000)
-    assert await store.hold([Hold("held:again", 3, 3)], "me", 60_000)
-    assert not await store.hold([Hold("held:again", 1, 3)], "other", 60_000)
+    assert await store.hold([Hold("{t}held:again", 3, 3)], "me", 60_000)
+    assert await store.hold([Hold("{t}held:again", 3, 3)], "me", 60_000)
+    assert not await store.hold([Hold("{t}held:again", 1, 3)], "other", 60_000)
 
 
 async def test_a_hold_lapses_by_itself(store: Store) -> None:
@@ -441,7 +448,7 @@ async def test_a_hold_lapses_by_itself(store: Store) -> None:
 
 async def test_exactly_the_cap_of_many_concurrent_holds_win(store: Store) -> None:
     results = await asyncio.gather(
-        *(store.hold([Hold("held:race", 1, 7)], f"t{n}", 60_000) for n in range(30))
+        *(store.hold([Hold("{t}held:race", 1, 7)], f"t{n}", 60_000) for n in range(30))
     )
     assert sum(results) == 7
 
@@ -469,7 +476,7 @@ async def test_a_burst_larger_than_the_connection_pool_waits_for_connections(cle
     """More concurrent commands than connections: they take turns, none fails."""
     store = RedisStore(clean_redis_url, max_connections=2, timeout_s=LOADED_TIMEOUT_S)
     try:
-        claims = await asyncio.gather(*(store.claim(f"burst:{i}", "1", 60_000) for i in range(50)))
+        claims = await asyncio.gather(*(store.claim(f"{{t}}burst:{i}", "1", 60_000) for i in range(50)))
     finally:
         await store.close()
 
@@ -482,8 +489,8 @@ async def test_redis_and_upstash_backends_share_claims_and_buckets(
     redis_store = RedisStore(clean_redis_url, timeout_s=LOADED_TIMEOUT_S)
     upstash_store = UpstashStore(*upstash_url_and_token, timeout_s=LOADED_TIMEOUT_S)
     try:
-        assert await redis_store.claim("claim:both", "redis", 10_000)
-        assert not await upstash_store.claim("claim:both", "upstash", 10_000)
+        assert await redis_store.claim("{t}claim:both", "redis", 10_000)
+        assert not await upstash_store.claim("{t}claim:both", "upstash", 10_000)
 
         decisions = await asyncio.gather(
             *(limit_once(s, "rl:both", 10, 60_000) for s in (redis_store, upstash_store) for _ in range(15))
@@ -534,12 +541,12 @@ async def test_rate_limit_key_expires_when_its_tat_passes(
 ) -> None:
     store = RedisStore(clean_redis_url)
     try:
-        await limit_once(store, "rl:ttl", 4, 40_000)  # TAT = now + 10 s
-        await limit_once(store, "rl:ttl", 4, 40_000)  # TAT = now + 20 s
+        await limit_once(store, "{t}rl:ttl", 4, 40_000)  # TAT = now + 10 s
+        await limit_once(store, "{t}rl:ttl", 4, 40_000)  # TAT = now + 20 s
     finally:
         await store.close()
 
-    assert 19_000 < await raw_redis.pttl("rl:ttl") <= 20_000  # a second of margin: a loaded machine
+    assert 19_000 < await raw_redis.pttl("{t}rl:ttl") <= 20_000  # a second of margin: a loaded machine
 
 
 @pytest.mark.parametrize("backend", ["redis", "upstash"])
@@ -553,10 +560,10 @@ async def test_scripts_load_on_a_server_that_lacks_them(
         else UpstashStore(*request.getfixturevalue("upstash_url_and_token"))
     )
     try:
-        assert (await limit_once(store, "rl:noscript", 1, 60_000)).allowed
-        assert not (await limit_once(store, "rl:noscript", 1, 60_000)).allowed
-        assert await store.claim("lock:noscript", "holder", 60_000)
-        assert await store.release("lock:noscript", "holder")
+        assert (await limit_once(store, "{t}rl:noscript", 1, 60_000)).allowed
+        assert not (await limit_once(store, "{t}rl:noscript", 1, 60_000)).allowed
+        assert await store.claim("{t}lock:noscript", "holder", 60_000)
+        assert await store.release("{t}lock:noscript", "holder")
         assert _fields(await store.credit_state(account("noscript"))) == (0, 0, 0)
         assert await store.hold_credit(account("noscript"), 1, "t", 60_000) is None
         assert await store.take_credit(account("noscript"), "t", 1) is None
@@ -600,11 +607,11 @@ async def test_add_counts_counters_expire_after_their_ttl(store: Store) -> None:
 async def test_check_then_limit_reads_the_keys_and_charges_the_buckets_only_when_all_are_absent(
     store: Store,
 ) -> None:
-    await store.put("used", "route-a", 60_000)
-    buckets = [Bucket("b:scope", 10, 60_000), Bucket("b:wallet", 10, 60_000)]
+    await store.put("{t}used", "route-a", 60_000)
+    buckets = [Bucket("{t}b:scope", 10, 60_000), Bucket("{t}b:wallet", 10, 60_000)]
 
-    found = await store.check_then_limit(["fresh", "used"], buckets)
-    fresh = await store.check_then_limit(["fresh", "other"], buckets)
+    found = await store.check_then_limit(["{t}fresh", "{t}used"], buckets)
+    fresh = await store.check_then_limit(["{t}fresh", "{t}other"], buckets)
 
     assert found.values == [None, "route-a"] and found.decisions == [] and found.refused is None
     assert fresh.values == [None, None] and [d.allowed for d in fresh.decisions] == [True, True]
@@ -615,22 +622,22 @@ async def test_check_then_limit_reads_the_keys_and_charges_the_buckets_only_when
 
 
 async def test_check_then_limit_stops_at_the_first_refusing_bucket(store: Store) -> None:
-    tight, loose = Bucket("b:tight", 1, 60_000), Bucket("b:loose", 2, 60_000)
+    tight, loose = Bucket("{t}b:tight", 1, 60_000), Bucket("{t}b:loose", 2, 60_000)
 
-    first = await store.check_then_limit(["k"], [tight, loose])
-    second = await store.check_then_limit(["k"], [tight, loose])
+    first = await store.check_then_limit(["{t}k"], [tight, loose])
+    second = await store.check_then_limit(["{t}k"], [tight, loose])
 
     assert [d.allowed for d in first.decisions] == [True, True]
     assert len(second.decisions) == 1 and second.refused is not None
     assert 0 < second.refused.retry_after_ms <= 60_000
     # The refused request did not spend the loose bucket's second slot.
-    assert (await limit_once(store, "b:loose", 2, 60_000)).allowed
+    assert (await limit_once(store, "{t}b:loose", 2, 60_000)).allowed
 
 
 async def test_check_then_limit_with_no_buckets_is_a_multi_get(store: Store) -> None:
-    await store.put("a", "1", 60_000)
+    await store.put("{t}a", "1", 60_000)
 
-    lookup = await store.check_then_limit(["a", "b", "c"], [])
+    lookup = await store.check_then_limit(["{t}a", "{t}b", "{t}c"], [])
 
     assert lookup.values == ["1", None, None] and lookup.decisions == []
 
@@ -638,81 +645,86 @@ async def test_check_then_limit_with_no_buckets_is_a_multi_get(store: Store) -> 
 async def test_check_then_limit_writes_its_puts_only_when_every_key_is_absent_and_every_bucket_allows(
     store: Store,
 ) -> None:
-    await store.put("used", "x", 60_000)
-    tight = Bucket("b:puts", 1, 60_000)
-    claim = [Entry("claim", "mine", 60_000), Entry("record", "fp", 60_000)]
+    await store.put("{t}used", "x", 60_000)
+    tight = Bucket("{t}b:puts", 1, 60_000)
+    claim = [Entry("{t}claim", "mine", 60_000), Entry("{t}record", "fp", 60_000)]
 
-    found = await store.check_then_limit(["claim", "used"], [tight], claim)
-    first = await store.check_then_limit(["claim"], [tight], claim)
-    limited = await store.check_then_limit(["other"], [tight], [Entry("other", "no", 60_000)])
-    again = await store.check_then_limit(["claim"], [], [Entry("claim", "theirs", 60_000)])
+    found = await store.check_then_limit(["{t}claim", "{t}used"], [tight], claim)
+    first = await store.check_then_limit(["{t}claim"], [tight], claim)
+    limited = await store.check_then_limit(["{t}other"], [tight], [Entry("{t}other", "no", 60_000)])
+    again = await store.check_then_limit(["{t}claim"], [], [Entry("{t}claim", "theirs", 60_000)])
 
     assert (found.written, first.written, limited.written, again.written) == (False, True, False, False)
     assert found.decisions == [] and limited.refused is not None
     assert again.values == ["mine"]
-    assert await store.get("claim") == "mine" and await store.get("record") == "fp"
-    assert await store.get("other") is None
+    assert await store.get("{t}claim") == "mine" and await store.get("{t}record") == "fp"
+    assert await store.get("{t}other") is None
 
 
 async def test_exactly_one_of_many_concurrent_check_then_limit_claims_wins(store: Store) -> None:
-    bucket = Bucket("b:race", 100, 60_000)
+    bucket = Bucket("{t}b:race", 100, 60_000)
     results = await asyncio.gather(
-        *(store.check_then_limit(["race"], [bucket], [Entry("race", str(i), 60_000)]) for i in range(30))
+        *(
+            store.check_then_limit(["{t}race"], [bucket], [Entry("{t}race", str(i), 60_000)])
+            for i in range(30)
+        )
     )
 
     winners = [i for i, found in enumerate(results) if found.written]
-    assert len(winners) == 1 and await store.get("race") == str(winners[0])
+    assert len(winners) == 1 and await store.get("{t}race") == str(winners[0])
     losers = [found for found in results if not found.written]
     assert all(found.values == [str(winners[0])] and found.decisions == [] for found in losers)
 
 
 async def test_check_then_limit_puts_expire_after_their_ttl(store: Store) -> None:
-    assert (await store.check_then_limit(["short"], [], [Entry("short", "1", 50)])).written
+    assert (await store.check_then_limit(["{t}short"], [], [Entry("{t}short", "1", 50)])).written
     expired = await read_until(
-        lambda: store.get("short"), lambda value: value is None, time.monotonic() + 0.15
+        lambda: store.get("{t}short"), lambda value: value is None, time.monotonic() + 0.15
     )
 
     assert expired is None
 
 
 async def test_claim_then_put_sets_claims_in_order_and_puts_only_when_all_were_set(store: Store) -> None:
-    await store.put("taken", "x", 60_000)
-    put = [Entry("record", "written", 60_000)]
+    await store.put("{t}taken", "x", 60_000)
+    put = [Entry("{t}record", "written", 60_000)]
 
-    partly = await store.claim_then_put([Entry("first", "1", 60_000), Entry("taken", "2", 60_000)], put)
-    whole = await store.claim_then_put([Entry("second", "1", 60_000)], put)
-    none = await store.claim_then_put([], [Entry("only", "put", 60_000)])
+    partly = await store.claim_then_put([Entry("{t}first", "1", 60_000), Entry("{t}taken", "2", 60_000)], put)
+    whole = await store.claim_then_put([Entry("{t}second", "1", 60_000)], put)
+    none = await store.claim_then_put([], [Entry("{t}only", "put", 60_000)])
 
     assert (partly, whole, none) == (1, 1, 0)
-    assert await store.get("first") == "1"  # set before the taken one stopped the claims
-    assert await store.get("taken") == "x"
-    assert await store.get("record") == "written" and await store.get("only") == "put"
+    assert await store.get("{t}first") == "1"  # set before the taken one stopped the claims
+    assert await store.get("{t}taken") == "x"
+    assert await store.get("{t}record") == "written" and await store.get("{t}only") == "put"
 
 
 async def test_claim_then_put_does_not_write_when_a_claim_is_taken(store: Store) -> None:
-    await store.put("taken", "x", 60_000)
+    await store.put("{t}taken", "x", 60_000)
 
-    assert await store.claim_then_put([Entry("taken", "y", 60_000)], [Entry("record", "z", 60_000)]) == 0
-    assert await store.get("record") is None
+    assert (
+        await store.claim_then_put([Entry("{t}taken", "y", 60_000)], [Entry("{t}record", "z", 60_000)]) == 0
+    )
+    assert await store.get("{t}record") is None
 
 
 async def test_exactly_one_of_many_concurrent_claim_then_puts_wins(store: Store) -> None:
     results = await asyncio.gather(
         *(
-            store.claim_then_put([Entry("race", str(i), 60_000)], [Entry("winner", str(i), 60_000)])
+            store.claim_then_put([Entry("{t}race", str(i), 60_000)], [Entry("{t}winner", str(i), 60_000)])
             for i in range(30)
         )
     )
 
     assert sorted(results) == [0] * 29 + [1]
-    assert await store.get("winner") == await store.get("race")
+    assert await store.get("{t}winner") == await store.get("{t}race")
 
 
 async def test_claim_then_put_entries_expire_after_their_ttl(store: Store) -> None:
-    await store.claim_then_put([Entry("short", "1", 50)], [Entry("resolved", "", 1)])
+    await store.claim_then_put([Entry("{t}short", "1", 50)], [Entry("{t}resolved", "", 1)])
 
     async def both() -> tuple[str | None, str | None]:
-        return await store.get("short"), await store.get("resolved")
+        return await store.get("{t}short"), await store.get("{t}resolved")
 
     expired = await read_until(both, lambda values: values == (None, None), time.monotonic() + 0.15)
 
@@ -721,15 +733,16 @@ async def test_claim_then_put_entries_expire_after_their_ttl(store: Store) -> No
 
 # --- prepaid credit: top-ups ---------------------------------------------------------------------
 
-LAPSES, LAPSED = "credit:lapses", "credit:lapsed"
+LAPSES, LAPSED = "{t}credit:lapses", "{t}credit:lapsed"
 GRACE_MS = 60_000
 """How long a counter outlives its lapse in these tests: never what ends a balance, unless a test
 says so."""
 
 
 def account(name: str) -> CreditAccount:
-    """A wallet's credit keys here (one lapse index and one lapsed hash for every wallet)."""
-    return CreditAccount(name, f"credit:{name}", f"credit:{name}:holds", LAPSES, LAPSED)
+    """A wallet's credit keys here (one lapse index and one lapsed hash for every wallet), all of
+    them under one hash tag: the keys of one store call share a slot, as on a cluster they must."""
+    return CreditAccount(name, f"{{t}}credit:{name}", f"{{t}}credit:{name}:holds", LAPSES, LAPSED)
 
 
 def credit(name: str, amount: int, lapse_ms: int = 60_000, grace_ms: int = GRACE_MS) -> Credit:
@@ -738,14 +751,14 @@ def credit(name: str, amount: int, lapse_ms: int = 60_000, grace_ms: int = GRACE
 
 async def test_claim_then_put_adds_the_credits_only_when_every_claim_was_set(store: Store) -> None:
     top_up = [credit("w", 50)]
-    await store.put("taken", "x", 60_000)
+    await store.put("{t}taken", "x", 60_000)
 
-    won = await store.claim_then_put([Entry("pay:1", "me", 60_000)], [Entry("r", "1", 60_000)], top_up)
-    replayed = await store.claim_then_put([Entry("pay:1", "again", 60_000)], [], top_up)
+    won = await store.claim_then_put([Entry("{t}pay:1", "me", 60_000)], [Entry("{t}r", "1", 60_000)], top_up)
+    replayed = await store.claim_then_put([Entry("{t}pay:1", "again", 60_000)], [], top_up)
     partly = await store.claim_then_put(
-        [Entry("pay:2", "me", 60_000), Entry("taken", "me", 60_000)], [], top_up
+        [Entry("{t}pay:2", "me", 60_000), Entry("{t}taken", "me", 60_000)], [], top_up
     )
-    second = await store.claim_then_put([Entry("pay:3", "me", 60_000)], [], [*top_up, credit("v", 7)])
+    second = await store.claim_then_put([Entry("{t}pay:3", "me", 60_000)], [], [*top_up, credit("v", 7)])
 
     assert (won, replayed, partly, second) == (1, 0, 1, 1)
     assert (await store.credit_state(account("w"))).balance == 100
@@ -755,7 +768,7 @@ async def test_claim_then_put_adds_the_credits_only_when_every_claim_was_set(sto
 async def test_concurrent_replays_of_one_top_up_credit_it_once(store: Store) -> None:
     results = await asyncio.gather(
         *(
-            store.claim_then_put([Entry("pay:race", str(i), 60_000)], [], [credit("race", 25)])
+            store.claim_then_put([Entry("{t}pay:race", str(i), 60_000)], [], [credit("race", 25)])
             for i in range(30)
         )
     )
@@ -817,15 +830,15 @@ async def test_a_credit_to_a_key_that_is_not_a_counter_claims_nothing(
 ) -> None:
     """A script is not rolled back when a command in it fails: the claim must not be set before a
     credit that cannot be added."""
-    await raw_redis.set("credit:garbled", "not a number")
+    await raw_redis.set("{t}credit:garbled", "not a number")
     store = RedisStore(clean_redis_url)
     try:
         with pytest.raises(StoreUnavailable):
-            await store.claim_then_put([Entry("pay:g", "me", 60_000)], [], [credit("garbled", 5)])
+            await store.claim_then_put([Entry("{t}pay:g", "me", 60_000)], [], [credit("garbled", 5)])
     finally:
         await store.close()
 
-    assert await raw_redis.get("pay:g") is None
+    assert await raw_redis.get("{t}pay:g") is None
 
 
 # --- prepaid credit: holds and takes -------------------------------------------------------------
@@ -998,23 +1011,23 @@ async def test_a_take_keeps_its_entries_exactly_when_it_takes(store: Store) -> N
     that took nothing (no credit, a repeated take, past its deadline)."""
     await top_up(store, 100)
     assert await store.hold_credit(SPEND, 30, "kept", 60_000) is not None
-    answer = Entry("answer:kept", "the answer", 60_000)
+    answer = Entry("{t}answer:kept", "the answer", 60_000)
 
     taken = await store.take_credit(SPEND, "kept", 30, keep=[answer])
-    repeated = await store.take_credit(SPEND, "kept", 30, keep=[Entry("answer:kept", "another", 60_000)])
-    uncovered = await store.take_credit(SPEND, "unheld", 71, keep=[Entry("answer:uncovered", "x", 60_000)])
+    repeated = await store.take_credit(SPEND, "kept", 30, keep=[Entry("{t}answer:kept", "another", 60_000)])
+    uncovered = await store.take_credit(SPEND, "unheld", 71, keep=[Entry("{t}answer:uncovered", "x", 60_000)])
     held = await store.hold_credit(SPEND, 10, "late", 60_000)
     assert held is not None
     with pytest.raises(TakeTooLate):
         await store.take_credit(
-            SPEND, "late", 10, not_after_us=held.at_us - 1, keep=[Entry("answer:late", "x", 60_000)]
+            SPEND, "late", 10, not_after_us=held.at_us - 1, keep=[Entry("{t}answer:late", "x", 60_000)]
         )
 
     assert taken is not None and (taken.balance, taken.held) == (70, 0)
     assert (repeated, uncovered) == (None, None)
-    assert await store.get("answer:kept") == "the answer"
-    assert await store.get("answer:uncovered") is None
-    assert await store.get("answer:late") is None
+    assert await store.get("{t}answer:kept") == "the answer"
+    assert await store.get("{t}answer:uncovered") is None
+    assert await store.get("{t}answer:late") is None
     state = await store.credit_state(SPEND)
     assert (state.balance, state.held) == (70, 10)
 
@@ -1025,13 +1038,13 @@ async def test_of_concurrent_takes_of_one_token_one_keeps_its_entry(store: Store
 
     results = await asyncio.gather(
         *(
-            store.take_credit(SPEND, "race", 30, keep=[Entry("answer:race", str(n), 60_000)])
+            store.take_credit(SPEND, "race", 30, keep=[Entry("{t}answer:race", str(n), 60_000)])
             for n in range(20)
         )
     )
 
     (winner,) = [n for n, state in enumerate(results) if state is not None]
-    assert await store.get("answer:race") == str(winner)
+    assert await store.get("{t}answer:race") == str(winner)
     state = await store.credit_state(SPEND)
     assert (state.balance, state.held) == (70, 0)
 
@@ -1039,10 +1052,10 @@ async def test_of_concurrent_takes_of_one_token_one_keeps_its_entry(store: Store
 async def test_a_kept_entry_expires_after_its_ttl(store: Store) -> None:
     await top_up(store, 100)
     assert await store.hold_credit(SPEND, 1, "brief", 60_000) is not None
-    assert await store.take_credit(SPEND, "brief", 1, keep=[Entry("answer:brief", "a", 100)]) is not None
-    assert await store.get("answer:brief") == "a"
+    assert await store.take_credit(SPEND, "brief", 1, keep=[Entry("{t}answer:brief", "a", 100)]) is not None
+    assert await store.get("{t}answer:brief") == "a"
     gone = await read_until(
-        lambda: store.get("answer:brief"), lambda value: value is None, time.monotonic() + 2
+        lambda: store.get("{t}answer:brief"), lambda value: value is None, time.monotonic() + 2
     )
     assert gone is None
 
@@ -1051,7 +1064,7 @@ async def test_a_take_refuses_a_kept_entry_that_would_never_expire(store: Store)
     await top_up(store, 100)
     assert await store.hold_credit(SPEND, 1, "bad", 60_000) is not None
     with pytest.raises(ValueError):
-        await store.take_credit(SPEND, "bad", 1, keep=[Entry("answer:bad", "a", 0)])
+        await store.take_credit(SPEND, "bad", 1, keep=[Entry("{t}answer:bad", "a", 0)])
     state = await store.credit_state(SPEND)
     assert (state.balance, state.held) == (100, 1)  # nothing taken
 
@@ -1333,21 +1346,21 @@ def _unreachable_store(backend: str) -> tuple[Store, list[str]]:
 
 
 OPERATIONS: dict[str, Callable[[Store], Awaitable[object]]] = {
-    "claim": lambda s: s.claim("k", "v", 1_000),
-    "get": lambda s: s.get("k"),
-    "put": lambda s: s.put("k", "v", 1_000),
+    "claim": lambda s: s.claim("{t}k", "v", 1_000),
+    "get": lambda s: s.get("{t}k"),
+    "put": lambda s: s.put("{t}k", "v", 1_000),
     "incr": lambda s: s.incr({"k": 1}),
     "counters": lambda s: s.counters(["k"]),
     "add_counts": lambda s: s.add_counts({"k": 1}, 1_000),
-    "check_then_limit": lambda s: s.check_then_limit(["k"], [Bucket("b", 1, 1_000)]),
-    "claim_then_put": lambda s: s.claim_then_put([Entry("k", "v", 1_000)]),
+    "check_then_limit": lambda s: s.check_then_limit(["{t}k"], [Bucket("{t}b", 1, 1_000)]),
+    "claim_then_put": lambda s: s.claim_then_put([Entry("{t}k", "v", 1_000)]),
     "claim_then_put_credit": lambda s: s.claim_then_put(
-        [Entry("k", "v", 1_000)], [], [credit("c", 1, 1_000)]
+        [Entry("{t}k", "v", 1_000)], [], [credit("c", 1, 1_000)]
     ),
-    "release": lambda s: s.release("k", "token"),
-    "undo_claim": lambda s: s.undo_claim([Entry("k", "v", 1_000)], [Bucket("b", 1, 1_000)]),
-    "hold": lambda s: s.hold([Hold("h", 1, 1)], "token", 1_000),
-    "unhold": lambda s: s.unhold(["h"], "token"),
+    "release": lambda s: s.release("{t}k", "token"),
+    "undo_claim": lambda s: s.undo_claim([Entry("{t}k", "v", 1_000)], [Bucket("{t}b", 1, 1_000)]),
+    "hold": lambda s: s.hold([Hold("{t}h", 1, 1)], "token", 1_000),
+    "unhold": lambda s: s.unhold(["{t}h"], "token"),
     "credit_state": lambda s: s.credit_state(account("c")),
     "hold_credit": lambda s: s.hold_credit(account("c"), 1, "token", 1_000),
     "take_credit": lambda s: s.take_credit(account("c"), "token", 1),
@@ -1400,7 +1413,7 @@ async def test_a_server_that_never_answers_is_unavailable_after_the_timeout(back
     started = asyncio.get_running_loop().time()
     try:
         with pytest.raises(StoreUnavailable):
-            await store.claim("claim:hung", "v", 1_000)
+            await store.claim("{t}claim:hung", "v", 1_000)
     finally:
         await store.close()
         for writer in hung:
@@ -1418,7 +1431,7 @@ async def test_upstash_with_a_wrong_token_is_unavailable_and_names_no_token(
     store = UpstashStore(url, f"{SECRET}-token")
     try:
         with pytest.raises(StoreUnavailable, match="Unauthorized") as raised:
-            await store.claim("claim:unauthorized", "v", 1_000)
+            await store.claim("{t}claim:unauthorized", "v", 1_000)
     finally:
         await store.close()
 
@@ -1438,6 +1451,8 @@ async def test_upstash_with_a_wrong_token_is_unavailable_and_names_no_token(
         ("rediss://:pw@cache.example:6380/0", RedisStore),
         ("https://example-123.upstash.io", UpstashStore),
         ("http://127.0.0.1:8079", UpstashStore),
+        ("redis+cluster://10.0.0.1:7000,10.0.0.2:7000", RedisClusterStore),
+        ("rediss+cluster://:pw@cache.example:6380", RedisClusterStore),
     ],
 )
 async def test_open_store_picks_the_backend_by_scheme(url: str | None, backend: type) -> None:
@@ -1461,13 +1476,13 @@ async def test_memory_store_drops_expired_buckets_and_values() -> None:
 
     store = MemoryStore()
     for i in range(100):  # each bucket's TAT and each value live 300 ms: longer than the loop
-        await limit_once(store, f"ip:{i}", 10, 3_000)
-        await store.put(f"v:{i}", "x", 300)
+        await limit_once(store, f"{{t}}ip:{i}", 10, 3_000)
+        await store.put(f"{{t}}v:{i}", "x", 300)
     assert await store.size() == 200
     await asyncio.sleep(0.4)
-    await store.claim("c", "x", 60_000)  # any command sweeps out what has expired
+    await store.claim("{t}c", "x", 60_000)  # any command sweeps out what has expired
     assert await store.size() == 1
-    assert (await limit_once(store, "ip:0", 10, 3_000)).allowed
+    assert (await limit_once(store, "{t}ip:0", 10, 3_000)).allowed
 
 
 async def test_rate_limits_above_1000_per_second_keep_their_value() -> None:
@@ -1478,7 +1493,7 @@ async def test_rate_limits_above_1000_per_second_keep_their_value() -> None:
     allowed = 0
     started = time.monotonic()
     for _ in range(2_500):
-        allowed += (await limit_once(store, "fast", 2_000, 100)).allowed
+        allowed += (await limit_once(store, "{t}fast", 2_000, 100)).allowed
     refilled = math.ceil((time.monotonic() - started) * 1_000 * 20)
     assert 2_000 <= allowed <= min(2_500, 2_000 + refilled + 1)
 
@@ -1523,7 +1538,7 @@ async def test_a_balance_restored_past_its_lapse_spends_as_nothing_and_lapses_on
 
 
 async def test_a_top_up_raises_the_stores_ledger_position_and_never_lowers_it(store: Store) -> None:
-    position = "ledger:position"
+    position = "{t}ledger:position"
 
     for entry_id in (7, 5, 9):  # bookings may land out of their journal order
         top_up = Credit(account("positioned"), 10, 60_000, GRACE_MS, LedgerPosition(position, entry_id))
@@ -1532,3 +1547,60 @@ async def test_a_top_up_raises_the_stores_ledger_position_and_never_lowers_it(st
 
     assert await store.get(position) == "9"
     assert (await store.credit_state(account("positioned"))).balance == 31
+
+
+# --- a cluster: what spans slots ------------------------------------------------------------------
+
+SPREAD = ["usage:a", "usage:b", "usage:c", "usage:d"]
+"""Keys without a hash tag: on a 3-master cluster they fall on several slots (checked below)."""
+
+
+async def test_batches_of_independent_keys_span_the_clusters_slots(clean_cluster_url: str) -> None:
+    """Usage counters, limit windows and hold sets are batched across slots (a pipeline per
+    node); each key's own change stays atomic."""
+    assert len({key_slot(key.encode()) for key in SPREAD}) > 1
+    store = RedisClusterStore(clean_cluster_url, timeout_s=LOADED_TIMEOUT_S)
+    try:
+        assert await store.incr(dict.fromkeys(SPREAD, 2)) == dict.fromkeys(SPREAD, 2)
+        assert await store.incr({SPREAD[0]: 3}) == {SPREAD[0]: 5}
+        assert await store.counters([*SPREAD, "usage:none"]) == {
+            **dict.fromkeys(SPREAD, 2),
+            SPREAD[0]: 5,
+            "usage:none": 0,
+        }
+        assert await store.add_counts(dict.fromkeys(SPREAD, 1), 60_000) == {
+            **dict.fromkeys(SPREAD, 3),
+            SPREAD[0]: 6,
+        }
+        holds = [f"holds:{key}" for key in SPREAD]
+        for key in holds:
+            assert await store.hold([Hold(key, 1, 1)], "t", 60_000)
+        await store.unhold(holds, "t")
+        for key in holds:
+            assert await store.hold([Hold(key, 1, 1)], "other", 60_000)
+    finally:
+        await store.close()
+
+
+async def test_a_script_over_keys_of_several_slots_fails_closed(clean_cluster_url: str) -> None:
+    """A call whose keys share no slot is refused by the cluster before it runs: StoreUnavailable,
+    so the payment fails closed, and nothing was written."""
+    store = RedisClusterStore(clean_cluster_url, timeout_s=LOADED_TIMEOUT_S)
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.claim_then_put([Entry(SPREAD[0], "me", 60_000), Entry(SPREAD[1], "me", 60_000)])
+        assert await store.get(SPREAD[0]) is None and await store.get(SPREAD[1]) is None
+    finally:
+        await store.close()
+
+
+async def test_an_unreachable_cluster_is_store_unavailable_naming_no_secret() -> None:
+    store = RedisClusterStore(f"redis+cluster://:{SECRET}@127.0.0.1:{refusing_port()}", timeout_s=0.5)
+    try:
+        with pytest.raises(StoreUnavailable) as raised:
+            await store.get("k")
+        assert not await store.ping()
+    finally:
+        await store.close()
+
+    assert SECRET not in "".join(traceback.format_exception(raised.value))

@@ -11,10 +11,11 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from gateway.store.base import (
     Bucket,
@@ -109,10 +110,11 @@ class RedisStore:
             raise ValueError("STATE_STORE_REST_URL is not a valid redis:// URL") from None
         self._bind(aioredis.Redis.from_pool(pool), timeout_s)
 
-    def _bind(self, client: aioredis.Redis, timeout_s: float | None) -> None:
-        """Run every operation on ``client`` (a real server's, or the in-process one's)."""
+    def _bind(self, client: aioredis.Redis | RedisCluster, timeout_s: float | None) -> None:
+        """Run every operation on ``client``: a server's, a cluster's (the same commands, routed by
+        slot) or the in-process one's."""
         self.timeout_s = timeout_s
-        self._redis: aioredis.Redis = client
+        self._redis: aioredis.Redis | RedisCluster = client
         # register_script sends EVALSHA and falls back to loading the script on NOSCRIPT.
         self._check_then_limit = self._redis.register_script(CHECK_THEN_LIMIT_SCRIPT)
         self._claim_then_put = self._redis.register_script(CLAIM_THEN_PUT_SCRIPT)
@@ -136,7 +138,7 @@ class RedisStore:
             return await awaitable
         except ResponseError as exc:
             raise StoreUnavailable(f"redis store error: {exc}") from None
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
             raise StoreUnavailable(f"redis store unreachable ({type(exc).__name__})") from None
 
     async def claim(self, key: str, value: str, ttl_ms: int) -> bool:

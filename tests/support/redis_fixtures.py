@@ -1,4 +1,5 @@
-"""Pytest plugin: one real Redis-protocol server per test session, and Upstash REST in front of it.
+"""Pytest plugin: one real Redis-protocol server per test session, Upstash REST in front of it, and
+a real 3-master Redis Cluster for the tests that ask for one.
 
 ``$REDIS_URL`` (a disposable database: tests flush it) replaces the local server, e.g. in CI
 with a Redis service container.
@@ -14,6 +15,7 @@ import pytest
 import pytest_asyncio
 import redis
 
+from tests.support.redis_cluster import start_redis_cluster
 from tests.support.redis_server import RedisServer, start_redis_server
 from tests.support.upstash_rest import UpstashRestServer
 
@@ -52,3 +54,22 @@ async def upstash_url_and_token(redis_url: str) -> AsyncIterator[tuple[str, str]
     url = await server.start()
     yield url, token
     await server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """``redis+cluster://`` URL of a 3-master cluster on loopback that lives for the whole session
+    (started on first use: some 3 s while the nodes agree on the slots)."""
+    with start_redis_cluster() as cluster:
+        yield cluster.url
+
+
+@pytest.fixture
+def clean_cluster_url(redis_cluster_url: str) -> str:
+    """``redis_cluster_url`` after FLUSHALL on every node."""
+    nodes = redis_cluster_url.removeprefix("redis+cluster://").split(",")
+    for node in nodes:
+        host, _, port = node.rpartition(":")
+        with redis.Redis(host=host, port=int(port)) as client:
+            client.flushall()
+    return redis_cluster_url
