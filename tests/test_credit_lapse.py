@@ -22,7 +22,7 @@ from gateway.credit_lapse import CreditSweeper
 from gateway.credits import CreditBook, credit_account
 from gateway.logs import LOGGER_NAME
 from gateway.services import Services
-from gateway.store import Entry, Store, keys
+from gateway.store import Entry, Store, keys, open_store
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
@@ -39,17 +39,20 @@ def _upstash_server_started(upstash_url_and_token: tuple[str, str]) -> None:
     tests/test_store_contract.py)."""
 
 
-@pytest_asyncio.fixture(params=["memory", "redis", "upstash"])
+@pytest_asyncio.fixture(params=["memory", "redis", "upstash", "cluster"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore()
         return
-    redis_url: str = request.getfixturevalue("clean_redis_url")
-    opened: Store = (
-        RedisStore(redis_url)
-        if request.param == "redis"
-        else UpstashStore(*request.getfixturevalue("upstash_url_and_token"))
-    )
+    if request.param == "cluster":
+        opened: Store = open_store(request.getfixturevalue("clean_cluster_url"), None)
+    else:
+        redis_url: str = request.getfixturevalue("clean_redis_url")
+        opened = (
+            RedisStore(redis_url)
+            if request.param == "redis"
+            else UpstashStore(*request.getfixturevalue("upstash_url_and_token"))
+        )
     try:
         yield opened
     finally:
@@ -82,7 +85,7 @@ def _book(store: Store, lapse_ms: int = LAPSE_MS) -> CreditBook:
 
 async def _fund(book: CreditBook, wallet: str, amount: int, payment: str) -> None:
     """Credit ``wallet`` the way a top-up's delivery does (the claim-then-put round trip)."""
-    claim = Entry(f"delivered:{payment}", "1", 60_000)
+    claim = Entry(keys.delivery(payment), "1", 60_000)
     assert await book.store.claim_then_put([claim], [], book.credits(wallet, amount)) == 1
 
 

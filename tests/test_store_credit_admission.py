@@ -21,7 +21,7 @@ from tests.test_store_contract import SPEND, top_up
 # Every backend, opened as the store contract opens it.
 make_store, store, upstash_started = contract.make_store, contract.store, contract._upstash_server_started
 
-NONCE = "nonce:1"
+NONCE = "{t}nonce:1"
 
 
 def order(amount: int, token: str = "call", ttl_ms: int = 60_000) -> CreditHoldOrder:
@@ -35,7 +35,7 @@ def claim(key: str = NONCE) -> list[Entry]:
 async def test_the_hold_is_made_with_the_puts_when_every_check_passes(store: Store) -> None:
     await top_up(store, 100)
 
-    found = await store.check_then_limit([NONCE], [Bucket("b", 5, 60_000)], claim(), order(30))
+    found = await store.check_then_limit([NONCE], [Bucket("{t}b", 5, 60_000)], claim(), order(30))
 
     assert found.written and found.values == [None]
     assert found.held is not None and (found.held.balance, found.held.held) == (100, 30)
@@ -48,7 +48,7 @@ async def test_the_hold_is_made_with_the_puts_when_every_check_passes(store: Sto
 async def test_a_used_key_holds_nothing_and_charges_nothing(store: Store) -> None:
     await top_up(store, 100)
     await store.put(NONCE, "used", 60_000)
-    tight = Bucket("tight", 1, 60_000)
+    tight = Bucket("{t}tight", 1, 60_000)
 
     found = await store.check_then_limit([NONCE], [tight], claim(), order(30))
 
@@ -59,7 +59,7 @@ async def test_a_used_key_holds_nothing_and_charges_nothing(store: Store) -> Non
 
 async def test_credit_that_does_not_cover_the_hold_charges_no_bucket_and_uses_no_key(store: Store) -> None:
     await top_up(store, 10)
-    tight = Bucket("tight", 1, 60_000)
+    tight = Bucket("{t}tight", 1, 60_000)
 
     short = [await store.check_then_limit([NONCE], [tight], claim(), order(11)) for _ in range(5)]
 
@@ -72,7 +72,7 @@ async def test_credit_that_does_not_cover_the_hold_charges_no_bucket_and_uses_no
 
 async def test_a_refusing_bucket_leaves_no_hold_and_keeps_the_key_unused(store: Store) -> None:
     await top_up(store, 100)
-    tight = Bucket("tight", 1, 60_000)
+    tight = Bucket("{t}tight", 1, 60_000)
     assert (await store.check_then_limit([], [tight])).refused is None  # spent by someone else
 
     limited = await store.check_then_limit([NONCE], [tight], claim(), order(30))
@@ -87,7 +87,7 @@ async def test_exactly_the_balance_of_many_concurrent_admissions_is_held(store: 
 
     found = await asyncio.gather(
         *(
-            store.check_then_limit([f"nonce:{n}"], [], claim(f"nonce:{n}"), order(10, f"t{n}"))
+            store.check_then_limit([f"{{t}}nonce:{n}"], [], claim(f"{{t}}nonce:{n}"), order(10, f"t{n}"))
             for n in range(100)
         )
     )
@@ -95,7 +95,7 @@ async def test_exactly_the_balance_of_many_concurrent_admissions_is_held(store: 
     won = [f for f in found if f.written]
     assert len(won) == 10 and all(f.held is not None for f in won)
     assert sorted(f.held.held for f in won if f.held is not None) == list(range(10, 101, 10))
-    used = [await store.get(f"nonce:{n}") for n in range(100)]
+    used = [await store.get(f"{{t}}nonce:{n}") for n in range(100)]
     assert sum(value is not None for value in used) == 10
     state = await store.credit_state(SPEND)
     assert (state.balance, state.held) == (100, 100)
@@ -104,7 +104,7 @@ async def test_exactly_the_balance_of_many_concurrent_admissions_is_held(store: 
 async def test_a_hold_made_with_a_check_is_taken_and_released_like_any_other(store: Store) -> None:
     await top_up(store, 100)
     first = await store.check_then_limit([NONCE], [], claim(), order(30, "first"))
-    second = await store.check_then_limit(["nonce:2"], [], claim("nonce:2"), order(50, "second"))
+    second = await store.check_then_limit(["{t}nonce:2"], [], claim("{t}nonce:2"), order(50, "second"))
     assert first.held is not None and second.held is not None
 
     taken = await store.take_credit(SPEND, "first", 30)

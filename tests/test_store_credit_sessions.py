@@ -30,7 +30,7 @@ from tests.test_store_contract import SPEND, account, top_up
 
 make_store, store, upstash_started = contract.make_store, contract.store, contract._upstash_server_started
 
-SESSION = "session:1"
+SESSION = "{t}session:1"
 OTHER = account("other")
 
 
@@ -44,7 +44,7 @@ async def test_a_call_on_a_session_holds_its_price_and_counts_it_against_the_cap
     await top_up(store, 100)
     await store.open_credit_session(SESSION, "spend", 50, 60_000)
 
-    found = await store.spend_credit_session(spend(30), [Bucket("b", 5, 60_000)])
+    found = await store.spend_credit_session(spend(30), [Bucket("{t}b", 5, 60_000)])
 
     assert found.outcome is SessionSpent.SPENT
     assert (found.spent, found.cap) == (30, 50)
@@ -59,9 +59,9 @@ async def test_a_call_on_a_session_holds_its_price_and_counts_it_against_the_cap
 async def test_every_refusal_spends_nothing(store: Store) -> None:
     await top_up(store, 10)
     await store.open_credit_session(SESSION, "spend", 1_000, 60_000)
-    bucket = Bucket("one", 1, 60_000)
+    bucket = Bucket("{t}one", 1, 60_000)
 
-    unknown = await store.spend_credit_session(spend(5, session="never-opened"), [bucket])
+    unknown = await store.spend_credit_session(spend(5, session="{t}never-opened"), [bucket])
     uncovered = await store.spend_credit_session(spend(11), [bucket])
     first = await store.spend_credit_session(spend(5, "a"), [bucket])
     limited = await store.spend_credit_session(spend(5, "b"), [bucket])

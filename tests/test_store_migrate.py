@@ -29,12 +29,13 @@ async def raw(clean_redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 async def _write_old_release_state(raw: aioredis.Redis) -> None:
     """What the old release left: a wallet's credit (balance, lapse index entry), a delivered
-    payment, a bucket."""
+    payment, a bucket, the internal facilitator's settlement record."""
     now_ms = int((await raw.time())[0]) * 1000
     await raw.set(f"{OLD}credit:{WALLET}", "5000", px=3_600_000)
     await raw.zadd(f"{OLD}credit-lapses", {WALLET: now_ms + 3_000_000})
     await raw.set(f"{OLD}delivered:{'ab' * 32}", "answer", px=600_000)
     await raw.set(f"{OLD}rl:das:203.0.113.7", "1", px=60_000)
+    await raw.set(f"x402:svm:settle:{'cd' * 32}", "record", px=900_000)
 
 
 @pytest.mark.parametrize("backend", ["redis", "upstash"])
@@ -46,9 +47,10 @@ async def test_old_keys_are_renamed_with_their_values_and_lifetimes_and_credit_s
 
     done = await migrate_keys(url, token)
 
-    assert (done.renamed, done.kept) == (4, [])
-    assert await raw.keys(f"{OLD}*") == []
+    assert (done.renamed, done.kept) == (5, [])
+    assert await raw.keys(f"{OLD}*") == [] and await raw.keys("x402:svm:*") == []
     assert await raw.get(keys.delivery("ab" * 32)) == "answer"
+    assert await raw.get(keys.settlement("cd" * 32)) == "record"
     assert 3_500_000 < await raw.pttl(keys.credit_balance(WALLET)) <= 3_600_000
     store = open_store(url, token)
     try:

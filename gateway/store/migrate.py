@@ -18,7 +18,6 @@ import msgspec
 from gateway.store import keys
 from gateway.store.base import StoreUnavailable
 
-OLD_ROOT = keys.LEGACY_ROOT
 SCAN_COUNT = 1_000
 
 
@@ -29,26 +28,23 @@ class Migrated(msgspec.Struct, frozen=True):
     kept: list[str]
 
 
-def new_name(old: str) -> str:
-    """The tagged name of an untagged gateway key: the same family and arguments."""
-    return keys.GATEWAY_ROOT + old.removeprefix(OLD_ROOT)
-
-
 async def migrate_client(client: Any) -> Migrated:
     """Rename every old gateway key of ``client``'s database (redis-py's or upstash-redis's
-    client: the same two commands)."""
+    client: the same two commands) to the same family and arguments under the new root."""
     renamed, kept = 0, []
-    cursor: Any = 0
-    while True:
-        cursor, found = await client.scan(cursor, match=OLD_ROOT + "*", count=SCAN_COUNT)
-        for old in found:
-            name = old.decode() if isinstance(old, bytes) else str(old)
-            if await client.renamenx(name, new_name(name)):
-                renamed += 1
-            else:
-                kept.append(name)
-        if int(cursor) == 0:
-            return Migrated(renamed, kept)
+    for old_root, new_root in keys.LEGACY_ROOTS.items():
+        cursor: Any = 0
+        while True:
+            cursor, found = await client.scan(cursor, match=old_root + "*", count=SCAN_COUNT)
+            for old in found:
+                name = old.decode() if isinstance(old, bytes) else str(old)
+                if await client.renamenx(name, new_root + name.removeprefix(old_root)):
+                    renamed += 1
+                else:
+                    kept.append(name)
+            if int(cursor) == 0:
+                break
+    return Migrated(renamed, kept)
 
 
 async def migrate_keys(url: str, token: str | None, timeout_s: float = 30.0) -> Migrated:

@@ -38,13 +38,11 @@ import aiohttp
 import msgspec
 import pytest
 import pytest_asyncio
-import redis.asyncio as aioredis
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
 from gateway.credits import Balance, CreditBook
-from gateway.store import Entry, Store, keys
-from gateway.store.redis import RedisStore
+from gateway.store import Entry, Store, keys, open_store
 from gateway.x402.headers import encode_header
 from gateway.x402.siwx_signer import sign_in
 from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
@@ -60,6 +58,7 @@ from tests.support.paid_fixtures import (
     paid_env,
 )
 from tests.support.paid_processes import PaidProcesses, paid_processes
+from tests.support.redis_cluster import raw_client
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, setup_usdc_chain
 from tests.support.upstream import Upstream, static
 
@@ -153,7 +152,7 @@ def answering(provider: Upstream) -> Upstream:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def store(redis_url: str) -> AsyncIterator[Store]:
-    redis = RedisStore(redis_url)
+    redis = open_store(redis_url, None)
     yield redis
     await redis.close()
 
@@ -221,7 +220,7 @@ def book(store: Store, upstream_timeout_s: float = 15.0) -> CreditBook:
 async def fund(store: Store, wallet: Keypair | str, amount: int) -> None:
     """Credit ``wallet`` with ``amount`` the way a top-up's delivery does (one claim, one credit)."""
     address = wallet if isinstance(wallet, str) else str(wallet.pubkey())
-    claim = Entry(f"test-fund-{secrets.token_hex(8)}", "1", 60_000)
+    claim = Entry(keys.delivery(secrets.token_hex(32)), "1", 60_000)
     assert await store.claim_then_put([claim], [], book(store).credits(address, amount)) == 1
 
 
@@ -240,7 +239,7 @@ class HeldCredit:
 async def hold_fields(redis_url: str, wallet: Keypair) -> tuple[list[HeldCredit], int, int]:
     """The live holds of ``wallet`` (neither lapsed nor taken), the hold set's PTTL in ms and
     Redis's clock in microseconds."""
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    client = raw_client(redis_url)
     try:
         key = keys.credit_holds(str(wallet.pubkey()))
         fields: dict[str, str] = await client.hgetall(key)

@@ -16,9 +16,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 
+from gateway.store.cluster import CLUSTER_SCHEMES, parse_cluster_url
 from tests.support.ports import free_port
 from tests.support.redis_server import server_binary
 
@@ -100,13 +103,14 @@ def start_redis_cluster(timeout_s: float = 20.0, attempts: int = 5) -> RedisClus
             cluster.processes.append(process)
         cluster.__post_init__()
         share = SLOTS // MASTERS
-        for i, port in enumerate(cluster.ports):
+        for i, port in enumerate(cluster.ports):  # every node alone yet: epochs, then slots
             last = SLOTS - 1 if i == MASTERS - 1 else (i + 1) * share - 1
             with redis.Redis(port=port) as client:
+                client.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)  # no epoch collisions to settle
                 client.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
-                for other, bus in zip(cluster.ports, cluster.buses, strict=True):
-                    if other != port:
-                        client.execute_command("CLUSTER", "MEET", "127.0.0.1", other, bus)
+        with redis.Redis(port=cluster.ports[0]) as client:  # gossip introduces the others to each other
+            for other, bus in zip(cluster.ports[1:], cluster.buses[1:], strict=True):
+                client.execute_command("CLUSTER", "MEET", "127.0.0.1", other, bus)
         _wait_until_ok(cluster, timeout_s)
     except BaseException:
         cluster.stop()
@@ -128,3 +132,26 @@ def _wait_until_ok(cluster: RedisCluster, timeout_s: float) -> None:
             return
         time.sleep(0.05)
     raise RuntimeError("the test cluster did not reach cluster_state:ok")
+
+
+def raw_client(url: str) -> Any:
+    """A plain async client (decoded replies) of the store at ``url``, a ``redis://`` or a
+    ``redis+cluster://`` one, to look at what gateways wrote."""
+    if not url.startswith(CLUSTER_SCHEMES):
+        return aioredis.Redis.from_url(url, decode_responses=True)
+    nodes, username, password, _ = parse_cluster_url(url)
+    startup = [aioredis.cluster.ClusterNode(host, port) for host, port in nodes]
+    return aioredis.RedisCluster(
+        startup_nodes=startup, username=username, password=password, decode_responses=True
+    )
+
+
+def flush(url: str) -> None:
+    """Empty the store at ``url``: its database, or every node of a cluster."""
+    if not url.startswith(CLUSTER_SCHEMES):
+        with redis.Redis.from_url(url) as client:
+            client.flushdb()
+        return
+    for host, port in parse_cluster_url(url)[0]:
+        with redis.Redis(host=host, port=port) as client:
+            client.flushall()
