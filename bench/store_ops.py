@@ -1,10 +1,11 @@
-"""The in-process store's speed, operation by operation: ``python -m bench.store_ops``.
+"""A store's speed, request by request: ``python -m bench.store_ops [--url URL]``.
 
-Not a test. It times the store calls one request makes, one after another on one event loop,
-against the memory store (and, with ``--redis URL``, a Redis store, for scale): a paid request's
+Not a test. It times the store calls one request makes, on one event loop, against the memory
+store or the store ``--url`` names (Redis, a Redis Cluster, Upstash): a paid request's
 three round trips (the claim with its buckets, the write-ahead intent, the delivery), and a call
-paid from credit (the sign-in's hold with its nonce and bucket, then the take). It prints
-operations per second per kind; ``bench/README.md`` records the figures before and after a change.
+paid from credit (the sign-in's hold with its nonce and bucket, then the take), one after another
+or ``--concurrency`` at a time. It prints steps per second and the p50 of one step per kind;
+``bench/README.md`` records the figures before and after a change.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 
@@ -56,23 +58,35 @@ async def _rate(store: Store, n: int) -> None:
     await store.check_then_limit([], [Bucket(store_keys.rate_bucket("bench-ip", str(n % 100)), 10**6, 1_000)])
 
 
-async def _timed(label: str, count: int, step: Callable[[Store, int], Awaitable[None]], store: Store) -> None:
+async def _timed(
+    label: str, count: int, step: Callable[[Store, int], Awaitable[None]], store: Store, concurrency: int
+) -> None:
+    """``count`` steps, ``concurrency`` at a time: throughput and the p50 of one step."""
+    took: list[float] = []
+    next_n = iter(range(count))
+
+    async def worker() -> None:
+        for n in next_n:
+            began = time.perf_counter()
+            await step(store, n)
+            took.append(time.perf_counter() - began)
+
     started = time.perf_counter()
-    for n in range(count):
-        await step(store, n)
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - started
-    print(f"{label:<34} {count / elapsed:>10.0f} /s  ({elapsed / count * 1e6:.0f} µs each)")
+    p50 = statistics.median(took) * 1e6
+    print(f"{label:<34} {count / elapsed:>10.0f} /s  p50 {p50:>7.0f} µs")
 
 
-async def main(url: str | None, count: int) -> None:
+async def main(url: str | None, count: int, concurrency: int) -> None:
     store = open_store(url, None)
     try:
         for wallet in (f"wallet{i}" for i in range(50)):
             await store.claim_then_put([], [], [Credit(_account(wallet), 10**12, TTL_MS * 10, TTL_MS)])
-        print(f"store: {type(store).__name__}, {count} operations each, sequential")
-        await _timed("rate-limit check (1 bucket)", count, _rate, store)
-        await _timed("paid request (3 round trips)", count, _paid, store)
-        await _timed("credit call (hold, take)", count, _credit, store)
+        print(f"store: {type(store).__name__}, {count} operations each, c={concurrency}")
+        await _timed("rate-limit check (1 bucket)", count, _rate, store, concurrency)
+        await _timed("paid request (3 round trips)", count, _paid, store, concurrency)
+        await _timed("credit call (hold, take)", count, _credit, store, concurrency)
     finally:
         await store.close()
 
@@ -81,5 +95,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", default=None, help="STATE_STORE_REST_URL (default: the memory store)")
     parser.add_argument("--count", type=int, default=5_000)
+    parser.add_argument("--concurrency", type=int, default=1, help="steps in flight at once (default: 1)")
     options = parser.parse_args()
-    asyncio.run(main(options.url, options.count))
+    asyncio.run(main(options.url, options.count, options.concurrency))
