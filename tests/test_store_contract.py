@@ -30,6 +30,7 @@ from gateway.store import (
     Store,
     StoreUnavailable,
     TakeTooLate,
+    keys,
     open_store,
 )
 from gateway.store.base import taken_mark
@@ -40,6 +41,7 @@ from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
 from tests.support.polling import read_until
 from tests.support.ports import refusing_port
+from tests.support.redis_cluster import move_slot, start_redis_cluster
 
 StoreFactory = Callable[[], Store]
 
@@ -1604,3 +1606,28 @@ async def test_an_unreachable_cluster_is_store_unavailable_naming_no_secret() ->
         await store.close()
 
     assert SECRET not in "".join(traceback.format_exception(raised.value))
+
+
+@pytest.mark.slow
+async def test_the_store_follows_its_slot_when_the_cluster_moves_it() -> None:
+    """Resharding moves the gateway's slot to another master while a store is open: the store
+    follows the cluster's MOVED answer (and loads its scripts on the new node), and what was
+    claimed before the move stays claimed after it."""
+    with start_redis_cluster() as cluster:
+        store = RedisClusterStore(cluster.url, timeout_s=LOADED_TIMEOUT_S)
+        try:
+            claim = keys.payment_claim("ab" * 32)
+            bucket = Bucket(keys.rate_bucket("moved", "payer"), 2, 60_000)
+            assert await store.claim(claim, "first", 60_000)
+            assert (await store.check_then_limit([], [bucket])).decisions[0].allowed
+
+            move_slot(cluster, key_slot(claim.encode()))
+
+            assert not await store.claim(claim, "second", 60_000)
+            assert await store.get(claim) == "first"
+            found = await store.check_then_limit([claim], [], [])
+            assert found.values == ["first"]
+            assert (await store.check_then_limit([], [bucket])).decisions[0].allowed
+            assert not (await store.check_then_limit([], [bucket])).decisions[0].allowed
+        finally:
+            await store.close()
