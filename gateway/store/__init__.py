@@ -1,4 +1,4 @@
-"""The shared state store: one async interface, three backends picked by URL scheme.
+"""The shared state store: one async interface, four backends picked by URL scheme.
 
 The backends import only ``gateway.store.base`` and each other, so opening one here makes no
 import circle.

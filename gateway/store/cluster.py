@@ -2,9 +2,10 @@
 
 ``redis+cluster://[[user]:password@]host:port[,host:port...]`` (``rediss+cluster://`` for TLS)
 names the startup nodes; the client learns the rest of the cluster from them. Every script keeps
-to one slot (the keys it touches share a hash tag: ``gateway.store.keys``), so the cluster runs
-each on the one node that owns it. What spans slots is a batch of independent keys (usage
-counters, limit windows, hold sets): pipelined per node, each key's change atomic on its own.
+to one slot (every key shares one hash tag: ``gateway.store.keys``, ``docs/store.md``), so the
+cluster runs each on the one node that owns it. Batches of independent keys (usage counters,
+limit windows, hold sets) are pipelines, split per node should their keys ever span nodes, each
+key's change atomic on its own.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ class RedisClusterStore(RedisStore):
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
         """Learn the cluster's slots once, before the first command: commands sent concurrently
-        while the client learns them find connections half made."""
+        while the client learns them found connections half made (redis-py initialises lazily,
+        on each command, until ``_initialize`` is cleared)."""
         if self._cluster._initialize:
             try:
                 async with self._learning:
@@ -99,8 +101,9 @@ class RedisClusterStore(RedisStore):
         return await super()._call(awaitable)
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
-        """Each counter's INCRBY is atomic; the batch is not (its keys live on several nodes): a
-        failure part-way leaves some added, as a lost flush of usage counts would anyway."""
+        """Each counter's INCRBY is atomic; the batch is not a transaction (a cluster has none
+        across slots): a failure part-way leaves some added, as a lost flush of usage counts
+        would anyway."""
         if not deltas:
             return {}
         pipe = self._redis.pipeline(transaction=False)
