@@ -75,6 +75,9 @@ def make_store(request: pytest.FixtureRequest) -> StoreFactory:
 @pytest.fixture
 async def store(make_store: StoreFactory) -> AsyncIterator[Store]:
     opened = make_store()
+    # Connected (a cluster client has learnt the slots) before a test times anything: a first
+    # command that also connects can take longer than a timed test's margin on a loaded machine.
+    assert await opened.ping()
     yield opened
     await opened.close()
 
@@ -1631,3 +1634,22 @@ async def test_the_store_follows_its_slot_when_the_cluster_moves_it() -> None:
             assert not (await store.check_then_limit([], [bucket])).decisions[0].allowed
         finally:
             await store.close()
+
+
+@pytest.mark.slow
+async def test_a_cluster_that_asks_a_password_is_opened_with_the_urls() -> None:
+    """``redis+cluster://:password@...``: every node (the ones learnt from the first included) is
+    asked with the URL's password; a wrong one is StoreUnavailable, naming no secret."""
+    with start_redis_cluster(password=SECRET) as cluster:
+        store = RedisClusterStore(cluster.url, timeout_s=LOADED_TIMEOUT_S)
+        wrong = RedisClusterStore(cluster.url.replace(SECRET, "not-the-password"), timeout_s=0.5)
+        try:
+            assert await store.claim(keys.payment_claim("cd" * 32), "me", 60_000)
+            assert (await store.check_then_limit([keys.payment_claim("cd" * 32)], [])).values == ["me"]
+            with pytest.raises(StoreUnavailable) as raised:
+                await wrong.get(keys.payment_claim("cd" * 32))
+        finally:
+            await store.close()
+            await wrong.close()
+
+    assert SECRET not in "".join(traceback.format_exception(raised.value))

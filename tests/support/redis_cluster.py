@@ -37,10 +37,16 @@ class RedisCluster:
     buses: list[int]
     processes: list[subprocess.Popen[bytes]]
     workdir: Path
+    password: str | None = None
     url: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.url = "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports)
+        auth = "" if self.password is None else f":{self.password}@"
+        self.url = "redis+cluster://" + auth + ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+    def client(self, port: int) -> redis.Redis:
+        """A plain client of one node (decoded replies)."""
+        return redis.Redis(port=port, password=self.password, decode_responses=True)
 
     def stop(self) -> None:
         for process in self.processes:
@@ -62,7 +68,7 @@ class RedisCluster:
 
 
 def _start_node(
-    binary: str, workdir: Path, timeout_s: float, attempts: int
+    binary: str, workdir: Path, timeout_s: float, attempts: int, password: str | None
 ) -> tuple[int, int, subprocess.Popen[bytes]]:
     """One cluster-enabled node on a free port and a free bus port (its port + 10000 may be out
     of range or taken), answering PING."""
@@ -75,11 +81,14 @@ def _start_node(
         args += ["--cluster-port", str(bus), "--cluster-announce-ip", "127.0.0.1"]
         args += ["--cluster-node-timeout", "5000", "--dir", str(node_dir)]
         args += ["--logfile", str(node_dir / "server.log")]
+        if password is not None:
+            args += ["--requirepass", password, "--masterauth", password]
         process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
         deadline = time.monotonic() + timeout_s
-        with redis.Redis(port=port, socket_connect_timeout=0.5, socket_timeout=0.5) as client:
+        probe = redis.Redis(port=port, password=password, socket_connect_timeout=0.5, socket_timeout=0.5)
+        with probe as client:
             while time.monotonic() < deadline and process.poll() is None:
                 with contextlib.suppress(redis.RedisError):
                     if client.ping():
@@ -90,14 +99,17 @@ def _start_node(
     raise RuntimeError(f"{binary} did not start a cluster node after {attempts} attempts")
 
 
-def start_redis_cluster(timeout_s: float = 20.0, attempts: int = 5) -> RedisCluster:
-    """Start three masters, share the slots out, join them and wait for ``cluster_state:ok``."""
+def start_redis_cluster(
+    timeout_s: float = 20.0, attempts: int = 5, *, password: str | None = None
+) -> RedisCluster:
+    """Start three masters (each asking ``password`` of its clients, when given), share the slots
+    out, join them and wait for ``cluster_state:ok``."""
     binary = server_binary()
     workdir = Path(tempfile.mkdtemp(prefix="test-redis-cluster-"))
-    cluster = RedisCluster([], [], [], workdir)
+    cluster = RedisCluster([], [], [], workdir, password)
     try:
         for _ in range(MASTERS):
-            port, bus, process = _start_node(binary, workdir, timeout_s, attempts)
+            port, bus, process = _start_node(binary, workdir, timeout_s, attempts, password)
             cluster.ports.append(port)
             cluster.buses.append(bus)
             cluster.processes.append(process)
@@ -105,10 +117,10 @@ def start_redis_cluster(timeout_s: float = 20.0, attempts: int = 5) -> RedisClus
         share = SLOTS // MASTERS
         for i, port in enumerate(cluster.ports):  # every node alone yet: epochs, then slots
             last = SLOTS - 1 if i == MASTERS - 1 else (i + 1) * share - 1
-            with redis.Redis(port=port) as client:
+            with cluster.client(port) as client:
                 client.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)  # no epoch collisions to settle
                 client.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
-        with redis.Redis(port=cluster.ports[0]) as client:  # gossip introduces the others to each other
+        with cluster.client(cluster.ports[0]) as client:  # gossip introduces the others to each other
             for other, bus in zip(cluster.ports[1:], cluster.buses[1:], strict=True):
                 client.execute_command("CLUSTER", "MEET", "127.0.0.1", other, bus)
         _wait_until_ok(cluster, timeout_s)
@@ -123,7 +135,7 @@ def _wait_until_ok(cluster: RedisCluster, timeout_s: float) -> None:
     while time.monotonic() < deadline:
         states = []
         for port in cluster.ports:
-            with redis.Redis(port=port, decode_responses=True) as client:
+            with cluster.client(port) as client:
                 info = client.execute_command("CLUSTER", "INFO")
                 text = info if isinstance(info, str) else str(info)
                 slots = client.execute_command("CLUSTER", "SLOTS")
@@ -152,15 +164,16 @@ def flush(url: str) -> None:
         with redis.Redis.from_url(url) as client:
             client.flushdb()
         return
-    for host, port in parse_cluster_url(url)[0]:
-        with redis.Redis(host=host, port=port) as client:
+    nodes, username, password, _ = parse_cluster_url(url)
+    for host, port in nodes:
+        with redis.Redis(host=host, port=port, username=username, password=password) as client:
             client.flushall()
 
 
 def move_slot(cluster: RedisCluster, slot: int) -> None:
     """Reshard ``slot`` to the next master, keys and all, as ``redis-cli --cluster reshard``
     does: importing and migrating marks, MIGRATE of its keys, then every node told its owner."""
-    clients = [redis.Redis(port=port, decode_responses=True) for port in cluster.ports]
+    clients = [cluster.client(port) for port in cluster.ports]
     try:
         ids = [client.execute_command("CLUSTER", "MYID") for client in clients]
         ranges = clients[0].execute_command("CLUSTER", "SLOTS")
