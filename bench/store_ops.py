@@ -19,6 +19,9 @@ from collections.abc import Awaitable, Callable
 
 from gateway.store import Bucket, Credit, CreditAccount, CreditHoldOrder, Entry, Store, open_store
 from gateway.store import keys as store_keys
+from gateway.store.claims import claim_then_put
+from gateway.store.credit import take_credit
+from gateway.store.limits import check_then_limit
 
 TTL_MS = 60_000
 
@@ -38,10 +41,10 @@ async def _paid(store: Store, n: int) -> None:
     buckets = [Bucket(store_keys.rate_bucket("bench", f"payer{n % 50}"), 10**6, 1_000)]
     claim = Entry(store_keys.payment_claim(payment), "claimant", TTL_MS)
     read = [store_keys.payment_claim(payment), store_keys.pending_settlement(payment)]
-    await store.check_then_limit(read, buckets, [claim])
+    await check_then_limit(store, read, buckets, [claim])
     await store.put(store_keys.pending_settlement(payment), "{}", TTL_MS)
     delivery = Entry(store_keys.delivery(payment), "answer", TTL_MS)
-    await store.claim_then_put([delivery], [Entry(store_keys.pending_settlement(payment), "", 1)])
+    await claim_then_put(store, [delivery], [Entry(store_keys.pending_settlement(payment), "", 1)])
 
 
 async def _credit(store: Store, n: int) -> None:
@@ -49,13 +52,15 @@ async def _credit(store: Store, n: int) -> None:
     nonce = secrets.token_hex(8)
     hold = CreditHoldOrder(account, 1, nonce, TTL_MS)
     bucket = Bucket(store_keys.rate_bucket("bench-credit", account.wallet), 10**6, 1_000)
-    found = await store.check_then_limit([store_keys.sign_in_nonce(nonce)], [bucket], [], hold)
-    await store.take_credit(account, nonce, 1)
+    found = await check_then_limit(store, [store_keys.sign_in_nonce(nonce)], [bucket], [], hold)
+    await take_credit(store, account, nonce, 1)
     assert found.written
 
 
 async def _rate(store: Store, n: int) -> None:
-    await store.check_then_limit([], [Bucket(store_keys.rate_bucket("bench-ip", str(n % 100)), 10**6, 1_000)])
+    await check_then_limit(
+        store, [], [Bucket(store_keys.rate_bucket("bench-ip", str(n % 100)), 10**6, 1_000)]
+    )
 
 
 async def _timed(
@@ -82,7 +87,7 @@ async def main(url: str | None, count: int, concurrency: int) -> None:
     store = open_store(url, None)
     try:
         for wallet in (f"wallet{i}" for i in range(50)):
-            await store.claim_then_put([], [], [Credit(_account(wallet), 10**12, TTL_MS * 10, TTL_MS)])
+            await claim_then_put(store, [], [], [Credit(_account(wallet), 10**12, TTL_MS * 10, TTL_MS)])
         print(f"store: {type(store).__name__}, {count} operations each, c={concurrency}")
         await _timed("rate-limit check (1 bucket)", count, _rate, store, concurrency)
         await _timed("paid request (3 round trips)", count, _paid, store, concurrency)

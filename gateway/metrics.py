@@ -55,6 +55,7 @@ USAGE_OF: Mapping[Outcome, str] = {
 pending settlement add nothing: the one payment is counted once, when it settles or fails. A
 sign-in that found no credit to spend was answered with the route's 402, as an unpaid request."""
 
+
 def payment_outcomes(access: str) -> tuple[Outcome, ...]:
     """What a request on a route of ``access`` can come to: its mode's declared outcomes (public
     and internal routes take no payment and have no outcome series)."""

@@ -39,6 +39,7 @@ from gateway.config import IpNetwork
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routes import RateLimitSpec
 from gateway.store import Bucket, RateDecision, Share, Store, StoreUnavailable, keys
+from gateway.store.limits import check_then_limit
 from gateway.synced_limit import SyncedWindowLimit
 
 CHALLENGE_SCOPE = "challenge:ip"
@@ -177,7 +178,7 @@ class RateLimiter:
         429, or ``StoreUnavailable``."""
         if specs:
             plan = self.plan(specs)
-            limited = plan.refusal((await self.store.check_then_limit([], plan.buckets)).decisions)
+            limited = plan.refusal((await check_then_limit(self.store, [], plan.buckets)).decisions)
             if limited is not None:
                 raise limited.error
 

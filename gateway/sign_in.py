@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from gateway.rate_limiter import Limited, RateLimiter
 from gateway.routes import RateLimitSpec
 from gateway.store import CreditHoldOrder, CreditState, Entry, Store, StoreUnavailable, keys
+from gateway.store.limits import check_then_limit
 from gateway.x402.siwx import VerifiedSignIn
 
 
@@ -71,7 +72,7 @@ class SignInGate:
         if call is not None:
             checked.append(call.key)
             puts.append(call)
-        found = await self.store.check_then_limit(checked, plan.buckets, puts, hold)
+        found = await check_then_limit(self.store, checked, plan.buckets, puts, hold)
         if any(value is not None for value in found.values):
             return Replayed(found.values[1] if call is not None else None)
         limited = plan.refusal(found.decisions)

@@ -30,6 +30,7 @@ from gateway.router import MethodDispatcher
 from gateway.routes import RateLimitSpec, RouteSpec
 from gateway.sign_in import SignInGate
 from gateway.store import Entry, Store, keys, open_store
+from gateway.store.claims import claim_then_put
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.x402.siwx import SiwxIssuer
@@ -149,7 +150,7 @@ async def _sign_in_header(app: ASGIApp, wallet: Keypair, path: str = "/v1/rpc/ge
 async def _fund(store: Store, wallet: str, amount: int) -> None:
     """Credit ``wallet`` the way a top-up's delivery does (the claim-then-put round trip)."""
     claim = Entry(keys.delivery(f"fund-{wallet}-{amount}"), "1", 60_000)
-    assert await store.claim_then_put([claim], [], _book(store).credits(wallet, amount)) == 1
+    assert await claim_then_put(store, [claim], [], _book(store).credits(wallet, amount)) == 1
 
 
 async def _signed_in(

@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from gateway.store import Bucket
+from gateway.store.limits import check_then_limit
 from gateway.store.redis import MAX_CONNECTIONS, RedisStore
 from tests.support.gateway_process import GatewayProcess, serve
 
@@ -77,7 +78,7 @@ async def test_one_process_waits_for_a_pooled_connection_rather_than_failing(cle
     pool_test = Bucket("{x402gw}:rl:pool-test", LIMIT, 600_000)
     try:
         lookups = await asyncio.gather(
-            *(store.check_then_limit([], [pool_test]) for _ in range(3 * MAX_CONNECTIONS))
+            *(check_then_limit(store, [], [pool_test]) for _ in range(3 * MAX_CONNECTIONS))
         )
     finally:
         await store.close()

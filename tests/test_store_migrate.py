@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 
 from gateway.credits import credit_account
 from gateway.store import keys, open_store
+from gateway.store.credit import credit_state
 from gateway.store.migrate import migrate_keys
 
 WALLET = "Wa11et1111111111111111111111111111111111111"
@@ -54,7 +55,7 @@ async def test_old_keys_are_renamed_with_their_values_and_lifetimes_and_credit_s
     assert 3_500_000 < await raw.pttl(keys.credit_balance(WALLET)) <= 3_600_000
     store = open_store(url, token)
     try:
-        state = await store.credit_state(credit_account(WALLET))
+        state = await credit_state(store, credit_account(WALLET))
     finally:
         await store.close()
     assert state.balance == 5000 and 2_900_000 < state.ttl_ms <= 3_000_000

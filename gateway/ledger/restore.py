@@ -39,6 +39,8 @@ from gateway.logs import log_event
 from gateway.payments.ledger import PENDING_TTL_MS, DeliveredRecord
 from gateway.store import Store, StoreUnavailable, keys
 from gateway.store.base import POSITION_TTL_MS
+from gateway.store.claims import release
+from gateway.store.credit import restore_credit
 
 CHECK_INTERVAL_S = 5.0
 """How often each replica checks the store against the ledger."""
@@ -111,7 +113,7 @@ class StoreRestorer:
             return True
         finally:
             with contextlib.suppress(StoreUnavailable):
-                await self.store.release(keys.ledger_restore(), token)
+                await release(self.store, keys.ledger_restore(), token)
 
     async def restore(self) -> int:
         """Every wallet the ledger knows set to what it is owed; recent top-ups marked delivered;
@@ -120,7 +122,8 @@ class StoreRestorer:
         owed = await self.journal.owed_since_top_ups()
         for wallet in owed:
             lapse_at = (wallet.last_top_up_ms or now) + self.lapse_ms
-            await self.store.restore_credit(
+            await restore_credit(
+                self.store,
                 credit_account(wallet.wallet),
                 wallet.owed_micro,
                 lapse_at,

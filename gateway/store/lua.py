@@ -10,7 +10,6 @@ A reply of the wrong shape raises StoreUnavailable: callers fail closed rather t
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 from gateway.store.base import (
@@ -27,6 +26,7 @@ from gateway.store.base import (
     Hold,
     Lookup,
     RateDecision,
+    Script,
     SessionLookup,
     SessionSpent,
     StoreUnavailable,
@@ -121,7 +121,7 @@ end
 # is not rolled back when a command in it fails, so every balance is checked to be a counter, and
 # every index to be a sorted set, before the first write: a failing INCRBY after the claims would
 # leave a payment claimed and its credit lost. A ledger position is only ever raised.
-CLAIM_THEN_PUT_SCRIPT = (
+CLAIM_THEN_PUT_SCRIPT = Script(
     _LAPSE_PRELUDE
     + """
 local n, c = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -163,7 +163,7 @@ return n
 
 # KEYS: the n entries, then the r refund buckets, then the debt buckets. ARGV: n, r, the value per
 # entry, then limit and period_ms per bucket. Reply: 1.
-UNDO_CLAIM_SCRIPT = (
+UNDO_CLAIM_SCRIPT = Script(
     _PRELUDE
     + """
 local n, r = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -182,7 +182,7 @@ return 1
 
 # KEYS: the hold sets. ARGV: token, ttl_ms, then amount and cap per key. A hold is the field
 # ``token`` of the key's hash, valued "amount expires_us". Reply: 1 when held everywhere, else 0.
-HOLD_SCRIPT = (
+HOLD_SCRIPT = Script(
     _PRELUDE
     + """
 local now = now_us()
@@ -238,7 +238,7 @@ end
 )
 
 # Reply: the credit state. Reads only.
-CREDIT_STATE_SCRIPT = (
+CREDIT_STATE_SCRIPT = Script(
     _CREDIT_PRELUDE
     + """
 local now = now_us()
@@ -262,7 +262,7 @@ return {balance, held, left, now}
 # to full, never past. A refusal gives the shares charged before it back as they were, and a
 # bucket j that refuses records each of its shares' subjects in their marks (hash subject ->
 # µs), keeping the two latest distinct (``base.MAX_CONTENDERS``).
-CHECK_THEN_LIMIT_SCRIPT = (
+CHECK_THEN_LIMIT_SCRIPT = Script(
     _CREDIT_PRELUDE
     + """
 local n, m, ordered = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4] == '1'
@@ -362,12 +362,12 @@ return {values, waits, 1, held}
 
 # A credit session is a hash: wallet, cap (micro-USDC, what the wallet signed), spent. KEYS: the
 # session. ARGV: wallet, cap, ttl_ms. Reply: 1.
-OPEN_CREDIT_SESSION_SCRIPT = """
+OPEN_CREDIT_SESSION_SCRIPT = Script("""
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'wallet', ARGV[1], 'cap', ARGV[2], 'spent', '0')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
-"""
+""")
 
 # KEYS: the session, the balance, its hold set, the lapse index, then the buckets. ARGV: wallet,
 # token, amount, the hold's ttl_ms, then limit, period_ms and guard (1 or 0) per bucket. Reply:
@@ -375,7 +375,7 @@ return 1
 # {'limited', retry_after_ms per bucket taken}, or {'spent', the decisions (0s), the credit state
 # after the hold, the session's spent total, its cap}. Checks in that order, and writes nothing
 # before the last: a refused call spends neither the session's cap, nor credit, nor a bucket.
-SPEND_CREDIT_SESSION_SCRIPT = (
+SPEND_CREDIT_SESSION_SCRIPT = Script(
     _CREDIT_PRELUDE
     + """
 local wallet, token, amount, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -401,7 +401,7 @@ return {'spent', waits, {balance, others + amount, left, clock}, spent, session[
 )
 
 # KEYS: the session, the hold set. ARGV: the hold's token, its amount. Reply: 1.
-REFUND_CREDIT_SESSION_SCRIPT = """
+REFUND_CREDIT_SESSION_SCRIPT = Script("""
 redis.call('HDEL', KEYS[2], ARGV[1])
 local spent = redis.call('HGET', KEYS[1], 'spent')
 if spent then
@@ -409,21 +409,21 @@ if spent then
   if back > 0 then redis.call('HINCRBY', KEYS[1], 'spent', -back) end
 end
 return 1
-"""
+""")
 
 # KEYS: the session. Reply: {wallet, cap, spent} of the session deleted, or nil when none was live.
-REVOKE_CREDIT_SESSION_SCRIPT = """
+REVOKE_CREDIT_SESSION_SCRIPT = Script("""
 local session = redis.call('HMGET', KEYS[1], 'wallet', 'cap', 'spent')
 if not session[1] then return false end
 redis.call('DEL', KEYS[1])
 return session
-"""
+""")
 
 # ARGV: wallet, token, amount, the deadline on the store's clock (µs; empty: none), then value and
 # ttl_ms per entry to keep. Reply: the credit state after the take, nil when nothing was taken, or
 # 'late' past the deadline. KEYS[4]: the token's taken mark, set while its hold would have lived;
 # KEYS[5...]: the entries written with the take (a call's answer), and only with it.
-TAKE_CREDIT_SCRIPT = (
+TAKE_CREDIT_SCRIPT = Script(
     _CREDIT_PRELUDE
     + """
 local token, amount = ARGV[2], tonumber(ARGV[3])
@@ -450,7 +450,7 @@ return {balance, others, left, now}
 
 # KEYS: the balance, its hold set, the lapse index. ARGV: the wallet. Reply: the balance lapsed
 # (its text), or nil when the wallet is not due.
-LAPSE_CREDIT_SCRIPT = (
+LAPSE_CREDIT_SCRIPT = Script(
     _LAPSE_PRELUDE
     + """
 local gone = lapse_if_due(KEYS[1], KEYS[2], KEYS[3], ARGV[1], now_ms(now_us()))
@@ -461,7 +461,7 @@ return gone
 
 # KEYS: the balance, its hold set, the lapse index; ARGV: wallet, balance, lapse time (Unix ms),
 # the balance key's ttl_ms. Reply: 1.
-RESTORE_CREDIT_SCRIPT = """
+RESTORE_CREDIT_SCRIPT = Script("""
 redis.call('DEL', KEYS[2])
 if tonumber(ARGV[2]) <= 0 then
   redis.call('DEL', KEYS[1])
@@ -471,11 +471,11 @@ end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
 return 1
-"""
+""")
 
 # KEYS[1]: the lapse index; ARGV[1]: the most wallets to answer. Reply: the wallets due, longest due
 # first.
-DUE_LAPSES_SCRIPT = (
+DUE_LAPSES_SCRIPT = Script(
     _LAPSE_PRELUDE
     + """
 local now = string.format('%d', now_ms(now_us()))
@@ -484,33 +484,24 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(AR
 )
 
 # KEYS[1]: the lapsed hash. Reply: its fields and values, flat; it is deleted.
-DRAIN_LAPSED_SCRIPT = """
+DRAIN_LAPSED_SCRIPT = Script("""
 local lapsed = redis.call('HGETALL', KEYS[1])
 redis.call('DEL', KEYS[1])
 return lapsed
-"""
+""")
 
 # KEYS[1]: the lock; ARGV[1]: the holder's token. Reply: 1 when deleted, else 0.
-RELEASE_SCRIPT = """
+RELEASE_SCRIPT = Script("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
-"""
+""")
 
-CHECK_THEN_LIMIT_SHA1 = hashlib.sha1(CHECK_THEN_LIMIT_SCRIPT.encode()).hexdigest()
-CLAIM_THEN_PUT_SHA1 = hashlib.sha1(CLAIM_THEN_PUT_SCRIPT.encode()).hexdigest()
-RELEASE_SHA1 = hashlib.sha1(RELEASE_SCRIPT.encode()).hexdigest()
-UNDO_CLAIM_SHA1 = hashlib.sha1(UNDO_CLAIM_SCRIPT.encode()).hexdigest()
-HOLD_SHA1 = hashlib.sha1(HOLD_SCRIPT.encode()).hexdigest()
-CREDIT_STATE_SHA1 = hashlib.sha1(CREDIT_STATE_SCRIPT.encode()).hexdigest()
-TAKE_CREDIT_SHA1 = hashlib.sha1(TAKE_CREDIT_SCRIPT.encode()).hexdigest()
-LAPSE_CREDIT_SHA1 = hashlib.sha1(LAPSE_CREDIT_SCRIPT.encode()).hexdigest()
-DUE_LAPSES_SHA1 = hashlib.sha1(DUE_LAPSES_SCRIPT.encode()).hexdigest()
-RESTORE_CREDIT_SHA1 = hashlib.sha1(RESTORE_CREDIT_SCRIPT.encode()).hexdigest()
-DRAIN_LAPSED_SHA1 = hashlib.sha1(DRAIN_LAPSED_SCRIPT.encode()).hexdigest()
-OPEN_CREDIT_SESSION_SHA1 = hashlib.sha1(OPEN_CREDIT_SESSION_SCRIPT.encode()).hexdigest()
-SPEND_CREDIT_SESSION_SHA1 = hashlib.sha1(SPEND_CREDIT_SESSION_SCRIPT.encode()).hexdigest()
-REFUND_CREDIT_SESSION_SHA1 = hashlib.sha1(REFUND_CREDIT_SESSION_SCRIPT.encode()).hexdigest()
-REVOKE_CREDIT_SESSION_SHA1 = hashlib.sha1(REVOKE_CREDIT_SESSION_SCRIPT.encode()).hexdigest()
+# KEYS: hold sets; ARGV[1]: the token whose hold to drop at each. Reply: 1.
+UNHOLD_SCRIPT = Script("""
+for i = 1, #KEYS do redis.call('HDEL', KEYS[i], ARGV[1]) end
+return 1
+""")
+
 MAX_HOLD_AMOUNT = MAX_AMOUNT
 """Amounts and caps above this lose precision in Lua's doubles: caps are clamped to it."""
 
@@ -719,6 +710,12 @@ def drained_from_reply(reply: object) -> dict[str, int]:
         except ValueError:
             pass
     raise StoreUnavailable("state store answered the drain-lapsed script with garbage")
+
+
+def unheld_from_reply(reply: object) -> None:
+    """The unhold script's 1; anything else is garbage."""
+    if reply != 1 or isinstance(reply, bool):
+        raise StoreUnavailable("state store answered the unhold script with garbage")
 
 
 def undone_from_reply(reply: object) -> None:

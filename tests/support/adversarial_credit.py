@@ -43,6 +43,7 @@ from solders.pubkey import Pubkey
 
 from gateway.credits import Balance, CreditBook
 from gateway.store import Entry, Store, keys, open_store
+from gateway.store.claims import claim_then_put
 from gateway.x402.headers import encode_header
 from gateway.x402.siwx_signer import sign_in
 from gateway.x402.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
@@ -221,7 +222,7 @@ async def fund(store: Store, wallet: Keypair | str, amount: int) -> None:
     """Credit ``wallet`` with ``amount`` the way a top-up's delivery does (one claim, one credit)."""
     address = wallet if isinstance(wallet, str) else str(wallet.pubkey())
     claim = Entry(keys.delivery(secrets.token_hex(32)), "1", 60_000)
-    assert await store.claim_then_put([claim], [], book(store).credits(address, amount)) == 1
+    assert await claim_then_put(store, [claim], [], book(store).credits(address, amount)) == 1
 
 
 async def credit_of(store: Store, wallet: Keypair) -> Balance:
