@@ -46,8 +46,7 @@ from gateway.store.credit import (
     take_credit,
 )
 from gateway.store.holds import hold, unhold
-from gateway.store.limits import check_then_limit, undo_claim
-from gateway.store.lua import CHECK_THEN_LIMIT_SCRIPT, check_then_limit_call
+from gateway.store.limits import CHECK_THEN_LIMIT_SCRIPT, check_then_limit, check_then_limit_call, undo_claim
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore

@@ -16,8 +16,7 @@ import pytest
 from gateway.store import Bucket, CreditHoldOrder, Entry, Store, StoreUnavailable
 from gateway.store.credit import credit_state, take_credit
 from gateway.store.holds import unhold
-from gateway.store.limits import check_then_limit
-from gateway.store.lua import check_then_limit_call, lookup_from_reply
+from gateway.store.limits import check_then_limit, check_then_limit_call, lookup_from_reply
 from tests import test_store_contract as contract
 from tests.test_store_contract import SPEND, top_up
 

@@ -29,10 +29,11 @@ from gateway.store.credit import (
     open_credit_session,
     refund_credit_session,
     revoke_credit_session,
+    session_lookup_from_reply,
+    session_state_from_reply,
     spend_credit_session,
     take_credit,
 )
-from gateway.store.lua import session_lookup_from_reply, session_state_from_reply
 from tests import test_store_contract as contract
 from tests.test_store_contract import SPEND, account, top_up
 
