@@ -1669,3 +1669,17 @@ async def test_a_cluster_that_asks_a_password_is_opened_with_the_urls() -> None:
             await wrong.close()
 
     assert SECRET not in "".join(traceback.format_exception(raised.value))
+
+
+async def test_a_burst_past_the_clusters_pool_waits_for_a_connection(clean_cluster_url: str) -> None:
+    """The cluster client raises at once when a node's pool is used up; the store waits for a
+    free connection instead, as the single-node one does: a burst is served, not refused."""
+    store = RedisClusterStore(clean_cluster_url, timeout_s=LOADED_TIMEOUT_S, max_connections=4)
+    try:
+        results = await asyncio.gather(
+            *(store.claim(keys.payment_claim(f"{n:064x}"), "me", 60_000) for n in range(60))
+        )
+    finally:
+        await store.close()
+
+    assert results == [True] * 60

@@ -21,6 +21,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ClusterDownError, ConnectionError, SlotNotCoveredError
 
+from gateway.store.base import StoreUnavailable
 from gateway.store.lua import counters_from_reply, totals_from_replies
 from gateway.store.redis import MAX_CONNECTIONS, RedisStore
 
@@ -57,6 +58,12 @@ def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str | None, str 
     return nodes, username, password, scheme == "rediss+cluster://"
 
 
+def _discard(awaitable: Awaitable[object]) -> None:
+    """Close a command's coroutine that will never be awaited (no "never awaited" warning)."""
+    if inspect.iscoroutine(awaitable):
+        awaitable.close()
+
+
 class _Cluster(RedisCluster):
     """The cluster client, retrying only what cannot have run: a dropped connection, a cluster
     that is down or a slot not covered (after learning the slots again). Never a timeout: a
@@ -84,6 +91,12 @@ class RedisClusterStore(RedisStore):
         self._bind(client, timeout_s)
         self._cluster = client
         self._learning = asyncio.Lock()
+        self._timeout_s = timeout_s
+        self._free = asyncio.Semaphore(max_connections)
+        """Commands in flight, at most a node's pool: the cluster client raises at once when a
+        node's pool is used up, where the single-node backend's blocking pool waits (a burst of
+        concurrent requests would be 503s). Every gateway key lives on one node, so this bounds
+        that node's connections."""
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
         """Learn the cluster's slots once, before the first command: commands sent concurrently
@@ -95,10 +108,18 @@ class RedisClusterStore(RedisStore):
                     if self._cluster._initialize:
                         await super()._call(self._cluster.initialize())
             except BaseException:
-                if inspect.iscoroutine(awaitable):
-                    awaitable.close()
+                _discard(awaitable)
                 raise
-        return await super()._call(awaitable)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._free.acquire()
+        except TimeoutError:
+            _discard(awaitable)
+            raise StoreUnavailable("redis store unreachable (no free connection in time)") from None
+        try:
+            return await super()._call(awaitable)
+        finally:
+            self._free.release()
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         """Each counter's INCRBY is atomic; the batch is not a transaction (a cluster has none
