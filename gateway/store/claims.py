@@ -1,6 +1,6 @@
 """Claims and the records written with them: set-if-absent claims in order, then puts and credits
-(a payment's delivery, a top-up's credit), and the release of a lock by its holder. The scripts
-are ``CLAIM_THEN_PUT_SCRIPT`` and ``RELEASE_SCRIPT`` (``gateway.store.lua``).
+(a payment's delivery, a top-up's credit), and the release of a lock by its holder:
+``CLAIM_THEN_PUT_SCRIPT`` and ``RELEASE_SCRIPT``, and the functions that run them.
 """
 
 from __future__ import annotations

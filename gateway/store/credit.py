@@ -1,7 +1,8 @@
 """Prepaid credit and credit sessions: a wallet's balance, the holds against it, its lapse, and
-the sessions that spend it under a signed cap. Each operation is one of the credit scripts of
-``gateway.store.lua``, run by any backend (:meth:`Store.run`); a credit hold made together with a
-sign-in's other checks is ``gateway.store.limits.check_then_limit`` with a ``CreditHoldOrder``.
+the sessions that spend it under a signed cap. Each operation is one of the scripts here (on the
+shared preludes of ``gateway.store.lua``), run by any backend (:meth:`Store.run`); a credit hold
+made together with a sign-in's other checks is ``gateway.store.limits.check_then_limit`` with a
+``CreditHoldOrder``, a top-up ``gateway.store.claims.claim_then_put`` with its ``Credit``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Capped holds: amounts held at keys (sets of holds) while each key's total stays within its cap,
 each lapsing by itself (the fee guard's places and funds in flight; credit holds are dropped the
-same way). The scripts are ``HOLD_SCRIPT`` and ``UNHOLD_SCRIPT`` (``gateway.store.lua``).
+same way): ``HOLD_SCRIPT`` and ``UNHOLD_SCRIPT``, and the functions that run them.
 """
 
 from __future__ import annotations

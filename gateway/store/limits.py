@@ -1,6 +1,7 @@
 """Rate limits and the claims they guard: one step that reads what must be absent, charges the
-buckets and writes the claims, and its undo. The scripts are ``CHECK_THEN_LIMIT_SCRIPT`` and
-``UNDO_CLAIM_SCRIPT`` (``gateway.store.lua``), run by any backend (:meth:`Store.run`).
+buckets and writes the claims, and its undo: their scripts (``CHECK_THEN_LIMIT_SCRIPT``,
+``UNDO_CLAIM_SCRIPT``, on the shared preludes of ``gateway.store.lua``), the functions that run them
+on any backend (:meth:`Store.run`) and the checks on their replies.
 """
 
 from __future__ import annotations
