@@ -525,6 +525,48 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_store(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.store import StoreUnavailable
+    from gateway.store.migrate import migrate_keys
+
+    url = os.environ.get("STATE_STORE_REST_URL", "")
+    try:
+        done = asyncio.run(migrate_keys(url, os.environ.get("STATE_STORE_REST_TOKEN")))
+    except ValueError as exc:
+        print(f"x402-gateway store migrate-keys: {exc}", file=sys.stderr)
+        return 2
+    except StoreUnavailable as exc:
+        print(f"x402-gateway store migrate-keys: {exc}", file=sys.stderr)
+        return 3
+    print(f"renamed {done.renamed} keys to their tagged names")
+    for old in done.kept:
+        print(f"kept {old}: its new name was written already", file=sys.stderr)
+    return 1 if done.kept else 0
+
+
+def _add_store(sub: Any) -> None:
+    store = sub.add_parser(
+        "store",
+        help="maintain the state store (STATE_STORE_REST_URL)",
+        description="Maintain the state store named by STATE_STORE_REST_URL (and "
+        "STATE_STORE_REST_TOKEN for Upstash).",
+    )
+    store.set_defaults(func=cmd_store)
+    actions = store.add_subparsers(dest="action", metavar="ACTION", prog=store.prog, required=True)
+    actions.add_parser(
+        "migrate-keys",
+        help="rename the keys of a release before the hash tag to their new names, once",
+        description="Rename every gateway key of the store under its old untagged root to its "
+        "tagged name (RENAMENX: value and time to live kept, a new key never overwritten), before "
+        "the release with the tagged keys starts. Needed only without a ledger (with one, start-up "
+        "restores the credit owed from it). Exit 0 when all were renamed, 1 when some were kept "
+        "because their new name existed, 2 for a store that cannot hold old keys, 3 when the store "
+        "failed.",
+    )
+
+
 def _add_ledger(sub: Any) -> None:
     from gateway.ledger.commands import address, moment_ms
 
@@ -881,6 +923,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     mcp.set_defaults(func=cmd_mcp)
     _add_ledger(sub)
+    _add_store(sub)
     with guarded_streams():
         args = parser.parse_args(argv)
         try:

@@ -320,6 +320,37 @@ def test_store_url_with_unknown_scheme_is_a_config_error() -> None:
     (problem,) = _problems({**BASE, "STATE_STORE_REST_URL": "postgres://db/1"})
 
     assert problem.startswith("STATE_STORE_REST_URL must start with")
+    assert "redis+cluster://" in problem
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+cluster://10.0.0.1:7000",
+        "redis+cluster://:s3cret@10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000",
+        "rediss+cluster://user:s3cret@cache.example:6380",
+    ],
+)
+def test_a_redis_cluster_url_is_a_shared_store_url(url: str) -> None:
+    settings = load_settings({**BASE, "STATE_STORE_REST_URL": url})
+
+    assert settings.store_url.reveal() == url and settings.persistent_store
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+cluster://",
+        "redis+cluster://:s3cret@10.0.0.1",
+        "redis+cluster://10.0.0.1:7000,",
+        "redis+cluster://10.0.0.1:70000",
+        "redis+cluster://10.0.0.1:7000/2",
+    ],
+)
+def test_a_cluster_url_without_its_nodes_is_a_config_error_naming_no_secret(url: str) -> None:
+    (problem,) = _problems({**BASE, "STATE_STORE_REST_URL": url})
+
+    assert problem.startswith("STATE_STORE_REST_URL must") and "s3cret" not in problem
 
 
 def test_missing_routes_file_is_a_config_error(tmp_path: Path) -> None:

@@ -21,7 +21,9 @@ from gateway.config import Settings
 from gateway.methods.credit.book import CreditBook, credit_account
 from gateway.methods.credit.lapse import CreditSweeper
 from gateway.services import Services
-from gateway.store import Entry, Store, keys
+from gateway.store import Entry, Store, keys, open_store
+from gateway.store.claims import claim_then_put, release
+from gateway.store.credit import credit_state, due_lapses
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
@@ -39,17 +41,20 @@ def _upstash_server_started(upstash_url_and_token: tuple[str, str]) -> None:
     tests/test_store_contract.py)."""
 
 
-@pytest_asyncio.fixture(params=["memory", "redis", "upstash"])
+@pytest_asyncio.fixture(params=["memory", "redis", "upstash", "cluster"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore()
         return
-    redis_url: str = request.getfixturevalue("clean_redis_url")
-    opened: Store = (
-        RedisStore(redis_url)
-        if request.param == "redis"
-        else UpstashStore(*request.getfixturevalue("upstash_url_and_token"))
-    )
+    if request.param == "cluster":
+        opened: Store = open_store(request.getfixturevalue("clean_cluster_url"), None)
+    else:
+        redis_url: str = request.getfixturevalue("clean_redis_url")
+        opened = (
+            RedisStore(redis_url)
+            if request.param == "redis"
+            else UpstashStore(*request.getfixturevalue("upstash_url_and_token"))
+        )
     try:
         yield opened
     finally:
@@ -82,8 +87,8 @@ def _book(store: Store, lapse_ms: int = LAPSE_MS) -> CreditBook:
 
 async def _fund(book: CreditBook, wallet: str, amount: int, payment: str) -> None:
     """Credit ``wallet`` the way a top-up's delivery does (the claim-then-put round trip)."""
-    claim = Entry(f"delivered:{payment}", "1", 60_000)
-    assert await book.store.claim_then_put([claim], [], book.credits(wallet, amount)) == 1
+    claim = Entry(keys.delivery(payment), "1", 60_000)
+    assert await claim_then_put(book.store, [claim], [], book.credits(wallet, amount)) == 1
 
 
 def _lapsed_total() -> float:
@@ -93,7 +98,7 @@ def _lapsed_total() -> float:
 async def _until_due(store: Store, wallets: int) -> None:
     """Wait until ``wallets`` wallets are due to lapse, or ``PAST_THE_LAPSE_S`` has passed."""
     await read_until(
-        lambda: store.due_lapses(keys.credit_lapses(), 100),
+        lambda: due_lapses(store, keys.credit_lapses(), 100),
         lambda due: len(due) >= wallets,
         time.monotonic() + PAST_THE_LAPSE_S,
     )
@@ -124,7 +129,7 @@ async def test_the_sweeper_lapses_due_credit_once_logged_and_counted(
     ]
     assert (await book.balance("W-idle")).balance == 0
     assert (await book.balance("W-fresh")).balance == 70
-    assert await store.due_lapses(keys.credit_lapses(), 10) == []
+    assert await due_lapses(store, keys.credit_lapses(), 10) == []
 
 
 async def test_credit_past_its_lapse_is_never_spent_even_before_the_sweep(store: Store) -> None:
@@ -188,7 +193,7 @@ async def test_no_sweep_while_another_replica_holds_the_sweep(store: Store) -> N
     assert await store.claim(keys.credit_sweep(), "another replica", 60_000)
 
     blocked = await CreditSweeper(store).sweep()
-    assert await store.release(keys.credit_sweep(), "another replica")
+    assert await release(store, keys.credit_sweep(), "another replica")
     after = await CreditSweeper(store).sweep()
 
     assert (blocked, after) == (0, 1_000)
@@ -228,12 +233,12 @@ async def test_the_apps_lifespan_runs_the_sweeper_only_while_credit_is_sold(clea
     try:
         async with services.lifespan(object()):
             for _ in range(200):  # the first sweep runs at start-up; give it up to 2 s
-                if not await checker.due_lapses(keys.credit_lapses(), 10):
+                if not await due_lapses(checker, keys.credit_lapses(), 10):
                     break
                 await asyncio.sleep(0.01)
-            swept = await checker.due_lapses(keys.credit_lapses(), 10) == []
+            swept = await due_lapses(checker, keys.credit_lapses(), 10) == []
         assert swept
-        state = await checker.credit_state(credit_account("W"))
+        state = await credit_state(checker, credit_account("W"))
         assert (state.balance, state.held) == (0, 0)
         assert Services(Settings(base_url="https://gw.example"), [], MemoryStore()).credit_sweeper is None
     finally:

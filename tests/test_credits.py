@@ -27,7 +27,8 @@ from gateway.methods.exact.method import ExactMethod
 from gateway.methods.exact.settlement import Settlement
 from gateway.methods.sign_in import SignInGate
 from gateway.routing.routes import RateLimitSpec, RouteSpec
-from gateway.store import Entry, Store
+from gateway.store import Entry, Store, keys, open_store
+from gateway.store.claims import claim_then_put
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.web.asgi import ASGIApp, Receive, Scope, Send, send_bytes
@@ -121,12 +122,13 @@ def _spend_app(
     return MethodDispatcher({"POST": (paid.route, access)}, "POST, OPTIONS"), paid, book
 
 
-@pytest_asyncio.fixture(params=["memory", "redis"])
+@pytest_asyncio.fixture(params=["memory", "redis", "cluster"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore()
         return
-    redis = RedisStore(request.getfixturevalue("clean_redis_url"))
+    url = request.getfixturevalue("clean_cluster_url" if request.param == "cluster" else "clean_redis_url")
+    redis = open_store(url, None)
     try:
         yield redis
     finally:
@@ -147,8 +149,8 @@ async def _sign_in_header(app: ASGIApp, wallet: Keypair, path: str = "/v1/rpc/ge
 
 async def _fund(store: Store, wallet: str, amount: int) -> None:
     """Credit ``wallet`` the way a top-up's delivery does (the claim-then-put round trip)."""
-    claim = Entry(f"fund-{wallet}-{amount}", "1", 60_000)
-    assert await store.claim_then_put([claim], [], _book(store).credits(wallet, amount)) == 1
+    claim = Entry(keys.delivery(f"fund-{wallet}-{amount}"), "1", 60_000)
+    assert await claim_then_put(store, [claim], [], _book(store).credits(wallet, amount)) == 1
 
 
 async def _signed_in(
@@ -541,10 +543,13 @@ class _SlowUpstream:
         await send_bytes(send, 200, PROVIDER_ANSWER)
 
 
-async def test_100_calls_at_once_on_credit_for_10_get_exactly_10_answers(clean_redis_url: str) -> None:
-    """Two replicas (two apps, one Redis): 100 sign-ins at once from a wallet whose credit covers
-    10 calls; never overdrawn, never taken for a call not served."""
-    store = RedisStore(clean_redis_url)
+@pytest.mark.parametrize("shared", ["clean_redis_url", "clean_cluster_url"], ids=["redis", "cluster"])
+async def test_100_calls_at_once_on_credit_for_10_get_exactly_10_answers(
+    shared: str, request: pytest.FixtureRequest
+) -> None:
+    """Two replicas (two apps, one Redis or one cluster): 100 sign-ins at once from a wallet whose
+    credit covers 10 calls; never overdrawn, never taken for a call not served."""
+    store = open_store(request.getfixturevalue(shared), None)
     try:
         upstream = _SlowUpstream()
         replica_a, _, book = _spend_app(store, upstream)

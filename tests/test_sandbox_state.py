@@ -28,6 +28,8 @@ from gateway.sandbox.state import (
     save_credit,
 )
 from gateway.store import Entry
+from gateway.store.claims import claim_then_put
+from gateway.store.credit import credit_state, restore_credit
 from tests.support.gateway_server import FULL_ENV
 
 
@@ -102,7 +104,7 @@ async def _top_up(store: CreditKeepingStore, wallet: str, amount: int, lapse_ms:
     """Credit ``wallet`` as a top-up's delivery does: its claim and its credit in one write."""
     book = CreditBook(store, lapse_days=1, lapse_ms=lapse_ms, upstream_timeout_s=1.0)
     claim = Entry(f"delivery:{wallet}:{amount}", "1", 60_000)
-    assert await store.claim_then_put([claim], (), book.credits(wallet, amount)) == 1
+    assert await claim_then_put(store, [claim], (), book.credits(wallet, amount)) == 1
 
 
 async def test_credit_is_saved_private_and_restored_with_its_lapse_time(tmp_path: Path) -> None:
@@ -116,7 +118,7 @@ async def test_credit_is_saved_private_and_restored_with_its_lapse_time(tmp_path
     assert held is not None
     spent_all = await book.hold(OTHER, 5)
     assert spent_all is not None and await book.take(spent_all) is not None  # nothing left to keep
-    before = await first.credit_state(credit_account(WALLET))
+    before = await credit_state(first, credit_account(WALLET))
 
     saved = await load_credit(tmp_path, first, 1.0)  # a start over an empty directory saves too
     second = CreditKeepingStore()
@@ -124,11 +126,11 @@ async def test_credit_is_saved_private_and_restored_with_its_lapse_time(tmp_path
 
     assert list(saved.wallets) == [WALLET] and saved.wallets[WALLET].balance == 1_000_000 - 2205
     assert (tmp_path / CREDIT_FILE_NAME).stat().st_mode & 0o077 == 0
-    after = await second.credit_state(credit_account(WALLET))
+    after = await credit_state(second, credit_account(WALLET))
     assert (after.balance, after.held) == (1_000_000 - 2205, 0)
     assert abs(after.ttl_ms - before.ttl_ms) < 2_000  # the same lapse time, not a renewed one
-    assert (await second.credit_state(credit_account(OTHER))).balance == 0
-    assert second.credited == {WALLET}
+    assert (await credit_state(second, credit_account(OTHER))).balance == 0
+    assert await second.credited() == {WALLET}
 
 
 async def test_credit_that_lapsed_while_stopped_is_not_restored(tmp_path: Path) -> None:
@@ -148,8 +150,8 @@ async def test_credit_that_lapsed_while_stopped_is_not_restored(tmp_path: Path) 
     kept = await load_credit(tmp_path, store, 1.0)
 
     assert list(kept.wallets) == [OTHER] and read_credit(tmp_path) == kept
-    assert (await store.credit_state(credit_account(WALLET))).balance == 0
-    assert (await store.credit_state(credit_account(OTHER))).balance == 300
+    assert (await credit_state(store, credit_account(WALLET))).balance == 0
+    assert (await credit_state(store, credit_account(OTHER))).balance == 300
 
 
 async def test_credit_is_saved_again_only_once_it_moved(tmp_path: Path) -> None:
@@ -189,11 +191,11 @@ def test_credit_on_the_memory_store_is_allowed_to_the_sandbox_only() -> None:
 async def test_credit_restored_from_the_ledger_is_kept_in_the_file_too(tmp_path: Path) -> None:
     store = CreditKeepingStore(journaled=True)
     lapse_at = int(time.time() * 1000) + DAY_MS
-    await store.restore_credit(credit_account(WALLET), 700, lapse_at, DAY_MS)  # as StoreRestorer does
+    await restore_credit(store, credit_account(WALLET), 700, lapse_at, DAY_MS)  # as StoreRestorer does
 
     kept = await keep_credit(tmp_path, store, None)
 
-    assert store.credited == {WALLET}
+    assert await store.credited() == {WALLET}
     assert kept.journaled and kept.wallets[WALLET].balance == 700
     assert abs(kept.wallets[WALLET].lapses_at_ms - lapse_at) < 2_000
 

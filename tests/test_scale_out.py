@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from gateway.store import Bucket
+from gateway.store.limits import check_then_limit
 from gateway.store.redis import MAX_CONNECTIONS, RedisStore
 from tests.support.gateway_process import GatewayProcess, serve
 
@@ -74,10 +75,10 @@ async def test_four_processes_on_one_redis_hold_the_rate_limit_within_5_percent(
 async def test_one_process_waits_for_a_pooled_connection_rather_than_failing(clean_redis_url: str) -> None:
     """More concurrent store calls than the pool holds queue for a connection; none is refused."""
     store = RedisStore(clean_redis_url)
-    pool_test = Bucket("x402gw:rl:pool-test", LIMIT, 600_000)
+    pool_test = Bucket("{x402gw}:rl:pool-test", LIMIT, 600_000)
     try:
         lookups = await asyncio.gather(
-            *(store.check_then_limit([], [pool_test]) for _ in range(3 * MAX_CONNECTIONS))
+            *(check_then_limit(store, [], [pool_test]) for _ in range(3 * MAX_CONNECTIONS))
         )
     finally:
         await store.close()

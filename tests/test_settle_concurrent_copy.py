@@ -44,7 +44,7 @@ from gateway.methods.results import (
     Replay,
 )
 from gateway.routing.pricing import FacilitatorFee
-from gateway.store import Bucket, CreditHoldOrder, Entry, Lookup, Store, keys
+from gateway.store import Script, Store, keys
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.x402 import svm
@@ -259,17 +259,11 @@ class HeldAtTheCoolDown(MemoryStore):
         self.reached = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def check_then_limit(
-        self,
-        keys: Sequence[str],
-        buckets: Sequence[Bucket],
-        puts: Sequence[Entry] = (),
-        hold: CreditHoldOrder | None = None,
-    ) -> Lookup:
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> object:
         if COOLING_IP.cooldown_key in keys and not self.reached.is_set():
             self.reached.set()
             await self.release.wait()
-        return await super().check_then_limit(keys, buckets, puts, hold)
+        return await super().run(script, keys, args)
 
 
 async def test_the_claim_holder_cooling_down_while_its_copy_settled_is_pending_not_failed() -> None:

@@ -18,6 +18,7 @@ from gateway.methods.credit.calls import StillInFlight, credit_call
 from gateway.methods.sign_in import Admitted, Limited, Replayed, SignInGate, Uncovered
 from gateway.routing.routes import RateLimitSpec
 from gateway.store import Share, Store, keys
+from gateway.store.claims import claim_then_put
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.x402.siwx import VerifiedSignIn
@@ -120,7 +121,7 @@ async def test_a_sign_in_paid_from_credit_holds_its_price_in_the_same_step(store
     assert all(isinstance(a, Uncovered) for a in short)
     assert await store.get(keys.sign_in_nonce(signed.nonce)) is None
     assert isinstance(await gate.admit(_signed(), FLOODER), Admitted)  # the IP's share is untouched
-    assert await store.claim_then_put([], [], book.credits(signed.address, 5)) == 0
+    assert await claim_then_put(store, [], [], book.credits(signed.address, 5)) == 0
     order = book.order(signed.address, 5)
     admitted = await gate.admit(signed, FLOODER, order)
     assert isinstance(admitted, Admitted) and admitted.held is not None
@@ -203,7 +204,7 @@ async def test_a_call_on_credit_is_claimed_with_its_nonce_and_its_hold_in_one_st
     short = await gate.admit(signed, FLOODER, book.order(signed.address, 5), call.in_flight())
     assert isinstance(short, Uncovered)
     assert await store.get(call.key) is None and await store.get(keys.sign_in_nonce(signed.nonce)) is None
-    assert await store.claim_then_put([], [], book.credits(signed.address, 10)) == 0
+    assert await claim_then_put(store, [], [], book.credits(signed.address, 10)) == 0
     admitted = await gate.admit(signed, FLOODER, book.order(signed.address, 5), call.in_flight())
     replayed = await gate.admit(signed, FLOODER, book.order(signed.address, 5), call.in_flight())
     elsewhere = await gate.admit(signed, FLOODER)  # the nonce spent without a call of its own

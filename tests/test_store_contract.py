@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import redis.asyncio as aioredis
+from redis.crc import key_slot
 
 from gateway.store import (
     Bucket,
@@ -29,15 +30,29 @@ from gateway.store import (
     Store,
     StoreUnavailable,
     TakeTooLate,
+    keys,
     open_store,
 )
 from gateway.store.base import taken_mark
-from gateway.store.lua import CHECK_THEN_LIMIT_SCRIPT, check_then_limit_call
-from gateway.store.memory import MemoryStore, gcra
+from gateway.store.claims import claim_then_put, release
+from gateway.store.cluster import RedisClusterStore
+from gateway.store.credit import (
+    credit_state,
+    drain_lapsed,
+    due_lapses,
+    hold_credit,
+    lapse_credit,
+    restore_credit,
+    take_credit,
+)
+from gateway.store.holds import hold, unhold
+from gateway.store.limits import CHECK_THEN_LIMIT_SCRIPT, check_then_limit, check_then_limit_call, undo_claim
+from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
 from tests.support.polling import read_until
 from tests.support.ports import refusing_port
+from tests.support.redis_cluster import move_slot, start_redis_cluster
 
 StoreFactory = Callable[[], Store]
 
@@ -53,11 +68,14 @@ def _upstash_server_started(upstash_url_and_token: tuple[str, str]) -> None:
     land inside the running event loop, depending on how tests are handed out."""
 
 
-@pytest.fixture(params=["memory", "redis", "upstash"])
+@pytest.fixture(params=["memory", "redis", "upstash", "cluster"])
 def make_store(request: pytest.FixtureRequest) -> StoreFactory:
     """How to open the backend under test, on an empty database (sync, so it can pull fixtures)."""
     if request.param == "memory":
         return MemoryStore
+    if request.param == "cluster":
+        cluster_url: str = request.getfixturevalue("clean_cluster_url")
+        return lambda: RedisClusterStore(cluster_url, timeout_s=LOADED_TIMEOUT_S)
     redis_url: str = request.getfixturevalue("clean_redis_url")
     if request.param == "redis":
         return lambda: RedisStore(redis_url, timeout_s=LOADED_TIMEOUT_S)
@@ -68,6 +86,9 @@ def make_store(request: pytest.FixtureRequest) -> StoreFactory:
 @pytest.fixture
 async def store(make_store: StoreFactory) -> AsyncIterator[Store]:
     opened = make_store()
+    # Connected (a cluster client has learnt the slots) before a test times anything: a first
+    # command that also connects can take longer than a timed test's margin on a loaded machine.
+    assert await opened.ping()
     yield opened
     await opened.close()
 
@@ -84,64 +105,64 @@ async def raw_redis(clean_redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 async def test_exactly_one_of_many_concurrent_claims_wins(store: Store) -> None:
-    results = await asyncio.gather(*(store.claim("claim:tx", f"caller-{i}", 10_000) for i in range(25)))
+    results = await asyncio.gather(*(store.claim("{t}claim:tx", f"caller-{i}", 10_000) for i in range(25)))
 
     assert results.count(True) == 1
     winner = results.index(True)
-    assert await store.get("claim:tx") == f"caller-{winner}"
+    assert await store.get("{t}claim:tx") == f"caller-{winner}"
 
 
 async def test_claim_can_be_taken_again_after_its_ttl(store: Store) -> None:
-    assert await store.claim("claim:ttl", "first", 150)
-    assert not await store.claim("claim:ttl", "second", 150)
+    assert await store.claim("{t}claim:ttl", "first", 150)
+    assert not await store.claim("{t}claim:ttl", "second", 150)
 
-    third = await read_until(lambda: store.claim("claim:ttl", "third", 150), bool, time.monotonic() + 0.25)
+    third = await read_until(lambda: store.claim("{t}claim:ttl", "third", 150), bool, time.monotonic() + 0.25)
 
     assert third
-    assert await store.get("claim:ttl") == "third"
+    assert await store.get("{t}claim:ttl") == "third"
 
 
 async def test_release_by_the_holder_frees_the_lock(store: Store) -> None:
-    assert await store.claim("lock:a", "holder", 10_000)
+    assert await store.claim("{t}lock:a", "holder", 10_000)
 
-    assert await store.release("lock:a", "holder")
+    assert await release(store, "{t}lock:a", "holder")
 
-    assert await store.get("lock:a") is None
-    assert await store.claim("lock:a", "next", 10_000)
+    assert await store.get("{t}lock:a") is None
+    assert await store.claim("{t}lock:a", "next", 10_000)
 
 
 async def test_release_by_a_former_holder_leaves_the_new_holders_lock(store: Store) -> None:
     """The first holder's lock expired and another settlement took it: the late release of the
     first must not let a third one in beside the second."""
-    assert await store.claim("lock:b", "first", 100)
-    assert await read_until(lambda: store.claim("lock:b", "second", 10_000), bool, time.monotonic() + 0.15)
+    assert await store.claim("{t}lock:b", "first", 100)
+    assert await read_until(lambda: store.claim("{t}lock:b", "second", 10_000), bool, time.monotonic() + 0.15)
 
-    assert not await store.release("lock:b", "first")
+    assert not await release(store, "{t}lock:b", "first")
 
-    assert await store.get("lock:b") == "second"
-    assert not await store.claim("lock:b", "third", 10_000)
+    assert await store.get("{t}lock:b") == "second"
+    assert not await store.claim("{t}lock:b", "third", 10_000)
 
 
 async def test_release_of_an_absent_lock_changes_nothing(store: Store) -> None:
-    assert not await store.release("lock:none", "anyone")
+    assert not await release(store, "{t}lock:none", "anyone")
 
-    assert await store.get("lock:none") is None
+    assert await store.get("{t}lock:none") is None
 
 
 # --- get / put -----------------------------------------------------------------------------------
 
 
 async def test_get_of_an_absent_key_is_none(store: Store) -> None:
-    assert await store.get("value:absent") is None
+    assert await store.get("{t}value:absent") is None
 
 
 async def test_put_overwrites_and_expires_after_its_ttl(store: Store) -> None:
-    await store.put("value:k", "one", 10_000)
-    await store.put("value:k", "two", 150)
-    assert await store.get("value:k") == "two"
+    await store.put("{t}value:k", "one", 10_000)
+    await store.put("{t}value:k", "two", 150)
+    assert await store.get("{t}value:k") == "two"
 
     expired = await read_until(
-        lambda: store.get("value:k"), lambda value: value is None, time.monotonic() + 0.25
+        lambda: store.get("{t}value:k"), lambda value: value is None, time.monotonic() + 0.25
     )
 
     assert expired is None
@@ -175,12 +196,12 @@ async def test_concurrent_increments_are_all_counted(store: Store) -> None:
 
 async def limit_once(store: Store, key: str, limit: int, period_ms: int) -> RateDecision:
     """One GCRA decision on one bucket, as the rate limiter asks for it (nothing checked first)."""
-    (decision,) = (await store.check_then_limit([], [Bucket(key, limit, period_ms)])).decisions
+    (decision,) = (await check_then_limit(store, [], [Bucket(key, limit, period_ms)])).decisions
     return decision
 
 
 async def test_rate_limit_allows_exactly_limit_in_a_burst_then_refuses(store: Store) -> None:
-    decisions = [await limit_once(store, "rl:burst", 5, 60_000) for _ in range(7)]
+    decisions = [await limit_once(store, "{t}rl:burst", 5, 60_000) for _ in range(7)]
 
     assert [d.allowed for d in decisions] == [True] * 5 + [False] * 2
     # The next slot opens one emission interval (60 s / 5) after the first request, give or take
@@ -190,7 +211,7 @@ async def test_rate_limit_allows_exactly_limit_in_a_burst_then_refuses(store: St
 
 
 async def test_rate_limit_allows_exactly_limit_of_a_concurrent_burst(store: Store) -> None:
-    decisions = await asyncio.gather(*(limit_once(store, "rl:gather", 8, 60_000) for _ in range(40)))
+    decisions = await asyncio.gather(*(limit_once(store, "{t}rl:gather", 8, 60_000) for _ in range(40)))
 
     assert sum(d.allowed for d in decisions) == 8
 
@@ -200,31 +221,31 @@ async def test_rate_limit_refills_one_slot_per_interval_and_all_after_the_period
     # One slot every 800 ms: the calls that must fall within one interval still do when a
     # loaded machine stalls this process for a few hundred milliseconds.
     limit, period_ms = 2, 1_600
-    assert (await limit_once(store, "rl:refill", limit, period_ms)).allowed
-    assert (await limit_once(store, "rl:refill", limit, period_ms)).allowed
-    refused = await limit_once(store, "rl:refill", limit, period_ms)
+    assert (await limit_once(store, "{t}rl:refill", limit, period_ms)).allowed
+    assert (await limit_once(store, "{t}rl:refill", limit, period_ms)).allowed
+    refused = await limit_once(store, "{t}rl:refill", limit, period_ms)
     assert not refused.allowed
     assert 0 < refused.retry_after_ms <= 800
 
     await asyncio.sleep(refused.retry_after_ms / 1000 + 0.03)
-    assert (await limit_once(store, "rl:refill", limit, period_ms)).allowed
-    assert not (await limit_once(store, "rl:refill", limit, period_ms)).allowed
+    assert (await limit_once(store, "{t}rl:refill", limit, period_ms)).allowed
+    assert not (await limit_once(store, "{t}rl:refill", limit, period_ms)).allowed
 
     await asyncio.sleep(period_ms / 1000 + 0.03)
-    decisions = [await limit_once(store, "rl:refill", limit, period_ms) for _ in range(limit + 1)]
+    decisions = [await limit_once(store, "{t}rl:refill", limit, period_ms) for _ in range(limit + 1)]
     assert [d.allowed for d in decisions] == [True] * limit + [False]
 
 
 async def test_rate_limit_keys_are_independent(store: Store) -> None:
-    assert (await limit_once(store, "rl:wallet-a", 1, 60_000)).allowed
-    assert not (await limit_once(store, "rl:wallet-a", 1, 60_000)).allowed
+    assert (await limit_once(store, "{t}rl:wallet-a", 1, 60_000)).allowed
+    assert not (await limit_once(store, "{t}rl:wallet-a", 1, 60_000)).allowed
 
-    assert (await limit_once(store, "rl:wallet-b", 1, 60_000)).allowed
+    assert (await limit_once(store, "{t}rl:wallet-b", 1, 60_000)).allowed
 
 
 # --- shares: a subject's part of a budget, binding only while others wait for it ------------------
 
-SHARE_MARK = "rl-contended:share"
+SHARE_MARK = "{t}rl-contended:share"
 
 
 async def ask_shared(
@@ -232,8 +253,10 @@ async def ask_shared(
 ) -> tuple[int | None, RateDecision]:
     """One request of ``subject``: its share of ``budget``, then ``budget``. The index of the
     bucket that refused it (0: its share, 1: the budget; None: allowed) and that decision."""
-    share = Bucket(f"rl:share:{subject}", share_limit, share_period_ms, share=Share(budget.key, SHARE_MARK))
-    decisions = (await store.check_then_limit([], [share, budget])).decisions
+    share = Bucket(
+        f"{{t}}rl:share:{subject}", share_limit, share_period_ms, share=Share(budget.key, SHARE_MARK)
+    )
+    decisions = (await check_then_limit(store, [], [share, budget])).decisions
     for at, decision in enumerate(decisions):
         if not decision.allowed:
             return at, decision
@@ -242,7 +265,7 @@ async def ask_shared(
 
 
 async def test_a_lone_subject_may_use_all_of_the_budget_its_share_is_part_of(store: Store) -> None:
-    budget = Bucket("rl:key", 4, 60_000)
+    budget = Bucket("{t}rl:key", 4, 60_000)
 
     asks = [await ask_shared(store, "alone", budget, 1) for _ in range(6)]
 
@@ -253,7 +276,7 @@ async def test_a_lone_subject_may_use_all_of_the_budget_its_share_is_part_of(sto
 async def test_once_another_subject_waits_for_the_budget_the_shares_bind(store: Store) -> None:
     # A slot every second (wide: the asks below must fall within one slot on a loaded
     # machine too); each share 1 a minute.
-    budget = Bucket("rl:key", 4, 4_000)
+    budget = Bucket("{t}rl:key", 4, 4_000)
     for _ in range(4):
         assert (await ask_shared(store, "busy", budget, 1))[0] is None
 
@@ -277,7 +300,7 @@ async def test_once_another_subject_waits_for_the_budget_the_shares_bind(store: 
 
 @pytest.mark.slow
 async def test_the_contention_mark_expires_after_the_budgets_period(store: Store) -> None:
-    budget = Bucket("rl:key", 2, 2_000)  # a slot a second: wide enough for a loaded machine
+    budget = Bucket("{t}rl:key", 2, 2_000)  # a slot a second: wide enough for a loaded machine
     for _ in range(2):
         assert (await ask_shared(store, "busy", budget, 1))[0] is None
     assert (await ask_shared(store, "waiting", budget, 1))[0] == 1
@@ -297,7 +320,7 @@ async def test_the_contention_mark_expires_after_the_budgets_period(store: Store
 async def test_a_subjects_own_refusals_never_lift_the_binding_another_put_on_it(store: Store) -> None:
     """The mark keeps the latest two distinct subjects refused, so a flooder that gets itself
     refused over and over cannot push out the client that waits."""
-    budget = Bucket("rl:key", 2, 3_000)  # a slot every 1.5 s
+    budget = Bucket("{t}rl:key", 2, 3_000)  # a slot every 1.5 s
     for _ in range(2):
         assert (await ask_shared(store, "third", budget, 1))[0] is None
     assert (await ask_shared(store, "waiting", budget, 1))[0] == 1
@@ -313,34 +336,37 @@ async def test_a_subjects_own_refusals_never_lift_the_binding_another_put_on_it(
 
 
 async def test_a_share_whose_budget_is_not_a_later_bucket_is_refused(store: Store) -> None:
-    budget = Bucket("rl:key", 2, 60_000)
-    share = Bucket("rl:share:x", 1, 60_000, share=Share(budget.key, SHARE_MARK))
+    budget = Bucket("{t}rl:key", 2, 60_000)
+    share = Bucket("{t}rl:share:x", 1, 60_000, share=Share(budget.key, SHARE_MARK))
     with pytest.raises(ValueError, match="budget"):
-        await store.check_then_limit([], [budget, share])
+        await check_then_limit(store, [], [budget, share])
     with pytest.raises(ValueError, match="budget"):
-        await store.check_then_limit([], [share])
+        await check_then_limit(store, [], [share])
 
 
 # --- guards, refunds and debts: what a refused payment spends ---------------------------------------
 
 
 async def test_a_guard_bucket_refuses_when_exhausted_but_never_charges(store: Store) -> None:
-    guard = Bucket("rl:guard", 2, 60_000, guard=True)
+    guard = Bucket("{t}rl:guard", 2, 60_000, guard=True)
     for _ in range(5):  # checked five times, charged never
-        assert (await store.check_then_limit([], [guard])).decisions == [RateDecision(allowed=True)]
-    await store.undo_claim([], debts=[Bucket("rl:guard", 2, 60_000)] * 2)
+        assert (await check_then_limit(store, [], [guard])).decisions == [RateDecision(allowed=True)]
+    await undo_claim(store, [], debts=[Bucket("{t}rl:guard", 2, 60_000)] * 2)
 
-    refused = (await store.check_then_limit([], [guard])).decisions[0]
+    refused = (await check_then_limit(store, [], [guard])).decisions[0]
 
     assert not refused.allowed and 29_000 < refused.retry_after_ms <= 30_000
 
 
 async def test_a_refused_guard_stops_the_buckets_after_it(store: Store) -> None:
-    await store.undo_claim([], debts=[Bucket("rl:refusals", 1, 60_000)])
-    shared = Bucket("rl:shared-after-guard", 1, 60_000)
+    await undo_claim(store, [], debts=[Bucket("{t}rl:refusals", 1, 60_000)])
+    shared = Bucket("{t}rl:shared-after-guard", 1, 60_000)
 
-    found = await store.check_then_limit(
-        [], [Bucket("rl:refusals", 1, 60_000, guard=True), shared], [Entry("claim:g", "me", 60_000)]
+    found = await check_then_limit(
+        store,
+        [],
+        [Bucket("{t}rl:refusals", 1, 60_000, guard=True), shared],
+        [Entry("{t}claim:g", "me", 60_000)],
     )
 
     assert [d.allowed for d in found.decisions] == [False] and not found.written
@@ -348,9 +374,9 @@ async def test_a_refused_guard_stops_the_buckets_after_it(store: Store) -> None:
 
 
 async def test_a_debt_is_charged_past_the_limit_and_waits_it_out(store: Store) -> None:
-    await store.undo_claim([], debts=[Bucket("rl:debt", 2, 10_000)] * 5)  # 5 charges, 2 per 10 s
+    await undo_claim(store, [], debts=[Bucket("{t}rl:debt", 2, 10_000)] * 5)  # 5 charges, 2 per 10 s
 
-    refused = await limit_once(store, "rl:debt", 2, 10_000)
+    refused = await limit_once(store, "{t}rl:debt", 2, 10_000)
 
     # Five intervals of 5 s are owed; one more charge fits once 6 intervals less the period
     # (10 s) have passed: 20 s (a second of margin for a loaded machine).
@@ -358,26 +384,26 @@ async def test_a_debt_is_charged_past_the_limit_and_waits_it_out(store: Store) -
 
 
 async def test_a_refund_hands_back_one_request_and_never_goes_below_idle(store: Store) -> None:
-    bucket = Bucket("rl:refund", 2, 60_000)
+    bucket = Bucket("{t}rl:refund", 2, 60_000)
     assert (await limit_once(store, bucket.key, 2, 60_000)).allowed
     assert (await limit_once(store, bucket.key, 2, 60_000)).allowed
     assert not (await limit_once(store, bucket.key, 2, 60_000)).allowed
 
-    await store.undo_claim([], refunds=[bucket])
+    await undo_claim(store, [], refunds=[bucket])
     assert (await limit_once(store, bucket.key, 2, 60_000)).allowed
     assert not (await limit_once(store, bucket.key, 2, 60_000)).allowed
 
-    await store.undo_claim([], refunds=[bucket] * 5)  # more refunds than charges: idle, no credit
+    await undo_claim(store, [], refunds=[bucket] * 5)  # more refunds than charges: idle, no credit
     decisions = [await limit_once(store, bucket.key, 2, 60_000) for _ in range(3)]
     assert [d.allowed for d in decisions] == [True, True, False]
 
 
 async def test_undo_claim_deletes_only_what_still_holds_its_value(store: Store) -> None:
-    mine, taken = Entry("claim:mine", "me", 60_000), Entry("claim:taken", "me", 60_000)
+    mine, taken = Entry("{t}claim:mine", "me", 60_000), Entry("{t}claim:taken", "me", 60_000)
     await store.put(mine.key, "me", 60_000)
     await store.put(taken.key, "someone else", 60_000)
 
-    await store.undo_claim([mine, taken])
+    await undo_claim(store, [mine, taken])
 
     assert await store.get(mine.key) is None
     assert await store.get(taken.key) == "someone else"
@@ -399,49 +425,49 @@ def read_late(started: float, lifetime_ms: int) -> bool:
 
 
 async def test_holds_fit_their_cap_and_a_refused_hold_changes_nothing(store: Store) -> None:
-    balance = Hold("held:account", 40, 100)
-    assert await store.hold([balance], "first", 60_000)
-    assert await store.hold([balance], "second", 60_000)
-    assert not await store.hold([balance], "third", 60_000)  # 40 + 40 + 40 > 100
-    assert await store.hold([Hold("held:account", 20, 100)], "small", 60_000)
+    balance = Hold("{t}held:account", 40, 100)
+    assert await hold(store, [balance], "first", 60_000)
+    assert await hold(store, [balance], "second", 60_000)
+    assert not await hold(store, [balance], "third", 60_000)  # 40 + 40 + 40 > 100
+    assert await hold(store, [Hold("{t}held:account", 20, 100)], "small", 60_000)
 
-    await store.unhold(["held:account"], "first")
+    await unhold(store, ["{t}held:account"], "first")
 
-    assert await store.hold([balance], "third", 60_000)
+    assert await hold(store, [balance], "third", 60_000)
 
 
 async def test_a_hold_on_several_keys_is_all_or_nothing(store: Store) -> None:
-    assert await store.hold([Hold("held:owner", 1, 1)], "busy", 60_000)
-    both = [Hold("held:ip", 1, 5), Hold("held:owner", 1, 1)]
+    assert await hold(store, [Hold("{t}held:owner", 1, 1)], "busy", 60_000)
+    both = [Hold("{t}held:ip", 1, 5), Hold("{t}held:owner", 1, 1)]
 
-    assert not await store.hold(both, "next", 60_000)
+    assert not await hold(store, both, "next", 60_000)
 
-    assert await store.hold([Hold("held:ip", 5, 5)], "probe", 60_000)  # nothing was held at held:ip
+    assert await hold(store, [Hold("{t}held:ip", 5, 5)], "probe", 60_000)  # nothing was held at held:ip
 
 
 async def test_holding_again_under_the_same_token_replaces_the_hold(store: Store) -> None:
-    assert await store.hold([Hold("held:again", 3, 3)], "me", 60_000)
-    assert await store.hold([Hold("held:again", 3, 3)], "me", 60_000)
-    assert not await store.hold([Hold("held:again", 1, 3)], "other", 60_000)
+    assert await hold(store, [Hold("{t}held:again", 3, 3)], "me", 60_000)
+    assert await hold(store, [Hold("{t}held:again", 3, 3)], "me", 60_000)
+    assert not await hold(store, [Hold("{t}held:again", 1, 3)], "other", 60_000)
 
 
 async def test_a_hold_lapses_by_itself(store: Store) -> None:
     for lifetime_ms in LIVE_FOR_MS:
         key = f"held:lapse:{lifetime_ms}"
         held_at = time.monotonic()
-        assert await store.hold([Hold(key, 1, 1)], "dead-process", lifetime_ms)
-        refused = not await store.hold([Hold(key, 1, 1)], "next", 60_000)
+        assert await hold(store, [Hold(key, 1, 1)], "dead-process", lifetime_ms)
+        refused = not await hold(store, [Hold(key, 1, 1)], "next", 60_000)
         if refused or not read_late(held_at, lifetime_ms):
             break
     assert refused
 
     lapsed_by = held_at + lifetime_ms / 1000 + 0.1
-    assert await read_until(lambda: store.hold([Hold(key, 1, 1)], "next", 60_000), bool, lapsed_by)
+    assert await read_until(lambda: hold(store, [Hold(key, 1, 1)], "next", 60_000), bool, lapsed_by)
 
 
 async def test_exactly_the_cap_of_many_concurrent_holds_win(store: Store) -> None:
     results = await asyncio.gather(
-        *(store.hold([Hold("held:race", 1, 7)], f"t{n}", 60_000) for n in range(30))
+        *(hold(store, [Hold("{t}held:race", 1, 7)], f"t{n}", 60_000) for n in range(30))
     )
     assert sum(results) == 7
 
@@ -469,7 +495,7 @@ async def test_a_burst_larger_than_the_connection_pool_waits_for_connections(cle
     """More concurrent commands than connections: they take turns, none fails."""
     store = RedisStore(clean_redis_url, max_connections=2, timeout_s=LOADED_TIMEOUT_S)
     try:
-        claims = await asyncio.gather(*(store.claim(f"burst:{i}", "1", 60_000) for i in range(50)))
+        claims = await asyncio.gather(*(store.claim(f"{{t}}burst:{i}", "1", 60_000) for i in range(50)))
     finally:
         await store.close()
 
@@ -482,8 +508,8 @@ async def test_redis_and_upstash_backends_share_claims_and_buckets(
     redis_store = RedisStore(clean_redis_url, timeout_s=LOADED_TIMEOUT_S)
     upstash_store = UpstashStore(*upstash_url_and_token, timeout_s=LOADED_TIMEOUT_S)
     try:
-        assert await redis_store.claim("claim:both", "redis", 10_000)
-        assert not await upstash_store.claim("claim:both", "upstash", 10_000)
+        assert await redis_store.claim("{t}claim:both", "redis", 10_000)
+        assert not await upstash_store.claim("{t}claim:both", "upstash", 10_000)
 
         decisions = await asyncio.gather(
             *(limit_once(s, "rl:both", 10, 60_000) for s in (redis_store, upstash_store) for _ in range(15))
@@ -494,12 +520,25 @@ async def test_redis_and_upstash_backends_share_claims_and_buckets(
         await upstash_store.close()
 
 
-# --- the script is memory.gcra() -----------------------------------------------------------------
+# --- the script is GCRA --------------------------------------------------------------------------
 
 
-async def test_gcra_script_decides_exactly_as_memory_gcra(raw_redis: aioredis.Redis) -> None:
+def gcra(tat_us: int | None, now_us: int, limit: int, period_ms: int) -> tuple[RateDecision, int | None]:
+    """The reference model of one GCRA step, in microseconds: the decision and the new theoretical
+    arrival time (None: unchanged). The stores run it only as Lua; this is what it must decide."""
+    period_us = period_ms * 1_000
+    interval = max(period_ms * 1_000 // max(limit, 1), 1)
+    tat = max(tat_us if tat_us is not None else now_us, now_us)
+    new_tat = tat + interval
+    allow_at = new_tat - period_us
+    if allow_at > now_us:
+        return RateDecision(allowed=False, retry_after_ms=-(-(allow_at - now_us) // 1_000)), None
+    return RateDecision(allowed=True), new_tat
+
+
+async def test_gcra_script_decides_exactly_as_the_reference_gcra(raw_redis: aioredis.Redis) -> None:
     """Drive the script with explicit clocks and compare every decision and stored TAT."""
-    script = raw_redis.register_script(CHECK_THEN_LIMIT_SCRIPT)
+    script = raw_redis.register_script(CHECK_THEN_LIMIT_SCRIPT.source)
     rng = random.Random(402)
     for case in range(20):
         key, limit, period_ms = f"rl:diff:{case}", rng.randint(1, 20), rng.randint(10_000, 100_000)
@@ -521,12 +560,12 @@ async def test_rate_limit_key_expires_when_its_tat_passes(
 ) -> None:
     store = RedisStore(clean_redis_url)
     try:
-        await limit_once(store, "rl:ttl", 4, 40_000)  # TAT = now + 10 s
-        await limit_once(store, "rl:ttl", 4, 40_000)  # TAT = now + 20 s
+        await limit_once(store, "{t}rl:ttl", 4, 40_000)  # TAT = now + 10 s
+        await limit_once(store, "{t}rl:ttl", 4, 40_000)  # TAT = now + 20 s
     finally:
         await store.close()
 
-    assert 19_000 < await raw_redis.pttl("rl:ttl") <= 20_000  # a second of margin: a loaded machine
+    assert 19_000 < await raw_redis.pttl("{t}rl:ttl") <= 20_000  # a second of margin: a loaded machine
 
 
 @pytest.mark.parametrize("backend", ["redis", "upstash"])
@@ -540,16 +579,16 @@ async def test_scripts_load_on_a_server_that_lacks_them(
         else UpstashStore(*request.getfixturevalue("upstash_url_and_token"))
     )
     try:
-        assert (await limit_once(store, "rl:noscript", 1, 60_000)).allowed
-        assert not (await limit_once(store, "rl:noscript", 1, 60_000)).allowed
-        assert await store.claim("lock:noscript", "holder", 60_000)
-        assert await store.release("lock:noscript", "holder")
-        assert _fields(await store.credit_state(account("noscript"))) == (0, 0, 0)
-        assert await store.hold_credit(account("noscript"), 1, "t", 60_000) is None
-        assert await store.take_credit(account("noscript"), "t", 1) is None
-        assert await store.due_lapses(LAPSES, 10) == []
-        assert await store.lapse_credit(account("noscript")) is None
-        assert await store.drain_lapsed(LAPSED) == {}
+        assert (await limit_once(store, "{t}rl:noscript", 1, 60_000)).allowed
+        assert not (await limit_once(store, "{t}rl:noscript", 1, 60_000)).allowed
+        assert await store.claim("{t}lock:noscript", "holder", 60_000)
+        assert await release(store, "{t}lock:noscript", "holder")
+        assert _fields(await credit_state(store, account("noscript"))) == (0, 0, 0)
+        assert await hold_credit(store, account("noscript"), 1, "t", 60_000) is None
+        assert await take_credit(store, account("noscript"), "t", 1) is None
+        assert await due_lapses(store, LAPSES, 10) == []
+        assert await lapse_credit(store, account("noscript")) is None
+        assert await drain_lapsed(store, LAPSED) == {}
     finally:
         await store.close()
 
@@ -587,37 +626,37 @@ async def test_add_counts_counters_expire_after_their_ttl(store: Store) -> None:
 async def test_check_then_limit_reads_the_keys_and_charges_the_buckets_only_when_all_are_absent(
     store: Store,
 ) -> None:
-    await store.put("used", "route-a", 60_000)
-    buckets = [Bucket("b:scope", 10, 60_000), Bucket("b:wallet", 10, 60_000)]
+    await store.put("{t}used", "route-a", 60_000)
+    buckets = [Bucket("{t}b:scope", 10, 60_000), Bucket("{t}b:wallet", 10, 60_000)]
 
-    found = await store.check_then_limit(["fresh", "used"], buckets)
-    fresh = await store.check_then_limit(["fresh", "other"], buckets)
+    found = await check_then_limit(store, ["{t}fresh", "{t}used"], buckets)
+    fresh = await check_then_limit(store, ["{t}fresh", "{t}other"], buckets)
 
     assert found.values == [None, "route-a"] and found.decisions == [] and found.refused is None
     assert fresh.values == [None, None] and [d.allowed for d in fresh.decisions] == [True, True]
     # The used lookup charged nothing: each bucket has 9 of 10 left, not 8.
     for _ in range(9):
-        assert (await store.check_then_limit([], buckets)).refused is None
-    assert (await store.check_then_limit([], buckets)).refused is not None
+        assert (await check_then_limit(store, [], buckets)).refused is None
+    assert (await check_then_limit(store, [], buckets)).refused is not None
 
 
 async def test_check_then_limit_stops_at_the_first_refusing_bucket(store: Store) -> None:
-    tight, loose = Bucket("b:tight", 1, 60_000), Bucket("b:loose", 2, 60_000)
+    tight, loose = Bucket("{t}b:tight", 1, 60_000), Bucket("{t}b:loose", 2, 60_000)
 
-    first = await store.check_then_limit(["k"], [tight, loose])
-    second = await store.check_then_limit(["k"], [tight, loose])
+    first = await check_then_limit(store, ["{t}k"], [tight, loose])
+    second = await check_then_limit(store, ["{t}k"], [tight, loose])
 
     assert [d.allowed for d in first.decisions] == [True, True]
     assert len(second.decisions) == 1 and second.refused is not None
     assert 0 < second.refused.retry_after_ms <= 60_000
     # The refused request did not spend the loose bucket's second slot.
-    assert (await limit_once(store, "b:loose", 2, 60_000)).allowed
+    assert (await limit_once(store, "{t}b:loose", 2, 60_000)).allowed
 
 
 async def test_check_then_limit_with_no_buckets_is_a_multi_get(store: Store) -> None:
-    await store.put("a", "1", 60_000)
+    await store.put("{t}a", "1", 60_000)
 
-    lookup = await store.check_then_limit(["a", "b", "c"], [])
+    lookup = await check_then_limit(store, ["{t}a", "{t}b", "{t}c"], [])
 
     assert lookup.values == ["1", None, None] and lookup.decisions == []
 
@@ -625,81 +664,88 @@ async def test_check_then_limit_with_no_buckets_is_a_multi_get(store: Store) -> 
 async def test_check_then_limit_writes_its_puts_only_when_every_key_is_absent_and_every_bucket_allows(
     store: Store,
 ) -> None:
-    await store.put("used", "x", 60_000)
-    tight = Bucket("b:puts", 1, 60_000)
-    claim = [Entry("claim", "mine", 60_000), Entry("record", "fp", 60_000)]
+    await store.put("{t}used", "x", 60_000)
+    tight = Bucket("{t}b:puts", 1, 60_000)
+    claim = [Entry("{t}claim", "mine", 60_000), Entry("{t}record", "fp", 60_000)]
 
-    found = await store.check_then_limit(["claim", "used"], [tight], claim)
-    first = await store.check_then_limit(["claim"], [tight], claim)
-    limited = await store.check_then_limit(["other"], [tight], [Entry("other", "no", 60_000)])
-    again = await store.check_then_limit(["claim"], [], [Entry("claim", "theirs", 60_000)])
+    found = await check_then_limit(store, ["{t}claim", "{t}used"], [tight], claim)
+    first = await check_then_limit(store, ["{t}claim"], [tight], claim)
+    limited = await check_then_limit(store, ["{t}other"], [tight], [Entry("{t}other", "no", 60_000)])
+    again = await check_then_limit(store, ["{t}claim"], [], [Entry("{t}claim", "theirs", 60_000)])
 
     assert (found.written, first.written, limited.written, again.written) == (False, True, False, False)
     assert found.decisions == [] and limited.refused is not None
     assert again.values == ["mine"]
-    assert await store.get("claim") == "mine" and await store.get("record") == "fp"
-    assert await store.get("other") is None
+    assert await store.get("{t}claim") == "mine" and await store.get("{t}record") == "fp"
+    assert await store.get("{t}other") is None
 
 
 async def test_exactly_one_of_many_concurrent_check_then_limit_claims_wins(store: Store) -> None:
-    bucket = Bucket("b:race", 100, 60_000)
+    bucket = Bucket("{t}b:race", 100, 60_000)
     results = await asyncio.gather(
-        *(store.check_then_limit(["race"], [bucket], [Entry("race", str(i), 60_000)]) for i in range(30))
+        *(
+            check_then_limit(store, ["{t}race"], [bucket], [Entry("{t}race", str(i), 60_000)])
+            for i in range(30)
+        )
     )
 
     winners = [i for i, found in enumerate(results) if found.written]
-    assert len(winners) == 1 and await store.get("race") == str(winners[0])
+    assert len(winners) == 1 and await store.get("{t}race") == str(winners[0])
     losers = [found for found in results if not found.written]
     assert all(found.values == [str(winners[0])] and found.decisions == [] for found in losers)
 
 
 async def test_check_then_limit_puts_expire_after_their_ttl(store: Store) -> None:
-    assert (await store.check_then_limit(["short"], [], [Entry("short", "1", 50)])).written
+    assert (await check_then_limit(store, ["{t}short"], [], [Entry("{t}short", "1", 50)])).written
     expired = await read_until(
-        lambda: store.get("short"), lambda value: value is None, time.monotonic() + 0.15
+        lambda: store.get("{t}short"), lambda value: value is None, time.monotonic() + 0.15
     )
 
     assert expired is None
 
 
 async def test_claim_then_put_sets_claims_in_order_and_puts_only_when_all_were_set(store: Store) -> None:
-    await store.put("taken", "x", 60_000)
-    put = [Entry("record", "written", 60_000)]
+    await store.put("{t}taken", "x", 60_000)
+    put = [Entry("{t}record", "written", 60_000)]
 
-    partly = await store.claim_then_put([Entry("first", "1", 60_000), Entry("taken", "2", 60_000)], put)
-    whole = await store.claim_then_put([Entry("second", "1", 60_000)], put)
-    none = await store.claim_then_put([], [Entry("only", "put", 60_000)])
+    partly = await claim_then_put(
+        store, [Entry("{t}first", "1", 60_000), Entry("{t}taken", "2", 60_000)], put
+    )
+    whole = await claim_then_put(store, [Entry("{t}second", "1", 60_000)], put)
+    none = await claim_then_put(store, [], [Entry("{t}only", "put", 60_000)])
 
     assert (partly, whole, none) == (1, 1, 0)
-    assert await store.get("first") == "1"  # set before the taken one stopped the claims
-    assert await store.get("taken") == "x"
-    assert await store.get("record") == "written" and await store.get("only") == "put"
+    assert await store.get("{t}first") == "1"  # set before the taken one stopped the claims
+    assert await store.get("{t}taken") == "x"
+    assert await store.get("{t}record") == "written" and await store.get("{t}only") == "put"
 
 
 async def test_claim_then_put_does_not_write_when_a_claim_is_taken(store: Store) -> None:
-    await store.put("taken", "x", 60_000)
+    await store.put("{t}taken", "x", 60_000)
 
-    assert await store.claim_then_put([Entry("taken", "y", 60_000)], [Entry("record", "z", 60_000)]) == 0
-    assert await store.get("record") is None
+    assert (
+        await claim_then_put(store, [Entry("{t}taken", "y", 60_000)], [Entry("{t}record", "z", 60_000)]) == 0
+    )
+    assert await store.get("{t}record") is None
 
 
 async def test_exactly_one_of_many_concurrent_claim_then_puts_wins(store: Store) -> None:
     results = await asyncio.gather(
         *(
-            store.claim_then_put([Entry("race", str(i), 60_000)], [Entry("winner", str(i), 60_000)])
+            claim_then_put(store, [Entry("{t}race", str(i), 60_000)], [Entry("{t}winner", str(i), 60_000)])
             for i in range(30)
         )
     )
 
     assert sorted(results) == [0] * 29 + [1]
-    assert await store.get("winner") == await store.get("race")
+    assert await store.get("{t}winner") == await store.get("{t}race")
 
 
 async def test_claim_then_put_entries_expire_after_their_ttl(store: Store) -> None:
-    await store.claim_then_put([Entry("short", "1", 50)], [Entry("resolved", "", 1)])
+    await claim_then_put(store, [Entry("{t}short", "1", 50)], [Entry("{t}resolved", "", 1)])
 
     async def both() -> tuple[str | None, str | None]:
-        return await store.get("short"), await store.get("resolved")
+        return await store.get("{t}short"), await store.get("{t}resolved")
 
     expired = await read_until(both, lambda values: values == (None, None), time.monotonic() + 0.15)
 
@@ -708,15 +754,16 @@ async def test_claim_then_put_entries_expire_after_their_ttl(store: Store) -> No
 
 # --- prepaid credit: top-ups ---------------------------------------------------------------------
 
-LAPSES, LAPSED = "credit:lapses", "credit:lapsed"
+LAPSES, LAPSED = "{t}credit:lapses", "{t}credit:lapsed"
 GRACE_MS = 60_000
 """How long a counter outlives its lapse in these tests: never what ends a balance, unless a test
 says so."""
 
 
 def account(name: str) -> CreditAccount:
-    """A wallet's credit keys here (one lapse index and one lapsed hash for every wallet)."""
-    return CreditAccount(name, f"credit:{name}", f"credit:{name}:holds", LAPSES, LAPSED)
+    """A wallet's credit keys here (one lapse index and one lapsed hash for every wallet), all of
+    them under one hash tag: the keys of one store call share a slot, as on a cluster they must."""
+    return CreditAccount(name, f"{{t}}credit:{name}", f"{{t}}credit:{name}:holds", LAPSES, LAPSED)
 
 
 def credit(name: str, amount: int, lapse_ms: int = 60_000, grace_ms: int = GRACE_MS) -> Credit:
@@ -725,37 +772,37 @@ def credit(name: str, amount: int, lapse_ms: int = 60_000, grace_ms: int = GRACE
 
 async def test_claim_then_put_adds_the_credits_only_when_every_claim_was_set(store: Store) -> None:
     top_up = [credit("w", 50)]
-    await store.put("taken", "x", 60_000)
+    await store.put("{t}taken", "x", 60_000)
 
-    won = await store.claim_then_put([Entry("pay:1", "me", 60_000)], [Entry("r", "1", 60_000)], top_up)
-    replayed = await store.claim_then_put([Entry("pay:1", "again", 60_000)], [], top_up)
-    partly = await store.claim_then_put(
-        [Entry("pay:2", "me", 60_000), Entry("taken", "me", 60_000)], [], top_up
+    won = await claim_then_put(store, [Entry("{t}pay:1", "me", 60_000)], [Entry("{t}r", "1", 60_000)], top_up)
+    replayed = await claim_then_put(store, [Entry("{t}pay:1", "again", 60_000)], [], top_up)
+    partly = await claim_then_put(
+        store, [Entry("{t}pay:2", "me", 60_000), Entry("{t}taken", "me", 60_000)], [], top_up
     )
-    second = await store.claim_then_put([Entry("pay:3", "me", 60_000)], [], [*top_up, credit("v", 7)])
+    second = await claim_then_put(store, [Entry("{t}pay:3", "me", 60_000)], [], [*top_up, credit("v", 7)])
 
     assert (won, replayed, partly, second) == (1, 0, 1, 1)
-    assert (await store.credit_state(account("w"))).balance == 100
-    assert (await store.credit_state(account("v"))).balance == 7
+    assert (await credit_state(store, account("w"))).balance == 100
+    assert (await credit_state(store, account("v"))).balance == 7
 
 
 async def test_concurrent_replays_of_one_top_up_credit_it_once(store: Store) -> None:
     results = await asyncio.gather(
         *(
-            store.claim_then_put([Entry("pay:race", str(i), 60_000)], [], [credit("race", 25)])
+            claim_then_put(store, [Entry("{t}pay:race", str(i), 60_000)], [], [credit("race", 25)])
             for i in range(30)
         )
     )
 
     assert sorted(results) == [0] * 29 + [1]
-    assert (await store.credit_state(account("race"))).balance == 25
+    assert (await credit_state(store, account("race"))).balance == 25
 
 
 async def test_a_credit_sets_the_balances_ttl_and_each_top_up_renews_it(store: Store) -> None:
-    await store.claim_then_put([], [], [credit("ttl", 10, 30_000)])
-    first = await store.credit_state(account("ttl"))
-    await store.claim_then_put([], [], [credit("ttl", 5)])
-    renewed = await store.credit_state(account("ttl"))
+    await claim_then_put(store, [], [], [credit("ttl", 10, 30_000)])
+    first = await credit_state(store, account("ttl"))
+    await claim_then_put(store, [], [], [credit("ttl", 5)])
+    renewed = await credit_state(store, account("ttl"))
 
     # Wide margins: a loaded machine may take seconds between the write and the read.
     assert first.balance == 10 and 20_000 < first.ttl_ms <= 30_000
@@ -763,33 +810,35 @@ async def test_a_credit_sets_the_balances_ttl_and_each_top_up_renews_it(store: S
 
 
 async def test_a_balance_lapses_after_its_ttl(store: Store) -> None:
-    await store.claim_then_put([], [], [credit("lapse", 10, 100)])
+    await claim_then_put(store, [], [], [credit("lapse", 10, 100)])
     lapsed = await read_until(
-        lambda: store.credit_state(account("lapse")), lambda state: state.balance == 0, time.monotonic() + 0.2
+        lambda: credit_state(store, account("lapse")),
+        lambda state: state.balance == 0,
+        time.monotonic() + 0.2,
     )
 
     assert _fields(lapsed) == (0, 0, 0)
-    await store.claim_then_put([], [], [credit("lapse", 3)])
-    assert (await store.credit_state(account("lapse"))).balance == 3
+    await claim_then_put(store, [], [], [credit("lapse", 3)])
+    assert (await credit_state(store, account("lapse"))).balance == 3
 
 
 async def test_credit_state_sums_only_the_live_holds(store: Store) -> None:
     for lifetime_ms in LIVE_FOR_MS:  # a fresh wallet for each lifetime
         wallet = account(f"s{lifetime_ms}")
-        await store.claim_then_put([], [], [credit(wallet.wallet, 100)])
+        await claim_then_put(store, [], [], [credit(wallet.wallet, 100)])
         held_at = time.monotonic()
-        assert await store.hold([Hold(wallet.holds, 10, 100)], "short", lifetime_ms)
-        assert await store.hold([Hold(wallet.holds, 20, 100)], "long", 60_000)
-        live = await store.credit_state(wallet)
+        assert await hold(store, [Hold(wallet.holds, 10, 100)], "short", lifetime_ms)
+        assert await hold(store, [Hold(wallet.holds, 20, 100)], "long", 60_000)
+        live = await credit_state(store, wallet)
         if live.held == 30 or not read_late(held_at, lifetime_ms):
             break
 
     lapsed_by = held_at + lifetime_ms / 1000 + 0.1
-    lapsed = await read_until(lambda: store.credit_state(wallet), lambda state: state.held < 30, lapsed_by)
+    lapsed = await read_until(lambda: credit_state(store, wallet), lambda state: state.held < 30, lapsed_by)
 
     assert (live.balance, live.held) == (100, 30) and 59_000 < live.ttl_ms <= 60_000
     assert (lapsed.balance, lapsed.held) == (100, 20)
-    assert _fields(await store.credit_state(account("none"))) == (0, 0, 0)
+    assert _fields(await credit_state(store, account("none"))) == (0, 0, 0)
 
 
 def test_a_credit_refuses_a_negative_or_imprecise_amount_and_a_lapse_that_would_delete_it() -> None:
@@ -804,15 +853,15 @@ async def test_a_credit_to_a_key_that_is_not_a_counter_claims_nothing(
 ) -> None:
     """A script is not rolled back when a command in it fails: the claim must not be set before a
     credit that cannot be added."""
-    await raw_redis.set("credit:garbled", "not a number")
+    await raw_redis.set("{t}credit:garbled", "not a number")
     store = RedisStore(clean_redis_url)
     try:
         with pytest.raises(StoreUnavailable):
-            await store.claim_then_put([Entry("pay:g", "me", 60_000)], [], [credit("garbled", 5)])
+            await claim_then_put(store, [Entry("{t}pay:g", "me", 60_000)], [], [credit("garbled", 5)])
     finally:
         await store.close()
 
-    assert await raw_redis.get("pay:g") is None
+    assert await raw_redis.get("{t}pay:g") is None
 
 
 # --- prepaid credit: holds and takes -------------------------------------------------------------
@@ -821,20 +870,20 @@ SPEND = account("spend")
 
 
 async def top_up(store: Store, amount: int, name: str = "spend", lapse_ms: int = 60_000) -> None:
-    assert await store.claim_then_put([], [], [credit(name, amount, lapse_ms)]) == 0
+    assert await claim_then_put(store, [], [], [credit(name, amount, lapse_ms)]) == 0
 
 
 async def test_hold_take_and_release_move_the_balance_exactly(store: Store) -> None:
     await top_up(store, 100)
 
-    first = await store.hold_credit(SPEND, 30, "a", 60_000)
-    second = await store.hold_credit(SPEND, 50, "b", 60_000)
-    refused = await store.hold_credit(SPEND, 21, "c", 60_000)  # 100 - 80 < 21
-    taken = await store.take_credit(SPEND, "a", 30)
-    await store.unhold([SPEND.holds], "b")
-    released = await store.credit_state(SPEND)
-    whole = await store.hold_credit(SPEND, 70, "c", 60_000)
-    less = await store.take_credit(SPEND, "c", 25)  # the call cost less than it held
+    first = await hold_credit(store, SPEND, 30, "a", 60_000)
+    second = await hold_credit(store, SPEND, 50, "b", 60_000)
+    refused = await hold_credit(store, SPEND, 21, "c", 60_000)  # 100 - 80 < 21
+    taken = await take_credit(store, SPEND, "a", 30)
+    await unhold(store, [SPEND.holds], "b")
+    released = await credit_state(store, SPEND)
+    whole = await hold_credit(store, SPEND, 70, "c", 60_000)
+    less = await take_credit(store, SPEND, "c", 25)  # the call cost less than it held
 
     assert first is not None and (first.balance, first.held) == (100, 30)
     assert second is not None and (second.balance, second.held) == (100, 80)
@@ -844,43 +893,43 @@ async def test_hold_take_and_release_move_the_balance_exactly(store: Store) -> N
     assert whole is not None and (whole.balance, whole.held) == (70, 70)
     assert less is not None and (less.balance, less.held) == (45, 0)
     assert 59_000 < less.ttl_ms <= 60_000  # a take keeps the balance's lifetime
-    final = await store.credit_state(SPEND)
+    final = await credit_state(store, SPEND)
     assert (final.balance, final.held) == (45, 0)
 
 
 async def test_holding_again_under_the_same_token_replaces_the_credit_hold(store: Store) -> None:
     await top_up(store, 10)
 
-    assert await store.hold_credit(SPEND, 10, "me", 60_000) is not None
-    again = await store.hold_credit(SPEND, 4, "me", 60_000)
+    assert await hold_credit(store, SPEND, 10, "me", 60_000) is not None
+    again = await hold_credit(store, SPEND, 4, "me", 60_000)
 
     assert again is not None and (again.balance, again.held) == (10, 4)
-    assert await store.hold_credit(SPEND, 7, "other", 60_000) is None
-    assert await store.hold_credit(SPEND, 6, "other", 60_000) is not None
+    assert await hold_credit(store, SPEND, 7, "other", 60_000) is None
+    assert await hold_credit(store, SPEND, 6, "other", 60_000) is not None
 
 
 async def test_nothing_is_held_against_an_absent_or_lapsed_balance(store: Store) -> None:
-    assert await store.hold_credit(SPEND, 1, "none", 60_000) is None
-    zero = await store.hold_credit(SPEND, 0, "free", 60_000)
+    assert await hold_credit(store, SPEND, 1, "none", 60_000) is None
+    zero = await hold_credit(store, SPEND, 0, "free", 60_000)
     assert _fields(zero) == (0, 0, 0)
 
     await top_up(store, 10, lapse_ms=100)
     await read_until(
-        lambda: store.credit_state(SPEND), lambda state: state.balance == 0, time.monotonic() + 0.2
+        lambda: credit_state(store, SPEND), lambda state: state.balance == 0, time.monotonic() + 0.2
     )
 
-    assert await store.hold_credit(SPEND, 1, "late", 60_000) is None
+    assert await hold_credit(store, SPEND, 1, "late", 60_000) is None
 
 
 async def test_exactly_the_balance_of_many_concurrent_credit_holds_win(store: Store) -> None:
     await top_up(store, 100)
 
-    results = await asyncio.gather(*(store.hold_credit(SPEND, 10, f"t{n}", 60_000) for n in range(100)))
+    results = await asyncio.gather(*(hold_credit(store, SPEND, 10, f"t{n}", 60_000) for n in range(100)))
 
     won = [state for state in results if state is not None]
     assert len(won) == 10
     assert sorted(state.held for state in won) == list(range(10, 101, 10))
-    state = await store.credit_state(SPEND)
+    state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (100, 100)
 
 
@@ -889,15 +938,15 @@ async def test_a_credit_hold_lapses_by_itself(store: Store) -> None:
         wallet = account(f"dead{lifetime_ms}")
         await top_up(store, 10, wallet.wallet)
         held_at = time.monotonic()
-        assert await store.hold_credit(wallet, 10, "dead-process", lifetime_ms) is not None
-        refused = await store.hold_credit(wallet, 1, "next", 60_000) is None
+        assert await hold_credit(store, wallet, 10, "dead-process", lifetime_ms) is not None
+        refused = await hold_credit(store, wallet, 1, "next", 60_000) is None
         if refused or not read_late(held_at, lifetime_ms):
             break
     assert refused
 
     lapsed_by = held_at + lifetime_ms / 1000 + 0.1
     after = await read_until(
-        lambda: store.hold_credit(wallet, 10, "next", 60_000), lambda state: state is not None, lapsed_by
+        lambda: hold_credit(store, wallet, 10, "next", 60_000), lambda state: state is not None, lapsed_by
     )
     assert after is not None and (after.balance, after.held) == (10, 10)
 
@@ -906,13 +955,13 @@ async def test_a_take_past_its_deadline_takes_nothing_and_says_so(store: Store) 
     """A take queued behind a stalled store lands late: past its deadline (on the store's own
     clock, counted from the hold's) it changes nothing, and its caller hears an outage."""
     await top_up(store, 100)
-    held = await store.hold_credit(SPEND, 30, "late", 60_000)
+    held = await hold_credit(store, SPEND, 30, "late", 60_000)
     assert held is not None and held.at_us > 0
 
     with pytest.raises(TakeTooLate):
-        await store.take_credit(SPEND, "late", 30, not_after_us=held.at_us - 1)
-    after_late = await store.credit_state(SPEND)
-    in_time = await store.take_credit(SPEND, "late", 30, not_after_us=after_late.at_us + 60_000_000)
+        await take_credit(store, SPEND, "late", 30, not_after_us=held.at_us - 1)
+    after_late = await credit_state(store, SPEND)
+    in_time = await take_credit(store, SPEND, "late", 30, not_after_us=after_late.at_us + 60_000_000)
 
     assert (after_late.balance, after_late.held) == (100, 30)  # nothing taken, the hold stands
     assert in_time is not None and (in_time.balance, in_time.held) == (70, 0)
@@ -921,62 +970,62 @@ async def test_a_take_past_its_deadline_takes_nothing_and_says_so(store: Store) 
 
 async def test_a_take_after_its_hold_lapsed_takes_only_what_is_still_free(store: Store) -> None:
     await top_up(store, 100)
-    assert await store.hold_credit(SPEND, 60, "slow", 100) is not None
+    assert await hold_credit(store, SPEND, 60, "slow", 100) is not None
     other = await read_until(
-        lambda: store.hold_credit(SPEND, 80, "other", 60_000),
+        lambda: hold_credit(store, SPEND, 80, "other", 60_000),
         lambda state: state is not None,
         time.monotonic() + 0.2,
     )
     assert other is not None
 
-    uncovered = await store.take_credit(SPEND, "slow", 60)  # 100 - 80 held < 60
-    covered = await store.take_credit(SPEND, "slow", 20)
+    uncovered = await take_credit(store, SPEND, "slow", 60)  # 100 - 80 held < 60
+    covered = await take_credit(store, SPEND, "slow", 20)
 
     assert uncovered is None
     assert covered is not None and (covered.balance, covered.held) == (80, 80)
 
 
 async def test_a_take_never_overdraws_the_balance(store: Store) -> None:
-    assert await store.take_credit(SPEND, "never-held", 1) is None  # no balance at all
+    assert await take_credit(store, SPEND, "never-held", 1) is None  # no balance at all
     await top_up(store, 100)
-    assert await store.hold_credit(SPEND, 40, "held", 60_000) is not None
+    assert await hold_credit(store, SPEND, 40, "held", 60_000) is not None
 
-    too_much = await store.take_credit(SPEND, "held", 101)
-    into_others = await store.take_credit(SPEND, "unheld", 61)  # only 60 is free
-    past_its_hold = await store.take_credit(SPEND, "held", 101)
+    too_much = await take_credit(store, SPEND, "held", 101)
+    into_others = await take_credit(store, SPEND, "unheld", 61)  # only 60 is free
+    past_its_hold = await take_credit(store, SPEND, "held", 101)
 
     assert (too_much, into_others, past_its_hold) == (None, None, None)
-    assert (await store.credit_state(SPEND)).balance == 100
+    assert (await credit_state(store, SPEND)).balance == 100
     results = await asyncio.gather(
-        *(store.take_credit(SPEND, f"free{n}", 7) for n in range(20))
+        *(take_credit(store, SPEND, f"free{n}", 7) for n in range(20))
     )  # 60 free: 8 takes of 7 fit
     assert sum(state is not None for state in results) == 8
-    state = await store.credit_state(SPEND)
+    state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (44, 40)
-    taken = await store.take_credit(SPEND, "held", 40)
+    taken = await take_credit(store, SPEND, "held", 40)
     assert taken is not None and (taken.balance, taken.held) == (4, 0)
 
 
 async def test_a_take_of_a_held_token_is_refused_when_the_balance_lapsed(store: Store) -> None:
     await top_up(store, 10, lapse_ms=150)
-    assert await store.hold_credit(SPEND, 10, "held", 60_000) is not None
+    assert await hold_credit(store, SPEND, 10, "held", 60_000) is not None
     await read_until(
-        lambda: store.credit_state(SPEND), lambda state: state.balance == 0, time.monotonic() + 0.25
+        lambda: credit_state(store, SPEND), lambda state: state.balance == 0, time.monotonic() + 0.25
     )
 
-    assert await store.take_credit(SPEND, "held", 10) is None
-    assert _fields(await store.credit_state(SPEND)) == (0, 10, 0)
+    assert await take_credit(store, SPEND, "held", 10) is None
+    assert _fields(await credit_state(store, SPEND)) == (0, 10, 0)
 
 
 async def test_concurrent_takes_of_one_token_take_once(store: Store) -> None:
     await top_up(store, 100)
-    assert await store.hold_credit(SPEND, 30, "once", 60_000) is not None
+    assert await hold_credit(store, SPEND, 30, "once", 60_000) is not None
 
-    results = await asyncio.gather(*(store.take_credit(SPEND, "once", 30) for _ in range(20)))
+    results = await asyncio.gather(*(take_credit(store, SPEND, "once", 30) for _ in range(20)))
 
     assert sum(state is not None for state in results) == 1
-    assert await store.take_credit(SPEND, "once", 30) is None  # nor later
-    state = await store.credit_state(SPEND)
+    assert await take_credit(store, SPEND, "once", 30) is None  # nor later
+    state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (70, 0)
 
 
@@ -984,72 +1033,74 @@ async def test_a_take_keeps_its_entries_exactly_when_it_takes(store: Store) -> N
     """A call's answer is kept in the take's own step: kept by the take that took, never by one
     that took nothing (no credit, a repeated take, past its deadline)."""
     await top_up(store, 100)
-    assert await store.hold_credit(SPEND, 30, "kept", 60_000) is not None
-    answer = Entry("answer:kept", "the answer", 60_000)
+    assert await hold_credit(store, SPEND, 30, "kept", 60_000) is not None
+    answer = Entry("{t}answer:kept", "the answer", 60_000)
 
-    taken = await store.take_credit(SPEND, "kept", 30, keep=[answer])
-    repeated = await store.take_credit(SPEND, "kept", 30, keep=[Entry("answer:kept", "another", 60_000)])
-    uncovered = await store.take_credit(SPEND, "unheld", 71, keep=[Entry("answer:uncovered", "x", 60_000)])
-    held = await store.hold_credit(SPEND, 10, "late", 60_000)
+    taken = await take_credit(store, SPEND, "kept", 30, keep=[answer])
+    repeated = await take_credit(store, SPEND, "kept", 30, keep=[Entry("{t}answer:kept", "another", 60_000)])
+    uncovered = await take_credit(
+        store, SPEND, "unheld", 71, keep=[Entry("{t}answer:uncovered", "x", 60_000)]
+    )
+    held = await hold_credit(store, SPEND, 10, "late", 60_000)
     assert held is not None
     with pytest.raises(TakeTooLate):
-        await store.take_credit(
-            SPEND, "late", 10, not_after_us=held.at_us - 1, keep=[Entry("answer:late", "x", 60_000)]
+        await take_credit(
+            store, SPEND, "late", 10, not_after_us=held.at_us - 1, keep=[Entry("{t}answer:late", "x", 60_000)]
         )
 
     assert taken is not None and (taken.balance, taken.held) == (70, 0)
     assert (repeated, uncovered) == (None, None)
-    assert await store.get("answer:kept") == "the answer"
-    assert await store.get("answer:uncovered") is None
-    assert await store.get("answer:late") is None
-    state = await store.credit_state(SPEND)
+    assert await store.get("{t}answer:kept") == "the answer"
+    assert await store.get("{t}answer:uncovered") is None
+    assert await store.get("{t}answer:late") is None
+    state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (70, 10)
 
 
 async def test_of_concurrent_takes_of_one_token_one_keeps_its_entry(store: Store) -> None:
     await top_up(store, 100)
-    assert await store.hold_credit(SPEND, 30, "race", 60_000) is not None
+    assert await hold_credit(store, SPEND, 30, "race", 60_000) is not None
 
     results = await asyncio.gather(
         *(
-            store.take_credit(SPEND, "race", 30, keep=[Entry("answer:race", str(n), 60_000)])
+            take_credit(store, SPEND, "race", 30, keep=[Entry("{t}answer:race", str(n), 60_000)])
             for n in range(20)
         )
     )
 
     (winner,) = [n for n, state in enumerate(results) if state is not None]
-    assert await store.get("answer:race") == str(winner)
-    state = await store.credit_state(SPEND)
+    assert await store.get("{t}answer:race") == str(winner)
+    state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (70, 0)
 
 
 async def test_a_kept_entry_expires_after_its_ttl(store: Store) -> None:
     await top_up(store, 100)
-    assert await store.hold_credit(SPEND, 1, "brief", 60_000) is not None
-    assert await store.take_credit(SPEND, "brief", 1, keep=[Entry("answer:brief", "a", 100)]) is not None
-    assert await store.get("answer:brief") == "a"
+    assert await hold_credit(store, SPEND, 1, "brief", 60_000) is not None
+    assert await take_credit(store, SPEND, "brief", 1, keep=[Entry("{t}answer:brief", "a", 100)]) is not None
+    assert await store.get("{t}answer:brief") == "a"
     gone = await read_until(
-        lambda: store.get("answer:brief"), lambda value: value is None, time.monotonic() + 2
+        lambda: store.get("{t}answer:brief"), lambda value: value is None, time.monotonic() + 2
     )
     assert gone is None
 
 
 async def test_a_take_refuses_a_kept_entry_that_would_never_expire(store: Store) -> None:
     await top_up(store, 100)
-    assert await store.hold_credit(SPEND, 1, "bad", 60_000) is not None
+    assert await hold_credit(store, SPEND, 1, "bad", 60_000) is not None
     with pytest.raises(ValueError):
-        await store.take_credit(SPEND, "bad", 1, keep=[Entry("answer:bad", "a", 0)])
-    state = await store.credit_state(SPEND)
+        await take_credit(store, SPEND, "bad", 1, keep=[Entry("{t}answer:bad", "a", 0)])
+    state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (100, 1)  # nothing taken
 
 
 async def test_a_token_held_again_after_its_take_can_be_taken_again(store: Store) -> None:
     await top_up(store, 100)
-    assert await store.hold_credit(SPEND, 10, "reused", 60_000) is not None
-    assert await store.take_credit(SPEND, "reused", 10) is not None
-    assert await store.hold_credit(SPEND, 10, "reused", 60_000) is not None
+    assert await hold_credit(store, SPEND, 10, "reused", 60_000) is not None
+    assert await take_credit(store, SPEND, "reused", 10) is not None
+    assert await hold_credit(store, SPEND, 10, "reused", 60_000) is not None
 
-    again = await store.take_credit(SPEND, "reused", 10)
+    again = await take_credit(store, SPEND, "reused", 10)
 
     assert again is not None and (again.balance, again.held) == (80, 0)
 
@@ -1061,16 +1112,16 @@ async def test_credit_state_sums_only_the_live_credit_holds(store: Store) -> Non
         wallet = account(f"sum{lifetime_ms}")
         await top_up(store, 100, wallet.wallet)
         held_at = time.monotonic()
-        assert await store.hold_credit(wallet, 10, "short", lifetime_ms) is not None
-        assert await store.hold_credit(wallet, 20, "long", 60_000) is not None
-        assert await store.take_credit(wallet, "long", 5) is not None
-        assert await store.hold_credit(wallet, 30, "open", 60_000) is not None
-        live = await store.credit_state(wallet)
+        assert await hold_credit(store, wallet, 10, "short", lifetime_ms) is not None
+        assert await hold_credit(store, wallet, 20, "long", 60_000) is not None
+        assert await take_credit(store, wallet, "long", 5) is not None
+        assert await hold_credit(store, wallet, 30, "open", 60_000) is not None
+        live = await credit_state(store, wallet)
         if live.held == 40 or not read_late(held_at, lifetime_ms):
             break
 
     lapsed_by = held_at + lifetime_ms / 1000 + 0.1
-    lapsed = await read_until(lambda: store.credit_state(wallet), lambda state: state.held < 40, lapsed_by)
+    lapsed = await read_until(lambda: credit_state(store, wallet), lambda state: state.held < 40, lapsed_by)
 
     assert (live.balance, live.held) == (95, 40)
     assert (lapsed.balance, lapsed.held) == (95, 30)
@@ -1079,11 +1130,11 @@ async def test_credit_state_sums_only_the_live_credit_holds(store: Store) -> Non
 async def test_credit_amounts_the_scripts_cannot_keep_are_refused(store: Store) -> None:
     for amount in (-1, 2**53 + 1):
         with pytest.raises(ValueError):
-            await store.hold_credit(SPEND, amount, "bad", 60_000)
+            await hold_credit(store, SPEND, amount, "bad", 60_000)
         with pytest.raises(ValueError):
-            await store.take_credit(SPEND, "bad", amount)
+            await take_credit(store, SPEND, "bad", amount)
     with pytest.raises(ValueError):
-        await store.hold_credit(SPEND, 1, "bad", 0)
+        await hold_credit(store, SPEND, 1, "bad", 0)
 
 
 async def test_a_take_leaves_nothing_without_a_ttl(clean_redis_url: str, raw_redis: aioredis.Redis) -> None:
@@ -1092,8 +1143,8 @@ async def test_a_take_leaves_nothing_without_a_ttl(clean_redis_url: str, raw_red
     store = RedisStore(clean_redis_url)
     try:
         await top_up(store, 10)
-        assert await store.hold_credit(SPEND, 10, "only", 5_000) is not None
-        assert await store.take_credit(SPEND, "only", 10) is not None
+        assert await hold_credit(store, SPEND, 10, "only", 5_000) is not None
+        assert await take_credit(store, SPEND, "only", 10) is not None
     finally:
         await store.close()
 
@@ -1111,9 +1162,9 @@ async def test_a_busy_wallets_hold_set_holds_only_its_calls_in_flight(
     try:
         await top_up(store, 1_000)
         for n in range(50):
-            assert await store.hold_credit(SPEND, 1, f"call-{n}", 60_000) is not None
-            assert await store.take_credit(SPEND, f"call-{n}", 1) is not None
-        assert await store.hold_credit(SPEND, 1, "in-flight", 60_000) is not None
+            assert await hold_credit(store, SPEND, 1, f"call-{n}", 60_000) is not None
+            assert await take_credit(store, SPEND, f"call-{n}", 1) is not None
+        assert await hold_credit(store, SPEND, 1, "in-flight", 60_000) is not None
     finally:
         await store.close()
 
@@ -1129,13 +1180,13 @@ async def test_redis_and_upstash_backends_share_one_balance(
         await top_up(redis_store, 50)
         results = await asyncio.gather(
             *(
-                s.hold_credit(SPEND, 10, f"{n}-{i}", 60_000)
+                hold_credit(s, SPEND, 10, f"{n}-{i}", 60_000)
                 for i in range(10)
                 for n, s in enumerate((redis_store, upstash_store))
             )
         )
         assert sum(state is not None for state in results) == 5
-        held = await upstash_store.hold_credit(SPEND, 0, "probe", 60_000)
+        held = await hold_credit(upstash_store, SPEND, 0, "probe", 60_000)
         assert held is not None and (held.balance, held.held) == (50, 50)
     finally:
         await redis_store.close()
@@ -1149,8 +1200,8 @@ async def test_a_top_up_records_its_lapse_and_the_wallet_is_due_only_once_it_pas
     await top_up(store, 10, "soon", lapse_ms=300)
     await top_up(store, 10, "later", lapse_ms=60_000)
 
-    before = await store.due_lapses(LAPSES, 10)
-    due = await read_until(lambda: store.due_lapses(LAPSES, 10), bool, time.monotonic() + 0.4)
+    before = await due_lapses(store, LAPSES, 10)
+    due = await read_until(lambda: due_lapses(store, LAPSES, 10), bool, time.monotonic() + 0.4)
 
     assert before == []
     assert due == ["soon"]
@@ -1160,31 +1211,31 @@ async def test_due_lapses_answers_the_longest_due_first_and_at_most_the_limit(st
     for name, lapse_ms in (("third", 600), ("first", 100), ("second", 350)):
         await top_up(store, 1, name, lapse_ms=lapse_ms)
     due = await read_until(
-        lambda: store.due_lapses(LAPSES, 10), lambda wallets: len(wallets) == 3, time.monotonic() + 0.8
+        lambda: due_lapses(store, LAPSES, 10), lambda wallets: len(wallets) == 3, time.monotonic() + 0.8
     )
 
     assert due == ["first", "second", "third"]
-    assert await store.due_lapses(LAPSES, 2) == ["first", "second"]
+    assert await due_lapses(store, LAPSES, 2) == ["first", "second"]
 
 
 async def test_a_balance_past_its_lapse_spends_as_nothing_before_any_sweep(store: Store) -> None:
     await top_up(store, 100, lapse_ms=300)
-    assert await store.hold_credit(SPEND, 40, "early", 60_000) is not None
+    assert await hold_credit(store, SPEND, 40, "early", 60_000) is not None
     await read_until(
-        lambda: store.credit_state(SPEND), lambda state: state.balance == 0, time.monotonic() + 0.4
+        lambda: credit_state(store, SPEND), lambda state: state.balance == 0, time.monotonic() + 0.4
     )
 
-    assert await store.hold_credit(SPEND, 1, "late", 60_000) is None
-    assert await store.take_credit(SPEND, "early", 40) is None
-    assert await store.take_credit(SPEND, "unheld", 1) is None
-    assert _fields(await store.credit_state(SPEND)) == (0, 40, 0)
-    assert await store.lapse_credit(SPEND) == 100  # nothing was spent: all of it lapses
+    assert await hold_credit(store, SPEND, 1, "late", 60_000) is None
+    assert await take_credit(store, SPEND, "early", 40) is None
+    assert await take_credit(store, SPEND, "unheld", 1) is None
+    assert _fields(await credit_state(store, SPEND)) == (0, 40, 0)
+    assert await lapse_credit(store, SPEND) == 100  # nothing was spent: all of it lapses
 
 
 async def test_the_state_counts_down_to_the_lapse_not_to_the_counters_backstop(store: Store) -> None:
-    await store.claim_then_put([], [], [credit("countdown", 10, 30_000, grace_ms=600_000)])
+    await claim_then_put(store, [], [], [credit("countdown", 10, 30_000, grace_ms=600_000)])
 
-    state = await store.credit_state(account("countdown"))
+    state = await credit_state(store, account("countdown"))
 
     # Wide margin (a loaded machine may stall seconds here); the backstop is 630 s away.
     assert state.balance == 10 and 20_000 < state.ttl_ms <= 30_000
@@ -1192,19 +1243,19 @@ async def test_the_state_counts_down_to_the_lapse_not_to_the_counters_backstop(s
 
 async def test_lapse_credit_lapses_a_due_balance_once_with_its_holds(store: Store) -> None:
     await top_up(store, 100, lapse_ms=400)
-    assert await store.hold_credit(SPEND, 30, "held", 60_000) is not None
-    assert await store.take_credit(SPEND, "spent", 20) is not None
+    assert await hold_credit(store, SPEND, 30, "held", 60_000) is not None
+    assert await take_credit(store, SPEND, "spent", 20) is not None
 
-    early = await store.lapse_credit(SPEND)
-    await read_until(lambda: store.due_lapses(LAPSES, 10), bool, time.monotonic() + 0.5)
-    lapsed = await asyncio.gather(*(store.lapse_credit(SPEND) for _ in range(10)))
+    early = await lapse_credit(store, SPEND)
+    await read_until(lambda: due_lapses(store, LAPSES, 10), bool, time.monotonic() + 0.5)
+    lapsed = await asyncio.gather(*(lapse_credit(store, SPEND) for _ in range(10)))
 
     assert early is None  # not due: nothing changed
     assert sorted(lapsed, key=lambda amount: amount is None) == [80] + [None] * 9
-    assert _fields(await store.credit_state(SPEND)) == (0, 0, 0)
-    assert await store.due_lapses(LAPSES, 10) == []
+    assert _fields(await credit_state(store, SPEND)) == (0, 0, 0)
+    assert await due_lapses(store, LAPSES, 10) == []
     await top_up(store, 5)  # a wallet whose credit lapsed starts again from its next top-up
-    state = await store.credit_state(SPEND)
+    state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (5, 0)
 
 
@@ -1216,9 +1267,9 @@ async def test_a_top_up_before_the_lapse_moves_it_and_the_sweep_finds_nothing_du
     await top_up(store, 1, lapse_ms=60_000)
     await asyncio.sleep(max(0.0, written + 1.05 - time.monotonic()))  # past the first lapse time
 
-    assert await store.lapse_credit(SPEND) is None
-    assert await store.due_lapses(LAPSES, 10) == []
-    state = await store.credit_state(SPEND)
+    assert await lapse_credit(store, SPEND) is None
+    assert await due_lapses(store, LAPSES, 10) == []
+    state = await credit_state(store, SPEND)
     assert state.balance == 101 and 50_000 < state.ttl_ms <= 60_000  # the second top-up's lifetime
 
 
@@ -1226,45 +1277,47 @@ async def test_a_top_up_after_the_lapse_starts_afresh_and_keeps_the_lapsed_credi
     store: Store,
 ) -> None:
     await top_up(store, 100, lapse_ms=300)
-    assert await store.hold_credit(SPEND, 30, "held", 60_000) is not None
+    assert await hold_credit(store, SPEND, 30, "held", 60_000) is not None
     # lapsed, not swept
     await read_until(
-        lambda: store.credit_state(SPEND), lambda state: state.balance == 0, time.monotonic() + 0.4
+        lambda: credit_state(store, SPEND), lambda state: state.balance == 0, time.monotonic() + 0.4
     )
 
     await top_up(store, 7)
     await top_up(store, 10, "other", lapse_ms=100)
     await read_until(
-        lambda: store.credit_state(account("other")), lambda state: state.balance == 0, time.monotonic() + 0.2
+        lambda: credit_state(store, account("other")),
+        lambda state: state.balance == 0,
+        time.monotonic() + 0.2,
     )
     await top_up(store, 1, "other")
 
-    state = await store.credit_state(SPEND)
+    state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (7, 0)  # the lapsed 100 and its hold are gone
-    assert await store.drain_lapsed(LAPSED) == {"spend": 100, "other": 10}
-    assert await store.drain_lapsed(LAPSED) == {}  # each amount is answered once
-    assert await store.due_lapses(LAPSES, 10) == []
+    assert await drain_lapsed(store, LAPSED) == {"spend": 100, "other": 10}
+    assert await drain_lapsed(store, LAPSED) == {}  # each amount is answered once
+    assert await due_lapses(store, LAPSES, 10) == []
 
 
 async def test_a_lapse_that_found_nothing_left_adds_nothing_to_count(store: Store) -> None:
     await top_up(store, 10, lapse_ms=300)
-    assert await store.take_credit(SPEND, "all", 10) is not None
-    await read_until(lambda: store.due_lapses(LAPSES, 10), bool, time.monotonic() + 0.4)
+    assert await take_credit(store, SPEND, "all", 10) is not None
+    await read_until(lambda: due_lapses(store, LAPSES, 10), bool, time.monotonic() + 0.4)
 
     await top_up(store, 3)
 
-    assert await store.drain_lapsed(LAPSED) == {}
-    assert (await store.credit_state(SPEND)).balance == 3
+    assert await drain_lapsed(store, LAPSED) == {}
+    assert (await credit_state(store, SPEND)).balance == 3
 
 
 async def test_the_counter_backstop_ends_a_balance_no_sweeper_lapsed(store: Store) -> None:
-    await store.claim_then_put([], [], [credit("forgotten", 10, 50, grace_ms=100)])
+    await claim_then_put(store, [], [], [credit("forgotten", 10, 50, grace_ms=100)])
     await asyncio.sleep(0.25)  # past the lapse and the grace
 
-    assert _fields(await store.credit_state(account("forgotten"))) == (0, 0, 0)
-    assert await store.due_lapses(LAPSES, 10) == ["forgotten"]
-    assert await store.lapse_credit(account("forgotten")) == 0  # the backstop took it, uncounted
-    assert await store.due_lapses(LAPSES, 10) == []
+    assert _fields(await credit_state(store, account("forgotten"))) == (0, 0, 0)
+    assert await due_lapses(store, LAPSES, 10) == ["forgotten"]
+    assert await lapse_credit(store, account("forgotten")) == 0  # the backstop took it, uncounted
+    assert await due_lapses(store, LAPSES, 10) == []
 
 
 async def test_a_top_up_keeps_the_balance_key_a_grace_period_past_the_lapse(
@@ -1273,7 +1326,7 @@ async def test_a_top_up_keeps_the_balance_key_a_grace_period_past_the_lapse(
     store = RedisStore(clean_redis_url)
     try:
         before_ms = int(time.time() * 1000)
-        await store.claim_then_put([], [], [credit("keys", 10, 60_000, grace_ms=30_000)])
+        await claim_then_put(store, [], [], [credit("keys", 10, 60_000, grace_ms=30_000)])
     finally:
         await store.close()
 
@@ -1290,15 +1343,15 @@ async def test_redis_and_upstash_backends_share_one_lapse_index(
         await top_up(redis_store, 10, "a", lapse_ms=100)
         await top_up(upstash_store, 20, "b", lapse_ms=100)
         await read_until(
-            lambda: upstash_store.due_lapses(LAPSES, 10),
+            lambda: due_lapses(upstash_store, LAPSES, 10),
             lambda wallets: len(wallets) == 2,
             time.monotonic() + 0.2,
         )
         await top_up(redis_store, 1, "b")
 
-        assert await upstash_store.due_lapses(LAPSES, 10) == ["a"]
-        assert await upstash_store.lapse_credit(account("a")) == 10
-        assert await redis_store.drain_lapsed(LAPSED) == {"b": 20}
+        assert await due_lapses(upstash_store, LAPSES, 10) == ["a"]
+        assert await lapse_credit(upstash_store, account("a")) == 10
+        assert await drain_lapsed(redis_store, LAPSED) == {"b": 20}
     finally:
         await redis_store.close()
         await upstash_store.close()
@@ -1320,27 +1373,27 @@ def _unreachable_store(backend: str) -> tuple[Store, list[str]]:
 
 
 OPERATIONS: dict[str, Callable[[Store], Awaitable[object]]] = {
-    "claim": lambda s: s.claim("k", "v", 1_000),
-    "get": lambda s: s.get("k"),
-    "put": lambda s: s.put("k", "v", 1_000),
+    "claim": lambda s: s.claim("{t}k", "v", 1_000),
+    "get": lambda s: s.get("{t}k"),
+    "put": lambda s: s.put("{t}k", "v", 1_000),
     "incr": lambda s: s.incr({"k": 1}),
     "counters": lambda s: s.counters(["k"]),
     "add_counts": lambda s: s.add_counts({"k": 1}, 1_000),
-    "check_then_limit": lambda s: s.check_then_limit(["k"], [Bucket("b", 1, 1_000)]),
-    "claim_then_put": lambda s: s.claim_then_put([Entry("k", "v", 1_000)]),
-    "claim_then_put_credit": lambda s: s.claim_then_put(
-        [Entry("k", "v", 1_000)], [], [credit("c", 1, 1_000)]
+    "check_then_limit": lambda s: check_then_limit(s, ["{t}k"], [Bucket("{t}b", 1, 1_000)]),
+    "claim_then_put": lambda s: claim_then_put(s, [Entry("{t}k", "v", 1_000)]),
+    "claim_then_put_credit": lambda s: claim_then_put(
+        s, [Entry("{t}k", "v", 1_000)], [], [credit("c", 1, 1_000)]
     ),
-    "release": lambda s: s.release("k", "token"),
-    "undo_claim": lambda s: s.undo_claim([Entry("k", "v", 1_000)], [Bucket("b", 1, 1_000)]),
-    "hold": lambda s: s.hold([Hold("h", 1, 1)], "token", 1_000),
-    "unhold": lambda s: s.unhold(["h"], "token"),
-    "credit_state": lambda s: s.credit_state(account("c")),
-    "hold_credit": lambda s: s.hold_credit(account("c"), 1, "token", 1_000),
-    "take_credit": lambda s: s.take_credit(account("c"), "token", 1),
-    "due_lapses": lambda s: s.due_lapses(LAPSES, 10),
-    "lapse_credit": lambda s: s.lapse_credit(account("c")),
-    "drain_lapsed": lambda s: s.drain_lapsed(LAPSED),
+    "release": lambda s: release(s, "{t}k", "token"),
+    "undo_claim": lambda s: undo_claim(s, [Entry("{t}k", "v", 1_000)], [Bucket("{t}b", 1, 1_000)]),
+    "hold": lambda s: hold(s, [Hold("{t}h", 1, 1)], "token", 1_000),
+    "unhold": lambda s: unhold(s, ["{t}h"], "token"),
+    "credit_state": lambda s: credit_state(s, account("c")),
+    "hold_credit": lambda s: hold_credit(s, account("c"), 1, "token", 1_000),
+    "take_credit": lambda s: take_credit(s, account("c"), "token", 1),
+    "due_lapses": lambda s: due_lapses(s, LAPSES, 10),
+    "lapse_credit": lambda s: lapse_credit(s, account("c")),
+    "drain_lapsed": lambda s: drain_lapsed(s, LAPSED),
 }
 
 
@@ -1387,7 +1440,7 @@ async def test_a_server_that_never_answers_is_unavailable_after_the_timeout(back
     started = asyncio.get_running_loop().time()
     try:
         with pytest.raises(StoreUnavailable):
-            await store.claim("claim:hung", "v", 1_000)
+            await store.claim("{t}claim:hung", "v", 1_000)
     finally:
         await store.close()
         for writer in hung:
@@ -1405,7 +1458,7 @@ async def test_upstash_with_a_wrong_token_is_unavailable_and_names_no_token(
     store = UpstashStore(url, f"{SECRET}-token")
     try:
         with pytest.raises(StoreUnavailable, match="Unauthorized") as raised:
-            await store.claim("claim:unauthorized", "v", 1_000)
+            await store.claim("{t}claim:unauthorized", "v", 1_000)
     finally:
         await store.close()
 
@@ -1425,6 +1478,8 @@ async def test_upstash_with_a_wrong_token_is_unavailable_and_names_no_token(
         ("rediss://:pw@cache.example:6380/0", RedisStore),
         ("https://example-123.upstash.io", UpstashStore),
         ("http://127.0.0.1:8079", UpstashStore),
+        ("redis+cluster://10.0.0.1:7000,10.0.0.2:7000", RedisClusterStore),
+        ("rediss+cluster://:pw@cache.example:6380", RedisClusterStore),
     ],
 )
 async def test_open_store_picks_the_backend_by_scheme(url: str | None, backend: type) -> None:
@@ -1448,13 +1503,13 @@ async def test_memory_store_drops_expired_buckets_and_values() -> None:
 
     store = MemoryStore()
     for i in range(100):  # each bucket's TAT and each value live 300 ms: longer than the loop
-        await limit_once(store, f"ip:{i}", 10, 3_000)
-        await store.put(f"v:{i}", "x", 300)
-    assert store.size() == 200
+        await limit_once(store, f"{{t}}ip:{i}", 10, 3_000)
+        await store.put(f"{{t}}v:{i}", "x", 300)
+    assert await store.size() == 200
     await asyncio.sleep(0.4)
-    await store.claim("c", "x", 60_000)  # any write drops what has expired
-    assert store.size() == 1
-    assert (await limit_once(store, "ip:0", 10, 3_000)).allowed
+    await store.claim("{t}c", "x", 60_000)  # any command sweeps out what has expired
+    assert await store.size() == 1
+    assert (await limit_once(store, "{t}ip:0", 10, 3_000)).allowed
 
 
 async def test_rate_limits_above_1000_per_second_keep_their_value() -> None:
@@ -1465,7 +1520,7 @@ async def test_rate_limits_above_1000_per_second_keep_their_value() -> None:
     allowed = 0
     started = time.monotonic()
     for _ in range(2_500):
-        allowed += (await limit_once(store, "fast", 2_000, 100)).allowed
+        allowed += (await limit_once(store, "{t}fast", 2_000, 100)).allowed
     refilled = math.ceil((time.monotonic() - started) * 1_000 * 20)
     assert 2_000 <= allowed <= min(2_500, 2_000 + refilled + 1)
 
@@ -1479,43 +1534,152 @@ def _fields(state: CreditState) -> tuple[int, int, int]:
 
 
 async def test_restore_credit_sets_the_balance_exactly_and_drops_the_holds(store: Store) -> None:
-    await store.claim_then_put([], [], [credit("restored", 500)])
-    assert await store.hold_credit(account("restored"), 200, "in-flight", 60_000) is not None
+    await claim_then_put(store, [], [], [credit("restored", 500)])
+    assert await hold_credit(store, account("restored"), 200, "in-flight", 60_000) is not None
     lapse_at_ms = int(time.time() * 1000) + 60_000
 
-    await store.restore_credit(account("restored"), 1_234, lapse_at_ms, 120_000)
+    await restore_credit(store, account("restored"), 1_234, lapse_at_ms, 120_000)
 
-    state = await store.credit_state(account("restored"))
+    state = await credit_state(store, account("restored"))
     assert (state.balance, state.held) == (1_234, 0)
     assert 59_000 < state.ttl_ms <= 60_000  # lapses at the restored time, not the key's TTL
-    assert await store.hold_credit(account("restored"), 1_234, "all", 60_000) is not None
+    assert await hold_credit(store, account("restored"), 1_234, "all", 60_000) is not None
 
 
 async def test_restore_credit_to_nothing_deletes_the_balance_and_its_lapse(store: Store) -> None:
-    await store.claim_then_put([], [], [credit("emptied", 500)])
+    await claim_then_put(store, [], [], [credit("emptied", 500)])
 
-    await store.restore_credit(account("emptied"), 0, int(time.time() * 1000) + 60_000, 120_000)
+    await restore_credit(store, account("emptied"), 0, int(time.time() * 1000) + 60_000, 120_000)
 
-    assert _fields(await store.credit_state(account("emptied"))) == (0, 0, 0)
-    assert await store.due_lapses(LAPSES, 10) == []
+    assert _fields(await credit_state(store, account("emptied"))) == (0, 0, 0)
+    assert await due_lapses(store, LAPSES, 10) == []
 
 
 async def test_a_balance_restored_past_its_lapse_spends_as_nothing_and_lapses_once(store: Store) -> None:
-    await store.restore_credit(account("late"), 700, int(time.time() * 1000) - 1, 60_000)
+    await restore_credit(store, account("late"), 700, int(time.time() * 1000) - 1, 60_000)
 
-    assert (await store.credit_state(account("late"))).balance == 0
-    assert await store.due_lapses(LAPSES, 10) == ["late"]
-    assert await store.lapse_credit(account("late")) == 700
-    assert await store.lapse_credit(account("late")) is None
+    assert (await credit_state(store, account("late"))).balance == 0
+    assert await due_lapses(store, LAPSES, 10) == ["late"]
+    assert await lapse_credit(store, account("late")) == 700
+    assert await lapse_credit(store, account("late")) is None
 
 
 async def test_a_top_up_raises_the_stores_ledger_position_and_never_lowers_it(store: Store) -> None:
-    position = "ledger:position"
+    position = "{t}ledger:position"
 
     for entry_id in (7, 5, 9):  # bookings may land out of their journal order
         top_up = Credit(account("positioned"), 10, 60_000, GRACE_MS, LedgerPosition(position, entry_id))
-        assert await store.claim_then_put([], [], [top_up]) == 0
-    await store.claim_then_put([], [], [credit("positioned", 1)])  # no position: untouched
+        assert await claim_then_put(store, [], [], [top_up]) == 0
+    await claim_then_put(store, [], [], [credit("positioned", 1)])  # no position: untouched
 
     assert await store.get(position) == "9"
-    assert (await store.credit_state(account("positioned"))).balance == 31
+    assert (await credit_state(store, account("positioned"))).balance == 31
+
+
+# --- a cluster: what spans slots ------------------------------------------------------------------
+
+SPREAD = ["usage:a", "usage:b", "usage:c", "usage:d"]
+"""Keys without a hash tag: on a 3-master cluster they fall on several slots (checked below)."""
+
+
+async def test_batches_of_independent_keys_span_the_clusters_slots(clean_cluster_url: str) -> None:
+    """Counters of several slots are batched (a pipeline per node; the gateway's own share one
+    slot, but the backend does not depend on it); each key's own change stays atomic."""
+    assert len({key_slot(key.encode()) for key in SPREAD}) > 1
+    store = RedisClusterStore(clean_cluster_url, timeout_s=LOADED_TIMEOUT_S)
+    try:
+        assert await store.incr(dict.fromkeys(SPREAD, 2)) == dict.fromkeys(SPREAD, 2)
+        assert await store.incr({SPREAD[0]: 3}) == {SPREAD[0]: 5}
+        assert await store.counters([*SPREAD, "usage:none"]) == {
+            **dict.fromkeys(SPREAD, 2),
+            SPREAD[0]: 5,
+            "usage:none": 0,
+        }
+        assert await store.add_counts(dict.fromkeys(SPREAD, 1), 60_000) == {
+            **dict.fromkeys(SPREAD, 3),
+            SPREAD[0]: 6,
+        }
+    finally:
+        await store.close()
+
+
+async def test_a_script_over_keys_of_several_slots_fails_closed(clean_cluster_url: str) -> None:
+    """A call whose keys share no slot is refused by the cluster before it runs: StoreUnavailable,
+    so the payment fails closed, and nothing was written."""
+    store = RedisClusterStore(clean_cluster_url, timeout_s=LOADED_TIMEOUT_S)
+    try:
+        with pytest.raises(StoreUnavailable):
+            await claim_then_put(store, [Entry(SPREAD[0], "me", 60_000), Entry(SPREAD[1], "me", 60_000)])
+        assert await store.get(SPREAD[0]) is None and await store.get(SPREAD[1]) is None
+    finally:
+        await store.close()
+
+
+async def test_an_unreachable_cluster_is_store_unavailable_naming_no_secret() -> None:
+    store = RedisClusterStore(f"redis+cluster://:{SECRET}@127.0.0.1:{refusing_port()}", timeout_s=0.5)
+    try:
+        with pytest.raises(StoreUnavailable) as raised:
+            await store.get("k")
+        assert not await store.ping()
+    finally:
+        await store.close()
+
+    assert SECRET not in "".join(traceback.format_exception(raised.value))
+
+
+@pytest.mark.slow
+async def test_the_store_follows_its_slot_when_the_cluster_moves_it() -> None:
+    """Resharding moves the gateway's slot to another master while a store is open: the store
+    follows the cluster's MOVED answer (and loads its scripts on the new node), and what was
+    claimed before the move stays claimed after it."""
+    with start_redis_cluster() as cluster:
+        store = RedisClusterStore(cluster.url, timeout_s=LOADED_TIMEOUT_S)
+        try:
+            claim = keys.payment_claim("ab" * 32)
+            bucket = Bucket(keys.rate_bucket("moved", "payer"), 2, 60_000)
+            assert await store.claim(claim, "first", 60_000)
+            assert (await check_then_limit(store, [], [bucket])).decisions[0].allowed
+
+            move_slot(cluster, key_slot(claim.encode()))
+
+            assert not await store.claim(claim, "second", 60_000)
+            assert await store.get(claim) == "first"
+            found = await check_then_limit(store, [claim], [], [])
+            assert found.values == ["first"]
+            assert (await check_then_limit(store, [], [bucket])).decisions[0].allowed
+            assert not (await check_then_limit(store, [], [bucket])).decisions[0].allowed
+        finally:
+            await store.close()
+
+
+@pytest.mark.slow
+async def test_a_cluster_that_asks_a_password_is_opened_with_the_urls() -> None:
+    """``redis+cluster://:password@...``: every node (the ones learnt from the first included) is
+    asked with the URL's password; a wrong one is StoreUnavailable, naming no secret."""
+    with start_redis_cluster(password=SECRET) as cluster:
+        store = RedisClusterStore(cluster.url, timeout_s=LOADED_TIMEOUT_S)
+        wrong = RedisClusterStore(cluster.url.replace(SECRET, "not-the-password"), timeout_s=0.5)
+        try:
+            assert await store.claim(keys.payment_claim("cd" * 32), "me", 60_000)
+            assert (await check_then_limit(store, [keys.payment_claim("cd" * 32)], [])).values == ["me"]
+            with pytest.raises(StoreUnavailable) as raised:
+                await wrong.get(keys.payment_claim("cd" * 32))
+        finally:
+            await store.close()
+            await wrong.close()
+
+    assert SECRET not in "".join(traceback.format_exception(raised.value))
+
+
+async def test_a_burst_past_the_clusters_pool_waits_for_a_connection(clean_cluster_url: str) -> None:
+    """The cluster client raises at once when a node's pool is used up; the store waits for a
+    free connection instead, as the single-node one does: a burst is served, not refused."""
+    store = RedisClusterStore(clean_cluster_url, timeout_s=LOADED_TIMEOUT_S, max_connections=4)
+    try:
+        results = await asyncio.gather(
+            *(store.claim(keys.payment_claim(f"{n:064x}"), "me", 60_000) for n in range(60))
+        )
+    finally:
+        await store.close()
+
+    assert results == [True] * 60

@@ -14,14 +14,16 @@ import asyncio
 import pytest
 
 from gateway.store import Bucket, CreditHoldOrder, Entry, Store, StoreUnavailable
-from gateway.store.lua import check_then_limit_call, lookup_from_reply
+from gateway.store.credit import credit_state, take_credit
+from gateway.store.holds import unhold
+from gateway.store.limits import check_then_limit, check_then_limit_call, lookup_from_reply
 from tests import test_store_contract as contract
 from tests.test_store_contract import SPEND, top_up
 
 # Every backend, opened as the store contract opens it.
 make_store, store, upstash_started = contract.make_store, contract.store, contract._upstash_server_started
 
-NONCE = "nonce:1"
+NONCE = "{t}nonce:1"
 
 
 def order(amount: int, token: str = "call", ttl_ms: int = 60_000) -> CreditHoldOrder:
@@ -35,12 +37,12 @@ def claim(key: str = NONCE) -> list[Entry]:
 async def test_the_hold_is_made_with_the_puts_when_every_check_passes(store: Store) -> None:
     await top_up(store, 100)
 
-    found = await store.check_then_limit([NONCE], [Bucket("b", 5, 60_000)], claim(), order(30))
+    found = await check_then_limit(store, [NONCE], [Bucket("{t}b", 5, 60_000)], claim(), order(30))
 
     assert found.written and found.values == [None]
     assert found.held is not None and (found.held.balance, found.held.held) == (100, 30)
     assert await store.get(NONCE) == "wallet"
-    state = await store.credit_state(SPEND)
+    state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (100, 30)
     assert found.held.at_us > 0 and 59_000 < found.held.ttl_ms <= 60_000
 
@@ -48,38 +50,38 @@ async def test_the_hold_is_made_with_the_puts_when_every_check_passes(store: Sto
 async def test_a_used_key_holds_nothing_and_charges_nothing(store: Store) -> None:
     await top_up(store, 100)
     await store.put(NONCE, "used", 60_000)
-    tight = Bucket("tight", 1, 60_000)
+    tight = Bucket("{t}tight", 1, 60_000)
 
-    found = await store.check_then_limit([NONCE], [tight], claim(), order(30))
+    found = await check_then_limit(store, [NONCE], [tight], claim(), order(30))
 
     assert (found.values, found.decisions, found.written, found.held) == (["used"], [], False, None)
-    assert (await store.credit_state(SPEND)).held == 0
-    assert (await store.check_then_limit([], [tight])).refused is None  # its one request unspent
+    assert (await credit_state(store, SPEND)).held == 0
+    assert (await check_then_limit(store, [], [tight])).refused is None  # its one request unspent
 
 
 async def test_credit_that_does_not_cover_the_hold_charges_no_bucket_and_uses_no_key(store: Store) -> None:
     await top_up(store, 10)
-    tight = Bucket("tight", 1, 60_000)
+    tight = Bucket("{t}tight", 1, 60_000)
 
-    short = [await store.check_then_limit([NONCE], [tight], claim(), order(11)) for _ in range(5)]
+    short = [await check_then_limit(store, [NONCE], [tight], claim(), order(11)) for _ in range(5)]
 
     assert all((s.written, s.decisions, s.held) == (False, [], None) for s in short)
     assert await store.get(NONCE) is None
-    assert (await store.credit_state(SPEND)).held == 0
-    covered = await store.check_then_limit([NONCE], [tight], claim(), order(10))
+    assert (await credit_state(store, SPEND)).held == 0
+    covered = await check_then_limit(store, [NONCE], [tight], claim(), order(10))
     assert covered.written and covered.held is not None and covered.held.held == 10
 
 
 async def test_a_refusing_bucket_leaves_no_hold_and_keeps_the_key_unused(store: Store) -> None:
     await top_up(store, 100)
-    tight = Bucket("tight", 1, 60_000)
-    assert (await store.check_then_limit([], [tight])).refused is None  # spent by someone else
+    tight = Bucket("{t}tight", 1, 60_000)
+    assert (await check_then_limit(store, [], [tight])).refused is None  # spent by someone else
 
-    limited = await store.check_then_limit([NONCE], [tight], claim(), order(30))
+    limited = await check_then_limit(store, [NONCE], [tight], claim(), order(30))
 
     assert not limited.written and limited.held is None and limited.refused is not None
     assert await store.get(NONCE) is None
-    assert (await store.credit_state(SPEND)).held == 0
+    assert (await credit_state(store, SPEND)).held == 0
 
 
 async def test_exactly_the_balance_of_many_concurrent_admissions_is_held(store: Store) -> None:
@@ -87,7 +89,7 @@ async def test_exactly_the_balance_of_many_concurrent_admissions_is_held(store: 
 
     found = await asyncio.gather(
         *(
-            store.check_then_limit([f"nonce:{n}"], [], claim(f"nonce:{n}"), order(10, f"t{n}"))
+            check_then_limit(store, [f"{{t}}nonce:{n}"], [], claim(f"{{t}}nonce:{n}"), order(10, f"t{n}"))
             for n in range(100)
         )
     )
@@ -95,23 +97,23 @@ async def test_exactly_the_balance_of_many_concurrent_admissions_is_held(store: 
     won = [f for f in found if f.written]
     assert len(won) == 10 and all(f.held is not None for f in won)
     assert sorted(f.held.held for f in won if f.held is not None) == list(range(10, 101, 10))
-    used = [await store.get(f"nonce:{n}") for n in range(100)]
+    used = [await store.get(f"{{t}}nonce:{n}") for n in range(100)]
     assert sum(value is not None for value in used) == 10
-    state = await store.credit_state(SPEND)
+    state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (100, 100)
 
 
 async def test_a_hold_made_with_a_check_is_taken_and_released_like_any_other(store: Store) -> None:
     await top_up(store, 100)
-    first = await store.check_then_limit([NONCE], [], claim(), order(30, "first"))
-    second = await store.check_then_limit(["nonce:2"], [], claim("nonce:2"), order(50, "second"))
+    first = await check_then_limit(store, [NONCE], [], claim(), order(30, "first"))
+    second = await check_then_limit(store, ["{t}nonce:2"], [], claim("{t}nonce:2"), order(50, "second"))
     assert first.held is not None and second.held is not None
 
-    taken = await store.take_credit(SPEND, "first", 30)
-    await store.unhold([SPEND.holds], "second")
+    taken = await take_credit(store, SPEND, "first", 30)
+    await unhold(store, [SPEND.holds], "second")
 
     assert taken is not None and (taken.balance, taken.held) == (70, 50)
-    state = await store.credit_state(SPEND)
+    state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (70, 0)
 
 

@@ -24,13 +24,22 @@ from gateway.store import (
     Store,
     StoreUnavailable,
 )
-from gateway.store.lua import session_lookup_from_reply, session_state_from_reply
+from gateway.store.credit import (
+    credit_state,
+    open_credit_session,
+    refund_credit_session,
+    revoke_credit_session,
+    session_lookup_from_reply,
+    session_state_from_reply,
+    spend_credit_session,
+    take_credit,
+)
 from tests import test_store_contract as contract
 from tests.test_store_contract import SPEND, account, top_up
 
 make_store, store, upstash_started = contract.make_store, contract.store, contract._upstash_server_started
 
-SESSION = "session:1"
+SESSION = "{t}session:1"
 OTHER = account("other")
 
 
@@ -42,144 +51,144 @@ def spend(
 
 async def test_a_call_on_a_session_holds_its_price_and_counts_it_against_the_cap(store: Store) -> None:
     await top_up(store, 100)
-    await store.open_credit_session(SESSION, "spend", 50, 60_000)
+    await open_credit_session(store, SESSION, "spend", 50, 60_000)
 
-    found = await store.spend_credit_session(spend(30), [Bucket("b", 5, 60_000)])
+    found = await spend_credit_session(store, spend(30), [Bucket("{t}b", 5, 60_000)])
 
     assert found.outcome is SessionSpent.SPENT
     assert (found.spent, found.cap) == (30, 50)
     assert [d.allowed for d in found.decisions] == [True]
     assert found.held is not None and (found.held.balance, found.held.held) == (100, 30)
-    assert (await store.credit_state(SPEND)).held == 30
-    refused = await store.spend_credit_session(spend(21, "next"), [])
+    assert (await credit_state(store, SPEND)).held == 30
+    refused = await spend_credit_session(store, spend(21, "next"), [])
     assert (refused.outcome, refused.spent, refused.cap) == (SessionSpent.CAP, 30, 50)
-    assert (await store.credit_state(SPEND)).held == 30
+    assert (await credit_state(store, SPEND)).held == 30
 
 
 async def test_every_refusal_spends_nothing(store: Store) -> None:
     await top_up(store, 10)
-    await store.open_credit_session(SESSION, "spend", 1_000, 60_000)
-    bucket = Bucket("one", 1, 60_000)
+    await open_credit_session(store, SESSION, "spend", 1_000, 60_000)
+    bucket = Bucket("{t}one", 1, 60_000)
 
-    unknown = await store.spend_credit_session(spend(5, session="never-opened"), [bucket])
-    uncovered = await store.spend_credit_session(spend(11), [bucket])
-    first = await store.spend_credit_session(spend(5, "a"), [bucket])
-    limited = await store.spend_credit_session(spend(5, "b"), [bucket])
+    unknown = await spend_credit_session(store, spend(5, session="{t}never-opened"), [bucket])
+    uncovered = await spend_credit_session(store, spend(11), [bucket])
+    first = await spend_credit_session(store, spend(5, "a"), [bucket])
+    limited = await spend_credit_session(store, spend(5, "b"), [bucket])
 
     assert unknown.outcome is SessionSpent.UNKNOWN and unknown.decisions == []
     assert uncovered.outcome is SessionSpent.UNCOVERED and uncovered.decisions == []
     assert first.outcome is SessionSpent.SPENT
     assert limited.outcome is SessionSpent.LIMITED and not limited.decisions[-1].allowed
     assert limited.decisions[-1].retry_after_ms > 0
-    state = await store.credit_state(SPEND)
+    state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (10, 5)
-    revoked = await store.revoke_credit_session(SESSION)
+    revoked = await revoke_credit_session(store, SESSION)
     assert revoked == CreditSessionState("spend", 1_000, 5)
 
 
 async def test_concurrent_calls_on_one_session_never_spend_more_than_its_cap(store: Store) -> None:
     await top_up(store, 1_000)
-    await store.open_credit_session(SESSION, "spend", 47, 60_000)
+    await open_credit_session(store, SESSION, "spend", 47, 60_000)
 
-    results = await asyncio.gather(*(store.spend_credit_session(spend(5, f"t{n}"), []) for n in range(50)))
+    results = await asyncio.gather(*(spend_credit_session(store, spend(5, f"t{n}"), []) for n in range(50)))
 
     won = [found for found in results if found.outcome is SessionSpent.SPENT]
     assert len(won) == 9
     assert sorted(found.spent for found in won) == list(range(5, 46, 5))
     assert all(found.outcome is SessionSpent.CAP for found in results if found not in won)
-    assert (await store.credit_state(SPEND)).held == 45
+    assert (await credit_state(store, SPEND)).held == 45
 
 
 async def test_concurrent_calls_never_hold_more_than_the_balance_whatever_the_cap(store: Store) -> None:
     await top_up(store, 20)
-    await store.open_credit_session(SESSION, "spend", 1_000, 60_000)
+    await open_credit_session(store, SESSION, "spend", 1_000, 60_000)
 
-    results = await asyncio.gather(*(store.spend_credit_session(spend(5, f"t{n}"), []) for n in range(30)))
+    results = await asyncio.gather(*(spend_credit_session(store, spend(5, f"t{n}"), []) for n in range(30)))
 
     assert sum(found.outcome is SessionSpent.SPENT for found in results) == 4
-    assert (await store.revoke_credit_session(SESSION)) == CreditSessionState("spend", 1_000, 20)
+    assert (await revoke_credit_session(store, SESSION)) == CreditSessionState("spend", 1_000, 20)
 
 
 async def test_a_revoked_session_spends_nothing_and_its_revocation_says_what_it_spent(store: Store) -> None:
     await top_up(store, 100)
-    await store.open_credit_session(SESSION, "spend", 50, 60_000)
-    assert (await store.spend_credit_session(spend(7), [])).outcome is SessionSpent.SPENT
+    await open_credit_session(store, SESSION, "spend", 50, 60_000)
+    assert (await spend_credit_session(store, spend(7), [])).outcome is SessionSpent.SPENT
 
-    revoked = await store.revoke_credit_session(SESSION)
-    after = await store.spend_credit_session(spend(7, "after"), [])
+    revoked = await revoke_credit_session(store, SESSION)
+    after = await spend_credit_session(store, spend(7, "after"), [])
 
     assert revoked == CreditSessionState("spend", 50, 7)
     assert after.outcome is SessionSpent.UNKNOWN
-    assert await store.revoke_credit_session(SESSION) is None
-    assert (await store.credit_state(SPEND)).held == 7
+    assert await revoke_credit_session(store, SESSION) is None
+    assert (await credit_state(store, SPEND)).held == 7
 
 
 async def test_an_expired_session_spends_nothing(store: Store) -> None:
     await top_up(store, 100)
-    await store.open_credit_session(SESSION, "spend", 50, 200)
+    await open_credit_session(store, SESSION, "spend", 50, 200)
     opened = time.monotonic()
-    assert (await store.spend_credit_session(spend(5), [])).outcome is SessionSpent.SPENT
+    assert (await spend_credit_session(store, spend(5), [])).outcome is SessionSpent.SPENT
 
     await asyncio.sleep(max(0.0, opened + 0.3 - time.monotonic()))
 
-    assert (await store.spend_credit_session(spend(5, "late"), [])).outcome is SessionSpent.UNKNOWN
-    assert await store.revoke_credit_session(SESSION) is None
+    assert (await spend_credit_session(store, spend(5, "late"), [])).outcome is SessionSpent.UNKNOWN
+    assert await revoke_credit_session(store, SESSION) is None
 
 
 async def test_a_session_of_one_wallet_never_spends_anothers_credit(store: Store) -> None:
     await top_up(store, 100, "other")
-    await store.open_credit_session(SESSION, "spend", 50, 60_000)
+    await open_credit_session(store, SESSION, "spend", 50, 60_000)
 
-    found = await store.spend_credit_session(spend(5, wallet="other"), [])
+    found = await spend_credit_session(store, spend(5, wallet="other"), [])
 
     assert found.outcome is SessionSpent.UNKNOWN
-    state = await store.credit_state(OTHER)
+    state = await credit_state(store, OTHER)
     assert (state.balance, state.held) == (100, 0)
 
 
 async def test_a_refund_drops_the_hold_and_gives_the_cap_back(store: Store) -> None:
     await top_up(store, 100)
-    await store.open_credit_session(SESSION, "spend", 10, 60_000)
-    assert (await store.spend_credit_session(spend(10, "failed"), [])).outcome is SessionSpent.SPENT
-    assert (await store.spend_credit_session(spend(1, "next"), [])).outcome is SessionSpent.CAP
+    await open_credit_session(store, SESSION, "spend", 10, 60_000)
+    assert (await spend_credit_session(store, spend(10, "failed"), [])).outcome is SessionSpent.SPENT
+    assert (await spend_credit_session(store, spend(1, "next"), [])).outcome is SessionSpent.CAP
 
-    await store.refund_credit_session(SESSION, SPEND.holds, "failed", 10)
+    await refund_credit_session(store, SESSION, SPEND.holds, "failed", 10)
 
-    assert (await store.credit_state(SPEND)).held == 0
-    again = await store.spend_credit_session(spend(10, "again"), [])
+    assert (await credit_state(store, SPEND)).held == 0
+    again = await spend_credit_session(store, spend(10, "again"), [])
     assert (again.outcome, again.spent) == (SessionSpent.SPENT, 10)
 
 
 async def test_a_refund_after_the_revocation_drops_the_hold_and_revives_nothing(store: Store) -> None:
     await top_up(store, 100)
-    await store.open_credit_session(SESSION, "spend", 10, 60_000)
-    assert (await store.spend_credit_session(spend(10, "in-flight"), [])).outcome is SessionSpent.SPENT
-    assert await store.revoke_credit_session(SESSION) == CreditSessionState("spend", 10, 10)
+    await open_credit_session(store, SESSION, "spend", 10, 60_000)
+    assert (await spend_credit_session(store, spend(10, "in-flight"), [])).outcome is SessionSpent.SPENT
+    assert await revoke_credit_session(store, SESSION) == CreditSessionState("spend", 10, 10)
 
-    await store.refund_credit_session(SESSION, SPEND.holds, "in-flight", 10)
+    await refund_credit_session(store, SESSION, SPEND.holds, "in-flight", 10)
 
-    assert (await store.credit_state(SPEND)).held == 0
-    assert (await store.spend_credit_session(spend(1, "after"), [])).outcome is SessionSpent.UNKNOWN
-    assert await store.revoke_credit_session(SESSION) is None
+    assert (await credit_state(store, SPEND)).held == 0
+    assert (await spend_credit_session(store, spend(1, "after"), [])).outcome is SessionSpent.UNKNOWN
+    assert await revoke_credit_session(store, SESSION) is None
 
 
 async def test_a_held_session_call_is_taken_like_any_credit_hold(store: Store) -> None:
     await top_up(store, 100)
-    await store.open_credit_session(SESSION, "spend", 50, 60_000)
-    assert (await store.spend_credit_session(spend(30, "served"), [])).outcome is SessionSpent.SPENT
+    await open_credit_session(store, SESSION, "spend", 50, 60_000)
+    assert (await spend_credit_session(store, spend(30, "served"), [])).outcome is SessionSpent.SPENT
 
-    taken = await store.take_credit(SPEND, "served", 30)
+    taken = await take_credit(store, SPEND, "served", 30)
 
     assert taken is not None and (taken.balance, taken.held) == (70, 0)
-    assert await store.revoke_credit_session(SESSION) == CreditSessionState("spend", 50, 30)
+    assert await revoke_credit_session(store, SESSION) == CreditSessionState("spend", 50, 30)
 
 
 async def test_a_lapsed_balance_covers_no_session_call(store: Store) -> None:
     await top_up(store, 100, lapse_ms=150)
-    await store.open_credit_session(SESSION, "spend", 50, 60_000)
+    await open_credit_session(store, SESSION, "spend", 50, 60_000)
     await asyncio.sleep(0.3)
 
-    found = await store.spend_credit_session(spend(5), [])
+    found = await spend_credit_session(store, spend(5), [])
 
     assert found.outcome is SessionSpent.UNCOVERED
 

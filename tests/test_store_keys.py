@@ -1,8 +1,10 @@
 """One vocabulary of store keys: spelled in ``gateway/store/keys.py`` only, unchanged, and
-with no key that two families could both write.
+with no key that two families could both write; on a Redis Cluster, every key of the gateway's
+own state on one slot.
 
 The exact strings are pinned here on purpose: replicas of two releases share one store during a
-rolling deploy, so a key renamed by accident would let the new release miss the old one's claims.
+rolling deploy, so a key renamed by accident would let the new release miss the old one's claims
+(a rename on purpose comes with its upgrade: ``docs/store.md``).
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from redis.crc import key_slot
 
 from gateway.store import keys
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS_MODULE = ROOT / "gateway" / "store" / "keys.py"
-ROOTS = re.compile(r"x402gw:|x402:svm")
+ROOTS = re.compile(r"x402gw[}:]|x402:svm")
 DIGEST = "ab" * 32
 """A payment key / message hash: hex SHA-256, 64 characters, no colon."""
 
@@ -52,35 +55,35 @@ def test_the_scan_would_find_a_root_spelled_in_an_f_string() -> None:
 
 
 def test_the_key_strings_are_the_ones_a_running_store_holds() -> None:
-    assert keys.payment_claim(DIGEST) == f"x402gw:pay:{DIGEST}"
-    assert keys.pending_settlement(DIGEST) == f"x402gw:pending:{DIGEST}"
-    assert keys.delivery(DIGEST) == f"x402gw:delivered:{DIGEST}"
-    assert keys.payment_id("order-7") == "x402gw:pid:order-7"
-    assert keys.sign_in_nonce("n0nce") == "x402gw:siwx:n0nce"
-    assert keys.rate_bucket("das") == "x402gw:rl:das"
-    assert keys.rate_bucket("das", "203.0.113.7") == "x402gw:rl:das:203.0.113.7"
-    assert keys.rate_contention("tokens:ip") == "x402gw:rl-contended:tokens:ip"
+    assert keys.payment_claim(DIGEST) == f"{{x402gw}}:pay:{DIGEST}"
+    assert keys.pending_settlement(DIGEST) == f"{{x402gw}}:pending:{DIGEST}"
+    assert keys.delivery(DIGEST) == f"{{x402gw}}:delivered:{DIGEST}"
+    assert keys.payment_id("order-7") == "{x402gw}:pid:order-7"
+    assert keys.sign_in_nonce("n0nce") == "{x402gw}:siwx:n0nce"
+    assert keys.rate_bucket("das") == "{x402gw}:rl:das"
+    assert keys.rate_bucket("das", "203.0.113.7") == "{x402gw}:rl:das:203.0.113.7"
+    assert keys.rate_contention("tokens:ip") == "{x402gw}:rl-contended:tokens:ip"
     assert (
-        keys.limit_window("challenge:ip", "203.0.113.7", 1000) == "x402gw:rlw:challenge:ip:203.0.113.7:1000"
+        keys.limit_window("challenge:ip", "203.0.113.7", 1000) == "{x402gw}:rlw:challenge:ip:203.0.113.7:1000"
     )
-    assert keys.usage("getSlot", "paid") == "x402gw:usage:getSlot:paid"
-    assert keys.fee_guard_record("owner", "W") == "x402gw:fee-guard:settled:owner:W"
-    assert keys.fee_guard_cooldown("ip", "1.2.3.4") == "x402gw:fee-guard:cooling:ip:1.2.3.4"
-    assert keys.fee_guard_in_flight("account", "A") == "x402gw:fee-guard:in-flight:account:A"
-    assert keys.fee_guard_funds("A") == "x402gw:fee-guard:funds:A"
-    assert keys.facilitator_down("ours") == "x402gw:facilitator-down:ours"
-    assert keys.fee_payer("solana:x", "https://f.example") == "x402gw:fee-payer:solana:x:https://f.example"
-    assert keys.credit_balance("W1") == "x402gw:credit:W1"
-    assert keys.credit_holds("W1") == "x402gw:credit-holds:W1"
-    assert keys.credit_lapses() == "x402gw:credit-lapses"
-    assert keys.credit_lapsed() == "x402gw:credit-lapsed"
-    assert keys.credit_sweep() == "x402gw:credit-sweep"
-    assert keys.ledger_mark() == "x402gw:ledger-mark"
-    assert keys.ledger_restore() == "x402gw:ledger-restore"
-    assert keys.credit_call("W1", "n0nce") == "x402gw:credit-call:W1:n0nce"
-    assert keys.credit_session(DIGEST) == f"x402gw:credit-session:{DIGEST}"
-    assert keys.settlement(DIGEST) == f"x402:svm:settle:{DIGEST}"
-    assert keys.settlement_reported(keys.settlement(DIGEST)) == f"x402:svm:settle:{DIGEST}:done"
+    assert keys.usage("getSlot", "paid") == "{x402gw}:usage:getSlot:paid"
+    assert keys.fee_guard_record("owner", "W") == "{x402gw}:fee-guard:settled:owner:W"
+    assert keys.fee_guard_cooldown("ip", "1.2.3.4") == "{x402gw}:fee-guard:cooling:ip:1.2.3.4"
+    assert keys.fee_guard_in_flight("account", "A") == "{x402gw}:fee-guard:in-flight:account:A"
+    assert keys.fee_guard_funds("A") == "{x402gw}:fee-guard:funds:A"
+    assert keys.facilitator_down("ours") == "{x402gw}:facilitator-down:ours"
+    assert keys.fee_payer("solana:x", "https://f.example") == "{x402gw}:fee-payer:solana:x:https://f.example"
+    assert keys.credit_balance("W1") == "{x402gw}:credit:W1"
+    assert keys.credit_holds("W1") == "{x402gw}:credit-holds:W1"
+    assert keys.credit_lapses() == "{x402gw}:credit-lapses"
+    assert keys.credit_lapsed() == "{x402gw}:credit-lapsed"
+    assert keys.credit_sweep() == "{x402gw}:credit-sweep"
+    assert keys.ledger_mark() == "{x402gw}:ledger-mark"
+    assert keys.ledger_restore() == "{x402gw}:ledger-restore"
+    assert keys.credit_call("W1", "n0nce") == "{x402gw}:credit-call:W1:n0nce"
+    assert keys.credit_session(DIGEST) == f"{{x402gw}}:credit-session:{DIGEST}"
+    assert keys.settlement(DIGEST) == f"{{x402gw}}:svm:settle:{DIGEST}"
+    assert keys.settlement_reported(keys.settlement(DIGEST)) == f"{{x402gw}}:svm:settle:{DIGEST}:done"
 
 
 Family = Callable[..., str]
@@ -134,3 +137,15 @@ def test_a_settlement_and_its_reported_marker_never_share_a_key() -> None:
     assert ":" not in settled.removeprefix(head)
     assert ":" in reported.removeprefix(head)
     assert re.fullmatch(r"[0-9a-f]{64}", settled.removeprefix(head))
+
+
+def test_every_key_hashes_to_one_cluster_slot() -> None:
+    """Each script reads and writes several families at once (a claim: the payment's keys, its
+    buckets, a cool-down; a top-up: the payment's delivery, the wallet's credit, the lapse index,
+    the ledger mark; the internal facilitator: its settlement record with the fee guard's), and a
+    cluster runs a script only over keys of one slot. Whatever the arguments (braces in them
+    included: only the first tag counts), the slot is the same."""
+    slots = {key_slot(_sample(family).encode()) for family in keys.FAMILIES}
+    slots |= {key_slot(keys.rate_bucket("{other}", "{tag}").encode())}
+    slots |= {key_slot(keys.credit_call("{w}", "n").encode())}
+    assert slots == {key_slot(b"x402gw")}

@@ -22,6 +22,7 @@ from typing import Final
 
 from gateway.background import cancel_and_wait
 from gateway.store import Store, StoreUnavailable, keys
+from gateway.store.limits import check_then_limit
 
 DOWN_S: Final = 30.0
 """How long a down mark lives unless a failing probe renews it."""
@@ -85,7 +86,7 @@ class FacilitatorHealth:
         marks = [keys.facilitator_down(name) for name in self.names]
         self._fresh.clear()
         with contextlib.suppress(StoreUnavailable):
-            values = (await self.store.check_then_limit(marks, [])).values
+            values = (await check_then_limit(self.store, marks, [])).values
             found = {name for name, value in zip(self.names, values, strict=True) if value}
             self._down = found | self._fresh
 

@@ -131,7 +131,11 @@ class Journal:
             pool = await asyncpg.create_pool(
                 # No connection floor: asyncpg's background floor upkeep races acquirers while the
                 # database refuses connections; connections open on demand instead.
-                url, min_size=0, max_size=max_connections, timeout=timeout_s, command_timeout=timeout_s
+                url,
+                min_size=0,
+                max_size=max_connections,
+                timeout=timeout_s,
+                command_timeout=timeout_s,
             )
         except _DATABASE_ERRORS as failed:
             raise LedgerUnavailable(f"ledger database unavailable: {type(failed).__name__}") from None

@@ -38,6 +38,8 @@ from gateway.methods.credit.book import credit_account
 from gateway.methods.exact.ledger import PENDING_TTL_MS, DeliveredRecord
 from gateway.store import Store, StoreUnavailable, keys
 from gateway.store.base import POSITION_TTL_MS
+from gateway.store.claims import release
+from gateway.store.credit import restore_credit
 from gateway.telemetry.logs import log_event
 
 CHECK_INTERVAL_S = 5.0
@@ -111,7 +113,7 @@ class StoreRestorer:
             return True
         finally:
             with contextlib.suppress(StoreUnavailable):
-                await self.store.release(keys.ledger_restore(), token)
+                await release(self.store, keys.ledger_restore(), token)
 
     async def restore(self) -> int:
         """Every wallet the ledger knows set to what it is owed; recent top-ups marked delivered;
@@ -120,7 +122,8 @@ class StoreRestorer:
         owed = await self.journal.owed_since_top_ups()
         for wallet in owed:
             lapse_at = (wallet.last_top_up_ms or now) + self.lapse_ms
-            await self.store.restore_credit(
+            await restore_credit(
+                self.store,
                 credit_account(wallet.wallet),
                 wallet.owed_micro,
                 lapse_at,

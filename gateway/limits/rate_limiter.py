@@ -38,6 +38,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.limits.synced import SyncedWindowLimit
 from gateway.routing.routes import RateLimitSpec
 from gateway.store import Bucket, RateDecision, Share, Store, StoreUnavailable, keys
+from gateway.store.limits import check_then_limit
 from gateway.web.asgi import Scope
 from gateway.web.clientip import IPV6_PREFIX_LENGTH, client_ip, client_subject
 
@@ -177,7 +178,7 @@ class RateLimiter:
         429, or ``StoreUnavailable``."""
         if specs:
             plan = self.plan(specs)
-            limited = plan.refusal((await self.store.check_then_limit([], plan.buckets)).decisions)
+            limited = plan.refusal((await check_then_limit(self.store, [], plan.buckets)).decisions)
             if limited is not None:
                 raise limited.error
 

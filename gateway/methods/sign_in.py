@@ -47,6 +47,7 @@ from gateway.routing.routes import RateLimitSpec, RouteSpec
 from gateway.routing.validation import RequestValidator, ValidatedInput
 from gateway.routing.vocabulary import PAYMENT_METHODS, SIGN_IN_METHOD, AccessMode, Outcome
 from gateway.store import CreditHoldOrder, CreditState, Entry, Store, StoreUnavailable, keys
+from gateway.store.limits import check_then_limit
 from gateway.x402.headers import encode_header
 from gateway.x402.siwx import SiwxError, SiwxIssuer, SiwxReason, VerifiedSignIn
 
@@ -104,7 +105,7 @@ class SignInGate:
         if call is not None:
             checked.append(call.key)
             puts.append(call)
-        found = await self.store.check_then_limit(checked, plan.buckets, puts, hold)
+        found = await check_then_limit(self.store, checked, plan.buckets, puts, hold)
         if any(value is not None for value in found.values):
             return Replayed(found.values[1] if call is not None else None)
         limited = plan.refusal(found.decisions)

@@ -16,16 +16,16 @@ credit moved without the ledger (``--no-ledger``, a server that could not start,
 before the ledger), restoring from the ledger would take back credit bought since, or give back
 credit spent, so the ledger stays off for that state directory (:func:`unjournaled_credit`).
 
-Only the store's public interface is used: :class:`CreditKeepingStore` learns which wallets were
-ever credited from the credits it writes (a top-up's delivery, a restore), and reads each one's
-balance and time to lapse as the gateway does (``credit_state``).
+:class:`CreditKeepingStore` finds the wallets with credit in the lapse index (every top-up and
+every restore puts its wallet there, until its credit lapses), and reads each one's balance and
+time to lapse as the gateway does (``credit_state``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gateway.methods.credit.book import CreditBook, credit_account
 from gateway.sandbox.state import (
@@ -35,33 +35,25 @@ from gateway.sandbox.state import (
     read_credit,
     save_credit,
 )
-from gateway.store import Credit, CreditAccount, Entry
+from gateway.store import keys
+from gateway.store.claims import claim_then_put
+from gateway.store.credit import credit_state
 from gateway.store.memory import MemoryStore
 
 
 class CreditKeepingStore(MemoryStore):
-    """The memory store, knowing every wallet it ever credited (to save their credit on exit).
+    """The memory store, finding every wallet it holds credit for (to save their credit on exit).
 
     ``journaled``: a ledger records this store's credit movements."""
 
     def __init__(self, *, journaled: bool = False) -> None:
         super().__init__()
-        self.credited: set[str] = set()
         self.journaled = journaled
 
-    async def claim_then_put(
-        self, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
-    ) -> int:
-        done = await super().claim_then_put(claims, puts, credits)
-        if done == len(claims):
-            self.credited.update(credit.account.wallet for credit in credits)
-        return done
-
-    async def restore_credit(
-        self, account: CreditAccount, balance: int, lapse_at_ms: int, ttl_ms: int
-    ) -> None:
-        await super().restore_credit(account, balance, lapse_at_ms, ttl_ms)
-        self.credited.add(account.wallet)  # restored from the ledger: kept in the file too
+    async def credited(self) -> set[str]:
+        """Every wallet in the lapse index: credited by a top-up or restored, not lapsed since."""
+        wallets: Any = await self._call(self._redis.zrange(keys.credit_lapses(), 0, -1))
+        return {str(wallet) for wallet in wallets}
 
 
 def unjournaled_credit(state_dir: Path, ledger_dir: Path) -> bool:
@@ -77,8 +69,8 @@ async def snapshot_credit(store: CreditKeepingStore) -> CreditSnapshot:
     """Every credited wallet that still has credit, with when it lapses."""
     now_ms = int(time.time() * 1000)
     kept: dict[str, KeptCredit] = {}
-    for wallet in sorted(store.credited):
-        state = await store.credit_state(credit_account(wallet))
+    for wallet in sorted(await store.credited()):
+        state = await credit_state(store, credit_account(wallet))
         if state.balance > 0 and state.ttl_ms > 0:
             kept[wallet] = KeptCredit(balance=state.balance, lapses_at_ms=now_ms + state.ttl_ms)
     return CreditSnapshot(version=CREDIT_VERSION, wallets=kept, journaled=store.journaled)
@@ -96,7 +88,7 @@ async def restore_credit(
         if kept.balance <= 0 or left_ms <= 0:
             continue
         book = CreditBook(store, lapse_days=1, lapse_ms=left_ms, upstream_timeout_s=upstream_timeout_s)
-        await store.claim_then_put((), (), book.credits(wallet, kept.balance))
+        await claim_then_put(store, (), (), book.credits(wallet, kept.balance))
         restored += 1
     return restored
 

@@ -1,6 +1,7 @@
-"""The shared state store: one async interface, three backends picked by URL scheme.
+"""The shared state store: one async interface, four backends picked by URL scheme.
 
-The backends import only ``gateway.store.base``, so opening one here makes no import circle.
+The backends import only ``gateway.store.base`` and each other, so opening one here makes no
+import circle.
 """
 
 from gateway.store.base import (
@@ -16,6 +17,7 @@ from gateway.store.base import (
     LedgerPosition,
     Lookup,
     RateDecision,
+    Script,
     SessionLookup,
     SessionSpent,
     Share,
@@ -23,6 +25,7 @@ from gateway.store.base import (
     StoreUnavailable,
     TakeTooLate,
 )
+from gateway.store.cluster import CLUSTER_SCHEMES, parse_cluster_url
 
 __all__ = [
     "Bucket",
@@ -37,6 +40,7 @@ __all__ = [
     "LedgerPosition",
     "Lookup",
     "RateDecision",
+    "Script",
     "SessionLookup",
     "SessionSpent",
     "Share",
@@ -50,11 +54,21 @@ __all__ = [
 MEMORY_SCHEME = "memory://"
 REDIS_SCHEMES = ("redis://", "rediss://")
 UPSTASH_SCHEMES = ("https://", "http://")
-STORE_URL_PROBLEM = "STATE_STORE_REST_URL must start with https://, http://, redis://, rediss:// or memory://"
+STORE_URL_PROBLEM = (
+    "STATE_STORE_REST_URL must start with https://, http://, redis://, rediss:// or memory://, "
+    "or be redis+cluster:// (rediss+cluster://) followed by [[user]:password@]host:port[,host:port...]"
+)
 
 
 def known_store_url(url: str) -> bool:
-    """``url`` names a backend this gateway can open (empty: the in-process store)."""
+    """``url`` names a backend this gateway can open (empty: the in-process store); a cluster
+    URL must also name its nodes well."""
+    if url.startswith(CLUSTER_SCHEMES):
+        try:
+            parse_cluster_url(url)
+        except ValueError:
+            return False
+        return True
     return not url or url.startswith((MEMORY_SCHEME, *REDIS_SCHEMES, *UPSTASH_SCHEMES))
 
 
@@ -67,12 +81,17 @@ def open_store(url: str | None, token: str | None) -> Store:
     """Pick the backend by the scheme of ``STATE_STORE_REST_URL``.
 
     ``https://`` / ``http://``: Upstash REST; ``redis://`` / ``rediss://``: Redis protocol;
-    unset or ``memory://``: the in-process store (one process only).
+    ``redis+cluster://`` / ``rediss+cluster://``: a Redis Cluster, by its startup nodes; unset or
+    ``memory://``: the in-process store (one process only).
     """
     if not url or not shared_store_url(url):
         from gateway.store.memory import MemoryStore
 
         return MemoryStore()
+    if url.startswith(CLUSTER_SCHEMES):
+        from gateway.store.cluster import RedisClusterStore
+
+        return RedisClusterStore(url)
     if url.startswith(REDIS_SCHEMES):
         from gateway.store.redis import RedisStore
 

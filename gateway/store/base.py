@@ -1,29 +1,33 @@
-"""The store protocol every backend implements (``gateway.store`` opens one by URL).
+"""The store protocol every backend implements (``gateway.store`` opens one by URL), and the
+shapes its domains' scripts speak.
 
-Semantics are shared by all backends and pinned by ``tests/test_store_contract.py``:
+The protocol is primitives plus one script runner (``run``). Semantics are shared by all
+backends, which run the very same scripts, and pinned by ``tests/test_store_contract.py``:
 
 * ``claim`` is an atomic set-if-absent with a TTL: exactly one caller wins, across processes.
 * ``add_counts`` adds to expiring counters and reads their totals back in one round trip; the
   locally decided limits exchange their counts with it.
-* ``check_then_limit`` and ``claim_then_put`` run a payment's store work in one round trip each
-  (what it must not find, then its buckets, then its claims; once settled, its delivery claim,
-  then its records), atomically; ``undo_claim`` takes back a claim whose payment was refused,
-  with the shared spends it made and the refusal it costs, in one round trip too.
-* Prepaid credit is a wallet's balance counter plus holds against it (``hold_credit``, or a
-  ``CreditHoldOrder`` made by ``check_then_limit`` with its other checks; ``take_credit``,
-  ``credit_state``); a top-up is a ``Credit`` written by ``claim_then_put`` once its payment's
-  claim is won, so a replayed top-up credits nothing. The balance is the operator's liability:
-  every change is one atomic step on the store's clock, and no take overdraws it. Each top-up
-  also records when the balance lapses in a lapse index; past that time the balance spends as
-  nothing, and ``lapse_credit`` takes it out of the books (``due_lapses`` finds the wallets due,
-  ``drain_lapsed`` what top-ups found lapsed), so every lapse can be counted.
+* ``gateway.store.limits``: ``check_then_limit`` and ``gateway.store.claims``: ``claim_then_put``
+  run a payment's store work in one round trip each (what it must not find, then its buckets,
+  then its claims; once settled, its delivery claim, then its records), atomically;
+  ``undo_claim`` takes back a claim whose payment was refused, with the shared spends it made
+  and the refusal it costs, in one round trip too. ``gateway.store.holds``: capped holds.
+* ``gateway.store.credit``: prepaid credit is a wallet's balance counter plus holds against it
+  (``hold_credit``, or a ``CreditHoldOrder`` made by ``check_then_limit`` with its other checks;
+  ``take_credit``, ``credit_state``); a top-up is a ``Credit`` written by ``claim_then_put`` once
+  its payment's claim is won, so a replayed top-up credits nothing. The balance is the
+  operator's liability: every change is one atomic step on the store's clock, and no take
+  overdraws it. Each top-up also records when the balance lapses in a lapse index; past that
+  time the balance spends as nothing, and ``lapse_credit`` takes it out of the books
+  (``due_lapses`` finds the wallets due, ``drain_lapsed`` what top-ups found lapsed), so every
+  lapse can be counted.
 * A credit session is a hash of its wallet, the cap the wallet signed and the credit spent under
   it so far (``open_credit_session``); ``spend_credit_session`` is a credit hold that also
   checks the session is live, that its cap less what it spent covers the amount, and the route's
   buckets, then adds the amount to what it spent, in one atomic step; ``refund_credit_session``
   drops a hold and gives its amount back to the session; ``revoke_credit_session`` ends it.
-* ``rate_limit`` is GCRA: up to ``limit`` requests in any ``period_ms`` window, with the
-  allowance refilling evenly; one atomic decision per call, using the store's clock so that
+* A rate limit is GCRA: up to ``limit`` requests in any ``period_ms`` window, with the
+  allowance refilling evenly; one atomic decision per bucket, using the store's clock so that
   many gateway processes share one bucket exactly.
 * Every failure to reach the backend raises :class:`StoreUnavailable`, so callers fail closed.
 """
@@ -31,10 +35,24 @@ Semantics are shared by all backends and pinned by ``tests/test_store_contract.p
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A Lua script a backend runs atomically (:meth:`Store.run`): sent by its SHA-1 once the
+    server has it, by its source the first time."""
+
+    source: str
+    sha1: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha1", hashlib.sha1(self.source.encode()).hexdigest())
 
 
 class StoreUnavailable(Exception):
@@ -287,7 +305,10 @@ class Lookup(msgspec.Struct, frozen=True):
 
 
 class Store(Protocol):
-    """Shared state: replay claims, cached values, rate limits and counters."""
+    """Shared state: a handful of primitives and one script runner. What the gateway's domains
+    do with it (claims guarded by rate limits, holds, prepaid credit, credit sessions) is their
+    scripts, run through :meth:`run`: ``gateway.store.limits``, ``.claims``, ``.holds`` and
+    ``.credit`` each own theirs."""
 
     timeout_s: float | None
     """How long the client waits for one command before it raises ``StoreUnavailable`` (None:
@@ -302,140 +323,15 @@ class Store(Protocol):
     async def put(self, key: str, value: str, ttl_ms: int) -> None:
         """Set ``key`` unconditionally with a TTL."""
 
-    async def check_then_limit(
-        self,
-        keys: Sequence[str],
-        buckets: Sequence[Bucket],
-        puts: Sequence[Entry] = (),
-        hold: CreditHoldOrder | None = None,
-    ) -> Lookup:
-        """Atomically, in one round trip: the values at ``keys``; only when every one is absent
-        (and, with a ``hold``, only when the account's free credit covers it, as ``hold_credit``
-        decides), one GCRA decision per bucket in order, stopping at the first refusal (so
-        nothing already used, and no later bucket, is charged for a request that will be
-        refused); and only when every bucket allowed it too, write every put and make the hold.
-        A put on a checked key is therefore a claim: exactly one of many concurrent callers
-        writes it. Credit that does not cover the hold leaves ``written`` false with no decision
-        and nothing changed (lapsed holds aside, forgotten)."""
-
-    async def claim_then_put(
-        self, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
-    ) -> int:
-        """Atomically, in one round trip: set-if-absent each claim in order, stopping at the first
-        key that exists; only when all were set, write every put and add every credit. A credit
-        renews its balance: the wallet's lapse time in the index moves to ``lapse_ms`` from now,
-        and the counter's TTL to that plus ``grace_ms``; a balance already past its lapse time is
-        lapsed first (it, and its holds, are deleted and its amount added to the account's
-        ``lapsed`` for the sweeper to count), so a late top-up never revives lapsed credit.
-        Returns how many claims were set (``len(claims)``: all of them, and the puts and credits
-        were written)."""
-
-    async def release(self, key: str, token: str) -> bool:
-        """Delete ``key`` only while it still holds ``token``; True when this call deleted it. A
-        lock is released by its holder only, never by a former holder after it expired and
-        another took it."""
-
-    async def undo_claim(
-        self, entries: Sequence[Entry], refunds: Sequence[Bucket] = (), debts: Sequence[Bucket] = ()
-    ) -> None:
-        """Atomically, in one round trip: delete each entry's key while it still holds the entry's
-        value; hand one request back to each ``refunds`` bucket (a spend that turned out not to be
-        owed); charge each ``debts`` bucket one request even past its limit, so a burst that slipped
-        past a guard is paid for by a longer wait, never forgiven."""
-
-    async def hold(self, holds: Sequence[Hold], token: str, ttl_ms: int) -> bool:
-        """Atomically, in one round trip: forget the lapsed holds at each key; only when every
-        key's live holds plus the new amount fit its cap, add a hold of that amount under
-        ``token`` at every key, lapsing ``ttl_ms`` from now (so a holder that dies frees it by
-        itself), and answer True; else change nothing and answer False."""
-
-    async def unhold(self, keys: Sequence[str], token: str) -> None:
-        """Drop ``token``'s hold at each key (one round trip; absent holds are ignored)."""
-
-    async def hold_credit(
-        self, account: CreditAccount, amount: int, token: str, ttl_ms: int
-    ) -> CreditState | None:
-        """Atomically, in one round trip: forget the lapsed holds of ``account``; only when the
-        balance less the other live holds covers ``amount``, hold it under ``token`` (replacing
-        that token's own hold), lapsing ``ttl_ms`` from now on the store's clock, and answer the
-        state after the hold (``held`` includes it); else change nothing and answer None. The
-        holds never add up to more than the balance, however many callers race; a balance past
-        its lapse time covers nothing. ``unhold`` releases a credit hold like any other. This is
-        ``check_then_limit`` with nothing else to check."""
-
-    async def take_credit(
-        self,
-        account: CreditAccount,
-        token: str,
-        amount: int,
-        not_after_us: int | None = None,
-        keep: Sequence[Entry] = (),
-    ) -> CreditState | None:
-        """Atomically, in one round trip, and only while the store's clock is at most
-        ``not_after_us`` (else nothing changes and :class:`TakeTooLate` is raised, so a take that
-        waited out a stalled store never lands after its caller gave up): take ``amount`` from
-        the balance (keeping its lapse and TTL) only when the balance less the other live holds
-        covers it, dropping ``token``'s hold if it is live, and answer the state after; else take
-        nothing and answer None. A lapsed or never made hold takes only what is still free, so a
-        take never overdraws the balance nor eats into another caller's hold; a balance past its
-        lapse time has nothing to take. A taken hold leaves a mark until it would have lapsed: a
-        repeated take of the token meanwhile takes nothing (None). Every ``keep`` entry is
-        written in the same step, exactly when the take takes (a call's answer, kept for its
-        retries: a take without its kept answer cannot happen, nor a kept answer never paid)."""
-
-    async def open_credit_session(self, key: str, wallet: str, cap: int, ttl_ms: int) -> None:
-        """Write the credit session at ``key``: ``wallet``, its signed ``cap`` and nothing spent,
-        deleted ``ttl_ms`` from now (one atomic round trip)."""
-
-    async def spend_credit_session(
-        self, spend: CreditSessionSpend, buckets: Sequence[Bucket]
-    ) -> SessionLookup:
-        """Atomically, in one round trip: the session at ``spend.session`` live and the hold's
-        wallet's (else ``UNKNOWN``), its cap less what it spent covering the amount (else ``CAP``),
-        the wallet's free credit covering it as ``hold_credit`` decides (else ``UNCOVERED``), then
-        one GCRA decision per bucket in order, stopping at the first refusal (``LIMITED``); and
-        only when all allowed it, add the amount to the session's spent total and make the hold
-        (``SPENT``). Every refusal changes nothing (lapsed holds aside, forgotten), so concurrent
-        calls on one session never spend more than its cap."""
-
-    async def refund_credit_session(self, key: str, holds: str, token: str, amount: int) -> None:
-        """Atomically, in one round trip: drop ``token``'s hold at ``holds`` and, while the
-        session at ``key`` is live, take ``amount`` off what it spent (never below 0): a call that
-        took nothing gives its share of the cap back."""
-
-    async def revoke_credit_session(self, key: str) -> CreditSessionState | None:
-        """Atomically, in one round trip: delete the session at ``key`` and answer what it was
-        (its spent total counts the calls still in flight); None when there was none live."""
-
-    async def credit_state(self, account: CreditAccount) -> CreditState:
-        """In one round trip: the balance (0 past its lapse time), the sum of the live holds and
-        the time left until the balance lapses."""
-
-    async def due_lapses(self, lapses: str, limit: int) -> list[str]:
-        """The wallets of the lapse index at ``lapses`` whose lapse time has passed on the
-        store's clock, the longest due first, at most ``limit``."""
-
-    async def lapse_credit(self, account: CreditAccount) -> int | None:
-        """Atomically, in one round trip: when the wallet's lapse time (read now: a top-up may
-        have moved it) has passed, delete its balance and holds, drop it from the index and
-        answer the balance it had (0 when none was left); else change nothing and answer None.
-        Each lapse is answered once, however many sweepers race."""
-
-    async def restore_credit(
-        self, account: CreditAccount, balance: int, lapse_at_ms: int, ttl_ms: int
-    ) -> None:
-        """Atomically, in one round trip: set the wallet's balance to exactly ``balance`` (the
-        ledger's word, after the store lost data), lapsing at ``lapse_at_ms`` (Unix ms), its key
-        living ``ttl_ms``; its holds are dropped. A balance of 0 deletes the balance and its
-        lapse."""
-
-    async def drain_lapsed(self, lapsed: str) -> dict[str, int]:
-        """Atomically, in one round trip: the credit top-ups found lapsed (``lapsed`` of their
-        accounts), by wallet, deleted as it is read, so each amount is answered once."""
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> object:
+        """Run ``script`` over ``keys`` with ``args`` atomically, in one round trip, and answer its
+        reply as the server gave it (decoded text, integers, nested lists; an error reply raises
+        ``StoreUnavailable``). Every key must share one hash slot (on a cluster: one tag)."""
 
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         """Add each delta to its counter (no TTL) and return every counter's new value: one
-        round trip, all or none (a transaction), for any number of counters."""
+        round trip, all or none (a transaction; on a cluster each counter on its own), for any
+        number of counters."""
 
     async def counters(self, keys: list[str]) -> dict[str, int]:
         """Current values of the counters at ``keys`` (absent counters are 0)."""

@@ -1,15 +1,21 @@
 """Every key the gateway keeps in the shared store, spelled here and nowhere else.
 
-Keys live under two roots, both kept as they were first written: replicas of two releases share
-one store during a rolling deploy, so a renamed key would make the new release blind to the old
-one's claims (a payment claimed under the old name could be claimed again under the new). The
-gateway's own state is under ``x402gw:``; the internal facilitator's settlement records are
-under ``x402:svm:`` (named after the exact-SVM scheme it settles). No family's head is the
-start of another's, so no two families can share a key; the one exception is a settlement's
-``:done`` marker, told apart from the settlement by its tail behind a fixed-length digest
-(``tests/test_store_keys.py`` checks both).
+Every key begins ``{x402gw}:``: the braces make ``x402gw`` every key's hash tag, so on a Redis
+Cluster all of them hash to one slot and every script, which reads and writes several of them
+in one atomic step, runs on one node as it does on a single Redis (``docs/store.md``: the
+invariants, the cost, and the way on to sharding them). The gateway's own state is right under
+it; the internal facilitator's settlement records under ``{x402gw}:svm:`` (named after the
+exact-SVM scheme it settles; it reads them in one step with the fee guard's keys). No family's
+head is the start of another's, so no two families can share a key; the one exception is a
+settlement's ``:done`` marker, told apart from the settlement by its tail behind a fixed-length
+digest (``tests/test_store_keys.py`` checks both).
 
-Under ``x402gw:``, the gateway's own state:
+A key's name is part of the store's format: replicas of two releases that name a family
+differently do not see each other's claims, buckets or credit (a payment claimed under the old
+name could be claimed again under the new). The release that added the hash tag therefore
+needs the upgrade ``docs/store.md`` describes, not a rolling deploy.
+
+Under ``{x402gw}:``, the gateway's own state:
 
 ===================  ===============================  ==========================  ==========================
 function             key                              value                       lives
@@ -41,7 +47,7 @@ credit_call          credit-call:{wallet}:{call id}   call, its answer (JSON)   
 credit_session       credit-session:{token digest}    wallet, cap, spent (hash)   the session's lifetime
 ===================  ===============================  ==========================  ==========================
 
-Under ``x402:svm:``, the internal facilitator's:
+Under ``{x402gw}:svm:``, the internal facilitator's:
 
 ===================  ===============================  ==========================  ==========================
 function             key                              value                       lives
@@ -60,8 +66,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Final
 
-_GATEWAY: Final = "x402gw:"
-_FACILITATOR: Final = "x402:svm:"
+_GATEWAY: Final = "{x402gw}:"
+_FACILITATOR: Final = _GATEWAY + "svm:"
+LEGACY_ROOTS: Final = {"x402gw:": _GATEWAY, "x402:svm:": _FACILITATOR}
+"""The roots before the hash tag, each with the root that replaced it: nothing writes under them;
+``gateway.store.migrate`` renames what a store still holds there (the rest of each key is
+unchanged)."""
 
 PAYMENT_CLAIM: Final = _GATEWAY + "pay:"
 PENDING_SETTLEMENT: Final = _GATEWAY + "pending:"

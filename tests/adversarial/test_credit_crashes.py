@@ -43,11 +43,13 @@ from tests.support.adversarial_credit import (
 from tests.support.adversarial_paid import Money
 from tests.support.paid_fixtures import MARKER, PROVIDER_ANSWER, PaidGateway
 from tests.support.paid_processes import PaidProcesses, eventually, paid_processes
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.redis_server import RedisServer
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream, static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
+redis_url = on_redis_and_cluster()
 
 BASE_URL = "http://gateway.credit.test"
 """GATEWAY_BASE_URL of every replica: the public address clients sign for, not a replica's own."""

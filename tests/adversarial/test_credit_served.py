@@ -47,10 +47,12 @@ from tests.support.paid_fixtures import (
     Reply,
     assert_challenge,
 )
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream, static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
+redis_url = on_redis_and_cluster()
 
 UPSTREAM_TIMEOUT_S = 1.5
 """Long enough for 100 calls at once on a loaded 2-core runner (0.5 s timed one out in CI)."""

@@ -23,7 +23,7 @@ from tests.support.paid_fixtures import (
 from tests.support.paid_processes import eventually
 from tests.support.redis_server import RedisServer
 
-FEE_PAYER_KEYS = "x402gw:fee-payer:*"
+FEE_PAYER_KEYS = "{x402gw}:fee-payer:*"
 
 
 def advertised_fee_payer(paid: PaidGateway, reply: Reply) -> str:

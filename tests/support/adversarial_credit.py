@@ -38,15 +38,14 @@ import aiohttp
 import msgspec
 import pytest
 import pytest_asyncio
-import redis.asyncio as aioredis
 from solders.keypair import Keypair
 from solders.pubkey import Pubkey
 
 from client.siwx_signer import sign_in
 from client.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
 from gateway.methods.credit.book import Balance, CreditBook
-from gateway.store import Entry, Store, keys
-from gateway.store.redis import RedisStore
+from gateway.store import Entry, Store, keys, open_store
+from gateway.store.claims import claim_then_put
 from gateway.x402.headers import encode_header
 from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, Money, funded_wallet
@@ -60,6 +59,7 @@ from tests.support.paid_fixtures import (
     paid_env,
 )
 from tests.support.paid_processes import PaidProcesses, paid_processes
+from tests.support.redis_cluster import raw_client
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, setup_usdc_chain
 from tests.support.upstream import Upstream, static
 
@@ -153,7 +153,7 @@ def answering(provider: Upstream) -> Upstream:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def store(redis_url: str) -> AsyncIterator[Store]:
-    redis = RedisStore(redis_url)
+    redis = open_store(redis_url, None)
     yield redis
     await redis.close()
 
@@ -221,8 +221,8 @@ def book(store: Store, upstream_timeout_s: float = 15.0) -> CreditBook:
 async def fund(store: Store, wallet: Keypair | str, amount: int) -> None:
     """Credit ``wallet`` with ``amount`` the way a top-up's delivery does (one claim, one credit)."""
     address = wallet if isinstance(wallet, str) else str(wallet.pubkey())
-    claim = Entry(f"test-fund-{secrets.token_hex(8)}", "1", 60_000)
-    assert await store.claim_then_put([claim], [], book(store).credits(address, amount)) == 1
+    claim = Entry(keys.delivery(secrets.token_hex(32)), "1", 60_000)
+    assert await claim_then_put(store, [claim], [], book(store).credits(address, amount)) == 1
 
 
 async def credit_of(store: Store, wallet: Keypair) -> Balance:
@@ -240,7 +240,7 @@ class HeldCredit:
 async def hold_fields(redis_url: str, wallet: Keypair) -> tuple[list[HeldCredit], int, int]:
     """The live holds of ``wallet`` (neither lapsed nor taken), the hold set's PTTL in ms and
     Redis's clock in microseconds."""
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    client = raw_client(redis_url)
     try:
         key = keys.credit_holds(str(wallet.pubkey()))
         fields: dict[str, str] = await client.hgetall(key)

@@ -1,4 +1,5 @@
-"""Pytest plugin: one real Redis-protocol server per test session, and Upstash REST in front of it.
+"""Pytest plugin: one real Redis-protocol server per test session, Upstash REST in front of it, and
+a real 3-master Redis Cluster for the tests that ask for one.
 
 ``$REDIS_URL`` (a disposable database: tests flush it) replaces the local server, e.g. in CI
 with a Redis service container.
@@ -9,11 +10,12 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
-import redis
 
+from tests.support.redis_cluster import flush, start_redis_cluster
 from tests.support.redis_server import RedisServer, start_redis_server
 from tests.support.upstash_rest import UpstashRestServer
 
@@ -38,9 +40,9 @@ def private_redis() -> Iterator[RedisServer]:
 
 @pytest.fixture
 def clean_redis_url(redis_url: str) -> str:
-    """``redis_url`` after FLUSHDB, for tests that must not see another test's keys."""
-    with redis.Redis.from_url(redis_url) as client:
-        client.flushdb()
+    """``redis_url`` after FLUSHDB (every node's FLUSHALL where a module runs on the cluster), for
+    tests that must not see another test's keys."""
+    flush(redis_url)
     return redis_url
 
 
@@ -52,3 +54,31 @@ async def upstash_url_and_token(redis_url: str) -> AsyncIterator[tuple[str, str]
     url = await server.start()
     yield url, token
     await server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """``redis+cluster://`` URL of a 3-master cluster on loopback that lives for the whole session
+    (started on first use: some 3 s while the nodes agree on the slots)."""
+    with start_redis_cluster() as cluster:
+        yield cluster.url
+
+
+@pytest.fixture
+def clean_cluster_url(redis_cluster_url: str) -> str:
+    """``redis_cluster_url`` after FLUSHALL on every node."""
+    flush(redis_cluster_url)
+    return redis_cluster_url
+
+
+def on_redis_and_cluster() -> Any:
+    """A module's ``redis_url`` for its money tests: single-node Redis, then the 3-master cluster
+    (``redis_url = on_redis_and_cluster()`` in the module). Every test of the module runs on both,
+    the module's gateways started once per store; only the money-critical modules do this, so
+    the suite pays for the cluster where an invariant could break on it."""
+
+    @pytest.fixture(scope="module", params=["redis", "cluster"], name="redis_url")
+    def module_redis_url(request: pytest.FixtureRequest, redis_url: str) -> str:
+        return redis_url if request.param == "redis" else str(request.getfixturevalue("redis_cluster_url"))
+
+    return module_redis_url

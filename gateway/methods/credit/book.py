@@ -36,6 +36,8 @@ from gateway.store import (
     Store,
     keys,
 )
+from gateway.store.credit import credit_state, hold_credit, take_credit
+from gateway.store.holds import unhold
 from gateway.telemetry.logs import log_event
 
 if TYPE_CHECKING:
@@ -136,7 +138,7 @@ class CreditBook:
     async def hold(self, wallet: str, amount: int) -> CreditHold | None:
         """Hold ``amount`` of ``wallet``'s credit; None when its free credit does not cover it."""
         order = self.order(wallet, amount)
-        state = await self.store.hold_credit(order.account, order.amount, order.token, order.ttl_ms)
+        state = await hold_credit(self.store, order.account, order.amount, order.token, order.ttl_ms)
         return None if state is None else self.held(order, state)
 
     async def take(self, hold: CreditHold, keep: Sequence[Entry] = ()) -> Balance | None:
@@ -157,15 +159,15 @@ class CreditBook:
         elapsed_us = int((time.monotonic() - hold.local_clock_s) * 1_000_000)
         not_after = hold.store_clock_us + elapsed_us + window_us
         account = credit_account(hold.wallet)
-        state = await self.store.take_credit(account, hold.token, hold.amount, not_after, keep)
+        state = await take_credit(self.store, account, hold.token, hold.amount, not_after, keep)
         return self._balance(hold.wallet, state) if state is not None else None
 
     async def release(self, hold: CreditHold) -> None:
         """Give the held amount back (the provider failed): nothing is taken."""
-        await self.store.unhold([keys.credit_holds(hold.wallet)], hold.token)
+        await unhold(self.store, [keys.credit_holds(hold.wallet)], hold.token)
 
     async def balance(self, wallet: str) -> Balance:
-        state = await self.store.credit_state(credit_account(wallet))
+        state = await credit_state(self.store, credit_account(wallet))
         return self._balance(wallet, state)
 
     def _balance(self, wallet: str, state: CreditState) -> Balance:

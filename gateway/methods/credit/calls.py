@@ -8,8 +8,8 @@ it paid for, and nothing may be taken twice, as with an exact payment's delivery
 * **in flight**: written with the call's admission, in the same store step that holds its price
   (and, for a sign-in, uses its nonce), so of two identical requests only one is admitted; it
   lives as long as the hold (a process that dies mid-call leaves nothing for longer);
-* **answered**: written by the take itself (``Store.take_credit``'s ``keep``), so an answer is
-  kept exactly when its price was taken; it holds the answer (up to
+* **answered**: written by the take itself (``take_credit``'s ``keep``, ``gateway.store.credit``),
+  so an answer is kept exactly when its price was taken; it holds the answer (up to
   :data:`~gateway.methods.exact.ledger.ANSWER_CAP_BYTES`) for as long as a retry could still present
   the call's credential (a sign-in: until it stops verifying), at most
   :data:`~gateway.methods.exact.ledger.ANSWER_TTL_MS`. Calls on credit are cheap, so nothing is

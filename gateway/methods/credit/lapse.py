@@ -28,6 +28,8 @@ from gateway.ledger.recorder import MoneyRecorder
 from gateway.methods.credit.book import credit_account
 from gateway.methods.credit.metrics import CREDIT_LAPSED
 from gateway.store import Store, StoreUnavailable, keys
+from gateway.store.claims import release
+from gateway.store.credit import drain_lapsed, due_lapses, lapse_credit
 from gateway.telemetry.logs import log_event
 
 SWEEP_INTERVAL_S = 60.0
@@ -61,16 +63,16 @@ class CreditSweeper:
             return 0
         try:
             lapsed = 0
-            for wallet, amount in (await self.store.drain_lapsed(keys.credit_lapsed())).items():
+            for wallet, amount in (await drain_lapsed(self.store, keys.credit_lapsed())).items():
                 lapsed += self._lapsed(wallet, amount)
-            for wallet in await self.store.due_lapses(keys.credit_lapses(), self.batch):
-                swept = await self.store.lapse_credit(credit_account(wallet))
+            for wallet in await due_lapses(self.store, keys.credit_lapses(), self.batch):
+                swept = await lapse_credit(self.store, credit_account(wallet))
                 if swept is not None:  # None: a top-up moved its lapse since it was listed
                     lapsed += self._lapsed(wallet, swept)
             return lapsed
         finally:
             with contextlib.suppress(StoreUnavailable):
-                await self.store.release(keys.credit_sweep(), token)
+                await release(self.store, keys.credit_sweep(), token)
 
     def _lapsed(self, wallet: str, amount: int) -> int:
         """Book one lapse: its log line, its count and its ledger entry (a lapse of nothing is

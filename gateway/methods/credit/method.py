@@ -165,6 +165,7 @@ class CreditMethod:
                 return InProgress("the call made with this sign-in is still being answered; retry it")
             case NotAgain(message=message):
                 return Refused(SiwxReason.REPLAYED.value, message, wallet)
+
     async def _check_session(self, incoming: Incoming) -> Checked[CreditHold]:
         """A call on a credit session: the body first (400 spends nothing), then one store round
         trip holds the price within the session's cap, the wallet's credit and the buckets."""

@@ -6,7 +6,7 @@ travel in the query of the sign-in's resource URL (``?capMicroUsdc=N&ttlSeconds=
 wallet signs and the challenge's nonce is keyed to, so neither can be changed after signing; the
 challenge's statement names both. A call then carries the token in ``X-CREDIT-SESSION`` instead
 of a fresh sign-in: no 402, no signature, and one store round trip before the provider
-(:meth:`gateway.store.Store.spend_credit_session`: the session live, its cap less what it spent
+(:func:`gateway.store.credit.spend_credit_session`: the session live, its cap less what it spent
 covering the price, the wallet's free credit covering it, the route's buckets, then the spend
 counted and the price held). The hold is taken once the provider answered, as any credit hold;
 a call that took nothing gives its share of the cap back.
@@ -38,6 +38,12 @@ from gateway.methods.credit.book import CreditBook, CreditHold
 from gateway.routing.routes import RateLimitSpec
 from gateway.routing.vocabulary import CREDIT_SESSION
 from gateway.store import CreditSessionSpend, CreditSessionState, SessionSpent, Store, keys
+from gateway.store.credit import (
+    open_credit_session,
+    refund_credit_session,
+    revoke_credit_session,
+    spend_credit_session,
+)
 from gateway.x402.headers import HeaderError, decode_header
 from gateway.x402.siwx import EXTENSION_KEY
 from gateway.x402.types import PaymentRequired, SiwxPayload
@@ -161,14 +167,14 @@ class CreditSessions:
 
     async def open(self, wallet: str, cap: int, lifetime_s: int) -> OpenedSession:
         token = new_token(wallet)
-        await self.store.open_credit_session(self.key(token), wallet, cap, lifetime_s * 1000)
+        await open_credit_session(self.store, self.key(token), wallet, cap, lifetime_s * 1000)
         return OpenedSession(token, wallet, cap, int(time.time()) + lifetime_s)
 
     async def revoke(self, token: str) -> CreditSessionState | None:
         """End the session of ``token`` (None: there was none live); calls in flight finish."""
         if token_wallet(token) is None:
             return None
-        return await self.store.revoke_credit_session(self.key(token))
+        return await revoke_credit_session(self.store, self.key(token))
 
     async def spend(
         self,
@@ -183,7 +189,7 @@ class CreditSessions:
         order = self.book.order(wallet, amount)
         plan = limiter.plan(limits, wallet=wallet, ip=client_ip)
         session = self.key(token)
-        found = await self.store.spend_credit_session(CreditSessionSpend(session, order), plan.buckets)
+        found = await spend_credit_session(self.store, CreditSessionSpend(session, order), plan.buckets)
         if found.outcome is SessionSpent.LIMITED:
             return SessionCall(found.outcome, limited=plan.refusal(found.decisions))
         if found.outcome is not SessionSpent.SPENT or found.held is None:
@@ -194,4 +200,4 @@ class CreditSessions:
     async def refund(self, hold: CreditHold) -> None:
         """The call took nothing: drop its hold and give its share of the cap back."""
         holds = keys.credit_holds(hold.wallet)
-        await self.store.refund_credit_session(hold.session, holds, hold.token, hold.amount)
+        await refund_credit_session(self.store, hold.session, holds, hold.token, hold.amount)

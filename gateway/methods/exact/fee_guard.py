@@ -42,6 +42,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.store import Entry, Hold, Store, keys
+from gateway.store.claims import claim_then_put
+from gateway.store.holds import hold, unhold
+from gateway.store.limits import check_then_limit
 
 PartyKind = Literal["owner", "account", "ip"]
 
@@ -141,7 +144,7 @@ class FeeGuard:
         everyone = [*parties, voucher] if voucher is not None else list(parties)
         n = len(everyone)
         read = [*also, *(p.cooldown_key for p in everyone), *(p.record_key for p in everyone)]
-        values = (await self.store.check_then_limit(read, [])).values
+        values = (await check_then_limit(self.store, read, [])).values
         first = len(also)
         found, cooldowns, records = values[:first], values[first : first + n], values[first + n :]
         counts = {p: _count(v) for p, v in zip(everyone, records, strict=True)}
@@ -163,7 +166,7 @@ class FeeGuard:
         holds = [Hold(p.in_flight_key, 1, self.allowance(standing.records.get(p, 0))) for p in parties]
         if funds is not None:
             holds.append(funds)
-        return await self.store.hold(holds, token, self.hold_ttl_ms)
+        return await hold(self.store, holds, token, self.hold_ttl_ms)
 
     async def take_turn(
         self,
@@ -195,7 +198,7 @@ class FeeGuard:
 
     async def leave(self, token: str, parties: Sequence[Party], funds: Hold | None = None) -> None:
         held = [p.in_flight_key for p in parties] + ([funds.key] if funds is not None else [])
-        await self.store.unhold(held, token)
+        await unhold(self.store, held, token)
 
     async def landed(self, parties: Sequence[Party], once: Counted | None = None) -> bool:
         """A settlement of theirs landed: their record grows (it counts for ``record_window_s``).
@@ -214,7 +217,7 @@ class FeeGuard:
         claims = [Entry(once.key, "1", COUNTED_TTL_MS)] if once is not None else []
         puts = [Entry(p.cooldown_key, "1", self.cooldown_ms) for p in parties]
         puts += [Entry(p.record_key, "0", self.record_window_ms) for p in parties]
-        return await self.store.claim_then_put(claims, puts) == len(claims)
+        return await claim_then_put(self.store, claims, puts) == len(claims)
 
 
 COUNTED_TTL_MS = 1_800_000

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 import msgspec
 
 from gateway.store import Bucket, Credit, Entry, RateDecision, Store, keys
+from gateway.store.claims import claim_then_put
+from gateway.store.limits import check_then_limit, undo_claim
 
 CLAIM_TTL_MS = 15 * 60 * 1000
 """Longer than any blockhash lives (about 60-90 s), so a claim outlives its payment."""
@@ -178,7 +180,7 @@ class PaymentLedger:
             entries.append(Entry(keys.payment_id(payment_id), record, PAYMENT_ID_TTL_MS))
             read.append(keys.payment_id(payment_id))
         read += blockers
-        found = await self.store.check_then_limit(read, buckets, entries)
+        found = await check_then_limit(self.store, read, buckets, entries)
         claim, pending, delivered = found.values[:3]
         raw_pid = found.values[3] if payment_id is not None else None
         blocked = any(v is not None for v in found.values[len(read) - len(blockers) :])
@@ -201,7 +203,7 @@ class PaymentLedger:
         is deleted only while it holds what this attempt wrote; in the same round trip the
         shared budgets it spent are handed back (``refunds``) and the refusal is charged
         (``debts``)."""
-        await self.store.undo_claim(attempt.entries, refunds, debts)
+        await undo_claim(self.store, attempt.entries, refunds, debts)
 
     async def record_pending(self, key: str, record: PendingSettlement) -> None:
         encoded = msgspec.json.encode(record).decode()
@@ -211,7 +213,7 @@ class PaymentLedger:
         """Whether a retry of the request with fingerprint ``fp`` is reconciling the payment
         (its intent marked ``retried``) or delivered it already: one round trip, reads only."""
         read = [keys.pending_settlement(key), keys.delivery(key)]
-        pending, delivered = (await self.store.check_then_limit(read, [])).values
+        pending, delivered = (await check_then_limit(self.store, read, [])).values
         if pending and self._pending.decode(pending).retried:
             return True
         return delivered is not None and self._delivered.decode(delivered).fingerprint == fp
@@ -227,4 +229,4 @@ class PaymentLedger:
         the payment reads. One round trip: the credit is booked exactly when the delivery is."""
         delivery = Entry(keys.delivery(key), msgspec.json.encode(record).decode(), ANSWER_TTL_MS)
         close = Entry(keys.pending_settlement(key), "", 1)
-        return await self.store.claim_then_put([delivery], [close], credits) == 1
+        return await claim_then_put(self.store, [delivery], [close], credits) == 1

@@ -1,0 +1,119 @@
+"""Claims and the records written with them: set-if-absent claims in order, then puts and credits
+(a payment's delivery, a top-up's credit), and the release of a lock by its holder:
+``CLAIM_THEN_PUT_SCRIPT`` and ``RELEASE_SCRIPT``, and the functions that run them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.store.base import POSITION_TTL_MS, Credit, Entry, Script, Store, StoreUnavailable
+from gateway.store.lua import LAPSE_PRELUDE
+
+# KEYS: the claims, then the puts, then per credit its balance, hold set, lapse index, lapsed
+# hash and ledger position; ARGV: how many claims, how many credits, then value and ttl_ms per
+# claim and put, then amount, lapse_ms, ttl_ms, wallet and ledger entry id (0: none) per credit.
+# Reply: how many claims were set (all of them: the puts and credits were written too). A script
+# is not rolled back when a command in it fails, so every balance is checked to be a counter, and
+# every index to be a sorted set, before the first write: a failing INCRBY after the claims would
+# leave a payment claimed and its credit lost. A ledger position is only ever raised.
+CLAIM_THEN_PUT_SCRIPT = Script(
+    LAPSE_PRELUDE
+    + """
+local n, c = tonumber(ARGV[1]), tonumber(ARGV[2])
+local entries = #KEYS - 5 * c
+local first = 3 + 2 * entries
+for j = 0, c - 1 do
+  local k, a = entries + 5 * j, first + 5 * j
+  local balance = redis.call('GET', KEYS[k + 1])
+  if balance and not string.match(balance, '^-?%d+$') then
+    return redis.error_reply('ERR credit to a balance that is not a counter')
+  end
+  redis.call('ZSCORE', KEYS[k + 3], ARGV[a + 3])
+end
+for i = 1, n do
+  if not redis.call('SET', KEYS[i], ARGV[1 + 2 * i], 'NX', 'PX', ARGV[2 + 2 * i]) then return i - 1 end
+end
+for i = n + 1, entries do
+  redis.call('SET', KEYS[i], ARGV[1 + 2 * i], 'PX', ARGV[2 + 2 * i])
+end
+local now = now_ms(now_us())
+for j = 0, c - 1 do
+  local k, a = entries + 5 * j, first + 5 * j
+  local wallet = ARGV[a + 3]
+  local gone = lapse_if_due(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], wallet, now)
+  if gone and gone ~= '0' then redis.call('HINCRBY', KEYS[k + 4], wallet, gone) end
+  redis.call('INCRBY', KEYS[k + 1], ARGV[a])
+  redis.call('PEXPIRE', KEYS[k + 1], ARGV[a + 2])
+  redis.call('ZADD', KEYS[k + 3], string.format('%d', now + tonumber(ARGV[a + 1])), wallet)
+  local position = tonumber(ARGV[a + 4])
+  if position > 0 and position > (tonumber(redis.call('GET', KEYS[k + 5]) or '0') or 0) then
+    redis.call('SET', KEYS[k + 5], ARGV[a + 4], 'PX', '"""
+    + str(POSITION_TTL_MS)
+    + """')
+  end
+end
+return n
+"""
+)
+
+
+# KEYS[1]: the lock; ARGV[1]: the holder's token. Reply: 1 when deleted, else 0.
+RELEASE_SCRIPT = Script("""
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+""")
+
+
+def claim_then_put_call(
+    claims: Sequence[Entry], puts: Sequence[Entry], credits: Sequence[Credit] = ()
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the claim-then-put script."""
+    entries = [*claims, *puts]
+    args = [str(len(claims)), str(len(credits))]
+    for entry in entries:
+        args += [entry.value, str(entry.ttl_ms)]
+    script_keys = [entry.key for entry in entries]
+    for credit in credits:
+        account, position = credit.account, credit.position
+        entry_id = "0" if position is None else str(position.entry_id)
+        args += [str(credit.amount), str(credit.lapse_ms), str(credit.ttl_ms), account.wallet, entry_id]
+        mark = account.balance if position is None else position.key  # untouched without a position
+        script_keys += [account.balance, account.holds, account.lapses, account.lapsed, mark]
+    return script_keys, args
+
+
+def claimed_from_reply(count: int, reply: object) -> int:
+    """The claim-then-put script's count of claims set; anything else is garbage."""
+    if isinstance(reply, int) and not isinstance(reply, bool) and 0 <= reply <= count:
+        return reply
+    raise StoreUnavailable("state store answered the claim-then-put script with garbage")
+
+
+def released_from_reply(reply: object) -> bool:
+    """The release script's 1 (deleted) or 0; anything else is garbage."""
+    if reply in (0, 1) and not isinstance(reply, bool):
+        return reply == 1
+    raise StoreUnavailable("state store answered the release script with garbage")
+
+
+async def claim_then_put(
+    store: Store, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
+) -> int:
+    """Atomically, in one round trip: set-if-absent each claim in order, stopping at the first
+    key that exists; only when all were set, write every put and add every credit. A credit
+    renews its balance: the wallet's lapse time in the index moves to ``lapse_ms`` from now,
+    and the counter's TTL to that plus ``grace_ms``; a balance already past its lapse time is
+    lapsed first (it, and its holds, are deleted and its amount added to the account's
+    ``lapsed`` for the sweeper to count), so a late top-up never revives lapsed credit.
+    Returns how many claims were set (``len(claims)``: all of them, and the puts and credits
+    were written)."""
+    script_keys, args = claim_then_put_call(claims, puts, credits)
+    return claimed_from_reply(len(claims), await store.run(CLAIM_THEN_PUT_SCRIPT, script_keys, args))
+
+
+async def release(store: Store, key: str, token: str) -> bool:
+    """Delete ``key`` only while it still holds ``token``; True when this call deleted it. A
+    lock is released by its holder only, never by a former holder after it expired and
+    another took it."""
+    return released_from_reply(await store.run(RELEASE_SCRIPT, [key], [token]))

@@ -1,0 +1,406 @@
+"""Prepaid credit and credit sessions: a wallet's balance, the holds against it, its lapse, and
+the sessions that spend it under a signed cap. Each operation is one of the scripts here (on the
+shared preludes of ``gateway.store.lua``), run by any backend (:meth:`Store.run`); a credit hold
+made together with a sign-in's other checks is ``gateway.store.limits.check_then_limit`` with a
+``CreditHoldOrder``, a top-up ``gateway.store.claims.claim_then_put`` with its ``Credit``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.store.base import (
+    Bucket,
+    CreditAccount,
+    CreditHoldOrder,
+    CreditSessionSpend,
+    CreditSessionState,
+    CreditState,
+    Entry,
+    RateDecision,
+    Script,
+    SessionLookup,
+    SessionSpent,
+    Store,
+    StoreUnavailable,
+    TakeTooLate,
+    checked_amount,
+    checked_ttl,
+    taken_mark,
+)
+from gateway.store.limits import check_then_limit
+from gateway.store.lua import CREDIT_PRELUDE, LAPSE_PRELUDE, credit_keys, credit_state_from_reply
+
+# Reply: the credit state. Reads only.
+CREDIT_STATE_SCRIPT = Script(
+    CREDIT_PRELUDE
+    + """
+local now = now_us()
+local held = credit_holds(KEYS[2], nil, now, false)
+local balance, left = live_balance(KEYS[1], KEYS[3], ARGV[1], now_ms(now))
+return {balance, held, left, now}
+"""
+)
+
+
+# A credit session is a hash: wallet, cap (micro-USDC, what the wallet signed), spent. KEYS: the
+# session. ARGV: wallet, cap, ttl_ms. Reply: 1.
+OPEN_CREDIT_SESSION_SCRIPT = Script("""
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'wallet', ARGV[1], 'cap', ARGV[2], 'spent', '0')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+""")
+
+
+# KEYS: the session, the balance, its hold set, the lapse index, then the buckets. ARGV: wallet,
+# token, amount, the hold's ttl_ms, then limit, period_ms and guard (1 or 0) per bucket. Reply:
+# {'unknown'} (no live session for this wallet), {'cap', cap, spent}, {'uncovered'},
+# {'limited', retry_after_ms per bucket taken}, or {'spent', the decisions (0s), the credit state
+# after the hold, the session's spent total, its cap}. Checks in that order, and writes nothing
+# before the last: a refused call spends neither the session's cap, nor credit, nor a bucket.
+SPEND_CREDIT_SESSION_SCRIPT = Script(
+    CREDIT_PRELUDE
+    + """
+local wallet, token, amount, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local session = redis.call('HMGET', KEYS[1], 'wallet', 'cap', 'spent')
+if session[1] ~= wallet or not session[2] or not session[3] then return {'unknown'} end
+if tonumber(session[2]) - tonumber(session[3]) < amount then return {'cap', session[2], session[3]} end
+local clock = now_us()
+local others = credit_holds(KEYS[3], token, clock, true)
+local balance, left = live_balance(KEYS[2], KEYS[4], wallet, now_ms(clock))
+if tonumber(balance) - others < amount then return {'uncovered'} end
+local waits = {}
+for j = 1, #KEYS - 4 do
+  local at = 2 + 3 * j
+  local wait = gcra(KEYS[4 + j], tonumber(ARGV[at]), tonumber(ARGV[at + 1]), clock, ARGV[at + 2] == '1')
+  waits[j] = wait
+  if wait > 0 then return {'limited', waits} end
+end
+local spent = redis.call('HINCRBY', KEYS[1], 'spent', amount)
+redis.call('HSET', KEYS[3], token, ARGV[3] .. ' ' .. string.format('%d', clock + ttl * 1000))
+if redis.call('PTTL', KEYS[3]) < ttl then redis.call('PEXPIRE', KEYS[3], ttl) end
+return {'spent', waits, {balance, others + amount, left, clock}, spent, session[2]}
+"""
+)
+
+
+# KEYS: the session, the hold set. ARGV: the hold's token, its amount. Reply: 1.
+REFUND_CREDIT_SESSION_SCRIPT = Script("""
+redis.call('HDEL', KEYS[2], ARGV[1])
+local spent = redis.call('HGET', KEYS[1], 'spent')
+if spent then
+  local back = math.min(tonumber(spent), tonumber(ARGV[2]))
+  if back > 0 then redis.call('HINCRBY', KEYS[1], 'spent', -back) end
+end
+return 1
+""")
+
+
+# KEYS: the session. Reply: {wallet, cap, spent} of the session deleted, or nil when none was live.
+REVOKE_CREDIT_SESSION_SCRIPT = Script("""
+local session = redis.call('HMGET', KEYS[1], 'wallet', 'cap', 'spent')
+if not session[1] then return false end
+redis.call('DEL', KEYS[1])
+return session
+""")
+
+
+# ARGV: wallet, token, amount, the deadline on the store's clock (µs; empty: none), then value and
+# ttl_ms per entry to keep. Reply: the credit state after the take, nil when nothing was taken, or
+# 'late' past the deadline. KEYS[4]: the token's taken mark, set while its hold would have lived;
+# KEYS[5...]: the entries written with the take (a call's answer), and only with it.
+TAKE_CREDIT_SCRIPT = Script(
+    CREDIT_PRELUDE
+    + """
+local token, amount = ARGV[2], tonumber(ARGV[3])
+local now = now_us()
+if ARGV[4] ~= '' and now > tonumber(ARGV[4]) then return 'late' end
+local others, own = credit_holds(KEYS[2], token, now, true)
+if not own and redis.call('EXISTS', KEYS[4]) == 1 then return false end
+local balance, left = live_balance(KEYS[1], KEYS[3], ARGV[1], now_ms(now))
+if tonumber(balance) - others < amount then return false end
+if own then
+  redis.call('SET', KEYS[4], '1', 'PX', math.max(1, math.floor((tonumber(own) - now) / 1000)))
+  redis.call('HDEL', KEYS[2], token)
+end
+if amount > 0 then
+  redis.call('DECRBY', KEYS[1], ARGV[3])
+  balance = redis.call('GET', KEYS[1])
+end
+for i = 5, #KEYS do
+  redis.call('SET', KEYS[i], ARGV[2 * i - 5], 'PX', ARGV[2 * i - 4])
+end
+return {balance, others, left, now}
+"""
+)
+
+
+# KEYS: the balance, its hold set, the lapse index. ARGV: the wallet. Reply: the balance lapsed
+# (its text), or nil when the wallet is not due.
+LAPSE_CREDIT_SCRIPT = Script(
+    LAPSE_PRELUDE
+    + """
+local gone = lapse_if_due(KEYS[1], KEYS[2], KEYS[3], ARGV[1], now_ms(now_us()))
+if not gone then return false end
+return gone
+"""
+)
+
+
+# KEYS: the balance, its hold set, the lapse index; ARGV: wallet, balance, lapse time (Unix ms),
+# the balance key's ttl_ms. Reply: 1.
+RESTORE_CREDIT_SCRIPT = Script("""
+redis.call('DEL', KEYS[2])
+if tonumber(ARGV[2]) <= 0 then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  return 1
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
+return 1
+""")
+
+
+# KEYS[1]: the lapse index; ARGV[1]: the most wallets to answer. Reply: the wallets due, longest due
+# first.
+DUE_LAPSES_SCRIPT = Script(
+    LAPSE_PRELUDE
+    + """
+local now = string.format('%d', now_ms(now_us()))
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+"""
+)
+
+
+# KEYS[1]: the lapsed hash. Reply: its fields and values, flat; it is deleted.
+DRAIN_LAPSED_SCRIPT = Script("""
+local lapsed = redis.call('HGETALL', KEYS[1])
+redis.call('DEL', KEYS[1])
+return lapsed
+""")
+
+
+def restore_credit_call(
+    account: CreditAccount, balance: int, lapse_at_ms: int, ttl_ms: int
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the restore-credit script (ValueError on an amount it cannot keep)."""
+    args = [account.wallet, str(checked_amount(balance)), str(lapse_at_ms), str(max(1, ttl_ms))]
+    return credit_keys(account), args
+
+
+def take_credit_call(
+    account: CreditAccount, token: str, amount: int, not_after_us: int | None, keep: Sequence[Entry] = ()
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the take-credit script (ValueError on an amount it cannot keep)."""
+    deadline = "" if not_after_us is None else str(not_after_us)
+    script_keys = [*credit_keys(account), taken_mark(account, token), *(entry.key for entry in keep)]
+    args = [account.wallet, token, str(checked_amount(amount)), deadline]
+    for entry in keep:
+        args += [entry.value, str(checked_ttl(entry.ttl_ms))]
+    return script_keys, args
+
+
+def credit_change_from_reply(reply: object) -> CreditState | None:
+    """The hold- or take-credit script's state after the change, or nil: nothing changed; a take
+    past its deadline ('late') raises :class:`TakeTooLate`."""
+    if reply in ("late", b"late"):
+        raise TakeTooLate("the take reached the store after its deadline: nothing was taken")
+    return None if reply is None else credit_state_from_reply(reply)
+
+
+def open_credit_session_call(key: str, wallet: str, cap: int, ttl_ms: int) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the open-credit-session script (ValueError on a cap or TTL it cannot keep)."""
+    return [key], [wallet, str(checked_amount(cap)), str(checked_ttl(ttl_ms))]
+
+
+def spend_credit_session_call(
+    spend: CreditSessionSpend, buckets: Sequence[Bucket]
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the spend-credit-session script."""
+    hold = spend.hold
+    args = [hold.account.wallet, hold.token, str(hold.amount), str(hold.ttl_ms)]
+    for bucket in buckets:
+        args += [str(bucket.limit), str(bucket.period_ms), "1" if bucket.guard else "0"]
+    return [spend.session, *credit_keys(hold.account), *(bucket.key for bucket in buckets)], args
+
+
+def _whole(value: object) -> int:
+    """An integer reply, or an integer's text (a hash field); anything else is garbage."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    raise StoreUnavailable("state store answered a credit session script with garbage")
+
+
+def _waits(value: object) -> list[RateDecision]:
+    if not isinstance(value, list):
+        raise StoreUnavailable("state store answered a credit session script with garbage")
+    return [RateDecision(allowed=w == 0, retry_after_ms=w) for w in map(_whole, value)]
+
+
+def session_lookup_from_reply(reply: object) -> SessionLookup:
+    """The spend-credit-session script's outcome and what goes with it; anything else is garbage."""
+    if isinstance(reply, list) and reply and isinstance(reply[0], str):
+        match reply:
+            case ["unknown"]:
+                return SessionLookup(SessionSpent.UNKNOWN)
+            case ["uncovered"]:
+                return SessionLookup(SessionSpent.UNCOVERED)
+            case ["cap", cap, spent]:
+                return SessionLookup(SessionSpent.CAP, spent=_whole(spent), cap=_whole(cap))
+            case ["limited", waits]:
+                return SessionLookup(SessionSpent.LIMITED, _waits(waits))
+            case ["spent", waits, state, spent, cap]:
+                held = credit_state_from_reply(state)
+                return SessionLookup(SessionSpent.SPENT, _waits(waits), held, _whole(spent), _whole(cap))
+    raise StoreUnavailable("state store answered the spend-credit-session script with garbage")
+
+
+def session_state_from_reply(reply: object) -> CreditSessionState | None:
+    """The revoke-credit-session script's ``{wallet, cap, spent}``, or nil: none was live."""
+    if reply is None:
+        return None
+    if isinstance(reply, list) and len(reply) == 3 and isinstance(reply[0], str):
+        return CreditSessionState(reply[0], _whole(reply[1]), _whole(reply[2]))
+    raise StoreUnavailable("state store answered the revoke-credit-session script with garbage")
+
+
+def lapsed_from_reply(reply: object) -> int | None:
+    """The lapse-credit script's balance lapsed, or nil: not due; anything else is garbage."""
+    if reply is None:
+        return None
+    if isinstance(reply, str):
+        try:
+            return int(reply)
+        except ValueError:
+            pass
+    raise StoreUnavailable("state store answered the lapse-credit script with garbage")
+
+
+def wallets_from_reply(reply: object) -> list[str]:
+    """The due-lapses script's wallets; anything else is garbage."""
+    if isinstance(reply, list) and all(isinstance(wallet, str) for wallet in reply):
+        return list(reply)
+    raise StoreUnavailable("state store answered the due-lapses script with garbage")
+
+
+def drained_from_reply(reply: object) -> dict[str, int]:
+    """The drain-lapsed script's flat fields and values; anything else is garbage."""
+    if isinstance(reply, list) and len(reply) % 2 == 0 and all(isinstance(v, str) for v in reply):
+        try:
+            return {wallet: int(amount) for wallet, amount in zip(reply[0::2], reply[1::2], strict=True)}
+        except ValueError:
+            pass
+    raise StoreUnavailable("state store answered the drain-lapsed script with garbage")
+
+
+async def hold_credit(
+    store: Store, account: CreditAccount, amount: int, token: str, ttl_ms: int
+) -> CreditState | None:
+    """Atomically, in one round trip: forget the lapsed holds of ``account``; only when the
+    balance less the other live holds covers ``amount``, hold it under ``token`` (replacing
+    that token's own hold), lapsing ``ttl_ms`` from now on the store's clock, and answer the
+    state after the hold (``held`` includes it); else change nothing and answer None. The
+    holds never add up to more than the balance, however many callers race; a balance past
+    its lapse time covers nothing. ``unhold`` releases a credit hold like any other. This is
+    ``check_then_limit`` with nothing else to check."""
+    return (await check_then_limit(store, [], [], hold=CreditHoldOrder(account, amount, token, ttl_ms))).held
+
+
+async def take_credit(
+    store: Store,
+    account: CreditAccount,
+    token: str,
+    amount: int,
+    not_after_us: int | None = None,
+    keep: Sequence[Entry] = (),
+) -> CreditState | None:
+    """Atomically, in one round trip, and only while the store's clock is at most
+    ``not_after_us`` (else nothing changes and :class:`TakeTooLate` is raised, so a take that
+    waited out a stalled store never lands after its caller gave up): take ``amount`` from
+    the balance (keeping its lapse and TTL) only when the balance less the other live holds
+    covers it, dropping ``token``'s hold if it is live, and answer the state after; else take
+    nothing and answer None. A lapsed or never made hold takes only what is still free, so a
+    take never overdraws the balance nor eats into another caller's hold; a balance past its
+    lapse time has nothing to take. A taken hold leaves a mark until it would have lapsed: a
+    repeated take of the token meanwhile takes nothing (None). Every ``keep`` entry is
+    written in the same step, exactly when the take takes (a call's answer, kept for its
+    retries: a take without its kept answer cannot happen, nor a kept answer never paid)."""
+    script_keys, args = take_credit_call(account, token, amount, not_after_us, keep)
+    return credit_change_from_reply(await store.run(TAKE_CREDIT_SCRIPT, script_keys, args))
+
+
+async def credit_state(store: Store, account: CreditAccount) -> CreditState:
+    """In one round trip: the balance (0 past its lapse time), the sum of the live holds and
+    the time left until the balance lapses."""
+    return credit_state_from_reply(
+        await store.run(CREDIT_STATE_SCRIPT, credit_keys(account), [account.wallet])
+    )
+
+
+async def due_lapses(store: Store, lapses: str, limit: int) -> list[str]:
+    """The wallets of the lapse index at ``lapses`` whose lapse time has passed on the
+    store's clock, the longest due first, at most ``limit``."""
+    return wallets_from_reply(await store.run(DUE_LAPSES_SCRIPT, [lapses], [str(limit)]))
+
+
+async def lapse_credit(store: Store, account: CreditAccount) -> int | None:
+    """Atomically, in one round trip: when the wallet's lapse time (read now: a top-up may
+    have moved it) has passed, delete its balance and holds, drop it from the index and
+    answer the balance it had (0 when none was left); else change nothing and answer None.
+    Each lapse is answered once, however many sweepers race."""
+    return lapsed_from_reply(await store.run(LAPSE_CREDIT_SCRIPT, credit_keys(account), [account.wallet]))
+
+
+async def restore_credit(
+    store: Store, account: CreditAccount, balance: int, lapse_at_ms: int, ttl_ms: int
+) -> None:
+    """Atomically, in one round trip: set the wallet's balance to exactly ``balance`` (the
+    ledger's word, after the store lost data), lapsing at ``lapse_at_ms`` (Unix ms), its key
+    living ``ttl_ms``; its holds are dropped. A balance of 0 deletes the balance and its
+    lapse."""
+    script_keys, args = restore_credit_call(account, balance, lapse_at_ms, ttl_ms)
+    await store.run(RESTORE_CREDIT_SCRIPT, script_keys, args)
+
+
+async def drain_lapsed(store: Store, lapsed: str) -> dict[str, int]:
+    """Atomically, in one round trip: the credit top-ups found lapsed (``lapsed`` of their
+    accounts), by wallet, deleted as it is read, so each amount is answered once."""
+    return drained_from_reply(await store.run(DRAIN_LAPSED_SCRIPT, [lapsed], []))
+
+
+async def open_credit_session(store: Store, key: str, wallet: str, cap: int, ttl_ms: int) -> None:
+    """Write the credit session at ``key``: ``wallet``, its signed ``cap`` and nothing spent,
+    deleted ``ttl_ms`` from now (one atomic round trip)."""
+    script_keys, args = open_credit_session_call(key, wallet, cap, ttl_ms)
+    await store.run(OPEN_CREDIT_SESSION_SCRIPT, script_keys, args)
+
+
+async def spend_credit_session(
+    store: Store, spend: CreditSessionSpend, buckets: Sequence[Bucket]
+) -> SessionLookup:
+    """Atomically, in one round trip: the session at ``spend.session`` live and the hold's
+    wallet's (else ``UNKNOWN``), its cap less what it spent covering the amount (else ``CAP``),
+    the wallet's free credit covering it as ``hold_credit`` decides (else ``UNCOVERED``), then
+    one GCRA decision per bucket in order, stopping at the first refusal (``LIMITED``); and
+    only when all allowed it, add the amount to the session's spent total and make the hold
+    (``SPENT``). Every refusal changes nothing (lapsed holds aside, forgotten), so concurrent
+    calls on one session never spend more than its cap."""
+    script_keys, args = spend_credit_session_call(spend, buckets)
+    return session_lookup_from_reply(await store.run(SPEND_CREDIT_SESSION_SCRIPT, script_keys, args))
+
+
+async def refund_credit_session(store: Store, key: str, holds: str, token: str, amount: int) -> None:
+    """Atomically, in one round trip: drop ``token``'s hold at ``holds`` and, while the
+    session at ``key`` is live, take ``amount`` off what it spent (never below 0): a call that
+    took nothing gives its share of the cap back."""
+    await store.run(REFUND_CREDIT_SESSION_SCRIPT, [key, holds], [token, str(amount)])
+
+
+async def revoke_credit_session(store: Store, key: str) -> CreditSessionState | None:
+    """Atomically, in one round trip: delete the session at ``key`` and answer what it was
+    (its spent total counts the calls still in flight); None when there was none live."""
+    return session_state_from_reply(await store.run(REVOKE_CREDIT_SESSION_SCRIPT, [key], []))

@@ -1,0 +1,252 @@
+"""Rate limits and the claims they guard: one step that reads what must be absent, charges the
+buckets and writes the claims, and its undo: their scripts (``CHECK_THEN_LIMIT_SCRIPT``,
+``UNDO_CLAIM_SCRIPT``, on the shared preludes of ``gateway.store.lua``), the functions that run them
+on any backend (:meth:`Store.run`) and the checks on their replies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.store.base import (
+    Bucket,
+    CreditHoldOrder,
+    Entry,
+    Lookup,
+    RateDecision,
+    Script,
+    Store,
+    StoreUnavailable,
+    share_budgets,
+)
+from gateway.store.lua import CREDIT_PRELUDE, PRELUDE, credit_keys, credit_state_from_reply, text_from_reply
+
+# KEYS: the n entries, then the r refund buckets, then the debt buckets. ARGV: n, r, the value per
+# entry, then limit and period_ms per bucket. Reply: 1.
+UNDO_CLAIM_SCRIPT = Script(
+    PRELUDE
+    + """
+local n, r = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 1, n do
+  if redis.call('GET', KEYS[i]) == ARGV[2 + i] then redis.call('DEL', KEYS[i]) end
+end
+local now = now_us()
+for j = 1, #KEYS - n do
+  local at = 1 + n + 2 * j
+  local limit, period_ms = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+  if j <= r then refund(KEYS[n + j], limit, period_ms, now) else debt(KEYS[n + j], limit, period_ms, now) end
+end
+return 1
+"""
+)
+
+
+# KEYS: the n checked keys, then the m buckets, then the puts, then (with a credit hold) the
+# balance, its hold set and the lapse index, then the contention mark of each share bucket, in
+# bucket order. ARGV: n, m, now in microseconds or "" (only the differential test against
+# the reference GCRA passes a clock: the gateway always uses the server's), '1' with a credit hold
+# else '', then limit, period_ms and kind per bucket (1: guard, 0: plain, 's<j>': a share of
+# bucket j), then value and ttl_ms per put, then (with a hold) wallet, token, amount and ttl_ms.
+# Reply: {values (nil where absent), retry_after_ms per bucket taken (0: allowed), 1 if the puts
+# were written (and the hold made) else 0, and with a hold made the credit state after it}. The
+# credit is checked before any bucket, so a wallet whose credit does not cover the hold spends
+# nothing shared. A share binds (is a GCRA bucket) only while its mark names another subject
+# (share bucket key) refused by bucket j within j's period; else it allows and is charged up
+# to full, never past. A refusal gives the shares charged before it back as they were, and a
+# bucket j that refuses records each of its shares' subjects in their marks (hash subject ->
+# µs), keeping the two latest distinct (``base.MAX_CONTENDERS``).
+CHECK_THEN_LIMIT_SCRIPT = Script(
+    CREDIT_PRELUDE
+    + """
+local n, m, ordered = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4] == '1'
+local shares, s = {}, 0
+for j = 1, m do
+  local budget = string.match(ARGV[4 + 3 * j], '^s(%d+)$')
+  if budget then
+    s = s + 1
+    shares[j] = {tonumber(budget), s}
+  end
+end
+local function contended(mark, subject, now, period_ms)
+  local fields = redis.call('HGETALL', mark)
+  for f = 1, #fields, 2 do
+    if fields[f] ~= subject and tonumber(fields[f + 1]) > now - period_ms * 1000 then return true end
+  end
+  return false
+end
+local function mark_contended(mark, subject, now, period_ms)
+  redis.call('HSET', mark, subject, string.format('%d', now))
+  local fields = redis.call('HGETALL', mark)
+  if #fields > 4 then
+    local oldest, at = nil, nil
+    for f = 1, #fields, 2 do
+      local t = tonumber(fields[f + 1])
+      if not at or t < at then oldest, at = fields[f], t end
+    end
+    redis.call('HDEL', mark, oldest)
+  end
+  redis.call('PEXPIRE', mark, period_ms)
+end
+local function charge_share(key, limit, period_ms, now)
+  local tat = now
+  local stored = redis.call('GET', key)
+  if stored then tat = math.max(tonumber(stored), now) end
+  set_tat(key, math.min(tat + interval_us(limit, period_ms), now + period_ms * 1000), now)
+end
+local before = {}
+local function restore(key, stored, now)
+  if not stored or tonumber(stored) <= now then return redis.call('DEL', key) end
+  set_tat(key, tonumber(stored), now)
+end
+local values, found = {}, false
+for i = 1, n do
+  values[i] = redis.call('GET', KEYS[i])
+  if values[i] then found = true end
+end
+local waits = {}
+if found then return {values, waits, 0} end
+local last_put, held, hold_at, expires = #KEYS - s, nil, 0, ''
+if ordered then
+  last_put = #KEYS - s - 3
+  hold_at = 5 + 3 * m + 2 * (last_put - n - m)
+  local clock = now_us()
+  local others = credit_holds(KEYS[last_put + 2], ARGV[hold_at + 1], clock, true)
+  local balance, left = live_balance(KEYS[last_put + 1], KEYS[last_put + 3], ARGV[hold_at], now_ms(clock))
+  local amount = tonumber(ARGV[hold_at + 2])
+  if tonumber(balance) - others < amount then return {values, waits, 0} end
+  held = {balance, others + amount, left, clock}
+  expires = string.format('%d', clock + tonumber(ARGV[hold_at + 3]) * 1000)
+end
+if m > 0 then
+  local now = tonumber(ARGV[3]) or now_us()
+  for j = 1, m do
+    local at = 2 + 3 * j
+    local key, limit, period_ms = KEYS[n + j], tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+    local share, wait = shares[j], nil
+    if share then before[j] = redis.call('GET', key) end
+    if share and not contended(KEYS[#KEYS - s + share[2]], key, now, tonumber(ARGV[3 + 3 * share[1]])) then
+      charge_share(key, limit, period_ms, now)
+      wait = 0
+    else
+      wait = gcra(key, limit, period_ms, now, ARGV[at + 2] == '1')
+    end
+    waits[j] = wait
+    if wait > 0 then
+      for i, of in pairs(shares) do
+        if i < j then restore(KEYS[n + i], before[i], now) end
+        if of[1] == j then mark_contended(KEYS[#KEYS - s + of[2]], KEYS[n + i], now, period_ms) end
+      end
+      return {values, waits, 0}
+    end
+  end
+end
+local first = 5 + 3 * m
+for k = n + m + 1, last_put do
+  local arg = first + 2 * (k - n - m - 1)
+  redis.call('SET', KEYS[k], ARGV[arg], 'PX', ARGV[arg + 1])
+end
+if not held then return {values, waits, 1} end
+local holds, ttl = KEYS[last_put + 2], tonumber(ARGV[hold_at + 3])
+redis.call('HSET', holds, ARGV[hold_at + 1], ARGV[hold_at + 2] .. ' ' .. expires)
+if redis.call('PTTL', holds) < ttl then redis.call('PEXPIRE', holds, ttl) end
+return {values, waits, 1, held}
+"""
+)
+
+
+def check_then_limit_call(
+    keys: Sequence[str],
+    buckets: Sequence[Bucket],
+    puts: Sequence[Entry] = (),
+    now_us: int | None = None,
+    hold: CreditHoldOrder | None = None,
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the check-then-limit script (``now_us`` only for tests: else the server's
+    clock)."""
+    clock = "" if now_us is None else str(now_us)
+    args = [str(len(keys)), str(len(buckets)), clock, "" if hold is None else "1"]
+    marks: list[str] = []
+    for bucket, budget in zip(buckets, share_budgets(buckets), strict=True):
+        kind = "1" if bucket.guard else "0"
+        if bucket.share is not None and budget is not None:
+            kind = f"s{budget + 1}"
+            marks.append(bucket.share.contention)
+        args += [str(bucket.limit), str(bucket.period_ms), kind]
+    for entry in puts:
+        args += [entry.value, str(entry.ttl_ms)]
+    script_keys = [*keys, *(bucket.key for bucket in buckets), *(entry.key for entry in puts)]
+    if hold is not None:
+        script_keys += credit_keys(hold.account)
+        args += [hold.account.wallet, hold.token, str(hold.amount), str(hold.ttl_ms)]
+    return [*script_keys, *marks], args
+
+
+def undo_claim_call(
+    entries: Sequence[Entry], refunds: Sequence[Bucket], debts: Sequence[Bucket]
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the undo-claim script."""
+    args = [str(len(entries)), str(len(refunds)), *(entry.value for entry in entries)]
+    for bucket in (*refunds, *debts):
+        args += [str(bucket.limit), str(bucket.period_ms)]
+    keys = [entry.key for entry in entries] + [bucket.key for bucket in (*refunds, *debts)]
+    return keys, args
+
+
+def undone_from_reply(reply: object) -> None:
+    """The undo-claim script's 1; anything else is garbage."""
+    if reply != 1 or isinstance(reply, bool):
+        raise StoreUnavailable("state store answered the undo-claim script with garbage")
+
+
+def lookup_from_reply(keys: Sequence[str], reply: object, hold_ordered: bool = False) -> Lookup:
+    """The check-then-limit script's ``{values, waits, written}``, with the credit state after the
+    hold when one was ordered and made; anything else is garbage."""
+    if (
+        isinstance(reply, list)
+        and len(reply) == (4 if hold_ordered and reply[2:3] == [1] else 3)
+        and isinstance(reply[0], list)
+        and isinstance(reply[1], list)
+        and reply[2] in (0, 1)
+        and not isinstance(reply[2], bool)
+    ):
+        raw_values, waits, written = reply[:3]
+        values = [text_from_reply(v) for v in raw_values]
+        held = credit_state_from_reply(reply[3]) if len(reply) == 4 else None
+        # Lua drops trailing nils from a table: absent keys at the end are simply missing.
+        if len(values) <= len(keys) and all(isinstance(w, int) and not isinstance(w, bool) for w in waits):
+            values += [None] * (len(keys) - len(values))
+            decisions = [RateDecision(allowed=w == 0, retry_after_ms=w) for w in waits]
+            return Lookup(values=values, decisions=decisions, written=written == 1, held=held)
+    raise StoreUnavailable("state store answered the check-then-limit script with garbage")
+
+
+async def check_then_limit(
+    store: Store,
+    keys: Sequence[str],
+    buckets: Sequence[Bucket],
+    puts: Sequence[Entry] = (),
+    hold: CreditHoldOrder | None = None,
+) -> Lookup:
+    """Atomically, in one round trip: the values at ``keys``; only when every one is absent
+    (and, with a ``hold``, only when the account's free credit covers it, as ``hold_credit``
+    decides), one GCRA decision per bucket in order, stopping at the first refusal (so
+    nothing already used, and no later bucket, is charged for a request that will be
+    refused); and only when every bucket allowed it too, write every put and make the hold.
+    A put on a checked key is therefore a claim: exactly one of many concurrent callers
+    writes it. Credit that does not cover the hold leaves ``written`` false with no decision
+    and nothing changed (lapsed holds aside, forgotten)."""
+    script_keys, args = check_then_limit_call(keys, buckets, puts, hold=hold)
+    return lookup_from_reply(
+        keys, await store.run(CHECK_THEN_LIMIT_SCRIPT, script_keys, args), hold is not None
+    )
+
+
+async def undo_claim(
+    store: Store, entries: Sequence[Entry], refunds: Sequence[Bucket] = (), debts: Sequence[Bucket] = ()
+) -> None:
+    """Atomically, in one round trip: delete each entry's key while it still holds the entry's
+    value; hand one request back to each ``refunds`` bucket (a spend that turned out not to be
+    owed); charge each ``debts`` bucket one request even past its limit, so a burst that slipped
+    past a guard is paid for by a longer wait, never forgiven."""
+    script_keys, args = undo_claim_call(entries, refunds, debts)
+    undone_from_reply(await store.run(UNDO_CLAIM_SCRIPT, script_keys, args))
