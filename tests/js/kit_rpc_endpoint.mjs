@@ -62,7 +62,7 @@ function transport({ payload, signal }) {
   return new Promise((resolve, reject) => {
     pending.push({ payload, resolve, reject });
     if (pending.length > 1) return;
-    queueMicrotask(async () => {
+    setTimeout(async () => { // after every call made in this tick
       const calls = pending;
       pending = [];
       try {
@@ -73,7 +73,7 @@ function transport({ payload, signal }) {
       } catch (error) {
         calls.forEach((c) => c.reject(error));
       }
-    });
+    }, 0);
   });
 }
 
