@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ClusterDownError, ConnectionError, SlotNotCoveredError
 
 from gateway.store.base import StoreUnavailable
-from gateway.store.lua import counters_from_reply, totals_from_replies
+from gateway.store.lua import counters_from_reply
 from gateway.store.redis import MAX_CONNECTIONS, RedisStore
 
 BAD_CLUSTER_URL = "STATE_STORE_REST_URL is not a valid redis+cluster://host:port[,host:port...] URL"
@@ -75,6 +75,8 @@ class _Cluster(RedisCluster):
 class RedisClusterStore(RedisStore):
     """Store over a Redis Cluster (or Valkey cluster, or a cluster-mode managed Redis)."""
 
+    atomic_batches = False
+
     def __init__(self, url: str, *, timeout_s: float = 2.0, max_connections: int = MAX_CONNECTIONS) -> None:
         nodes, username, password, tls = parse_cluster_url(url)
         client = _Cluster(
@@ -120,18 +122,6 @@ class RedisClusterStore(RedisStore):
             return await super()._call(awaitable)
         finally:
             self._free.release()
-
-    async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
-        """Each counter's INCRBY is atomic; the batch is not a transaction (a cluster has none
-        across slots): a failure part-way leaves some added, as a lost flush of usage counts
-        would anyway."""
-        if not deltas:
-            return {}
-        pipe = self._redis.pipeline(transaction=False)
-        for key, delta in deltas.items():
-            pipe.incrby(key, delta)
-        replies: Any = await self._call(pipe.execute())
-        return totals_from_replies(list(deltas), replies, per_key=1)
 
     async def counters(self, keys: list[str]) -> dict[str, int]:
         if not keys:

@@ -29,6 +29,10 @@ class RedisStore:
     """Store over ``redis.asyncio``; the rate limit runs as one server-side script."""
 
     timeout_s: float | None
+    atomic_batches: bool = True
+    """A batch of counter increments is one transaction (MULTI/EXEC) on one server; a cluster has
+    no transaction across slots, so there each INCRBY is atomic on its own and a failure part-way
+    leaves some added, as a lost flush of usage counts would anyway."""
 
     def __init__(
         self,
@@ -95,7 +99,7 @@ class RedisStore:
     async def incr(self, deltas: Mapping[str, int]) -> dict[str, int]:
         if not deltas:
             return {}
-        pipe = self._redis.pipeline(transaction=True)
+        pipe = self._redis.pipeline(transaction=self.atomic_batches)
         for key, delta in deltas.items():
             pipe.incrby(key, delta)
         replies: Any = await self._call(pipe.execute())
