@@ -559,7 +559,7 @@ def _add_store(sub: Any) -> None:
         "migrate-keys",
         help="rename the keys an earlier release named otherwise to their current names, once",
         description="Rename every gateway key of the store under its old untagged root to its "
-        "tagged name, and every usage counter, limit window and mark under the one-slot root to "
+        "tagged name, and every usage counter, limit window and claim under the one-slot root to "
         "its own tag (RENAMENX; on a cluster DUMP, RESTORE, DEL: value and time to live kept, a "
         "new key never overwritten), before the new release starts. Needed only without a ledger "
         "(with one, start-up restores the credit owed from it). Exit 0 when all were renamed, 1 "

@@ -71,7 +71,7 @@ def test_the_key_strings_are_the_ones_a_running_store_holds() -> None:
     assert keys.fee_guard_cooldown("ip", "1.2.3.4") == "{x402gw}:fee-guard:cooling:ip:1.2.3.4"
     assert keys.fee_guard_in_flight("account", "A") == "{x402gw}:fee-guard:in-flight:account:A"
     assert keys.fee_guard_funds("A") == "{x402gw}:fee-guard:funds:A"
-    assert keys.facilitator_down("ours") == "{x402gw:facilitator-down:ours}"
+    assert keys.facilitator_down("ours") == "{x402gw}:facilitator-down:ours"
     assert keys.fee_payer("solana:x", "https://f.example") == "{x402gw:fee-payer:solana:x:https://f.example}"
     assert keys.credit_balance("W1") == "{x402gw}:credit:W1"
     assert keys.credit_holds("W1") == "{x402gw}:credit-holds:W1"
@@ -142,7 +142,6 @@ def test_a_settlement_and_its_reported_marker_never_share_a_key() -> None:
 SPREAD: set[Family] = {
     keys.limit_window,
     keys.usage,
-    keys.facilitator_down,
     keys.fee_payer,
     keys.credit_sweep,
     keys.ledger_restore,

@@ -34,6 +34,7 @@ fee_guard_cooldown   fee-guard:cooling:{kind}:{id}    1                         
 fee_guard_in_flight  fee-guard:in-flight:{kind}:{id}  holds: token -> 1           each hold's TTL
 fee_guard_funds      fee-guard:funds:{account}        holds: token -> amount      each hold's TTL
 fee_guard_counted    fee-guard:counted:{side}:{sig}   1: its outcome was counted  30 min
+facilitator_down     facilitator-down:{name}          1 while down                30 s
 credit_balance       credit:{wallet}                  micro-USDC (counter)        lapse + grace after top-up
 credit_holds         credit-holds:{wallet}            holds: token -> amount      each hold's TTL
 credit_lapses        credit-lapses                    wallet -> lapse time (ms)   till the sweeper lapses it
@@ -59,7 +60,6 @@ function             key                              value                     
 ===================  ===============================  ==========================  ==========================
 limit_window         rlw:{scope}:{subject}:{n}        admissions (counter)        two windows + 1 s
 usage                usage:{route}:{outcome}          requests (counter)          forever
-facilitator_down     facilitator-down:{name}          1 while down                30 s
 fee_payer            fee-payer:{network}:{url}        the advertised fee payer    30 days
 credit_sweep         credit-sweep                     the sweeping replica        one sweep, 60 s at most
 ledger_restore       ledger-restore                   the restoring replica       one restore, 60 s at most
@@ -85,7 +85,6 @@ LEGACY_ROOTS: Final = {"x402gw:": _GATEWAY, "x402:svm:": _FACILITATOR}
 SPREAD_FAMILIES: Final = (
     "rlw:",
     "usage:",
-    "facilitator-down:",
     "fee-payer:",
     "credit-sweep",
     "ledger-restore",
@@ -112,7 +111,7 @@ FEE_GUARD_COOLDOWN: Final = _GATEWAY + "fee-guard:cooling:"
 FEE_GUARD_IN_FLIGHT: Final = _GATEWAY + "fee-guard:in-flight:"
 FEE_GUARD_FUNDS: Final = _GATEWAY + "fee-guard:funds:"
 FEE_GUARD_COUNTED: Final = _GATEWAY + "fee-guard:counted:"
-FACILITATOR_DOWN: Final = _SPREAD + "facilitator-down:"
+FACILITATOR_DOWN: Final = _GATEWAY + "facilitator-down:"
 FEE_PAYER: Final = _SPREAD + "fee-payer:"
 CREDIT_BALANCE: Final = _GATEWAY + "credit:"
 CREDIT_HOLDS: Final = _GATEWAY + "credit-holds:"
@@ -221,7 +220,7 @@ def fee_guard_counted(side: str, signature: str) -> str:
 
 def facilitator_down(name: str) -> str:
     """A facilitator marked down by some replica (``gateway.facilitators.health``)."""
-    return _spread(FACILITATOR_DOWN + name)
+    return FACILITATOR_DOWN + name
 
 
 def fee_payer(network: str, facilitator_url: str) -> str:
