@@ -557,13 +557,14 @@ def _add_store(sub: Any) -> None:
     actions = store.add_subparsers(dest="action", metavar="ACTION", prog=store.prog, required=True)
     actions.add_parser(
         "migrate-keys",
-        help="rename the keys of a release before the hash tag to their new names, once",
+        help="rename the keys an earlier release named otherwise to their current names, once",
         description="Rename every gateway key of the store under its old untagged root to its "
-        "tagged name (RENAMENX: value and time to live kept, a new key never overwritten), before "
-        "the release with the tagged keys starts. Needed only without a ledger (with one, start-up "
-        "restores the credit owed from it). Exit 0 when all were renamed, 1 when some were kept "
-        "because their new name existed, 2 for a store that cannot hold old keys, 3 when the store "
-        "failed.",
+        "tagged name, and every usage counter, limit window and claim under the one-slot root to "
+        "its own tag (RENAMENX; on a cluster DUMP, RESTORE, DEL: value and time to live kept, a "
+        "new key never overwritten), before the new release starts. Needed only without a ledger "
+        "(with one, start-up restores the credit owed from it). Exit 0 when all were renamed, 1 "
+        "when some were kept because their new name existed, 2 for a store that cannot hold old "
+        "keys, 3 when the store failed.",
     )
 
 

@@ -29,6 +29,7 @@ from gateway.facilitators.health import DOWN_S, PROBE_S, FacilitatorHealth
 from gateway.facilitators.http import HttpFacilitator
 from gateway.outbound.client import UpstreamClient
 from gateway.store import keys
+from gateway.store.cluster import RedisClusterStore
 from gateway.store.memory import MemoryStore
 from gateway.telemetry.readiness import facilitator_probes
 from gateway.x402.types import PaymentRequirements, ResourceInfo
@@ -223,6 +224,26 @@ async def test_a_facilitator_marked_down_is_offered_last_on_every_replica_and_pr
     await replica_2.sync()  # the probe answers: "a" is offered first again, everywhere
     await replica_1.sync()
     assert replica_1.order() == replica_2.order() == ["a", "b"]
+
+
+@pytest.mark.parametrize("names", [["a", "b"], ["b", "a", "c"]])
+async def test_on_a_cluster_a_replica_reads_the_marks_another_made(
+    clean_cluster_url: str, names: list[str]
+) -> None:
+    """The marks of every facilitator are read in one script: on a cluster they must share its
+    slot (a read over several slots is refused, and each replica would keep its own marks)."""
+    store = RedisClusterStore(clean_cluster_url)
+    try:
+        marking = FacilitatorHealth(store, {name: Answering() for name in names})
+        reading = FacilitatorHealth(store, {name: Answering() for name in names})
+        await marking.mark_down("a")
+        await reading.read_marks()  # no probe: only the other replica's mark can tell
+        assert reading.order() == [*(name for name in names if name != "a"), "a"]
+        await marking.mark_up("a")
+        await reading.read_marks()
+        assert reading.order() == names
+    finally:
+        await store.close()
 
 
 async def test_a_failing_probe_renews_the_down_mark_for_as_long_as_it_fails() -> None:

@@ -538,7 +538,7 @@ async def test_paid_rpc_store_refusing_the_claim_is_503_before_verify_and_calls_
     admin = redis.Redis.from_url(private_redis.url)
     admin.execute_command(  # type: ignore[no-untyped-call]
         "ACL", "SETUSER", "gateway", "on", ">gateway-password", "+@all",
-        "~{x402gw}:rl*", "~{x402gw}:usage:*", "~{x402gw}:pending:*", "~{x402gw}:pid:*", "%R~{x402gw}:pay:*",
+        "~{x402gw}:rl*", "~{x402gw:*", "~{x402gw}:pending:*", "~{x402gw}:pid:*", "%R~{x402gw}:pay:*",
     )  # fmt: skip
     admin.close()
     url = private_redis.url.replace("redis://", "redis://gateway:gateway-password@")

@@ -1,6 +1,6 @@
 """One vocabulary of store keys: spelled in ``gateway/store/keys.py`` only, unchanged, and
-with no key that two families could both write; on a Redis Cluster, every key of the gateway's
-own state on one slot.
+with no key that two families could both write; on a Redis Cluster, every key a script reads
+with others on one slot, and the families touched alone spread over the slots.
 
 The exact strings are pinned here on purpose: replicas of two releases share one store during a
 rolling deploy, so a key renamed by accident would let the new release miss the old one's claims
@@ -64,22 +64,22 @@ def test_the_key_strings_are_the_ones_a_running_store_holds() -> None:
     assert keys.rate_bucket("das", "203.0.113.7") == "{x402gw}:rl:das:203.0.113.7"
     assert keys.rate_contention("tokens:ip") == "{x402gw}:rl-contended:tokens:ip"
     assert (
-        keys.limit_window("challenge:ip", "203.0.113.7", 1000) == "{x402gw}:rlw:challenge:ip:203.0.113.7:1000"
+        keys.limit_window("challenge:ip", "203.0.113.7", 1000) == "{x402gw:rlw:challenge:ip:203.0.113.7:1000}"
     )
-    assert keys.usage("getSlot", "paid") == "{x402gw}:usage:getSlot:paid"
+    assert keys.usage("getSlot", "paid") == "{x402gw:usage:getSlot:paid}"
     assert keys.fee_guard_record("owner", "W") == "{x402gw}:fee-guard:settled:owner:W"
     assert keys.fee_guard_cooldown("ip", "1.2.3.4") == "{x402gw}:fee-guard:cooling:ip:1.2.3.4"
     assert keys.fee_guard_in_flight("account", "A") == "{x402gw}:fee-guard:in-flight:account:A"
     assert keys.fee_guard_funds("A") == "{x402gw}:fee-guard:funds:A"
     assert keys.facilitator_down("ours") == "{x402gw}:facilitator-down:ours"
-    assert keys.fee_payer("solana:x", "https://f.example") == "{x402gw}:fee-payer:solana:x:https://f.example"
+    assert keys.fee_payer("solana:x", "https://f.example") == "{x402gw:fee-payer:solana:x:https://f.example}"
     assert keys.credit_balance("W1") == "{x402gw}:credit:W1"
     assert keys.credit_holds("W1") == "{x402gw}:credit-holds:W1"
     assert keys.credit_lapses() == "{x402gw}:credit-lapses"
     assert keys.credit_lapsed() == "{x402gw}:credit-lapsed"
-    assert keys.credit_sweep() == "{x402gw}:credit-sweep"
+    assert keys.credit_sweep() == "{x402gw:credit-sweep}"
     assert keys.ledger_mark() == "{x402gw}:ledger-mark"
-    assert keys.ledger_restore() == "{x402gw}:ledger-restore"
+    assert keys.ledger_restore() == "{x402gw:ledger-restore}"
     assert keys.credit_call("W1", "n0nce") == "{x402gw}:credit-call:W1:n0nce"
     assert keys.credit_session(DIGEST) == f"{{x402gw}}:credit-session:{DIGEST}"
     assert keys.settlement(DIGEST) == f"{{x402gw}}:svm:settle:{DIGEST}"
@@ -94,7 +94,7 @@ def _public_functions() -> set[object]:
         value
         for name, value in vars(keys).items()
         if inspect.isfunction(value) and value.__module__ == keys.__name__ and not name.startswith("_")
-    }
+    } - {keys.current_name}
 
 
 def _sample(family: Family) -> str:
@@ -139,13 +139,61 @@ def test_a_settlement_and_its_reported_marker_never_share_a_key() -> None:
     assert re.fullmatch(r"[0-9a-f]{64}", settled.removeprefix(head))
 
 
-def test_every_key_hashes_to_one_cluster_slot() -> None:
+SPREAD: set[Family] = {
+    keys.limit_window,
+    keys.usage,
+    keys.fee_payer,
+    keys.credit_sweep,
+    keys.ledger_restore,
+}
+"""The families only ever touched one key at a time, or in batches of independent keys
+(``incr``/``counters``/``add_counts``: one pipeline per node on a cluster): each key is its own tag."""
+
+
+def test_the_spread_families_are_the_ones_the_migration_renames() -> None:
+    assert {keys.FAMILIES[family] for family in SPREAD} == {
+        "{x402gw:" + family for family in keys.SPREAD_FAMILIES
+    }
+
+
+def test_every_key_a_script_reads_with_others_hashes_to_one_cluster_slot() -> None:
     """Each script reads and writes several families at once (a claim: the payment's keys, its
     buckets, a cool-down; a top-up: the payment's delivery, the wallet's credit, the lapse index,
     the ledger mark; the internal facilitator: its settlement record with the fee guard's), and a
     cluster runs a script only over keys of one slot. Whatever the arguments (braces in them
     included: only the first tag counts), the slot is the same."""
-    slots = {key_slot(_sample(family).encode()) for family in keys.FAMILIES}
+    slots = {key_slot(_sample(family).encode()) for family in keys.FAMILIES if family not in SPREAD}
     slots |= {key_slot(keys.rate_bucket("{other}", "{tag}").encode())}
     slots |= {key_slot(keys.credit_call("{w}", "n").encode())}
     assert slots == {key_slot(b"x402gw")}
+
+
+def test_each_key_of_a_spread_family_is_its_own_tag_and_they_spread_over_the_slots() -> None:
+    """So their load (a usage flush, the limit windows of every client, the facilitators' marks)
+    is shared by every master of a cluster rather than the gateway's one slot."""
+    for family in SPREAD:
+        key = _sample(family)
+        assert key.startswith("{") and key.endswith("}") and key.count("}") == 1, key
+        assert key_slot(key.encode()) == key_slot(key[1:-1].encode())
+    windows = {key_slot(keys.limit_window("ip", f"203.0.113.{n}", 1000).encode()) for n in range(64)}
+    usage = {key_slot(keys.usage(f"route{n}", "paid").encode()) for n in range(64)}
+    assert len(windows) > 50 and len(usage) > 50
+    assert key_slot(keys.usage("{r}", "paid").encode()) == key_slot(keys.usage("{r}", "paid").encode())
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("x402gw:usage:getSlot:paid", "{x402gw:usage:getSlot:paid}"),
+        ("{x402gw}:usage:getSlot:paid", "{x402gw:usage:getSlot:paid}"),
+        ("{x402gw}:rlw:challenge:ip:1.2.3.4:7", "{x402gw:rlw:challenge:ip:1.2.3.4:7}"),
+        ("{x402gw}:credit-sweep", "{x402gw:credit-sweep}"),
+        ("x402gw:credit:W1", "{x402gw}:credit:W1"),
+        ("x402:svm:settle:" + DIGEST, "{x402gw}:svm:settle:" + DIGEST),
+        ("{x402gw}:credit:W1", None),
+        ("{x402gw:usage:getSlot:paid}", None),
+        ("another-app:usage:x", None),
+    ],
+)
+def test_a_key_an_earlier_release_wrote_has_its_current_name(old: str, new: str | None) -> None:
+    assert keys.current_name(old) == new

@@ -1,5 +1,6 @@
-"""``x402-gateway store migrate-keys``: a store written by the release before the hash tag is
-brought under the tagged names, its credit spendable again, on Redis and on Upstash."""
+"""``x402-gateway store migrate-keys``: a store written by the release before the hash tag, or by
+the one that kept every key on one slot, is brought under the current names, its credit
+spendable again, on Redis and on Upstash."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from gateway.methods.credit.book import credit_account
 from gateway.store import keys, open_store
 from gateway.store.credit import credit_state
 from gateway.store.migrate import migrate_keys
+from tests.support.redis_cluster import raw_client
 
 WALLET = "Wa11et1111111111111111111111111111111111111"
 OLD = "x402gw:"
@@ -37,6 +39,13 @@ async def _write_old_release_state(raw: aioredis.Redis) -> None:
     await raw.set(f"{OLD}delivered:{'ab' * 32}", "answer", px=600_000)
     await raw.set(f"{OLD}rl:das:203.0.113.7", "1", px=60_000)
     await raw.set(f"x402:svm:settle:{'cd' * 32}", "record", px=900_000)
+    await raw.set(f"{OLD}usage:getSlot:paid", "41")
+
+
+async def _write_one_slot_release_state(raw: aioredis.Redis) -> None:
+    """What the release that put every key on one slot left of a family that now spreads."""
+    await raw.set("{x402gw}:usage:getSlot:settled", "40")
+    await raw.set("{x402gw}:rlw:challenge:ip:203.0.113.7:9", "2", px=60_000)
 
 
 @pytest.mark.parametrize("backend", ["redis", "upstash"])
@@ -44,12 +53,19 @@ async def test_old_keys_are_renamed_with_their_values_and_lifetimes_and_credit_s
     backend: str, raw: aioredis.Redis, clean_redis_url: str, upstash_url_and_token: tuple[str, str]
 ) -> None:
     await _write_old_release_state(raw)
+    await _write_one_slot_release_state(raw)
+    await raw.set(keys.credit_balance("Other1"), "9")  # named as now: left alone
     url, token = upstash_url_and_token if backend == "upstash" else (clean_redis_url, None)
 
     done = await migrate_keys(url, token)
 
-    assert (done.renamed, done.kept) == (5, [])
+    assert (done.renamed, done.kept) == (8, [])
     assert await raw.keys(f"{OLD}*") == [] and await raw.keys("x402:svm:*") == []
+    assert await raw.keys("{x402gw}:usage:*") == [] and await raw.keys("{x402gw}:rlw:*") == []
+    assert await raw.get(keys.usage("getSlot", "paid")) == "41"
+    assert await raw.get(keys.usage("getSlot", "settled")) == "40"
+    assert 0 < await raw.pttl(keys.limit_window("challenge:ip", "203.0.113.7", 9)) <= 60_000
+    assert await raw.get(keys.credit_balance("Other1")) == "9"
     assert await raw.get(keys.delivery("ab" * 32)) == "answer"
     assert await raw.get(keys.settlement("cd" * 32)) == "record"
     assert 3_500_000 < await raw.pttl(keys.credit_balance(WALLET)) <= 3_600_000
@@ -85,3 +101,28 @@ def test_the_command_migrates_and_refuses_a_store_that_cannot_hold_old_keys(clea
 
     assert (migrated.returncode, migrated.stdout) == (0, "renamed 0 keys to their tagged names\n")
     assert refused.returncode == 2 and "only a Redis" in refused.stderr
+
+
+async def test_on_a_cluster_the_spread_families_move_off_the_one_slot(clean_cluster_url: str) -> None:
+    """The release that kept every key on one slot ran on clusters: its usage counters and limit
+    windows are copied to their own slots (value and lifetime kept) and deleted; a key the new
+    release wrote already is kept, the old one reported; every other key is left alone."""
+    raw = raw_client(clean_cluster_url)
+    try:
+        await raw.set("{x402gw}:usage:getSlot:paid", "41")
+        await raw.set("{x402gw}:rlw:challenge:ip:203.0.113.7:9", "2", px=60_000)
+        await raw.set("{x402gw}:usage:getSlot:failed", "5")
+        await raw.set(keys.usage("getSlot", "failed"), "3")
+        await raw.set(keys.credit_balance(WALLET), "9")
+
+        done = await migrate_keys(clean_cluster_url, None)
+
+        assert (done.renamed, done.kept) == (2, ["{x402gw}:usage:getSlot:failed"])
+        assert await raw.get(keys.usage("getSlot", "paid")) == "41"
+        assert await raw.get("{x402gw}:usage:getSlot:paid") is None
+        assert 0 < await raw.pttl(keys.limit_window("challenge:ip", "203.0.113.7", 9)) <= 60_000
+        assert await raw.get(keys.usage("getSlot", "failed")) == "3"
+        assert await raw.get(keys.credit_balance(WALLET)) == "9"
+        assert (await migrate_keys(clean_cluster_url, None)).renamed == 0
+    finally:
+        await raw.aclose()

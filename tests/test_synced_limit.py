@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.limits.synced import SyncedWindowLimit
-from gateway.store import Store, StoreUnavailable
+from gateway.store import Store, StoreUnavailable, keys
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from tests.support.ports import refusing_port
@@ -95,7 +95,7 @@ async def test_replicas_sharing_one_store_stay_within_the_stated_overshoot(store
 
     bound = 120 + (len(replicas) - 1) * min(120, rate * 2)
     assert 120 <= total <= bound, total
-    counted = await store.add_counts({f"{{x402gw}}:rlw:challenge:ip:203.0.113.7:{1000}": 0}, PERIOD_MS)
+    counted = await store.add_counts({keys.limit_window("challenge:ip", "203.0.113.7", 1000): 0}, PERIOD_MS)
     assert list(counted.values()) == [total]  # every admission reached the shared count
 
 
@@ -130,9 +130,8 @@ async def test_a_store_outage_leaves_each_process_a_limit_of_its_own_and_loses_n
     finally:
         await down.close()
 
-    assert await up.add_counts({f"{{x402gw}}:rlw:challenge:ip:ip:{1000}": 0}, PERIOD_MS) == {
-        "{x402gw}:rlw:challenge:ip:ip:1000": 5
-    }
+    window = keys.limit_window("challenge:ip", "ip", 1000)
+    assert await up.add_counts({window: 0}, PERIOD_MS) == {window: 5}
 
 
 async def test_sync_forgets_windows_the_estimate_no_longer_reads(store: Store) -> None:
@@ -151,7 +150,7 @@ async def test_sync_forgets_windows_the_estimate_no_longer_reads(store: Store) -
 
 def shared_count(subject: str, window: int = 1000) -> dict[str, int]:
     """A read of the shared counter (adding 0), keyed as the store keeps it."""
-    return {f"{{x402gw}}:rlw:challenge:ip:{subject}:{window}": 0}
+    return {keys.limit_window("challenge:ip", subject, window): 0}
 
 
 async def test_a_count_handed_back_is_room_again_here_and_in_the_store(store: Store) -> None:

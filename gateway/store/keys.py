@@ -1,11 +1,13 @@
 """Every key the gateway keeps in the shared store, spelled here and nowhere else.
 
-Every key begins ``{x402gw}:``: the braces make ``x402gw`` every key's hash tag, so on a Redis
-Cluster all of them hash to one slot and every script, which reads and writes several of them
-in one atomic step, runs on one node as it does on a single Redis (``docs/store.md``: the
-invariants, the cost, and the way on to sharding them). The gateway's own state is right under
-it; the internal facilitator's settlement records under ``{x402gw}:svm:`` (named after the
-exact-SVM scheme it settles; it reads them in one step with the fee guard's keys). No family's
+Every key a script reads or writes with others begins ``{x402gw}:``: the braces make ``x402gw``
+its hash tag, so on a Redis Cluster all of them hash to one slot and every script, which reads
+and writes several of them in one atomic step, runs on one node as it does on a single Redis
+(``docs/store.md``: the invariants, the cost, and what is left to shard). The gateway's own state
+is right under it; the internal facilitator's settlement records under ``{x402gw}:svm:`` (named
+after the exact-SVM scheme it settles; it reads them in one step with the fee guard's keys). The
+families only ever touched one key at a time, or in batches of independent keys, are each key
+its own tag, whole: ``{x402gw:usage:getSlot:paid}``, so they spread over a cluster's slots. No family's
 head is the start of another's, so no two families can share a key; the one exception is a
 settlement's ``:done`` marker, told apart from the settlement by its tail behind a fixed-length
 digest (``tests/test_store_keys.py`` checks both).
@@ -27,22 +29,17 @@ payment_id           pid:{identifier}                 request fingerprint (JSON)
 sign_in_nonce        siwx:{nonce}                     the signed-in wallet        while the nonce verifies
 rate_bucket          rl:{scope}[:{wallet or ip}]      GCRA arrival time           till the bucket refills
 rate_contention      rl-contended:{share scope}       subjects refused -> when    a period of the budget
-limit_window         rlw:{scope}:{subject}:{n}        admissions (counter)        two windows + 1 s
-usage                usage:{route}:{outcome}          requests (counter)          forever
 fee_guard_record     fee-guard:settled:{kind}:{id}    settlements landed          10 min
 fee_guard_cooldown   fee-guard:cooling:{kind}:{id}    1                           10 min
 fee_guard_in_flight  fee-guard:in-flight:{kind}:{id}  holds: token -> 1           each hold's TTL
 fee_guard_funds      fee-guard:funds:{account}        holds: token -> amount      each hold's TTL
 fee_guard_counted    fee-guard:counted:{side}:{sig}   1: its outcome was counted  30 min
 facilitator_down     facilitator-down:{name}          1 while down                30 s
-fee_payer            fee-payer:{network}:{url}        the advertised fee payer    30 days
 credit_balance       credit:{wallet}                  micro-USDC (counter)        lapse + grace after top-up
 credit_holds         credit-holds:{wallet}            holds: token -> amount      each hold's TTL
 credit_lapses        credit-lapses                    wallet -> lapse time (ms)   till the sweeper lapses it
 credit_lapsed        credit-lapsed                    wallet -> lapsed credit     till the sweeper counts it
-credit_sweep         credit-sweep                     the sweeping replica        one sweep, 60 s at most
 ledger_mark          ledger-mark                      newest top-up's journal id  ten years
-ledger_restore       ledger-restore                   the restoring replica       one restore, 60 s at most
 credit_call          credit-call:{wallet}:{call id}   call, its answer (JSON)     hold's TTL, then sign-in's
 credit_session       credit-session:{token digest}    wallet, cap, spent (hash)   the session's lifetime
 ===================  ===============================  ==========================  ==========================
@@ -54,6 +51,18 @@ function             key                              value                     
 ===================  ===============================  ==========================  ==========================
 settlement           settle:{hash}                    settlement record (JSON)    15 min
 settlement_reported  settle:{hash}:done               its signature               15 min
+===================  ===============================  ==========================  ==========================
+
+Each ``{x402gw:<key>}``, its own tag whole (so the keys spread over a cluster's slots):
+
+===================  ===============================  ==========================  ==========================
+function             key                              value                       lives
+===================  ===============================  ==========================  ==========================
+limit_window         rlw:{scope}:{subject}:{n}        admissions (counter)        two windows + 1 s
+usage                usage:{route}:{outcome}          requests (counter)          forever
+fee_payer            fee-payer:{network}:{url}        the advertised fee payer    30 days
+credit_sweep         credit-sweep                     the sweeping replica        one sweep, 60 s at most
+ledger_restore       ledger-restore                   the restoring replica       one restore, 60 s at most
 ===================  ===============================  ==========================  ==========================
 
 ``{payment key}`` and ``{hash}`` are the same hex SHA-256 of a transaction's message.
@@ -68,10 +77,25 @@ from typing import Final
 
 _GATEWAY: Final = "{x402gw}:"
 _FACILITATOR: Final = _GATEWAY + "svm:"
+_SPREAD: Final = "{x402gw:"
+"""The head of a key that is its own hash tag, whole: ``{x402gw:<family>:<arguments>}``."""
 LEGACY_ROOTS: Final = {"x402gw:": _GATEWAY, "x402:svm:": _FACILITATOR}
 """The roots before the hash tag, each with the root that replaced it: nothing writes under them;
-``gateway.store.migrate`` renames what a store still holds there (the rest of each key is
-unchanged)."""
+``gateway.store.migrate`` renames what a store still holds there (to :func:`current_name`)."""
+SPREAD_FAMILIES: Final = (
+    "rlw:",
+    "usage:",
+    "fee-payer:",
+    "credit-sweep",
+    "ledger-restore",
+)
+"""The families each of whose keys is its own tag (so they spread over a cluster's slots), as
+they were spelled under the one-slot root by the release before (``{x402gw}:usage:...``) and the
+untagged one before it (``x402gw:usage:...``)."""
+SPREAD_RENAMED: Final = tuple(_GATEWAY + family + "*" for family in SPREAD_FAMILIES)
+"""SCAN patterns matching the spread families' keys under the one-slot root (all on its slot)."""
+RENAMED: Final = (*(root + "*" for root in LEGACY_ROOTS), *SPREAD_RENAMED)
+"""SCAN patterns matching every key an earlier release named otherwise (:func:`current_name`)."""
 
 PAYMENT_CLAIM: Final = _GATEWAY + "pay:"
 PENDING_SETTLEMENT: Final = _GATEWAY + "pending:"
@@ -80,26 +104,44 @@ PAYMENT_ID: Final = _GATEWAY + "pid:"
 SIGN_IN_NONCE: Final = _GATEWAY + "siwx:"
 RATE_BUCKET: Final = _GATEWAY + "rl:"
 RATE_CONTENTION: Final = _GATEWAY + "rl-contended:"
-LIMIT_WINDOW: Final = _GATEWAY + "rlw:"
-USAGE: Final = _GATEWAY + "usage:"
+LIMIT_WINDOW: Final = _SPREAD + "rlw:"
+USAGE: Final = _SPREAD + "usage:"
 FEE_GUARD_RECORD: Final = _GATEWAY + "fee-guard:settled:"
 FEE_GUARD_COOLDOWN: Final = _GATEWAY + "fee-guard:cooling:"
 FEE_GUARD_IN_FLIGHT: Final = _GATEWAY + "fee-guard:in-flight:"
 FEE_GUARD_FUNDS: Final = _GATEWAY + "fee-guard:funds:"
 FEE_GUARD_COUNTED: Final = _GATEWAY + "fee-guard:counted:"
 FACILITATOR_DOWN: Final = _GATEWAY + "facilitator-down:"
-FEE_PAYER: Final = _GATEWAY + "fee-payer:"
+FEE_PAYER: Final = _SPREAD + "fee-payer:"
 CREDIT_BALANCE: Final = _GATEWAY + "credit:"
 CREDIT_HOLDS: Final = _GATEWAY + "credit-holds:"
 CREDIT_LAPSES: Final = _GATEWAY + "credit-lapses"
 CREDIT_LAPSED: Final = _GATEWAY + "credit-lapsed"
-CREDIT_SWEEP: Final = _GATEWAY + "credit-sweep"
+CREDIT_SWEEP: Final = _SPREAD + "credit-sweep"
 LEDGER_MARK: Final = _GATEWAY + "ledger-mark"
-LEDGER_RESTORE: Final = _GATEWAY + "ledger-restore"
+LEDGER_RESTORE: Final = _SPREAD + "ledger-restore"
 CREDIT_CALL: Final = _GATEWAY + "credit-call:"
 CREDIT_SESSION: Final = _GATEWAY + "credit-session:"
 SETTLEMENT: Final = _FACILITATOR + "settle:"
 _REPORTED_TAIL: Final = ":done"
+
+
+def _spread(key: str) -> str:
+    """Close a key of a spread family: the whole key between its braces is its tag, so its slot is
+    its own (braces in an argument end the tag early: the key still has one slot, always the same)."""
+    return key + "}"
+
+
+def current_name(old: str) -> str | None:
+    """The name a key written by an earlier release has now (``gateway.store.migrate``), or None
+    when it has kept its name or is no gateway key."""
+    for old_root, root in LEGACY_ROOTS.items():
+        if old.startswith(old_root):
+            return current_name(root + old.removeprefix(old_root)) or root + old.removeprefix(old_root)
+    rest = old.removeprefix(_GATEWAY)
+    if rest != old and rest.startswith(SPREAD_FAMILIES):
+        return _spread(_SPREAD + rest)
+    return None
 
 
 def payment_claim(payment_key: str) -> str:
@@ -142,12 +184,12 @@ def rate_contention(scope: str) -> str:
 def limit_window(scope: str, subject: str, window: int) -> str:
     """A subject's admissions in one window of a limit decided in the process
     (``gateway.limits.synced``)."""
-    return f"{LIMIT_WINDOW}{scope}:{subject}:{window}"
+    return _spread(f"{LIMIT_WINDOW}{scope}:{subject}:{window}")
 
 
 def usage(route: str, outcome: str) -> str:
     """A route's requests of one outcome, across replicas (``gateway.telemetry.metrics``)."""
-    return f"{USAGE}{route}:{outcome}"
+    return _spread(f"{USAGE}{route}:{outcome}")
 
 
 def fee_guard_record(kind: str, party: str) -> str:
@@ -183,7 +225,7 @@ def facilitator_down(name: str) -> str:
 
 def fee_payer(network: str, facilitator_url: str) -> str:
     """The fee payer a facilitator last advertised (``gateway.facilitators.http``)."""
-    return f"{FEE_PAYER}{network}:{facilitator_url}"
+    return _spread(f"{FEE_PAYER}{network}:{facilitator_url}")
 
 
 def credit_balance(wallet: str) -> str:
@@ -210,7 +252,7 @@ def credit_lapsed() -> str:
 
 def credit_sweep() -> str:
     """The claim of the one replica sweeping lapsed credit (``gateway.methods.credit.lapse``)."""
-    return CREDIT_SWEEP
+    return _spread(CREDIT_SWEEP)
 
 
 def credit_call(wallet: str, call_id: str) -> str:
@@ -234,7 +276,7 @@ def ledger_mark() -> str:
 
 def ledger_restore() -> str:
     """The claim of the one replica restoring the store from the ledger (``gateway.ledger.restore``)."""
-    return LEDGER_RESTORE
+    return _spread(LEDGER_RESTORE)
 
 
 def settlement(message_hash: str) -> str:

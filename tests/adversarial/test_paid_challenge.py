@@ -11,6 +11,7 @@ from __future__ import annotations
 import redis
 from solders.keypair import Keypair
 
+from gateway.store import keys
 from tests.support.adversarial_paid import Money
 from tests.support.cdp_facilitator import closed_port_url
 from tests.support.paid_fixtures import (
@@ -23,7 +24,7 @@ from tests.support.paid_fixtures import (
 from tests.support.paid_processes import eventually
 from tests.support.redis_server import RedisServer
 
-FEE_PAYER_KEYS = "{x402gw}:fee-payer:*"
+FEE_PAYER_KEYS = keys.FEE_PAYER + "*"
 
 
 def advertised_fee_payer(paid: PaidGateway, reply: Reply) -> str:
