@@ -760,6 +760,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(row.result["unexpected"] for row in bench.rows):
         bench.notes.append("some runs had unexpected statuses: see the errors column")
     raw = {"profile": profile.name, "rows": [vars(row) for row in bench.rows], "rss": bench.rss}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(raw, indent=1), encoding="utf-8")
     text = report(bench, routes)
     args.out.write_text(text, encoding="utf-8")
