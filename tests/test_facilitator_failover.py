@@ -25,7 +25,7 @@ import msgspec
 import pytest
 from solders.keypair import Keypair
 
-from gateway.payments.facilitator_health import DOWN_S, PROBE_S, FacilitatorHealth
+from gateway.payments.facilitator_health import FacilitatorHealth
 from gateway.payments.facilitators import HttpFacilitator
 from gateway.readiness import facilitator_probes
 from gateway.store import keys
@@ -110,6 +110,13 @@ async def test_paid_calls_fail_over_to_the_next_facilitator_and_nothing_is_settl
     assert (spent.client_usdc, spent.pay_to_usdc) == (-six, six)
 
 
+DOWN_S = 5.0
+"""The down mark's lifetime in the served tests (``FACILITATOR_DOWN_SECONDS``; 30 s by default):
+the shortest start-up allows above a probe every second and its 3 s timeout."""
+PROBE_S = 1.0
+"""``FACILITATOR_PROBE_SECONDS`` there (5 s by default)."""
+
+
 @dataclass(frozen=True)
 class Round:
     """One client round after the outage: who the 402 offered first, and what paying it came to."""
@@ -144,6 +151,8 @@ async def test_while_the_preferred_facilitator_is_dead_every_payment_settles_thr
         "FACILITATOR_URL": f"{preferred.base_url},{fallback.base_url}",
         "RATE_LIMIT_CHALLENGE_PER_MINUTE": "100000",  # a 402 read before each of many payments
         "RATE_LIMIT_RPC_RPS": "100000",
+        "FACILITATOR_DOWN_SECONDS": str(DOWN_S),
+        "FACILITATOR_PROBE_SECONDS": str(PROBE_S),
     }
     before, sent = Money.of(usdc_chain), len(solana_rpc_server.sent)
     async with run_gateway(env) as running, aiohttp.ClientSession() as http:
@@ -153,7 +162,7 @@ async def test_while_the_preferred_facilitator_is_dead_every_payment_settles_thr
         await preferred.stop()
         rounds: list[Round] = []
         until = time.monotonic() + DOWN_S + PROBE_S + 2
-        while time.monotonic() < until:
+        while time.monotonic() < until or len(rounds) < 12:  # past the mark's lifetime, 10 paid or more
             rounds.append(await _round(paid, 100 + len(rounds)))
             await asyncio.sleep(0.3)
 
