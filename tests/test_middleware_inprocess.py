@@ -530,7 +530,7 @@ async def test_a_body_dripped_past_the_deadline_is_408_before_the_reader_gets_pa
     assert answer.status == 408 and answer.reason == "request_timeout"
     assert answer.json()["error"]["details"] == {"timeoutSeconds": DEADLINE_S}
     assert not reader.finished
-    assert asyncio.get_running_loop().time() - started < 1
+    assert asyncio.get_running_loop().time() - started < 4  # not after the 5 s pause (a loaded machine)
 
 
 async def test_a_body_that_arrives_within_the_deadline_reaches_the_reader_whole() -> None:
@@ -610,7 +610,7 @@ async def test_an_answer_before_a_body_slower_than_the_drain_timeout_closes_the_
     answer = await call(app, "POST", headers={"content-length": "6"}, receive=receive)
 
     assert answer.status == 402 and answer.headers["connection"] == "close"
-    assert asyncio.get_running_loop().time() - started < 1
+    assert asyncio.get_running_loop().time() - started < 4  # not after the 5 s pause (a loaded machine)
 
 
 async def test_once_the_body_is_complete_receive_has_no_deadline() -> None:
