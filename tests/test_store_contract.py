@@ -450,12 +450,13 @@ async def test_a_hold_lapses_by_itself(store: Store) -> None:
         key = f"held:lapse:{lifetime_ms}"
         held_at = time.monotonic()
         assert await store.hold([Hold(key, 1, 1)], "dead-process", lifetime_ms)
+        made_by = time.monotonic()  # it lapses a lifetime after this at the latest
         refused = not await store.hold([Hold(key, 1, 1)], "next", 60_000)
         if refused or not read_late(held_at, lifetime_ms):
             break
     assert refused
 
-    lapsed_by = held_at + lifetime_ms / 1000 + 0.1
+    lapsed_by = made_by + lifetime_ms / 1000 + 0.1
     assert await read_until(lambda: store.hold([Hold(key, 1, 1)], "next", 60_000), bool, lapsed_by)
 
 
@@ -802,12 +803,13 @@ async def test_credit_state_sums_only_the_live_holds(store: Store) -> None:
         await store.claim_then_put([], [], [credit(wallet.wallet, 100)])
         held_at = time.monotonic()
         assert await store.hold([Hold(wallet.holds, 10, 100)], "short", lifetime_ms)
+        made_by = time.monotonic()  # it lapses a lifetime after this at the latest
         assert await store.hold([Hold(wallet.holds, 20, 100)], "long", 60_000)
         live = await store.credit_state(wallet)
         if live.held == 30 or not read_late(held_at, lifetime_ms):
             break
 
-    lapsed_by = held_at + lifetime_ms / 1000 + 0.1
+    lapsed_by = made_by + lifetime_ms / 1000 + 0.1
     lapsed = await read_until(lambda: store.credit_state(wallet), lambda state: state.held < 30, lapsed_by)
 
     assert (live.balance, live.held) == (100, 30) and 60_000 - watch.margin_ms() < live.ttl_ms <= 60_000
@@ -914,12 +916,13 @@ async def test_a_credit_hold_lapses_by_itself(store: Store) -> None:
         await top_up(store, 10, wallet.wallet)
         held_at = time.monotonic()
         assert await store.hold_credit(wallet, 10, "dead-process", lifetime_ms) is not None
+        made_by = time.monotonic()  # it lapses a lifetime after this at the latest
         refused = await store.hold_credit(wallet, 1, "next", 60_000) is None
         if refused or not read_late(held_at, lifetime_ms):
             break
     assert refused
 
-    lapsed_by = held_at + lifetime_ms / 1000 + 0.1
+    lapsed_by = made_by + lifetime_ms / 1000 + 0.1
     after = await read_until(
         lambda: store.hold_credit(wallet, 10, "next", 60_000), lambda state: state is not None, lapsed_by
     )
@@ -1086,6 +1089,7 @@ async def test_credit_state_sums_only_the_live_credit_holds(store: Store) -> Non
         await top_up(store, 100, wallet.wallet)
         held_at = time.monotonic()
         assert await store.hold_credit(wallet, 10, "short", lifetime_ms) is not None
+        made_by = time.monotonic()  # it lapses a lifetime after this at the latest
         assert await store.hold_credit(wallet, 20, "long", 60_000) is not None
         assert await store.take_credit(wallet, "long", 5) is not None
         assert await store.hold_credit(wallet, 30, "open", 60_000) is not None
@@ -1093,7 +1097,7 @@ async def test_credit_state_sums_only_the_live_credit_holds(store: Store) -> Non
         if live.held == 40 or not read_late(held_at, lifetime_ms):
             break
 
-    lapsed_by = held_at + lifetime_ms / 1000 + 0.1
+    lapsed_by = made_by + lifetime_ms / 1000 + 0.1
     lapsed = await read_until(lambda: store.credit_state(wallet), lambda state: state.held < 40, lapsed_by)
 
     assert (live.balance, live.held) == (95, 40)
