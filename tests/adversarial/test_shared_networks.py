@@ -52,7 +52,7 @@ FAILED_FEES = 'x402_fee_payer_fees_lamports_total{outcome="failed"}'
 HELD_BACK_IN_FLIGHT = 'x402_settlements_held_back_total{reason="in_flight"}'
 SHARED_IP = "198.51.100.23"
 PROXIED = {"TRUSTED_PROXIES": "127.0.0.1"}
-LAND_DELAY_S = 1.0
+LAND_DELAY_S = 2.0
 """Broadcast to landing: long enough for 20 requests at once to reach their broadcast on a
 busy machine before the drains (sent first) land. Set for the races and bursts only: a payment
 made alone (a wallet's record) has nothing to race, and would wait it out for nothing."""

@@ -133,11 +133,11 @@ async def test_agents_on_one_ip_sustain_their_own_limits_and_a_non_payer_is_stil
                 reference_http(prober, rpc.url, sign_in=True) as probing,
                 reference_http(credit_wallet, rpc.url, sign_in=True) as crediting,
             ):
-                # Each paying agent has paid before: a record of 2 settled payments allows it 5
+                # Each paying agent has paid before: a record of 4 settled payments allows it 9
                 # settlements in flight (a new payer 1, each waiting for the last to confirm,
                 # which a loaded machine can stretch past the 5 s a settlement waits its turn).
                 for http in (paying, probing):
-                    for n in range(2):
+                    for n in range(4):
                         reply = await http.post(gateway.url + GET_BALANCE, json=balance_body(request_id=n))
                         assert reply.status_code == 200, reply.text
                 provider.calls.clear()
