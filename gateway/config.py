@@ -51,7 +51,8 @@ GATEWAY_VARIABLES: tuple[str, ...] = (
     "MAX_BODY_BYTES", "TRUSTED_PROXIES", "LOG_LEVEL", "ROUTE_GROUPS", "CLIENT_HEADER_TIMEOUT_SECONDS",
     "CLIENT_BODY_TIMEOUT_SECONDS", "X402_MAX_COMPUTE_UNIT_LIMIT", "X402_MAX_COMPUTE_UNIT_PRICE",
     "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "CREDITS_ENABLED", "CREDIT_LAPSE_DAYS", "LEDGER_DATABASE_URL",
-    "CLIENT_IPV6_PREFIX_LENGTH", "RPC_BATCH_MAX_ITEMS",
+    "CLIENT_IPV6_PREFIX_LENGTH", "RPC_BATCH_MAX_ITEMS", "FACILITATOR_DOWN_SECONDS",
+    "FACILITATOR_PROBE_SECONDS",
 )  # fmt: skip
 WIDEST_TRUSTED_NETWORK = 256
 """A trusted network wider than this (an IPv4 /24) is likely a subnet or a pod CIDR, not a proxy's
@@ -70,6 +71,12 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+FACILITATOR_DOWN_S = 30.0
+"""How long a facilitator that failed is offered last, unless a failing probe renews the mark."""
+FACILITATOR_PROBE_S = 5.0
+"""How often each process probes each facilitator, live."""
+FACILITATOR_PROBE_TIMEOUT_S = 3.0
+"""How long a probe waits for its answer."""
 MAX_CU_PER_TRANSACTION = 1_400_000
 """Solana's own ceiling on a transaction's compute-unit limit."""
 MAX_SETTLEMENT_FEE_MICRO_USDC = 1_000_000
@@ -85,6 +92,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """The preferred facilitator: ``internal`` (our own fee payer) or a URL."""
     fallback_facilitators: tuple[str, ...] = ()
     """The facilitators to fail over to, in order (``FACILITATOR_URL``'s later entries)."""
+    facilitator_down_s: float = FACILITATOR_DOWN_S
+    """How long a facilitator that failed is offered last, unless a failing probe renews it."""
+    facilitator_probe_s: float = FACILITATOR_PROBE_S
+    """How often each process probes each facilitator, live, when there are several."""
     facilitator_api_key_id: str = ""
     facilitator_api_key_secret: Secret = Secret("")
     facilitator_settlement_fee_micro_usdc: int = 0
@@ -455,6 +466,8 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         port=r.integer("PORT", 8080, 1, 65535),
         facilitator_url=(facilitators := _facilitator_urls(r))[0],
         fallback_facilitators=facilitators[1:],
+        facilitator_down_s=r.number("FACILITATOR_DOWN_SECONDS", FACILITATOR_DOWN_S, 1.0, 3600.0),
+        facilitator_probe_s=r.number("FACILITATOR_PROBE_SECONDS", FACILITATOR_PROBE_S, 0.5, 300.0),
         facilitator_api_key_id=r.text("FACILITATOR_API_KEY_ID"),
         facilitator_api_key_secret=Secret(r.text("FACILITATOR_API_KEY_SECRET")),
         facilitator_settlement_fee_micro_usdc=r.integer(
@@ -516,6 +529,12 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         r.problems.append(
             "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC is an external facilitator's fee: with "
             "FACILITATOR_URL=internal the fee is routes.yaml's pricing.settlement_fee_micro_usdc; unset it"
+        )
+    if settings.facilitator_down_s <= settings.facilitator_probe_s + FACILITATOR_PROBE_TIMEOUT_S:
+        r.problems.append(
+            "FACILITATOR_DOWN_SECONDS must exceed FACILITATOR_PROBE_SECONDS plus the probe's "
+            f"{FACILITATOR_PROBE_TIMEOUT_S:g} s timeout, "
+            "or a dead facilitator is offered first between two probes"
         )
     if settings.siwx_secret and len(settings.siwx_secret.reveal()) < 32:
         r.problems.append("SIWX_SECRET must be at least 32 characters (shared by all replicas)")

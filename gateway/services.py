@@ -134,7 +134,12 @@ class Services:
             node_url=settings.solana_mainnet_rpc_url.reveal(),
             outbound=self.outbound,
         )
-        self.facilitator_health = FacilitatorHealth(self.store, probes.questions)
+        self.facilitator_health = FacilitatorHealth(
+            self.store,
+            probes.questions,
+            down_s=settings.facilitator_down_s,
+            probe_s=settings.facilitator_probe_s,
+        )
         """Which facilitators are down, probed live with the readiness probe's questions."""
         self.settlement_guard = self.fee_guard if settings.uses_internal_facilitator else None
         """Guards our own fee payer (client IPs in flight, cool-downs) for the payments it

@@ -79,6 +79,8 @@ def _problems(env: dict[str, str]) -> list[str]:
         ("max_body_bytes", 65536),
         ("trusted_proxies", ()),
         ("log_level", "INFO"),
+        ("facilitator_down_s", 30.0),
+        ("facilitator_probe_s", 5.0),
     ],
 )
 def test_default_when_only_base_url_is_set(attribute: str, default: Any) -> None:
@@ -144,6 +146,8 @@ def test_base_url_loses_its_trailing_slash() -> None:
         ("LOG_LEVEL", "debug", "log_level", "DEBUG"),
         ("FACILITATOR_API_KEY_ID", "key-id", "facilitator_api_key_id", None),
         ("FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "1500", "facilitator_settlement_fee_micro_usdc", 1500),
+        ("FACILITATOR_DOWN_SECONDS", "12.5", "facilitator_down_s", 12.5),
+        ("FACILITATOR_PROBE_SECONDS", "2", "facilitator_probe_s", 2.0),
     ],
     # A random wallet must not name the test: parallel workers collect the same ids.
     ids=lambda value: "wallet" if value == PAY_TO else None,
@@ -290,6 +294,32 @@ def test_a_settlement_fee_for_the_internal_facilitator_is_refused_naming_where_i
         "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC is an external facilitator's fee: with "
         "FACILITATOR_URL=internal the fee is routes.yaml's pricing.settlement_fee_micro_usdc; unset it"
     ]
+
+
+@pytest.mark.parametrize(
+    ("down", "probe"),
+    [("8", "5"), ("4", "1"), ("", "27"), ("3", "")],
+    ids=["8-5", "4-1", "default-27", "3-default"],
+)
+def test_a_down_mark_that_lapses_before_the_next_probe_has_answered_is_refused(down: str, probe: str) -> None:
+    env = {**BASE, "FACILITATOR_DOWN_SECONDS": down, "FACILITATOR_PROBE_SECONDS": probe}
+
+    assert _problems(env) == [
+        "FACILITATOR_DOWN_SECONDS must exceed FACILITATOR_PROBE_SECONDS plus the probe's 3 s timeout, "
+        "or a dead facilitator is offered first between two probes"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("FACILITATOR_DOWN_SECONDS", "0.5"),
+        ("FACILITATOR_DOWN_SECONDS", "3601"),
+        ("FACILITATOR_PROBE_SECONDS", "0.1"),
+    ],
+)
+def test_facilitator_health_periods_out_of_range_are_a_config_error(variable: str, value: str) -> None:
+    assert any(p.startswith(f"{variable} must be between") for p in _problems({**BASE, variable: value}))
 
 
 @pytest.mark.parametrize("value", ["fast", "1_5", "nan", "inf", "-1", "0", "301"])

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import json
 import signal
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -51,6 +52,7 @@ from tests.support.inprocess import (
     settle_refused,
     settled,
 )
+from tests.support.polling import read_until
 from tests.support.redis_server import RedisServer
 
 TOP_UP = 1_000_000
@@ -229,7 +231,8 @@ class _StoreStallsAtSettle(RecordingFacilitator):
 async def test_a_top_up_whose_delivery_meets_a_store_outage_is_pending_then_credited_once(
     private_redis: RedisServer,
 ) -> None:
-    store = RedisStore(private_redis.url, timeout_s=0.3)
+    # Short enough to find the stopped store soon, long enough for a loaded runner once it runs.
+    store = RedisStore(private_redis.url, timeout_s=1.0)
     stalls = _StoreStallsAtSettle
     stalls.server = private_redis
     try:
@@ -239,6 +242,7 @@ async def test_a_top_up_whose_delivery_meets_a_store_outage_is_pending_then_cred
 
         pending = await call(app, path=route.route.path, headers=payment_header(payment))
         private_redis.process.send_signal(signal.SIGCONT)
+        assert await read_until(store.ping, bool, time.monotonic() + 10)  # it runs again
         before_retry = await _book(store).balance(payer)
         reconciled = await call(app, path=route.route.path, headers=payment_header(payment))
         replayed = await call(app, path=route.route.path, headers=payment_header(payment))

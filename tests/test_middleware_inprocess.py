@@ -482,6 +482,9 @@ async def test_method_dispatch_is_the_one_place_failures_become_the_error_shape(
 # --- BodyReadDeadline ----------------------------------------------------------------------------
 
 DEADLINE_S = 0.05
+WIDE_DEADLINE_S = 5.0
+"""For a body that must arrive within the deadline: its pieces 10 ms apart, which a loaded runner
+can stretch past 50 ms."""
 
 
 def _dripping(first: bytes, pause_s: float) -> Receive:
@@ -526,12 +529,12 @@ async def test_a_body_dripped_past_the_deadline_is_408_before_the_reader_gets_pa
     assert answer.status == 408 and answer.reason == "request_timeout"
     assert answer.json()["error"]["details"] == {"timeoutSeconds": DEADLINE_S}
     assert not reader.finished
-    assert asyncio.get_running_loop().time() - started < 1
+    assert asyncio.get_running_loop().time() - started < 4  # not after the 5 s pause (a loaded machine)
 
 
 async def test_a_body_that_arrives_within_the_deadline_reaches_the_reader_whole() -> None:
     reader = _BodyReader()
-    app = BodyReadDeadline(MethodDispatcher({"POST": (SEARCH_ROUTE, reader)}, "POST"), DEADLINE_S)
+    app = BodyReadDeadline(MethodDispatcher({"POST": (SEARCH_ROUTE, reader)}, "POST"), WIDE_DEADLINE_S)
 
     answer = await call(app, "POST", receive=_dripping(b'{"a":1', pause_s=DEADLINE_S / 5))
 
@@ -562,7 +565,7 @@ async def test_an_answer_given_before_the_body_arrived_waits_for_it_and_keeps_th
     """Else the server, finding the body unread once the answer ended, would close a connection
     the client was told nothing about, and the client's next request on it would go unanswered."""
     receive, read = _late_body(DEADLINE_S / 5, pieces=3)
-    app = BodyReadDeadline(_Answerer(), DEADLINE_S)
+    app = BodyReadDeadline(_Answerer(), WIDE_DEADLINE_S)
 
     answer = await call(app, "POST", headers={"content-length": "6"}, receive=receive)
 
@@ -606,7 +609,7 @@ async def test_an_answer_before_a_body_slower_than_the_drain_timeout_closes_the_
     answer = await call(app, "POST", headers={"content-length": "6"}, receive=receive)
 
     assert answer.status == 402 and answer.headers["connection"] == "close"
-    assert asyncio.get_running_loop().time() - started < 1
+    assert asyncio.get_running_loop().time() - started < 4  # not after the 5 s pause (a loaded machine)
 
 
 async def test_once_the_body_is_complete_receive_has_no_deadline() -> None:

@@ -213,4 +213,4 @@ async def test_a_check_that_hangs_is_cut_off_at_its_timeout() -> None:
     started = time.monotonic()
 
     assert await check.state() == "timeout"
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 5  # long before the question's 10 s (a loaded machine)

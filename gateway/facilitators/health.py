@@ -1,15 +1,17 @@
 """Which of the configured facilitators are failing, shared by every replica through the store.
 
 Several facilitators may settle for the gateway, in the operator's order of preference. One that
-fails or times out is marked down for ``down_s`` (30 s): the 402 then offers it last, so clients
-pay through another. Every ``probe_s`` each facilitator is probed live (the readiness probe's
+fails or times out is marked down for ``down_s`` (``FACILITATOR_DOWN_SECONDS``, 30 s): the 402
+then offers it last, so clients pay through another. Every ``probe_s``
+(``FACILITATOR_PROBE_SECONDS``, 5 s) each facilitator is probed live (the readiness probe's
 question: an external one's ``/supported`` asked now, never its cached answer, which would hide
 an outage; the internal one's node). A probe that fails marks it down, or renews its mark, so a
 dead facilitator stays offered last for as long as it is dead, and one found dead by a probe is
 offered last before any payment is sent its way; one that is down and answers again is offered
-in its place again. The marks live in the store, so a facilitator one replica found down is
-offered last by all; each process reads them in the background every ``sync_s``, never on the
-402 path.
+in its place again. A mark outlives the next probe's answer (start-up holds ``down_s`` above
+``probe_s`` plus the probe's timeout), else a dead one would be offered first between two probes.
+The marks live in the store, so a facilitator one replica found down is offered last by all;
+each process reads them in the background every ``sync_s``, never on the 402 path.
 """
 
 from __future__ import annotations
@@ -18,16 +20,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Final
 
 from gateway.background import cancel_and_wait
+from gateway.config import FACILITATOR_DOWN_S, FACILITATOR_PROBE_S, FACILITATOR_PROBE_TIMEOUT_S
 from gateway.store import Store, StoreUnavailable, keys
 from gateway.store.limits import check_then_limit
-
-DOWN_S: Final = 30.0
-"""How long a down mark lives unless a failing probe renews it."""
-PROBE_S: Final = 5.0
-"""How often each facilitator is probed, live, by each process."""
 
 Probe = Callable[[], Awaitable[str | None]]
 """Asks a facilitator something cheap, live: None when it answered, else why not."""
@@ -41,10 +38,10 @@ class FacilitatorHealth:
         store: Store,
         probes: Mapping[str, Probe],
         *,
-        down_s: float = DOWN_S,
+        down_s: float = FACILITATOR_DOWN_S,
         sync_s: float = 1.0,
-        probe_s: float = PROBE_S,
-        probe_timeout_s: float = 3.0,
+        probe_s: float = FACILITATOR_PROBE_S,
+        probe_timeout_s: float = FACILITATOR_PROBE_TIMEOUT_S,
     ) -> None:
         self.store = store
         self.names = tuple(probes)

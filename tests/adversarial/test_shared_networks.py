@@ -52,9 +52,10 @@ FAILED_FEES = 'x402_fee_payer_fees_lamports_total{outcome="failed"}'
 HELD_BACK_IN_FLIGHT = 'x402_settlements_held_back_total{reason="in_flight"}'
 SHARED_IP = "198.51.100.23"
 PROXIED = {"TRUSTED_PROXIES": "127.0.0.1"}
-LAND_DELAY_S = 1.0
+LAND_DELAY_S = 2.0
 """Broadcast to landing: long enough for 20 requests at once to reach their broadcast on a
-busy machine before the drains (sent first) land."""
+busy machine before the drains (sent first) land. Set for the races and bursts only: a payment
+made alone (a wallet's record) has nothing to race, and would wait it out for nothing."""
 
 
 def _metric(reply: Reply, series: str) -> float:
@@ -110,13 +111,13 @@ async def test_an_honest_wallet_with_a_record_is_served_on_the_ip_of_a_draining_
     start_paid_gateway: StartPaidGateway,
 ) -> None:
     paid = await _internal(start_paid_gateway)
-    paid.rpc.land_delay_s = LAND_DELAY_S
     requirements, resource = await paid.requirements()
     price = int(requirements.amount)
     honest, honest_ata = funded_wallet(paid.chain, 100 * price)
     fee_payer = paid.chain.fee_payer.pubkey()
     for _ in range(2):  # the honest wallet's record: 2 settled payments, so 5 may be in flight
         assert_answered(await _pay(paid, _sign(paid, requirements, resource, honest), SHARED_IP))
+    paid.rpc.land_delay_s = LAND_DELAY_S
     before = paid.chain.lamports(fee_payer)
     failed_before = _metric(await paid.get("/metrics"), FAILED_FEES)
     rpc = SolanaRpc(paid.rpc.url)
@@ -134,9 +135,12 @@ async def test_an_honest_wallet_with_a_record_is_served_on_the_ip_of_a_draining_
     # The shared IP cools down, but the honest wallet's own record vouches for it: one at a
     # time, then 5 at once (its allowance), every one settled.
     usdc_before, lamports_before = paid.chain.balance(honest_ata) or 0, paid.chain.lamports(fee_payer)
+    paid.rpc.land_delay_s = 0.0  # alone: nothing to race
     assert_answered(await _pay(paid, _sign(paid, requirements, resource, honest), SHARED_IP))
     burst = [_sign(paid, requirements, resource, honest) for _ in range(5)]
+    paid.rpc.land_delay_s = LAND_DELAY_S  # all five in flight at once
     replies = await asyncio.gather(*(_pay(paid, payment, SHARED_IP) for payment in burst))
+    paid.rpc.land_delay_s = 0.0
     for reply in replies:
         assert_answered(reply)
     assert usdc_before - (paid.chain.balance(honest_ata) or 0) == 6 * price
@@ -162,12 +166,12 @@ async def test_a_wallet_with_a_record_costs_at_most_its_own_allowance_then_cools
     settlements in flight (``1 + 2 x 1``), all of which its drain makes fail; then it cools down
     everywhere, and its record is gone."""
     paid = await _internal(start_paid_gateway)
-    paid.rpc.land_delay_s = LAND_DELAY_S
     requirements, resource = await paid.requirements()
     price = int(requirements.amount)
     owner, ata = funded_wallet(paid.chain, 10 * price)
     paid.chain.svm.airdrop(owner.pubkey(), 100_000_000)  # pays its own drain's fee
     assert_answered(await _pay(paid, _sign(paid, requirements, resource, owner), "198.51.100.31"))
+    paid.rpc.land_delay_s = LAND_DELAY_S
     fee_payer = paid.chain.fee_payer.pubkey()
     before = paid.chain.lamports(fee_payer)
     accounts = [
@@ -299,7 +303,6 @@ async def test_ten_at_once_after_five_settled_are_broadcast_in_one_round(
     start_paid_gateway: StartPaidGateway,
 ) -> None:
     paid = await _internal(start_paid_gateway)
-    paid.rpc.confirm_delay_s = 0.6
     requirements, resource = await paid.requirements()
     price = int(requirements.amount)
     wallet, ata = funded_wallet(paid.chain, 100 * price)
@@ -307,6 +310,11 @@ async def test_ten_at_once_after_five_settled_are_broadcast_in_one_round(
     lamports_before = paid.chain.lamports(fee_payer)
     for _ in range(5):
         assert_answered(await _pay(paid, _sign(paid, requirements, resource, wallet), SHARED_IP))
+    # A place in flight frees once its settlement is confirmed, so one held back for a place
+    # lands a confirmation wait or more after the first: the burst lands within one wait only if
+    # none was. The wait is long enough for ten requests to reach their broadcast on a loaded
+    # machine (the record's payments above, one at a time, had none to wait out).
+    paid.rpc.confirm_delay_s = 1.5
     held_before = _metric(await paid.get("/metrics"), HELD_BACK_IN_FLIGHT)
     burst = [_sign(paid, requirements, resource, wallet) for _ in range(10)]
 

@@ -5,10 +5,11 @@ answered with a credential the gateway admits is not an unpaid challenge: its co
 back, with the credit probe that came before it.
 
 The whole gateway is served (hypercorn on loopback) with credit on, over a real Redis, settling
-with its own fee payer on a LiteSVM chain, at low limits: 20 challenges a minute per IP, 5 calls
-a second per wallet and 10 per RPC scope. From one client IP (forwarded by a trusted proxy), for
-four seconds, each agent at its own 5 calls a second (60 402s and 20 probes, four times the
-challenge limit):
+with its own fee payer on a LiteSVM chain, at low limits: 40 challenges a minute per IP, 8 calls
+a second per wallet and 16 per RPC scope. From one client IP (forwarded by a trusted proxy), for
+five seconds, each agent at 4 calls a second, within its own limits (60 402s and 20 probes, twice
+the challenge limit; a 402 counts until its payment arrives, and on a loaded machine the agents
+can be seconds behind their 402s):
 
 * an agent paying per call with the reference x402 client, on provider_a's getBalance;
 * an agent paying per call with the reference client and its sign-in hook, whose wallet has no
@@ -19,7 +20,7 @@ No 429; every call answered and charged once, on chain or from credit. Then a cl
 IP that takes 402s and never pays gets exactly the limit of them (everything the agents answered
 was handed back), then 429 ``challenge:ip`` with ``Retry-After``.
 
-Before the hand-back, the agents' 21st 402 was a 429 ``challenge:ip``.
+Before the hand-back, the agents' 41st 402 was a 429 ``challenge:ip``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import aiohttp
 import pytest
 from solders.keypair import Keypair
 
+from gateway.store.redis import RedisStore
 from tests.support.adversarial_credit import CALL_CREDIT, credit_env, credit_of, fund
 from tests.support.adversarial_paid import Money, funded_wallet, via
 from tests.support.cdp_facilitator import close_sdk_rpc_clients
@@ -48,13 +50,19 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402"),
 ]
 
-CHALLENGES_PER_MINUTE = 20
-WALLET_RPS = 5
-SCOPE_RPS = 10
-SECONDS = 4
-CALLS = WALLET_RPS * SECONDS
+CHALLENGES_PER_MINUTE = 40
+WALLET_RPS = 8
+SCOPE_RPS = 16
+PACE = 4
+"""Each agent's calls a second, twice what one IP got before (and 12 a second from the IP): half
+its wallet's limit, and two of them on one scope half its limit. Nearer the limits, a loaded
+machine that delays a few calls and then sends them together exceeds them, and is rightly
+refused."""
+SECONDS = 5
+CALLS = PACE * SECONDS
 """Each agent's calls."""
 CLIENT_IP = "198.51.100.20"
+LOADED_TIMEOUT_S = 10.0
 ON_CREDIT = "/v1/x402/solana/mainnet/provider_b/rpc/getBalance"
 FUNDED = 1_000_000
 
@@ -85,7 +93,7 @@ async def reference_http(signer_key: Keypair, rpc_url: str, sign_in: bool) -> As
                 close_sdk_rpc_clients(scheme)
 
 
-async def paced(call: Callable[[int], Awaitable[Any]], rate: int = WALLET_RPS, n: int = CALLS) -> list[Any]:
+async def paced(call: Callable[[int], Awaitable[Any]], rate: int = PACE, n: int = CALLS) -> list[Any]:
     """``n`` calls started ``1 / rate`` s apart, whether or not the earlier ones answered."""
     start = time.monotonic()
 
@@ -114,16 +122,26 @@ async def test_agents_on_one_ip_sustain_their_own_limits_and_a_non_payer_is_stil
     )
     credit_wallet = Keypair()
     prober, prober_ata = funded_wallet(chain, FUNDED)
+    # Served in this process, beside three reference clients signing at full speed: on a loaded
+    # machine they hold the event loop for seconds, past a store's default 2 s timeout.
+    store = RedisStore(redis_url, timeout_s=LOADED_TIMEOUT_S)
     try:
-        async with run_gateway(env) as gateway:
-            store = gateway.services.store
+        async with run_gateway(env, store=store) as gateway:
             await fund(store, credit_wallet, FUNDED)
-            before, prober_before = Money.of(chain), Money.of(chain, prober_ata)
             async with (
                 reference_http(chain.payer, rpc.url, sign_in=False) as paying,
                 reference_http(prober, rpc.url, sign_in=True) as probing,
                 reference_http(credit_wallet, rpc.url, sign_in=True) as crediting,
             ):
+                # Each paying agent has paid before: a record of 4 settled payments allows it 9
+                # settlements in flight (a new payer 1, each waiting for the last to confirm,
+                # which a loaded machine can stretch past the 5 s a settlement waits its turn).
+                for http in (paying, probing):
+                    for n in range(4):
+                        reply = await http.post(gateway.url + GET_BALANCE, json=balance_body(request_id=n))
+                        assert reply.status_code == 200, reply.text
+                provider.calls.clear()
+                before, prober_before = Money.of(chain), Money.of(chain, prober_ata)
                 paid, probed, on_credit = await asyncio.gather(
                     *(
                         paced(
@@ -155,6 +173,7 @@ async def test_agents_on_one_ip_sustain_their_own_limits_and_a_non_payer_is_stil
                         )
     finally:
         await provider.stop()
+        await store.close()
 
     refused = [r.text for r in [*paid, *probed, *on_credit] if r.status_code != 200][:1]
     price = CALLS * GET_BALANCE_PRICE_INTERNAL

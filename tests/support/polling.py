@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -25,3 +26,19 @@ async def read_until(read: Callable[[], Awaitable[T]], done: Callable[[T], bool]
         if last or done(answer):
             return answer
         await asyncio.sleep(min(POLL_S, max(0.0, by - time.monotonic())))
+
+
+class Stopwatch:
+    """How long some steps took, to bound what a lifetime or a wait read after them may have lost.
+
+    A loaded machine can stall a process between two store calls for a second or more, so a
+    remaining lifetime read after a write is not within a fixed margin of its full length; it
+    is within what the steps took: ``full - watch.margin_ms() < remaining <= full``."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    def margin_ms(self, at_least: int = 1_000) -> int:
+        """Milliseconds since it started (rounded up, plus one for the stores' rounding), and
+        never less than ``at_least``: the margin a quick run is held to."""
+        return max(at_least, math.ceil((time.monotonic() - self.started) * 1000) + 1)
