@@ -87,7 +87,7 @@ def _book(store: Store, lapse_ms: int = LAPSE_MS) -> CreditBook:
 
 async def _fund(book: CreditBook, wallet: str, amount: int, payment: str) -> None:
     """Credit ``wallet`` the way a top-up's delivery does (the claim-then-put round trip)."""
-    claim = Entry(keys.delivery(payment), "1", 60_000)
+    claim = Entry(keys.delivery(wallet, payment), "1", 60_000)
     assert await claim_then_put(book.store, [claim], [], book.credits(wallet, amount)) == 1
 
 

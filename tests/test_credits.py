@@ -151,7 +151,7 @@ async def _sign_in_header(app: ASGIApp, wallet: Keypair, path: str = "/v1/rpc/ge
 
 async def _fund(store: Store, wallet: str, amount: int) -> None:
     """Credit ``wallet`` the way a top-up's delivery does (the claim-then-put round trip)."""
-    claim = Entry(keys.delivery(f"fund-{wallet}-{amount}"), "1", 60_000)
+    claim = Entry(keys.delivery(wallet, f"fund-{wallet}-{amount}"), "1", 60_000)
     assert await claim_then_put(store, [claim], [], _book(store).credits(wallet, amount)) == 1
 
 

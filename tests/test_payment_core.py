@@ -94,7 +94,7 @@ async def _candidate(route: PaidRoute, payment: PaymentPayload, body: bytes | No
 
 async def _intent(route: PaidRoute, key: str) -> PendingSettlement | None:
     """The payment's write-ahead record as the store holds it (an empty one is closed)."""
-    raw = await route.store.get(keys.pending_settlement(key))
+    raw = await route.store.get(keys.pending_settlement(str(route.wallets.payer.pubkey()), key))
     return msgspec.json.decode(raw, type=PendingSettlement) if raw else None
 
 
@@ -181,7 +181,7 @@ async def test_a_good_payment_is_verified_once_claimed_and_paid(route: PaidRoute
     assert authorized.paid.payer == str(route.wallets.payer.pubkey())
     assert authorized.paid.requirements.extra == {"feePayer": route.facilitator.fee_payer}
     assert len(route.facilitator.verified) == 1 and route.facilitator.settled == []
-    assert await route.store.get(keys.payment_claim(candidate.key)) is not None
+    assert await route.store.get(keys.payment_claim(candidate.payer, candidate.key)) is not None
 
 
 async def test_the_facilitator_refusing_is_refused_with_its_reason_and_nothing_claimed(
@@ -193,7 +193,7 @@ async def test_the_facilitator_refusing_is_refused_with_its_reason_and_nothing_c
     refused = await route.gate.authorize(candidate, CLIENT_IP)
 
     assert refused == Refused("insufficient_funds", "", candidate.payer)
-    assert await route.store.get(keys.payment_claim(candidate.key)) is None
+    assert await route.store.get(keys.payment_claim(candidate.payer, candidate.key)) is None
 
 
 async def test_the_facilitator_naming_another_payer_is_refused(route: PaidRoute) -> None:
@@ -208,7 +208,7 @@ async def test_a_silent_facilitator_is_503_and_nothing_claimed(route: PaidRoute)
     with pytest.raises(GatewayError) as error:
         await route.gate.authorize(candidate, CLIENT_IP)
     assert (error.value.status, error.value.code) == (503, "facilitator_unavailable")
-    assert await route.store.get(keys.payment_claim(candidate.key)) is None
+    assert await route.store.get(keys.payment_claim(candidate.payer, candidate.key)) is None
 
 
 async def test_a_payment_the_facilitator_refused_may_be_offered_again_and_is_then_paid(
@@ -371,7 +371,8 @@ async def test_a_final_refusal_is_failed_and_the_intent_closed(route: PaidRoute)
 
     assert await route.settlement.settle(paid, ANSWER) == Failed("insufficient_funds")
     assert await _intent(route, paid.key) is None
-    assert await route.store.get(keys.payment_claim(paid.key)) is not None  # the payment stays used
+    # the payment stays used
+    assert await route.store.get(keys.payment_claim(paid.payer, paid.key)) is not None
 
 
 async def test_a_reconciled_duplicate_is_delivered_once_as_a_plain_success(route: PaidRoute) -> None:

@@ -39,6 +39,7 @@ from gateway.methods.results import (
     Delivered,
     Failed,
     Paid,
+    PaidRequest,
     Pending,
     Reconcile,
     Replay,
@@ -149,9 +150,9 @@ async def test_the_claim_holder_hearing_its_copys_settlement_is_told_already_use
     assert_delivered(copy)
     assert_already_used(first)
     assert upstream.calls == 1 and len(facilitator.verified) == 1 and len(facilitator.settled) == 2
-    key = _payment_key(route)
-    assert await route.store.get(keys.delivery(key)) is not None
-    assert not await route.store.get(keys.pending_settlement(key))  # the intent is closed
+    key, payer = _payment_key(route), str(route.wallets.payer.pubkey())
+    assert await route.store.get(keys.delivery(payer, key)) is not None
+    assert not await route.store.get(keys.pending_settlement(payer, key))  # the intent is closed
 
 
 async def test_the_claim_holder_hearing_the_duplicate_first_delivers_and_the_copy_is_refused(
@@ -212,8 +213,8 @@ async def _authorize(route: PaidRoute, payment: PaymentPayload) -> Authorization
     return await route.gate.authorize(candidate, CLIENT_IP)
 
 
-async def _intent(store: Store, key: str) -> PendingSettlement | None:
-    raw = await store.get(keys.pending_settlement(key))
+async def _intent(store: Store, paid: PaidRequest) -> PendingSettlement | None:
+    raw = await store.get(keys.pending_settlement(paid.payer, paid.key))
     return msgspec.json.decode(raw, type=PendingSettlement) if raw else None
 
 
@@ -234,7 +235,7 @@ async def test_a_retry_whose_broadcast_may_have_landed_is_pending_while_its_clie
     assert await settlement.reconcile(retry) == Pending()
 
     assert len(route.facilitator.settled) == 1  # nothing asked while it cools down
-    intent = await _intent(store, paid.paid.key)
+    intent = await _intent(store, paid.paid)
     assert intent is not None and (intent.transaction, intent.retried) == ("tx-sent", True)
 
 
@@ -247,7 +248,7 @@ async def test_a_payment_nobody_settles_fails_while_its_client_cools_down(store:
 
     assert await settlement.settle(paid.paid, ANSWER) == Failed("invalid_transaction_state")
     assert route.facilitator.settled == []
-    assert await _intent(store, paid.paid.key) is None  # closed: nothing to reconcile
+    assert await _intent(store, paid.paid) is None  # closed: nothing to reconcile
 
 
 class HeldAtTheCoolDown(MemoryStore):

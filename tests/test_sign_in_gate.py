@@ -68,7 +68,7 @@ async def test_a_sign_in_is_admitted_once_and_its_replay_is_refused(store: Store
 
     assert isinstance(await gate.admit(signed, FLOODER), Admitted)
     assert isinstance(await gate.admit(signed, OTHERS[0]), Replayed)
-    assert await store.get(keys.sign_in_nonce(signed.nonce)) == signed.address
+    assert await store.get(keys.sign_in_nonce(signed.address, signed.nonce)) == signed.address
 
 
 async def test_throwaway_wallets_from_one_ip_take_only_that_ips_share_of_the_key(store: Store) -> None:
@@ -103,7 +103,7 @@ async def test_a_sign_in_refused_by_a_limit_keeps_its_nonce_and_spends_nothing_s
     for _ in range(5):
         assert _scope(await gate.admit(refused, OTHERS[2])) == "tokens:wallet"
 
-    assert await store.get(keys.sign_in_nonce(refused.nonce)) is None
+    assert await store.get(keys.sign_in_nonce(refused.address, refused.nonce)) is None
     others = [await gate.admit(_signed(), ip) for ip in (FLOODER, OTHERS[2])]
     assert all(isinstance(a, Admitted) for a in others)  # the key's last two slots were untouched
 
@@ -119,7 +119,7 @@ async def test_a_sign_in_paid_from_credit_holds_its_price_in_the_same_step(store
     short = [await gate.admit(signed, FLOODER, book.order(signed.address, 5)) for _ in range(10)]
 
     assert all(isinstance(a, Uncovered) for a in short)
-    assert await store.get(keys.sign_in_nonce(signed.nonce)) is None
+    assert await store.get(keys.sign_in_nonce(signed.address, signed.nonce)) is None
     assert isinstance(await gate.admit(_signed(), FLOODER), Admitted)  # the IP's share is untouched
     assert await claim_then_put(store, [], [], book.credits(signed.address, 5)) == 0
     order = book.order(signed.address, 5)
@@ -185,8 +185,14 @@ def test_each_share_is_planned_against_the_requests_budget_and_its_scopes_mark()
 
     key = keys.rate_bucket(SHARED_KEY.scope)
     assert [(b.key, b.share) for b in plan.buckets] == [
-        (keys.rate_bucket("tokens:wallet", "W1"), Share(key, keys.rate_contention("tokens:wallet"))),
-        (keys.rate_bucket("tokens:ip", FLOODER), Share(key, keys.rate_contention("tokens:ip"))),
+        (
+            keys.rate_bucket("tokens:wallet", keys.wallet_tag("W1"), SHARED_KEY.scope),
+            Share(key, keys.rate_contention("tokens:wallet", SHARED_KEY.scope)),
+        ),
+        (
+            keys.rate_bucket("tokens:ip", keys.ip_tag(FLOODER), SHARED_KEY.scope),
+            Share(key, keys.rate_contention("tokens:ip", SHARED_KEY.scope)),
+        ),
         (key, None),
     ]
     assert plan.shared == (plan.buckets[2],)  # what a refused payment would hand back: not the shares
@@ -203,7 +209,8 @@ async def test_a_call_on_credit_is_claimed_with_its_nonce_and_its_hold_in_one_st
 
     short = await gate.admit(signed, FLOODER, book.order(signed.address, 5), call.in_flight())
     assert isinstance(short, Uncovered)
-    assert await store.get(call.key) is None and await store.get(keys.sign_in_nonce(signed.nonce)) is None
+    assert await store.get(call.key) is None
+    assert await store.get(keys.sign_in_nonce(signed.address, signed.nonce)) is None
     assert await claim_then_put(store, [], [], book.credits(signed.address, 10)) == 0
     admitted = await gate.admit(signed, FLOODER, book.order(signed.address, 5), call.in_flight())
     replayed = await gate.admit(signed, FLOODER, book.order(signed.address, 5), call.in_flight())

@@ -34,7 +34,7 @@ from gateway.store import (
     open_store,
 )
 from gateway.store.base import taken_mark
-from gateway.store.claims import claim_then_put, release
+from gateway.store.claims import CLAIM_THEN_PUT_SCRIPT, claim_then_put, claim_then_put_call, release
 from gateway.store.cluster import RedisClusterStore
 from gateway.store.credit import (
     credit_state,
@@ -1641,12 +1641,16 @@ async def test_batches_of_independent_keys_span_the_clusters_slots(clean_cluster
 
 
 async def test_a_script_over_keys_of_several_slots_fails_closed(clean_cluster_url: str) -> None:
-    """A call whose keys share no slot is refused by the cluster before it runs: StoreUnavailable,
-    so the payment fails closed, and nothing was written."""
+    """A script whose keys share no slot is refused by the cluster before it runs: StoreUnavailable,
+    so the payment fails closed, and nothing was written. The domains never send one: an atomic
+    step whose keys are named on several tags is refused before it is sent, on every backend."""
     store = RedisClusterStore(clean_cluster_url, timeout_s=LOADED_TIMEOUT_S)
+    claims = [Entry(SPREAD[0], "me", 60_000), Entry(SPREAD[1], "me", 60_000)]
     try:
         with pytest.raises(StoreUnavailable):
-            await claim_then_put(store, [Entry(SPREAD[0], "me", 60_000), Entry(SPREAD[1], "me", 60_000)])
+            await store.run(CLAIM_THEN_PUT_SCRIPT, *claim_then_put_call(claims, []))
+        with pytest.raises(ValueError, match="span several hash tags"):
+            await claim_then_put(store, claims)
         assert await store.get(SPREAD[0]) is None and await store.get(SPREAD[1]) is None
     finally:
         await store.close()
@@ -1672,8 +1676,8 @@ async def test_the_store_follows_its_slot_when_the_cluster_moves_it() -> None:
     with start_redis_cluster() as cluster:
         store = RedisClusterStore(cluster.url, timeout_s=LOADED_TIMEOUT_S)
         try:
-            claim = keys.payment_claim("ab" * 32)
-            bucket = Bucket(keys.rate_bucket("moved", "payer"), 2, 60_000)
+            claim = keys.payment_claim("payer", "ab" * 32)
+            bucket = Bucket(keys.rate_bucket("moved", keys.wallet_tag("payer")), 2, 60_000)
             assert await store.claim(claim, "first", 60_000)
             assert (await check_then_limit(store, [], [bucket])).decisions[0].allowed
 
@@ -1697,10 +1701,10 @@ async def test_a_cluster_that_asks_a_password_is_opened_with_the_urls() -> None:
         store = RedisClusterStore(cluster.url, timeout_s=LOADED_TIMEOUT_S)
         wrong = RedisClusterStore(cluster.url.replace(SECRET, "not-the-password"), timeout_s=0.5)
         try:
-            assert await store.claim(keys.payment_claim("cd" * 32), "me", 60_000)
-            assert (await check_then_limit(store, [keys.payment_claim("cd" * 32)], [])).values == ["me"]
+            assert await store.claim(keys.payment_claim("P", "cd" * 32), "me", 60_000)
+            assert (await check_then_limit(store, [keys.payment_claim("P", "cd" * 32)], [])).values == ["me"]
             with pytest.raises(StoreUnavailable) as raised:
-                await wrong.get(keys.payment_claim("cd" * 32))
+                await wrong.get(keys.payment_claim("P", "cd" * 32))
         finally:
             await store.close()
             await wrong.close()
@@ -1714,7 +1718,7 @@ async def test_a_burst_past_the_clusters_pool_waits_for_a_connection(clean_clust
     store = RedisClusterStore(clean_cluster_url, timeout_s=LOADED_TIMEOUT_S, max_connections=4)
     try:
         results = await asyncio.gather(
-            *(store.claim(keys.payment_claim(f"{n:064x}"), "me", 60_000) for n in range(60))
+            *(store.claim(keys.payment_claim("P", f"{n:064x}"), "me", 60_000) for n in range(60))
         )
     finally:
         await store.close()

@@ -23,7 +23,7 @@ from gateway.store import keys
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS_MODULE = ROOT / "gateway" / "store" / "keys.py"
-ROOTS = re.compile(r"x402gw[}:]|x402:svm")
+ROOTS = re.compile(r"x402gw[}:]|x402gw\.[\w-]+:|x402:svm")
 DIGEST = "ab" * 32
 """A payment key / message hash: hex SHA-256, 64 characters, no colon."""
 
@@ -55,22 +55,26 @@ def test_the_scan_would_find_a_root_spelled_in_an_f_string() -> None:
 
 
 def test_the_key_strings_are_the_ones_a_running_store_holds() -> None:
-    assert keys.payment_claim(DIGEST) == f"{{x402gw}}:pay:{DIGEST}"
-    assert keys.pending_settlement(DIGEST) == f"{{x402gw}}:pending:{DIGEST}"
-    assert keys.delivery(DIGEST) == f"{{x402gw}}:delivered:{DIGEST}"
-    assert keys.payment_id("order-7") == "{x402gw}:pid:order-7"
-    assert keys.sign_in_nonce("n0nce") == "{x402gw}:siwx:n0nce"
-    assert keys.rate_bucket("das") == "{x402gw}:rl:das"
-    assert keys.rate_bucket("das", "203.0.113.7") == "{x402gw}:rl:das:203.0.113.7"
-    assert keys.rate_contention("tokens:ip") == "{x402gw}:rl-contended:tokens:ip"
+    assert keys.payment_claim("P1", DIGEST) == f"x402gw.pay:{{w:P1}}:{DIGEST}"
+    assert keys.pending_settlement("P1", DIGEST) == f"x402gw.pending:{{w:P1}}:{DIGEST}"
+    assert keys.delivery("P1", DIGEST) == f"x402gw.delivered:{{w:P1}}:{DIGEST}"
+    assert keys.payment_id("P1", "order-7") == "x402gw.pid:{w:P1}:order-7"
+    assert keys.sign_in_nonce("W1", "n0nce") == "x402gw.siwx:{w:W1}:n0nce"
+    assert keys.rate_bucket("das") == "x402gw.rl:{rl:das}"
+    assert keys.rate_bucket("das:ip", keys.ip_tag("203.0.113.7")) == "x402gw.rl:{ip:203.0.113.7}:das:ip"
+    assert keys.rate_bucket("das:w", keys.wallet_tag("W1")) == "x402gw.rl:{w:W1}:das:w"
+    share = keys.rate_bucket("tokens:ip", "ip:1.2.3.4", "tokens")
+    assert share == "x402gw.rl:{rl:tokens}:tokens:ip:ip:1.2.3.4"
+    assert keys.rate_contention("tokens:ip", "tokens") == "x402gw.rl-contended:{rl:tokens}:tokens:ip"
     assert (
         keys.limit_window("challenge:ip", "203.0.113.7", 1000) == "{x402gw:rlw:challenge:ip:203.0.113.7:1000}"
     )
     assert keys.usage("getSlot", "paid") == "{x402gw:usage:getSlot:paid}"
-    assert keys.fee_guard_record("owner", "W") == "{x402gw}:fee-guard:settled:owner:W"
-    assert keys.fee_guard_cooldown("ip", "1.2.3.4") == "{x402gw}:fee-guard:cooling:ip:1.2.3.4"
-    assert keys.fee_guard_in_flight("account", "A") == "{x402gw}:fee-guard:in-flight:account:A"
-    assert keys.fee_guard_funds("A") == "{x402gw}:fee-guard:funds:A"
+    assert keys.fee_guard_record("owner", "W") == "x402gw.fee-guard:settled:{w:W}"
+    assert keys.fee_guard_cooldown("ip", "1.2.3.4") == "x402gw.fee-guard:cooling:{ip:1.2.3.4}"
+    assert keys.fee_guard_in_flight("account", "A") == "x402gw.fee-guard:in-flight:{acct:A}"
+    assert keys.fee_guard_funds("A") == "x402gw.fee-guard:funds:{acct:A}"
+    assert keys.fee_guard_counted("payer", "S1") == "x402gw.fee-guard:counted:{payer:S1}"
     assert keys.facilitator_down("ours") == "{x402gw}:facilitator-down:ours"
     assert keys.fee_payer("solana:x", "https://f.example") == "{x402gw:fee-payer:solana:x:https://f.example}"
     assert keys.credit_balance("W1") == "{x402gw}:credit:W1"
@@ -82,8 +86,8 @@ def test_the_key_strings_are_the_ones_a_running_store_holds() -> None:
     assert keys.ledger_restore() == "{x402gw:ledger-restore}"
     assert keys.credit_call("W1", "n0nce") == "{x402gw}:credit-call:W1:n0nce"
     assert keys.credit_session(DIGEST) == f"{{x402gw}}:credit-session:{DIGEST}"
-    assert keys.settlement(DIGEST) == f"{{x402gw}}:svm:settle:{DIGEST}"
-    assert keys.settlement_reported(keys.settlement(DIGEST)) == f"{{x402gw}}:svm:settle:{DIGEST}:done"
+    assert keys.settlement(DIGEST) == f"x402gw.svm:settle:{{p:{DIGEST}}}"
+    assert keys.settlement_reported(keys.settlement(DIGEST)) == f"x402gw.svm:settle:{{p:{DIGEST}}}:done"
 
 
 Family = Callable[..., str]
@@ -94,7 +98,7 @@ def _public_functions() -> set[object]:
         value
         for name, value in vars(keys).items()
         if inspect.isfunction(value) and value.__module__ == keys.__name__ and not name.startswith("_")
-    } - {keys.current_name}
+    } - {keys.current_name, keys.wallet_tag, keys.ip_tag, keys.budget_tag, keys.fee_guard_party}
 
 
 def _sample(family: Family) -> str:
@@ -131,12 +135,12 @@ def test_no_two_families_can_write_the_same_key(first: Family, second: Family) -
 def test_a_settlement_and_its_reported_marker_never_share_a_key() -> None:
     """Both are named after a hex digest (no colon): the settlement's key has nothing after it,
     the marker's always ``:done``, so neither can be the other for any two payments."""
-    head = keys.FAMILIES[keys.settlement]
+    head = keys.FAMILIES[keys.settlement] + "{p:"
     settled = keys.settlement(DIGEST)
     reported = keys.settlement_reported(settled)
     assert ":" not in settled.removeprefix(head)
     assert ":" in reported.removeprefix(head)
-    assert re.fullmatch(r"[0-9a-f]{64}", settled.removeprefix(head))
+    assert re.fullmatch(r"[0-9a-f]{64}\}", settled.removeprefix(head))
 
 
 SPREAD: set[Family] = {
@@ -156,16 +160,50 @@ def test_the_spread_families_are_the_ones_the_migration_renames() -> None:
     }
 
 
-def test_every_key_a_script_reads_with_others_hashes_to_one_cluster_slot() -> None:
-    """Each script reads and writes several families at once (a claim: the payment's keys, its
-    buckets, a cool-down; a top-up: the payment's delivery, the wallet's credit, the lapse index,
-    the ledger mark; the internal facilitator: its settlement record with the fee guard's), and a
-    cluster runs a script only over keys of one slot. Whatever the arguments (braces in them
-    included: only the first tag counts), the slot is the same."""
-    slots = {key_slot(_sample(family).encode()) for family in keys.FAMILIES if family not in SPREAD}
-    slots |= {key_slot(keys.rate_bucket("{other}", "{tag}").encode())}
-    slots |= {key_slot(keys.credit_call("{w}", "n").encode())}
-    assert slots == {key_slot(b"x402gw")}
+def _slots(*names: str) -> set[int]:
+    return {key_slot(name.encode()) for name in names}
+
+
+@pytest.mark.parametrize("wallet", ["W1", "{W}", "9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin"], ids=str)
+def test_what_one_atomic_step_touches_hashes_to_one_slot(wallet: str) -> None:
+    """Each script runs over keys of one slot: a wallet's payments, identifiers, nonces, calls,
+    own buckets and fee-guard records (a payment's claim, its delivery, a sign-in); a client
+    IP's buckets and records; a budget with the shares of it and their marks, whoever the
+    subject; a token account's places and funds; a settlement and its report. Braces in an
+    argument change nothing: only the first tag counts, and it comes before them."""
+    ip, budget = "203.0.113.7", "tokens:upstream-key"
+    assert len(_slots(
+        keys.payment_claim(wallet, DIGEST), keys.pending_settlement(wallet, DIGEST),
+        keys.delivery(wallet, DIGEST), keys.payment_id(wallet, "order-7"),
+        keys.sign_in_nonce(wallet, "n"), keys.rate_bucket("rpc:wallet", keys.wallet_tag(wallet)),
+        keys.rate_bucket("payments-refused:payer", keys.wallet_tag(wallet)),
+        keys.fee_guard_record("owner", wallet), keys.fee_guard_cooldown("owner", wallet),
+        keys.fee_guard_in_flight("owner", wallet),
+    )) == 1
+    assert len(_slots(
+        keys.rate_bucket("x:ip", keys.ip_tag(ip)), keys.fee_guard_cooldown("ip", ip),
+        keys.fee_guard_record("ip", ip), keys.fee_guard_in_flight("ip", ip),
+    )) == 1
+    assert len(_slots(
+        keys.rate_bucket(budget), keys.rate_bucket("tokens:wallet", keys.wallet_tag(wallet), budget),
+        keys.rate_bucket("tokens:ip", keys.ip_tag(ip), budget), keys.rate_contention("tokens:wallet", budget),
+        keys.rate_contention("tokens:ip", budget),
+    )) == 1
+    assert len(_slots(
+        keys.fee_guard_in_flight("account", wallet), keys.fee_guard_funds(wallet),
+        keys.fee_guard_cooldown("account", wallet),
+    )) == 1
+    assert len(_slots(keys.settlement(DIGEST), keys.settlement_reported(keys.settlement(DIGEST)))) == 1
+
+
+def test_wallets_clients_budgets_and_payments_spread_over_the_slots() -> None:
+    """So a cluster's masters share the per-call work: each wallet's state on its slot, each
+    IP's, each budget's, each settlement's."""
+    wallets = _slots(*(keys.payment_claim(f"W{n}", DIGEST) for n in range(64)))
+    ips = _slots(*(keys.rate_bucket("rpc", keys.ip_tag(f"203.0.113.{n}")) for n in range(64)))
+    budgets = _slots(*(keys.rate_bucket(f"provider{n}:rpc") for n in range(64)))
+    settlements = _slots(*(keys.settlement(f"{n:064x}") for n in range(64)))
+    assert min(len(wallets), len(ips), len(budgets), len(settlements)) > 50
 
 
 def test_each_key_of_a_spread_family_is_its_own_tag_and_they_spread_over_the_slots() -> None:
@@ -189,7 +227,6 @@ def test_each_key_of_a_spread_family_is_its_own_tag_and_they_spread_over_the_slo
         ("{x402gw}:rlw:challenge:ip:1.2.3.4:7", "{x402gw:rlw:challenge:ip:1.2.3.4:7}"),
         ("{x402gw}:credit-sweep", "{x402gw:credit-sweep}"),
         ("x402gw:credit:W1", "{x402gw}:credit:W1"),
-        ("x402:svm:settle:" + DIGEST, "{x402gw}:svm:settle:" + DIGEST),
         ("{x402gw}:credit:W1", None),
         ("{x402gw:usage:getSlot:paid}", None),
         ("another-app:usage:x", None),

@@ -1110,10 +1110,12 @@ async def test_a_sign_in_refused_by_a_limit_keeps_its_nonce_for_when_the_limit_a
     assert len(asset_api.calls) == 2
 
 
-async def test_a_sign_in_takes_one_store_round_trip(
+async def test_a_sign_in_takes_two_store_round_trips(
     asset_api_server: Upstream, asset_api: Upstream, http: aiohttp.ClientSession, clean_redis_url: str
 ) -> None:
-    """Its nonce, its wallet's and the upstream key's buckets: one request over Upstash REST."""
+    """Its nonce on its wallet's slot, then the upstream key's budget with the wallet's and the
+    IP's shares of it on the budget's: two requests over Upstash REST, the shared one only once
+    the nonce is new (a replayed sign-in never touches the budget)."""
     rest = UpstashRestServer(clean_redis_url, "siwx-token")
     store = UpstashStore(await rest.start(), "siwx-token")
     env = _env(asset_api_server.url, RATE_LIMIT_SYNC_SECONDS="10")
@@ -1129,7 +1131,7 @@ async def test_a_sign_in_takes_one_store_round_trip(
     finally:
         await rest.stop()
     assert reply.status == 200, reply.body
-    assert requests == ["EVALSHA"]
+    assert requests == ["EVALSHA", "EVALSHA"]
 
 
 async def test_sign_in_challenges_have_no_side_effect_on_the_ip_limit(

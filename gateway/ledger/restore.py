@@ -91,9 +91,9 @@ class StoreRestorer:
         for entry in await self.journal.top_ups_after(position, self._now_ms() - self.settle_margin_ms):
             if entry.payment_key is None:
                 continue
-            if await self.store.get(keys.delivery(entry.payment_key)) is not None:
+            if await self.store.get(keys.delivery(entry.wallet, entry.payment_key)) is not None:
                 continue
-            if await self.store.get(keys.pending_settlement(entry.payment_key)) is not None:
+            if await self.store.get(keys.pending_settlement(entry.wallet, entry.payment_key)) is not None:
                 continue
             return f"top-up {entry.signature} is in the ledger, not in the store (store rolled back)"
         return None
@@ -131,8 +131,9 @@ class StoreRestorer:
             )
         for entry in await self.journal.top_ups(now - PENDING_TTL_MS, now + 1):
             if entry.payment_key is not None:  # claimed and delivered: any retry is refused as used
-                await self.store.claim(keys.payment_claim(entry.payment_key), RESTORED_CLAIM, PENDING_TTL_MS)
-                await self.store.claim(keys.delivery(entry.payment_key), RESTORED, PENDING_TTL_MS)
+                payer, key = entry.wallet, entry.payment_key
+                await self.store.claim(keys.payment_claim(payer, key), RESTORED_CLAIM, PENDING_TTL_MS)
+                await self.store.claim(keys.delivery(payer, key), RESTORED, PENDING_TTL_MS)
         await self._mark_position()
         return len(owed)
 

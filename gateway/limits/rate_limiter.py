@@ -47,19 +47,27 @@ REFUSED_IP_SCOPE = "payments-refused:ip"
 REFUSED_PAYER_SCOPE = "payments-refused:payer"
 
 
-def _bucket_key(spec: RateLimitSpec, wallet: str | None, ip: str | None) -> str:
+def _subject(spec: RateLimitSpec, wallet: str | None, ip: str | None) -> str | None:
+    """The tag of the client a per-wallet or per-IP spec counts (None: a per-scope budget)."""
     if spec.per == "wallet":
-        return keys.rate_bucket(spec.scope, f"{wallet}")
+        return keys.wallet_tag(f"{wallet}")
     if spec.per == "ip":
-        return keys.rate_bucket(spec.scope, f"{ip}")
-    return keys.rate_bucket(spec.scope)
+        return keys.ip_tag(f"{ip}")
+    return None
+
+
+def _bucket_key(spec: RateLimitSpec, wallet: str | None, ip: str | None, budgets: Mapping[str, str]) -> str:
+    """A client's own bucket lives on its slot, a share of a budget on the budget's (decided with
+    it in one step), a budget on its own."""
+    budget = spec.share_of if spec.share_of in budgets else None
+    return keys.rate_bucket(spec.scope, _subject(spec, wallet, ip), budget)
 
 
 def _share(spec: RateLimitSpec, budgets: Mapping[str, str]) -> Share | None:
     """A share of one of the request's shared budgets binds only while others wait for it."""
     if spec.share_of is None or spec.share_of not in budgets:
         return None
-    return Share(budgets[spec.share_of], keys.rate_contention(spec.scope))
+    return Share(budgets[spec.share_of], keys.rate_contention(spec.scope, spec.share_of))
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,14 +167,15 @@ class RateLimiter:
         shared = [spec for spec in specs if spec.per == "scope"]
         ordered = (*own, *guards, *shared)
         first, last = len(own), len(own) + len(guards)
-        budgets = {spec.scope: _bucket_key(spec, wallet, ip) for spec in shared}
+        budgets = {spec.scope: keys.rate_bucket(spec.scope) for spec in shared}
         buckets = tuple(
             Bucket(
-                _bucket_key(spec, wallet, ip),
+                _bucket_key(spec, wallet, ip, budgets),
                 spec.limit,
                 spec.period_ms,
                 guard=first <= i < last,
                 share=_share(spec, budgets),
+                shared=spec.per == "scope" or _share(spec, budgets) is not None,
             )
             for i, spec in enumerate(ordered)
         )

@@ -99,7 +99,7 @@ class SignInGate:
         """Use the nonce once across every replica, for as long as it could still verify, and make
         ``hold`` (the signed-in wallet's credit) and write ``call`` (the record of the call it
         pays for, a claim of its own) in the same atomic step."""
-        key = keys.sign_in_nonce(signed.nonce)
+        key = keys.sign_in_nonce(signed.address, signed.nonce)
         plan = self.limiter.plan(self.limits, wallet=signed.address, ip=client_ip)
         checked, puts = [key], [Entry(key, signed.address, signed.replay_ttl_ms)]
         if call is not None:

@@ -96,6 +96,9 @@ class Bucket(msgspec.Struct, frozen=True):
     share: Share | None = None
     """A share of a later bucket's budget: while uncontended it allows and is charged up to full
     (never into debt), so once contention starts its subject gets its share's rate and no more."""
+    shared: bool = False
+    """Other clients spend it too (a route's budget, or a share of one): charged in a step after
+    the client's own buckets, so a client over its own limit never spends what others share."""
 
 
 MAX_CONTENDERS = 2

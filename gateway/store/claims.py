@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from gateway.store.base import POSITION_TTL_MS, Credit, Entry, Script, Store, StoreUnavailable
 from gateway.store.lua import LAPSE_PRELUDE
+from gateway.store.slots import by_tag, hash_tag, one_tag
 
 # KEYS: the claims, then the puts, then per credit its balance, hold set, lapse index, lapsed
 # hash and ledger position; ARGV: how many claims, how many credits, then value and ttl_ms per
@@ -100,14 +102,45 @@ def released_from_reply(reply: object) -> bool:
 async def claim_then_put(
     store: Store, claims: Sequence[Entry], puts: Sequence[Entry] = (), credits: Sequence[Credit] = ()
 ) -> int:
-    """Atomically, in one round trip: set-if-absent each claim in order, stopping at the first
-    key that exists; only when all were set, write every put and add every credit. A credit
-    renews its balance: the wallet's lapse time in the index moves to ``lapse_ms`` from now,
-    and the counter's TTL to that plus ``grace_ms``; a balance already past its lapse time is
-    lapsed first (it, and its holds, are deleted and its amount added to the account's
-    ``lapsed`` for the sweeper to count), so a late top-up never revives lapsed credit.
-    Returns how many claims were set (``len(claims)``: all of them, and the puts and credits
-    were written)."""
+    """Set-if-absent each claim in order, stopping at the first key that exists; only when all
+    were set, write every put and add every credit. A credit renews its balance: the wallet's
+    lapse time in the index moves to ``lapse_ms`` from now, and the counter's TTL to that plus
+    ``grace_ms``; a balance already past its lapse time is lapsed first (it, and its holds, are
+    deleted and its amount added to the account's ``lapsed`` for the sweeper to count), so a
+    late top-up never revives lapsed credit. Returns how many claims were set (``len(claims)``:
+    all of them, and the puts and credits were written).
+
+    The claims, the puts on their hash tag and the credits are one script, atomic: the claims
+    and the credits must share that tag (ValueError otherwise: money is booked exactly when its
+    claim is won). Puts on other tags are written once the claims are won, one script per tag
+    at once (a process that dies in between leaves them unwritten); without claims, every tag's
+    puts and credits are one script each, at once."""
+    tag = one_tag([claim.key for claim in claims], "a claim-then-put's claims")
+    credit_tags = [_credit_tag(credit) for credit in credits]
+    if tag is None:
+        writes = by_tag(puts, lambda put: put.key)
+        booked = {credit_tag: [c for c, t in zip(credits, credit_tags, strict=True) if t == credit_tag]
+                  for credit_tag in credit_tags}
+        steps = [_claim_then_put(store, (), writes.get(t, ()), booked.get(t, ())) for t in {*writes, *booked}]
+        await asyncio.gather(*steps)
+        return 0
+    if any(credit_tag != tag for credit_tag in credit_tags):
+        raise ValueError("a claim-then-put's credits must share its claims' hash tag")
+    later = by_tag([put for put in puts if hash_tag(put.key) != tag], lambda put: put.key)
+    won = await _claim_then_put(store, claims, [put for put in puts if hash_tag(put.key) == tag], credits)
+    if won == len(claims) and later:
+        await asyncio.gather(*(_claim_then_put(store, (), group, ()) for group in later.values()))
+    return won
+
+
+def _credit_tag(credit: Credit) -> str:
+    """The hash tag of every key a credit writes (ValueError when they span several)."""
+    return one_tag(claim_then_put_call((), (), [credit])[0], "a credit") or ""
+
+
+async def _claim_then_put(
+    store: Store, claims: Sequence[Entry], puts: Sequence[Entry], credits: Sequence[Credit]
+) -> int:
     script_keys, args = claim_then_put_call(claims, puts, credits)
     return claimed_from_reply(len(claims), await store.run(CLAIM_THEN_PUT_SCRIPT, script_keys, args))
 

@@ -5,10 +5,12 @@ same way): ``HOLD_SCRIPT`` and ``UNHOLD_SCRIPT``, and the functions that run the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from gateway.store.base import Hold, Script, Store, StoreUnavailable
 from gateway.store.lua import MAX_HOLD_AMOUNT, PRELUDE
+from gateway.store.slots import by_tag
 
 # KEYS: the hold sets. ARGV: token, ttl_ms, then amount and cap per key. A hold is the field
 # ``token`` of the key's hash, valued "amount expires_us". Reply: 1 when held everywhere, else 0.
@@ -69,17 +71,36 @@ def unheld_from_reply(reply: object) -> None:
 
 
 async def hold(store: Store, holds: Sequence[Hold], token: str, ttl_ms: int) -> bool:
-    """Atomically, in one round trip: forget the lapsed holds at each key; only when every
-    key's live holds plus the new amount fit its cap, add a hold of that amount under
-    ``token`` at every key, lapsing ``ttl_ms`` from now (so a holder that dies frees it by
-    itself), and answer True; else change nothing and answer False."""
+    """Forget the lapsed holds at each key; only when every key's live holds plus the new amount
+    fit its cap, add a hold of that amount under ``token`` at every key, lapsing ``ttl_ms`` from
+    now (so a holder that dies frees it by itself), and answer True; else answer False with
+    nothing held. Atomic per hash tag: the keys of each tag are one script, the tags' scripts
+    run at once (one round trip), and when one tag's refuses the holds the others made are
+    dropped again (a holder that dies in between leaves them to lapse)."""
     if not holds:
         return True
+    tags = list(by_tag(holds, lambda h: h.key).values())
+    steps = (_hold(store, group, token, ttl_ms) for group in tags)
+    held = await asyncio.gather(*steps, return_exceptions=True)
+    if all(result is True for result in held):
+        return True
+    made = [h.key for group, result in zip(tags, held, strict=True) if result is True for h in group]
+    await unhold(store, made, token)
+    failure = next((result for result in held if isinstance(result, BaseException)), None)
+    if failure is not None:
+        raise failure
+    return False
+
+
+async def _hold(store: Store, holds: Sequence[Hold], token: str, ttl_ms: int) -> bool:
     script_keys, args = hold_call(holds, token, ttl_ms)
     return held_from_reply(await store.run(HOLD_SCRIPT, script_keys, args))
 
 
 async def unhold(store: Store, keys: Sequence[str], token: str) -> None:
-    """Drop ``token``'s hold at each key (one round trip; absent holds are ignored)."""
-    if keys:
-        unheld_from_reply(await store.run(UNHOLD_SCRIPT, keys, [token]))
+    """Drop ``token``'s hold at each key (absent holds are ignored): one script per hash tag, at
+    once (one round trip)."""
+    groups = by_tag(keys, lambda key: key).values()
+    replies = await asyncio.gather(*(store.run(UNHOLD_SCRIPT, group, [token]) for group in groups))
+    for reply in replies:
+        unheld_from_reply(reply)

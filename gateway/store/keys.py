@@ -78,6 +78,10 @@ from typing import Final
 _GATEWAY: Final = "{x402gw}:"
 _FACILITATOR: Final = _GATEWAY + "svm:"
 _SPREAD: Final = "{x402gw:"
+_SHARDED: Final = "x402gw."
+"""The root of the families sharded by a tag inside the key: ``x402gw.<family>:{<tag>}...``, the
+tag being the wallet (``w:``), client IP (``ip:``), budget (``rl:``), token account (``acct:``)
+or payment (``p:``) whose keys a script touches together (:func:`wallet_tag` and friends)."""
 """The head of a key that is its own hash tag, whole: ``{x402gw:<family>:<arguments>}``."""
 LEGACY_ROOTS: Final = {"x402gw:": _GATEWAY, "x402:svm:": _FACILITATOR}
 """The roots before the hash tag, each with the root that replaced it: nothing writes under them;
@@ -97,20 +101,20 @@ SPREAD_RENAMED: Final = tuple(_GATEWAY + family + "*" for family in SPREAD_FAMIL
 RENAMED: Final = (*(root + "*" for root in LEGACY_ROOTS), *SPREAD_RENAMED)
 """SCAN patterns matching every key an earlier release named otherwise (:func:`current_name`)."""
 
-PAYMENT_CLAIM: Final = _GATEWAY + "pay:"
-PENDING_SETTLEMENT: Final = _GATEWAY + "pending:"
-DELIVERY: Final = _GATEWAY + "delivered:"
-PAYMENT_ID: Final = _GATEWAY + "pid:"
-SIGN_IN_NONCE: Final = _GATEWAY + "siwx:"
-RATE_BUCKET: Final = _GATEWAY + "rl:"
-RATE_CONTENTION: Final = _GATEWAY + "rl-contended:"
+PAYMENT_CLAIM: Final = _SHARDED + "pay:"
+PENDING_SETTLEMENT: Final = _SHARDED + "pending:"
+DELIVERY: Final = _SHARDED + "delivered:"
+PAYMENT_ID: Final = _SHARDED + "pid:"
+SIGN_IN_NONCE: Final = _SHARDED + "siwx:"
+RATE_BUCKET: Final = _SHARDED + "rl:"
+RATE_CONTENTION: Final = _SHARDED + "rl-contended:"
 LIMIT_WINDOW: Final = _SPREAD + "rlw:"
 USAGE: Final = _SPREAD + "usage:"
-FEE_GUARD_RECORD: Final = _GATEWAY + "fee-guard:settled:"
-FEE_GUARD_COOLDOWN: Final = _GATEWAY + "fee-guard:cooling:"
-FEE_GUARD_IN_FLIGHT: Final = _GATEWAY + "fee-guard:in-flight:"
-FEE_GUARD_FUNDS: Final = _GATEWAY + "fee-guard:funds:"
-FEE_GUARD_COUNTED: Final = _GATEWAY + "fee-guard:counted:"
+FEE_GUARD_RECORD: Final = _SHARDED + "fee-guard:settled:"
+FEE_GUARD_COOLDOWN: Final = _SHARDED + "fee-guard:cooling:"
+FEE_GUARD_IN_FLIGHT: Final = _SHARDED + "fee-guard:in-flight:"
+FEE_GUARD_FUNDS: Final = _SHARDED + "fee-guard:funds:"
+FEE_GUARD_COUNTED: Final = _SHARDED + "fee-guard:counted:"
 FACILITATOR_DOWN: Final = _GATEWAY + "facilitator-down:"
 FEE_PAYER: Final = _SPREAD + "fee-payer:"
 CREDIT_BALANCE: Final = _GATEWAY + "credit:"
@@ -122,7 +126,7 @@ LEDGER_MARK: Final = _GATEWAY + "ledger-mark"
 LEDGER_RESTORE: Final = _SPREAD + "ledger-restore"
 CREDIT_CALL: Final = _GATEWAY + "credit-call:"
 CREDIT_SESSION: Final = _GATEWAY + "credit-session:"
-SETTLEMENT: Final = _FACILITATOR + "settle:"
+SETTLEMENT: Final = _SHARDED + "svm:settle:"
 _REPORTED_TAIL: Final = ":done"
 
 
@@ -144,41 +148,65 @@ def current_name(old: str) -> str | None:
     return None
 
 
-def payment_claim(payment_key: str) -> str:
-    """The claim on a payment (``gateway.methods.exact.ledger``)."""
-    return PAYMENT_CLAIM + payment_key
+def wallet_tag(wallet: str) -> str:
+    """A wallet's tag: its payments, nonces, calls, credit and own buckets share its slot."""
+    return "w:" + wallet
 
 
-def pending_settlement(payment_key: str) -> str:
+def ip_tag(ip: str) -> str:
+    """A client IP's tag (an IPv6 client's prefix): its own buckets and fee-guard keys."""
+    return "ip:" + ip
+
+
+def budget_tag(scope: str) -> str:
+    """A shared budget's tag: the budget, the shares of it and their contention marks."""
+    return "rl:" + scope
+
+
+def _on(tag: str) -> str:
+    return "{" + tag + "}"
+
+
+def payment_claim(payer: str, payment_key: str) -> str:
+    """The claim on a payment, on its payer's slot (``gateway.methods.exact.ledger``)."""
+    return f"{PAYMENT_CLAIM}{_on(wallet_tag(payer))}:{payment_key}"
+
+
+def pending_settlement(payer: str, payment_key: str) -> str:
     """The write-ahead record of a payment's settlement (``gateway.methods.exact.ledger``)."""
-    return PENDING_SETTLEMENT + payment_key
+    return f"{PENDING_SETTLEMENT}{_on(wallet_tag(payer))}:{payment_key}"
 
 
-def delivery(payment_key: str) -> str:
+def delivery(payer: str, payment_key: str) -> str:
     """The one delivery of a settled payment (``gateway.methods.exact.ledger``)."""
-    return DELIVERY + payment_key
+    return f"{DELIVERY}{_on(wallet_tag(payer))}:{payment_key}"
 
 
-def payment_id(identifier: str) -> str:
-    """A payment identifier's request (``gateway.methods.exact.ledger``)."""
-    return PAYMENT_ID + identifier
+def payment_id(payer: str, identifier: str) -> str:
+    """A payment identifier's request, among its payer's (``gateway.methods.exact.ledger``)."""
+    return f"{PAYMENT_ID}{_on(wallet_tag(payer))}:{identifier}"
 
 
-def sign_in_nonce(nonce: str) -> str:
-    """A used sign-in nonce (``gateway.methods.sign_in``)."""
-    return SIGN_IN_NONCE + nonce
+def sign_in_nonce(wallet: str, nonce: str) -> str:
+    """A nonce the wallet signed in with (``gateway.methods.sign_in``)."""
+    return f"{SIGN_IN_NONCE}{_on(wallet_tag(wallet))}:{nonce}"
 
 
-def rate_bucket(scope: str, subject: str | None = None) -> str:
-    """A route limit's bucket: the scope's shared one, or one client's (its wallet or IP) within
-    it (``gateway.limits.rate_limiter``)."""
-    return f"{RATE_BUCKET}{scope}" if subject is None else f"{RATE_BUCKET}{scope}:{subject}"
+def rate_bucket(scope: str, subject: str | None = None, budget: str | None = None) -> str:
+    """A route limit's bucket: the scope's shared budget (no ``subject``), or one client's within
+    it (``subject``: its :func:`wallet_tag` or :func:`ip_tag`), on the client's slot, or on the
+    ``budget``'s when it is a share of that budget (``gateway.limits.rate_limiter``)."""
+    if subject is None:
+        return RATE_BUCKET + _on(budget_tag(scope))
+    if budget is None:
+        return f"{RATE_BUCKET}{_on(subject)}:{scope}"
+    return f"{RATE_BUCKET}{_on(budget_tag(budget))}:{scope}:{subject}"
 
 
-def rate_contention(scope: str) -> str:
-    """A share scope's contention mark: the latest subjects its budget refused
-    (``gateway.store.base.Share``)."""
-    return f"{RATE_CONTENTION}{scope}"
+def rate_contention(scope: str, budget: str) -> str:
+    """A share scope's contention mark, on its budget's slot: the latest subjects the budget
+    refused (``gateway.store.base.Share``)."""
+    return f"{RATE_CONTENTION}{_on(budget_tag(budget))}:{scope}"
 
 
 def limit_window(scope: str, subject: str, window: int) -> str:
@@ -192,30 +220,38 @@ def usage(route: str, outcome: str) -> str:
     return _spread(f"{USAGE}{route}:{outcome}")
 
 
+def fee_guard_party(kind: str, party: str) -> str:
+    """The tag of a party to settlements: a payer owner is a wallet, a client an IP, a token
+    account its own (``gateway.methods.exact.fee_guard``)."""
+    if kind == "owner":
+        return wallet_tag(party)
+    return ip_tag(party) if kind == "ip" else "acct:" + party
+
+
 def fee_guard_record(kind: str, party: str) -> str:
     """A party's settlements that landed recently (``gateway.methods.exact.fee_guard``)."""
-    return f"{FEE_GUARD_RECORD}{kind}:{party}"
+    return FEE_GUARD_RECORD + _on(fee_guard_party(kind, party))
 
 
 def fee_guard_cooldown(kind: str, party: str) -> str:
     """A party cooling down after a failed settlement (``gateway.methods.exact.fee_guard``)."""
-    return f"{FEE_GUARD_COOLDOWN}{kind}:{party}"
+    return FEE_GUARD_COOLDOWN + _on(fee_guard_party(kind, party))
 
 
 def fee_guard_in_flight(kind: str, party: str) -> str:
     """A party's settlements in flight (``gateway.methods.exact.fee_guard``)."""
-    return f"{FEE_GUARD_IN_FLIGHT}{kind}:{party}"
+    return FEE_GUARD_IN_FLIGHT + _on(fee_guard_party(kind, party))
 
 
 def fee_guard_funds(account: str) -> str:
     """The amounts in flight from one token account (``gateway.methods.exact.fee_guard``)."""
-    return FEE_GUARD_FUNDS + account
+    return FEE_GUARD_FUNDS + _on(fee_guard_party("account", account))
 
 
 def fee_guard_counted(side: str, signature: str) -> str:
     """A settlement's outcome counted for one side of its parties (``payer``: owner and token
     account; ``client``: the IP), claimed by whoever counts it (``gateway.methods.exact.fee_guard``)."""
-    return f"{FEE_GUARD_COUNTED}{side}:{signature}"
+    return f"{FEE_GUARD_COUNTED}{_on(side + ':' + signature)}"
 
 
 def facilitator_down(name: str) -> str:
@@ -280,8 +316,9 @@ def ledger_restore() -> str:
 
 
 def settlement(message_hash: str) -> str:
-    """The internal facilitator's record of one payment (``gateway.facilitators.local``)."""
-    return SETTLEMENT + message_hash
+    """The internal facilitator's record of one payment (``gateway.facilitators.local``), on a
+    slot of its own with its :func:`settlement_reported`."""
+    return SETTLEMENT + _on("p:" + message_hash)
 
 
 def settlement_reported(settlement_key: str) -> str:

@@ -6,7 +6,9 @@ on any backend (:meth:`Store.run`) and the checks on their replies.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from gateway.store.base import (
     Bucket,
@@ -19,7 +21,9 @@ from gateway.store.base import (
     StoreUnavailable,
     share_budgets,
 )
+from gateway.store.holds import unhold
 from gateway.store.lua import CREDIT_PRELUDE, PRELUDE, credit_keys, credit_state_from_reply, text_from_reply
+from gateway.store.slots import hash_tag, one_tag
 
 # KEYS: the n entries, then the r refund buckets, then the debt buckets. ARGV: n, r, the value per
 # entry, then limit and period_ms per bucket. Reply: 1.
@@ -220,6 +224,93 @@ def lookup_from_reply(keys: Sequence[str], reply: object, hold_ordered: bool = F
     raise StoreUnavailable("state store answered the check-then-limit script with garbage")
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """The part of a check-then-limit on one hash tag: the checked keys, buckets (their indices
+    in the caller's order), puts and credit hold named on it, run as one script."""
+
+    keys: tuple[int, ...]
+    buckets: tuple[int, ...]
+    puts: tuple[Entry, ...]
+    hold: CreditHoldOrder | None
+    shared: bool
+
+
+def _steps(
+    keys: Sequence[str], buckets: Sequence[Bucket], puts: Sequence[Entry], hold: CreditHoldOrder | None
+) -> list[_Step]:
+    """One step per hash tag, in order of first appearance; ValueError when a step's keys would
+    still span tags (a share's mark or budget on another tag than the share) or a hold's do."""
+    hold_tag = None if hold is None else one_tag(credit_keys(hold.account), "a credit hold")
+    tags: dict[str, tuple[list[int], list[int], list[Entry]]] = {}
+    for i, key in enumerate(keys):
+        tags.setdefault(hash_tag(key), ([], [], []))[0].append(i)
+    for j, bucket in enumerate(buckets):
+        tags.setdefault(hash_tag(bucket.key), ([], [], []))[1].append(j)
+    for entry in puts:
+        tags.setdefault(hash_tag(entry.key), ([], [], []))[2].append(entry)
+    if hold_tag is not None:
+        tags.setdefault(hold_tag, ([], [], []))
+    steps = []
+    for tag, (at, taken, written) in tags.items():
+        step_hold = hold if tag == hold_tag else None
+        shared = any(buckets[j].shared for j in taken)
+        step = _Step(tuple(at), tuple(taken), tuple(written), step_hold, shared)
+        step_keys, _ = _call(step, keys, buckets)
+        one_tag(step_keys, "a check-then-limit step")
+        steps.append(step)
+    return steps
+
+
+def _call(step: _Step, keys: Sequence[str], buckets: Sequence[Bucket]) -> tuple[list[str], list[str]]:
+    return check_then_limit_call(
+        [keys[i] for i in step.keys], [buckets[j] for j in step.buckets], step.puts, hold=step.hold
+    )
+
+
+async def _run_step(store: Store, step: _Step, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
+    script_keys, args = _call(step, keys, buckets)
+    reply = await store.run(CHECK_THEN_LIMIT_SCRIPT, script_keys, args)
+    return lookup_from_reply([keys[i] for i in step.keys], reply, step.hold is not None)
+
+
+def _charged(step: _Step, found: Lookup, buckets: Sequence[Bucket]) -> list[int]:
+    """The buckets (indices) the step charged: those it allowed, guards aside; a step that refused
+    gave its shares back itself."""
+    refused = found.refused is not None
+    return [
+        j
+        for j, decision in zip(step.buckets, found.decisions, strict=False)
+        if decision.allowed and not buckets[j].guard and not (refused and buckets[j].share is not None)
+    ]
+
+
+async def _compensate(
+    store: Store, ran: Sequence[tuple[_Step, Lookup]], buckets: Sequence[Bucket], keep: Callable[[int], bool]
+) -> None:
+    """Take back what the steps that ran did for a request that is not admitted after all: the
+    puts they wrote, the holds they made, and each charge ``keep`` does not keep (one script per
+    step, on its tag; the steps at once)."""
+    undos = []
+    for step, found in ran:
+        entries = step.puts if found.written else ()
+        refunds = [buckets[j] for j in _charged(step, found, buckets) if not keep(j)]
+        if entries or refunds:
+            undos.append(undo_claim(store, entries, refunds))
+        if step.hold is not None and found.held is not None:
+            undos.append(unhold(store, [step.hold.account.holds], step.hold.token))
+    await _all(undos)
+
+
+async def _all(calls: Sequence[Awaitable[object]]) -> list[object]:
+    """Await every call, all of them even when one fails, then raise the first failure."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return list(results)
+
+
 async def check_then_limit(
     store: Store,
     keys: Sequence[str],
@@ -227,26 +318,96 @@ async def check_then_limit(
     puts: Sequence[Entry] = (),
     hold: CreditHoldOrder | None = None,
 ) -> Lookup:
-    """Atomically, in one round trip: the values at ``keys``; only when every one is absent
-    (and, with a ``hold``, only when the account's free credit covers it, as ``hold_credit``
-    decides), one GCRA decision per bucket in order, stopping at the first refusal (so
-    nothing already used, and no later bucket, is charged for a request that will be
-    refused); and only when every bucket allowed it too, write every put and make the hold.
-    A put on a checked key is therefore a claim: exactly one of many concurrent callers
-    writes it. Credit that does not cover the hold leaves ``written`` false with no decision
-    and nothing changed (lapsed holds aside, forgotten)."""
-    script_keys, args = check_then_limit_call(keys, buckets, puts, hold=hold)
-    return lookup_from_reply(
-        keys, await store.run(CHECK_THEN_LIMIT_SCRIPT, script_keys, args), hold is not None
-    )
+    """The values at ``keys``; only when every one is absent (and, with a ``hold``, only when
+    the account's free credit covers it, as ``hold_credit`` decides), one GCRA decision per
+    bucket in order, stopping at the first refusal (so no later bucket is charged for a request
+    that will be refused); and only when every bucket allowed it too, write every put and make
+    the hold. A put on a checked key is therefore a claim: exactly one of many concurrent
+    callers writes it. Credit that does not cover the hold leaves ``written`` false with no
+    decision and nothing changed (lapsed holds aside, forgotten).
+
+    Atomic per hash tag: what is named on one tag is one script (one round trip, one step on a
+    cluster). Several tags are several steps: first those of the client's own buckets, claims
+    and hold, all at once; then each step of shared buckets, in order, only once all of those
+    admitted the request. When one step finds a key, finds the credit short or refuses, what the
+    others did is taken back (a compensating step per tag): their claims deleted, their holds
+    dropped, every charge the one script would not have made handed back. So the outcome is the
+    one script's; a process that dies between the steps leaves claims and holds to lapse and
+    charges on the client's own buckets (``docs/store.md``)."""
+    steps = _steps(keys, buckets, puts, hold)
+    if len(steps) == 1:
+        return await _run_step(store, steps[0], keys, buckets)
+    stages = [[step for step in steps if not step.shared]]
+    stages += [[step] for step in sorted((s for s in steps if s.shared), key=lambda s: s.buckets[0])]
+    ran: list[tuple[_Step, Lookup]] = []
+    decisions: dict[int, RateDecision] = {}
+    for stage in stages:
+        replies = await asyncio.gather(
+            *(_run_step(store, step, keys, buckets) for step in stage), return_exceptions=True
+        )
+        failure = next((r for r in replies if isinstance(r, BaseException)), None)
+        ran += [(s, r) for s, r in zip(stage, replies, strict=True) if not isinstance(r, BaseException)]
+        if failure is not None:
+            await _compensate(store, ran, buckets, keep=_nothing)
+            raise failure
+        values = _values(keys, ran)
+        for step, found in ran:
+            decisions.update(zip(step.buckets, found.decisions, strict=False))
+        refused = [j for j, decision in decisions.items() if not decision.allowed]
+        if any(v is not None for v in values) or any(_uncovered(step, found) for step, found in ran):
+            await _compensate(store, ran, buckets, keep=_nothing)
+            return Lookup(values=values, decisions=[])
+        if refused:
+            first = min(refused)
+            await _compensate(store, ran, buckets, keep=_before(first, buckets))
+            return Lookup(values=values, decisions=[decisions[j] for j in range(first + 1)])
+    held = next((found.held for step, found in ran if step.hold is not None), None)
+    every = [decisions[j] for j in range(len(buckets))]
+    return Lookup(values=_values(keys, ran), decisions=every, written=True, held=held)
+
+
+def _uncovered(step: _Step, found: Lookup) -> bool:
+    """The step's credit hold was not made: the credit did not cover it (no bucket decided)."""
+    return step.hold is not None and not found.written and not found.decisions
+
+
+def _nothing(index: int) -> bool:
+    return False
+
+
+def _before(first: int, buckets: Sequence[Bucket]) -> Callable[[int], bool]:
+    """What a refusal by bucket ``first`` keeps, as the one script would: the charges before it,
+    shares aside (a refusal gives those back)."""
+    return lambda j: j < first and buckets[j].share is None
+
+
+def _values(keys: Sequence[str], ran: Sequence[tuple[_Step, Lookup]]) -> list[str | None]:
+    values: list[str | None] = [None] * len(keys)
+    for step, found in ran:
+        for i, value in zip(step.keys, found.values, strict=True):
+            values[i] = value
+    return values
 
 
 async def undo_claim(
     store: Store, entries: Sequence[Entry], refunds: Sequence[Bucket] = (), debts: Sequence[Bucket] = ()
 ) -> None:
-    """Atomically, in one round trip: delete each entry's key while it still holds the entry's
-    value; hand one request back to each ``refunds`` bucket (a spend that turned out not to be
-    owed); charge each ``debts`` bucket one request even past its limit, so a burst that slipped
-    past a guard is paid for by a longer wait, never forgiven."""
+    """Delete each entry's key while it still holds the entry's value; hand one request back to
+    each ``refunds`` bucket (a spend that turned out not to be owed); charge each ``debts``
+    bucket one request even past its limit, so a burst that slipped past a guard is paid for by
+    a longer wait, never forgiven. One script per hash tag, all at once (one round trip)."""
+    tags: dict[str, tuple[list[Entry], list[Bucket], list[Bucket]]] = {}
+    for entry in entries:
+        tags.setdefault(hash_tag(entry.key), ([], [], []))[0].append(entry)
+    for bucket in refunds:
+        tags.setdefault(hash_tag(bucket.key), ([], [], []))[1].append(bucket)
+    for bucket in debts:
+        tags.setdefault(hash_tag(bucket.key), ([], [], []))[2].append(bucket)
+    await _all([_undo(store, *parts) for parts in tags.values()])
+
+
+async def _undo(
+    store: Store, entries: Sequence[Entry], refunds: Sequence[Bucket], debts: Sequence[Bucket]
+) -> None:
     script_keys, args = undo_claim_call(entries, refunds, debts)
     undone_from_reply(await store.run(UNDO_CLAIM_SCRIPT, script_keys, args))

@@ -99,9 +99,9 @@ async def test_a_flood_of_throwaway_wallet_sign_ins_from_one_ip_is_429d_at_the_l
         assert_limited(reply, "credits:ip")
     assert other_ip.status == 200, other_ip.body  # the limit is the flooding IP's own
 
-    nonces = await store_keys(clean_redis_url, keys.sign_in_nonce("*"))
-    wallets = await store_keys(clean_redis_url, keys.rate_bucket("credits:wallet", "*"))
-    ips = await store_keys(clean_redis_url, keys.rate_bucket("credits:ip", "*"))
+    nonces = await store_keys(clean_redis_url, keys.sign_in_nonce("*", "*"))
+    wallets = await store_keys(clean_redis_url, keys.rate_bucket("credits:wallet", keys.wallet_tag("*")))
+    ips = await store_keys(clean_redis_url, keys.rate_bucket("credits:ip", keys.ip_tag("*")))
     assert (nonces, wallets, ips) == (PER_IP + 1, PER_IP + 1, 2)  # refused sign-ins write nothing
     assert nonces - 1 <= NONCE_BOUND_PER_IP == 140
 

@@ -221,7 +221,7 @@ def book(store: Store, upstream_timeout_s: float = 15.0) -> CreditBook:
 async def fund(store: Store, wallet: Keypair | str, amount: int) -> None:
     """Credit ``wallet`` with ``amount`` the way a top-up's delivery does (one claim, one credit)."""
     address = wallet if isinstance(wallet, str) else str(wallet.pubkey())
-    claim = Entry(keys.delivery(secrets.token_hex(32)), "1", 60_000)
+    claim = Entry(keys.delivery(address, secrets.token_hex(32)), "1", 60_000)
     assert await claim_then_put(store, [claim], [], book(store).credits(address, amount)) == 1
 
 

@@ -123,6 +123,7 @@ class PaymentGate:
         # failed on chain is refused before it costs anything.
         blockers = [Party("ip", client_ip).cooldown_key] if option.settling.ours else []
         attempt = await self.ledger.claim(
+            candidate.payer,
             candidate.key,
             self.route_name,
             candidate.payment_id,
@@ -134,7 +135,12 @@ class PaymentGate:
             # Another wallet of this IP failed; this payer's own record vouches for it (nothing
             # was charged by the blocked attempt, so it is simply made again without the IP's).
             attempt = await self.ledger.claim(
-                candidate.key, self.route_name, candidate.payment_id, candidate.fingerprint, plan.buckets
+                candidate.payer,
+                candidate.key,
+                self.route_name,
+                candidate.payment_id,
+                candidate.fingerprint,
+                plan.buckets,
             )
         if attempt.payment_id is not None and attempt.payment_id.fingerprint != candidate.fingerprint:
             return Conflict("payment identifier was used with another payment or request")

@@ -161,6 +161,7 @@ class PaymentLedger:
 
     async def claim(
         self,
+        payer: str,
         key: str,
         route: str,
         payment_id: str | None,
@@ -173,20 +174,21 @@ class PaymentLedger:
         only when every bucket allows it, claim the payment and tie its identifier (if any) to
         this request. One round trip, atomic: of many concurrent attempts on one payment,
         exactly one wins. Any of ``blockers`` present (a cool-down) refuses it, charging nothing."""
-        entries = [Entry(keys.payment_claim(key), f"{route} {secrets.token_hex(8)}", CLAIM_TTL_MS)]
-        read = [keys.payment_claim(key), keys.pending_settlement(key), keys.delivery(key)]
+        claim = keys.payment_claim(payer, key)
+        entries = [Entry(claim, f"{route} {secrets.token_hex(8)}", CLAIM_TTL_MS)]
+        read = [claim, keys.pending_settlement(payer, key), keys.delivery(payer, key)]
         if payment_id is not None:
             record = msgspec.json.encode(PaymentIdRecord(fingerprint=fp)).decode()
-            entries.append(Entry(keys.payment_id(payment_id), record, PAYMENT_ID_TTL_MS))
-            read.append(keys.payment_id(payment_id))
+            entries.append(Entry(keys.payment_id(payer, payment_id), record, PAYMENT_ID_TTL_MS))
+            read.append(keys.payment_id(payer, payment_id))
         read += blockers
         found = await check_then_limit(self.store, read, buckets, entries)
-        claim, pending, delivered = found.values[:3]
+        claimed, pending, delivered = found.values[:3]
         raw_pid = found.values[3] if payment_id is not None else None
         blocked = any(v is not None for v in found.values[len(read) - len(blockers) :])
         return ClaimAttempt(
             # An open pending record outlives its claim by the moments between the two writes.
-            claimed=claim is not None or pending is not None,
+            claimed=claimed is not None or pending is not None,
             pending=self._pending.decode(pending) if pending else None,
             delivered=self._delivered.decode(delivered) if delivered else None,
             payment_id=self._pid.decode(raw_pid) if raw_pid else None,
@@ -205,28 +207,30 @@ class PaymentLedger:
         (``debts``)."""
         await undo_claim(self.store, attempt.entries, refunds, debts)
 
-    async def record_pending(self, key: str, record: PendingSettlement) -> None:
+    async def record_pending(self, payer: str, key: str, record: PendingSettlement) -> None:
         encoded = msgspec.json.encode(record).decode()
-        await self.store.put(keys.pending_settlement(key), encoded, PENDING_TTL_MS)
+        await self.store.put(keys.pending_settlement(payer, key), encoded, PENDING_TTL_MS)
 
-    async def settled_by_retry(self, key: str, fp: str) -> bool:
+    async def settled_by_retry(self, payer: str, key: str, fp: str) -> bool:
         """Whether a retry of the request with fingerprint ``fp`` is reconciling the payment
         (its intent marked ``retried``) or delivered it already: one round trip, reads only."""
-        read = [keys.pending_settlement(key), keys.delivery(key)]
+        read = [keys.pending_settlement(payer, key), keys.delivery(payer, key)]
         pending, delivered = (await check_then_limit(self.store, read, [])).values
         if pending and self._pending.decode(pending).retried:
             return True
         return delivered is not None and self._delivered.decode(delivered).fingerprint == fp
 
-    async def resolve_pending(self, key: str) -> None:
+    async def resolve_pending(self, payer: str, key: str) -> None:
         """Mark the pending record done (an empty record expires at once)."""
-        await self.store.put(keys.pending_settlement(key), "", 1)
+        await self.store.put(keys.pending_settlement(payer, key), "", 1)
 
-    async def deliver(self, key: str, record: DeliveredRecord, credits: Sequence[Credit] = ()) -> bool:
+    async def deliver(
+        self, payer: str, key: str, record: DeliveredRecord, credits: Sequence[Credit] = ()
+    ) -> bool:
         """True for exactly one caller per payment, the one that hands out the settled answer;
         that one also closes the intent and books ``credits`` (a top-up's). ``record`` (the
         request, and the answer to give its identical retries) is what a later claim attempt on
         the payment reads. One round trip: the credit is booked exactly when the delivery is."""
-        delivery = Entry(keys.delivery(key), msgspec.json.encode(record).decode(), ANSWER_TTL_MS)
-        close = Entry(keys.pending_settlement(key), "", 1)
+        delivery = Entry(keys.delivery(payer, key), msgspec.json.encode(record).decode(), ANSWER_TTL_MS)
+        close = Entry(keys.pending_settlement(payer, key), "", 1)
         return await claim_then_put(self.store, [delivery], [close], credits) == 1

@@ -93,7 +93,7 @@ class Settlement:
         """Record the intent, then settle. ``StoreUnavailable`` from the intent's write means the
         facilitator was never asked: the caller's truthful "nothing was charged"."""
         intent = PendingSettlement(paid.fingerprint, paid.claimant, response)
-        await self.ledger.record_pending(paid.key, intent)
+        await self.ledger.record_pending(paid.payer, paid.key, intent)
         return await self._settle(paid, intent, reconciling=False)
 
     async def reconcile(self, retry: Reconcile) -> Settled:
@@ -123,7 +123,7 @@ class Settlement:
     ) -> Settled:
         if reconciling and not intent.retried:
             intent = msgspec.structs.replace(intent, retried=True)
-            await self.ledger.record_pending(paid.key, intent)
+            await self.ledger.record_pending(paid.payer, paid.key, intent)
         try:
             result: SettleResponse | None = await self._settle_as_client(
                 paid, reconciling, intent.transaction
@@ -150,7 +150,8 @@ class Settlement:
         # of this very request reconciled it meanwhile and landed it first (a concurrent copy of
         # the request): then it settled, and one of the two delivers.
         settled = result.success or (
-            duplicate and (reconciling or await self.ledger.settled_by_retry(paid.key, paid.fingerprint))
+            duplicate
+            and (reconciling or await self.ledger.settled_by_retry(paid.payer, paid.key, paid.fingerprint))
         )
         if settled and intent.response is not None:
             return await self._deliver_once(paid, result, intent, intent.response)
@@ -193,7 +194,7 @@ class Settlement:
         turn = await guard.take_turn(token, client, standing, wait_s=self.guard_wait_s, voucher=payer)
         if turn.outcome == "cooling_down":  # a settlement of this client failed on chain
             why = "this client cools down after a failure"
-            if reconciling or await self.ledger.settled_by_retry(paid.key, paid.fingerprint):
+            if reconciling or await self.ledger.settled_by_retry(paid.payer, paid.key, paid.fingerprint):
                 return _not_asked(paid, "settlement_pending", why)
             return _not_asked(paid, "invalid_transaction_state", why)
         if not turn.admitted:
@@ -275,7 +276,7 @@ class Settlement:
             await self._left_pending(paid, intent, result)
             return Pending()
         try:
-            first = await self.ledger.deliver(paid.key, record, credits)
+            first = await self.ledger.deliver(paid.payer, paid.key, record, credits)
         except StoreUnavailable:
             # A top-up is delivered with its credit or not at all: a retry reconciles both.
             if not result.success or credits:
@@ -342,7 +343,7 @@ class Settlement:
         transaction = result.transaction if result is not None and result.transaction else intent.transaction
         try:
             await self.ledger.record_pending(
-                paid.key, msgspec.structs.replace(intent, transaction=transaction)
+                paid.payer, paid.key, msgspec.structs.replace(intent, transaction=transaction)
             )
         except StoreUnavailable:
             # The intent written before settling still stands, without the transaction.
@@ -358,7 +359,7 @@ class Settlement:
     async def _close_intent(self, paid: PaidRequest) -> None:
         """The settlement failed for good: nothing to reconcile (the claim keeps the payment used)."""
         try:
-            await self.ledger.resolve_pending(paid.key)
+            await self.ledger.resolve_pending(paid.payer, paid.key)
         except StoreUnavailable:
             log_event(
                 "failed settlement's intent not closed: store unavailable",
