@@ -14,9 +14,18 @@ from __future__ import annotations
 import pytest
 from redis.crc import key_slot
 
-from gateway.store import Bucket, CreditHoldOrder, Entry, Hold, Store, StoreUnavailable
+from gateway.store import (
+    Bucket,
+    CreditHoldOrder,
+    CreditSessionSpend,
+    Entry,
+    Hold,
+    SessionSpent,
+    Store,
+    StoreUnavailable,
+)
 from gateway.store.claims import claim_then_put
-from gateway.store.credit import credit_state
+from gateway.store.credit import credit_state, open_credit_session, spend_credit_session
 from gateway.store.holds import hold, unhold
 from gateway.store.limits import check_then_limit, undo_claim
 from tests import test_store_contract as contract
@@ -189,3 +198,23 @@ async def test_an_undo_over_several_tags_deletes_refunds_and_charges_each_on_its
     assert await store.get(entry.key) is None
     assert await allowed(store, refunded)  # handed back
     assert not await allowed(store, debt)  # charged
+
+
+async def test_a_session_spend_refused_on_another_tag_gives_its_hold_and_cap_back(store: Store) -> None:
+    """The session, its cap and the credit are the wallet step; a budget refusing after it undoes it."""
+    await top_up(store, 100)
+    session = "{t}session:steps"  # on the tag of the wallet's credit keys (tests.test_store_contract)
+    await open_credit_session(store, session, SPEND.wallet, 50, 60_000)
+    shared = budget()
+    assert await allowed(store, shared)
+
+    found = await spend_credit_session(
+        store, CreditSessionSpend(session, CreditHoldOrder(SPEND, 30, "call", 60_000)), [shared]
+    )
+
+    assert found.outcome is SessionSpent.LIMITED
+    assert [d.allowed for d in found.decisions] == [False]
+    assert (await credit_state(store, SPEND)).held == 0
+    again = CreditSessionSpend(session, CreditHoldOrder(SPEND, 50, "next", 60_000))
+    whole = await spend_credit_session(store, again, [])
+    assert whole.outcome is SessionSpent.SPENT and whole.spent == 50  # the whole cap again

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+
 from gateway.store.base import (
     Bucket,
     CreditAccount,
@@ -17,6 +19,7 @@ from gateway.store.base import (
     CreditSessionState,
     CreditState,
     Entry,
+    Lookup,
     RateDecision,
     Script,
     SessionLookup,
@@ -30,6 +33,7 @@ from gateway.store.base import (
 )
 from gateway.store.limits import check_then_limit
 from gateway.store.lua import CREDIT_PRELUDE, LAPSE_PRELUDE, credit_keys, credit_state_from_reply
+from gateway.store.slots import one_tag
 
 # Reply: the credit state. Reads only.
 CREDIT_STATE_SCRIPT = Script(
@@ -379,18 +383,48 @@ async def open_credit_session(store: Store, key: str, wallet: str, cap: int, ttl
     await store.run(OPEN_CREDIT_SESSION_SCRIPT, script_keys, args)
 
 
+class _SessionSpend:
+    """A session's spend as the own step of its wallet's tag: the session, its cap, the credit
+    and the buckets named on the wallet's tag, in one script; what it found is kept for the
+    caller, and its undo gives the hold and the cap back."""
+
+    def __init__(self, spend: CreditSessionSpend) -> None:
+        self.spend = spend
+        named = [spend.session, *credit_keys(spend.hold.account)]
+        self.tag = one_tag(named, "a credit session's spend") or ""
+        self.found = SessionLookup(SessionSpent.UNKNOWN)
+
+    async def run(self, store: Store, buckets: Sequence[Bucket]) -> Lookup:
+        script_keys, args = spend_credit_session_call(self.spend, buckets)
+        reply = await store.run(SPEND_CREDIT_SESSION_SCRIPT, script_keys, args)
+        self.found = session_lookup_from_reply(reply)
+        spent = self.found.outcome is SessionSpent.SPENT
+        return Lookup([], self.found.decisions, written=spent, held=self.found.held)
+
+    async def undo(self, store: Store) -> None:
+        hold = self.spend.hold
+        await refund_credit_session(store, self.spend.session, hold.account.holds, hold.token, hold.amount)
+
+
 async def spend_credit_session(
     store: Store, spend: CreditSessionSpend, buckets: Sequence[Bucket]
 ) -> SessionLookup:
-    """Atomically, in one round trip: the session at ``spend.session`` live and the hold's
-    wallet's (else ``UNKNOWN``), its cap less what it spent covering the amount (else ``CAP``),
-    the wallet's free credit covering it as ``hold_credit`` decides (else ``UNCOVERED``), then
-    one GCRA decision per bucket in order, stopping at the first refusal (``LIMITED``); and
-    only when all allowed it, add the amount to the session's spent total and make the hold
-    (``SPENT``). Every refusal changes nothing (lapsed holds aside, forgotten), so concurrent
-    calls on one session never spend more than its cap."""
-    script_keys, args = spend_credit_session_call(spend, buckets)
-    return session_lookup_from_reply(await store.run(SPEND_CREDIT_SESSION_SCRIPT, script_keys, args))
+    """The session at ``spend.session`` live and the hold's wallet's (else ``UNKNOWN``), its cap
+    less what it spent covering the amount (else ``CAP``), the wallet's free credit covering it
+    as ``hold_credit`` decides (else ``UNCOVERED``), then one GCRA decision per bucket in order,
+    stopping at the first refusal (``LIMITED``); and only when all allowed it, add the amount to
+    the session's spent total and make the hold (``SPENT``). Atomic on the wallet's tag (the
+    session is one of its keys) with the buckets named there; the buckets of other tags are
+    ``check_then_limit``'s other steps, and a refusal there gives the hold and the cap back.
+    So a refusal spends nothing (lapsed holds aside, forgotten), and concurrent calls on one
+    session never spend more than its cap."""
+    step = _SessionSpend(spend)
+    found = await check_then_limit(store, [], buckets, own=step)
+    if step.found.outcome in (SessionSpent.UNKNOWN, SessionSpent.CAP, SessionSpent.UNCOVERED):
+        return step.found
+    if not found.written:
+        return SessionLookup(SessionSpent.LIMITED, found.decisions)
+    return msgspec.structs.replace(step.found, decisions=found.decisions)
 
 
 async def refund_credit_session(store: Store, key: str, holds: str, token: str, amount: int) -> None:

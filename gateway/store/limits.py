@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.store.base import (
     Bucket,
@@ -224,24 +225,48 @@ def lookup_from_reply(keys: Sequence[str], reply: object, hold_ordered: bool = F
     raise StoreUnavailable("state store answered the check-then-limit script with garbage")
 
 
+class OwnStep(Protocol):
+    """A caller's own step on one hash tag, run in place of the plain check there (a credit
+    session's spend): charged the buckets named on its tag, taken back by :meth:`undo`."""
+
+    @property
+    def tag(self) -> str: ...
+
+    async def run(self, store: Store, buckets: Sequence[Bucket]) -> Lookup:
+        """The step's decisions on ``buckets`` (in order, stopping at a refusal), ``written``
+        when it admitted the request, and nothing decided and nothing written when it refused
+        it before any bucket."""
+
+    async def undo(self, store: Store) -> None:
+        """Take back what a written step wrote and held (its buckets are refunded apart)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Step:
     """The part of a check-then-limit on one hash tag: the checked keys, buckets (their indices
-    in the caller's order), puts and credit hold named on it, run as one script."""
+    in the caller's order), puts and credit hold named on it, run as one script (or the
+    caller's own step there)."""
 
     keys: tuple[int, ...]
     buckets: tuple[int, ...]
     puts: tuple[Entry, ...]
     hold: CreditHoldOrder | None
     shared: bool
+    own: OwnStep | None = None
 
 
 def _steps(
-    keys: Sequence[str], buckets: Sequence[Bucket], puts: Sequence[Entry], hold: CreditHoldOrder | None
+    keys: Sequence[str],
+    buckets: Sequence[Bucket],
+    puts: Sequence[Entry],
+    hold: CreditHoldOrder | None,
+    own: OwnStep | None,
 ) -> list[_Step]:
     """One step per hash tag, in order of first appearance; ValueError when a step's keys would
     still span tags (a share's mark or budget on another tag than the share) or a hold's do."""
     hold_tag = None if hold is None else one_tag(credit_keys(hold.account), "a credit hold")
+    if own is not None:
+        hold_tag = own.tag
     tags: dict[str, tuple[list[int], list[int], list[Entry]]] = {}
     for i, key in enumerate(keys):
         tags.setdefault(hash_tag(key), ([], [], []))[0].append(i)
@@ -253,9 +278,13 @@ def _steps(
         tags.setdefault(hold_tag, ([], [], []))
     steps = []
     for tag, (at, taken, written) in tags.items():
-        step_hold = hold if tag == hold_tag else None
         shared = any(buckets[j].shared for j in taken)
-        step = _Step(tuple(at), tuple(taken), tuple(written), step_hold, shared)
+        if own is not None and tag == own.tag:
+            if at or written or shared:
+                raise ValueError("an own step takes no checked key, put nor shared bucket of its tag")
+            steps.append(_Step((), tuple(taken), (), None, False, own))
+            continue
+        step = _Step(tuple(at), tuple(taken), tuple(written), hold if tag == hold_tag else None, shared)
         step_keys, _ = _call(step, keys, buckets)
         one_tag(step_keys, "a check-then-limit step")
         steps.append(step)
@@ -269,6 +298,8 @@ def _call(step: _Step, keys: Sequence[str], buckets: Sequence[Bucket]) -> tuple[
 
 
 async def _run_step(store: Store, step: _Step, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
+    if step.own is not None:
+        return await step.own.run(store, [buckets[j] for j in step.buckets])
     script_keys, args = _call(step, keys, buckets)
     reply = await store.run(CHECK_THEN_LIMIT_SCRIPT, script_keys, args)
     return lookup_from_reply([keys[i] for i in step.keys], reply, step.hold is not None)
@@ -299,6 +330,8 @@ async def _compensate(
             undos.append(undo_claim(store, entries, refunds))
         if step.hold is not None and found.held is not None:
             undos.append(unhold(store, [step.hold.account.holds], step.hold.token))
+        if step.own is not None and found.written:
+            undos.append(step.own.undo(store))
     await _all(undos)
 
 
@@ -317,6 +350,7 @@ async def check_then_limit(
     buckets: Sequence[Bucket],
     puts: Sequence[Entry] = (),
     hold: CreditHoldOrder | None = None,
+    own: OwnStep | None = None,
 ) -> Lookup:
     """The values at ``keys``; only when every one is absent (and, with a ``hold``, only when
     the account's free credit covers it, as ``hold_credit`` decides), one GCRA decision per
@@ -334,7 +368,7 @@ async def check_then_limit(
     dropped, every charge the one script would not have made handed back. So the outcome is the
     one script's; a process that dies between the steps leaves claims and holds to lapse and
     charges on the client's own buckets (``docs/store.md``)."""
-    steps = _steps(keys, buckets, puts, hold)
+    steps = _steps(keys, buckets, puts, hold, own)
     if len(steps) == 1:
         return await _run_step(store, steps[0], keys, buckets)
     stages = [[step for step in steps if not step.shared]]
@@ -361,14 +395,14 @@ async def check_then_limit(
             first = min(refused)
             await _compensate(store, ran, buckets, keep=_before(first, buckets))
             return Lookup(values=values, decisions=[decisions[j] for j in range(first + 1)])
-    held = next((found.held for step, found in ran if step.hold is not None), None)
+    held = next((found.held for step, found in ran if step.hold is not None or step.own is not None), None)
     every = [decisions[j] for j in range(len(buckets))]
     return Lookup(values=_values(keys, ran), decisions=every, written=True, held=held)
 
 
 def _uncovered(step: _Step, found: Lookup) -> bool:
-    """The step's credit hold was not made: the credit did not cover it (no bucket decided)."""
-    return step.hold is not None and not found.written and not found.decisions
+    """The step's credit hold (or own step) refused the request before any bucket decided."""
+    return (step.hold is not None or step.own is not None) and not found.written and not found.decisions
 
 
 def _nothing(index: int) -> bool:
