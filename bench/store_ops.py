@@ -18,53 +18,88 @@ import secrets
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
-from gateway.store import Bucket, Credit, CreditAccount, CreditHoldOrder, Entry, Store, open_store
-from gateway.store import keys as store_keys
+from gateway.limits.rate_limiter import RateLimiter
+from gateway.methods.credit.book import CreditBook
+from gateway.methods.credit.calls import credit_call
+from gateway.methods.exact.fee_guard import Party
+from gateway.methods.exact.ledger import DeliveredRecord, PaymentLedger, PendingSettlement
+from gateway.methods.sign_in import Admitted, SignInGate
+from gateway.routing.routes import RateLimitSpec
+from gateway.store import Store, open_store
 from gateway.store.claims import claim_then_put
 from gateway.store.cluster import CLUSTER_SCHEMES, parse_cluster_url
 from gateway.store.credit import take_credit
 from gateway.store.limits import check_then_limit
+from gateway.store.memory import MemoryStore
+from gateway.x402.siwx import VerifiedSignIn
 
 TTL_MS = 60_000
-
-
-def _account(wallet: str) -> CreditAccount:
-    return CreditAccount(
-        wallet,
-        store_keys.credit_balance(wallet),
-        store_keys.credit_holds(wallet),
-        store_keys.credit_lapses(),
-        store_keys.credit_lapsed(),
-    )
+PAYERS, CLIENTS = 1_000, 200
+"""The wallets and client IPs the requests come from: their keys spread over a cluster's slots."""
+LIMITS = (
+    RateLimitSpec("bench:rpc", 10**6, 1_000),
+    RateLimitSpec("bench:rpc:wallet", 10**6, 1_000, per="wallet"),
+)
+"""A paid route's limits as routes.yaml declares them: a shared budget, and each wallet's own."""
+LIMITER = RateLimiter(MemoryStore(), refused_per_minute=10**6)
+"""Plans each request's buckets as the gateway does (its own, the refusal guards, the budget)."""
 
 
 async def _paid(store: Store, n: int) -> None:
-    payment = secrets.token_hex(16) + str(n)
-    buckets = [Bucket(store_keys.rate_bucket("bench", f"payer{n % 50}"), 10**6, 1_000)]
-    claim = Entry(store_keys.payment_claim(payment), "claimant", TTL_MS)
-    read = [store_keys.payment_claim(payment), store_keys.pending_settlement(payment)]
-    await check_then_limit(store, read, buckets, [claim])
-    await store.put(store_keys.pending_settlement(payment), "{}", TTL_MS)
-    delivery = Entry(store_keys.delivery(payment), "answer", TTL_MS)
-    await claim_then_put(store, [delivery], [Entry(store_keys.pending_settlement(payment), "", 1)])
+    """A paid request's store work, by the gateway's own ledger: the claim (with the payer's
+    and the IP's steps, then the budget's), the write-ahead intent, the delivery."""
+    payer, ip = f"payer{n % PAYERS}", f"198.51.{n % CLIENTS // 250}.{n % CLIENTS % 250}"
+    plan = LIMITER.plan(LIMITS, wallet=payer, ip=ip, guards=LIMITER.refusal_guards)
+    ledger, key = PaymentLedger(store), secrets.token_hex(32)
+    blockers = [Party("ip", ip).cooldown_key]
+    attempt = await ledger.claim(payer, key, "bench", key[:16], key, plan.buckets, blockers)
+    assert attempt.won, attempt
+    await ledger.record_pending(payer, key, PendingSettlement(fingerprint=key, claimant=key))
+    assert await ledger.deliver(payer, key, DeliveredRecord(fingerprint=key, claimant=key))
 
 
 async def _credit(store: Store, n: int) -> None:
-    account = _account(f"wallet{n % 50}")
-    nonce = secrets.token_hex(8)
-    hold = CreditHoldOrder(account, 1, nonce, TTL_MS)
-    bucket = Bucket(store_keys.rate_bucket("bench-credit", account.wallet), 10**6, 1_000)
-    found = await check_then_limit(store, [store_keys.sign_in_nonce(nonce)], [bucket], [], hold)
-    await take_credit(store, account, nonce, 1)
-    assert found.written
+    """A call paid from credit by a sign-in, by the gateway's own gate: the nonce, the call's
+    record, the wallet's bucket and the hold (then the budget), then the take."""
+    wallet, ip = f"wallet{n % PAYERS}", f"198.51.{n % CLIENTS // 250}.{n % CLIENTS % 250}"
+    gate, book = SignInGate(store, LIMITER, LIMITS), CreditBook(store, lapse_days=1, upstream_timeout_s=5.0)
+    signed = VerifiedSignIn(wallet, "solana", secrets.token_hex(8), 0.0, 0.0, TTL_MS)
+    order = book.order(wallet, 1)
+    call = credit_call("bench", wallet, signed.nonce, b"{}", TTL_MS)
+    admitted = await gate.admit(signed, ip, order, call.in_flight())
+    assert isinstance(admitted, Admitted), admitted
+    assert await take_credit(store, order.account, order.token, 1) is not None
 
 
 async def _rate(store: Store, n: int) -> None:
-    await check_then_limit(
-        store, [], [Bucket(store_keys.rate_bucket("bench-ip", str(n % 100)), 10**6, 1_000)]
-    )
+    """One wallet's own bucket."""
+    plan = LIMITER.plan(LIMITS[1:], wallet=f"payer{n % PAYERS}")
+    assert (await check_then_limit(store, [], plan.buckets)).decisions[0].allowed
+
+
+class Counted:
+    """A store that counts what it is asked: commands, and round trips (the times it goes from
+    nothing in flight to something: calls sent at once count once)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.timeout_s = store, store.timeout_s
+        self.commands = self.trips = self._in_flight = 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.store, name)
+
+        async def counted(*args: Any) -> Any:
+            self.commands += 1
+            self.trips += self._in_flight == 0
+            self._in_flight += 1
+            try:
+                return await method(*args)
+            finally:
+                self._in_flight -= 1
+
+        return counted
 
 
 class ServerCost:
@@ -143,12 +178,16 @@ async def main(url: str | None, count: int, concurrency: int, server_cost: bool 
     store = open_store(url, None)
     cost = ServerCost(url) if server_cost and url else None
     try:
-        for wallet in (f"wallet{i}" for i in range(50)):
-            await claim_then_put(store, [], [], [Credit(_account(wallet), 10**12, TTL_MS * 10, TTL_MS)])
+        book = CreditBook(store, lapse_days=1, upstream_timeout_s=5.0)
+        for wallet in (f"wallet{i}" for i in range(PAYERS)):
+            await claim_then_put(store, [], [], book.credits(wallet, 10**12))
         print(f"store: {type(store).__name__}, {count} operations each, c={concurrency}")
-        await _timed("rate-limit check (1 bucket)", count, _rate, store, concurrency, cost)
-        await _timed("paid request (3 round trips)", count, _paid, store, concurrency, cost)
-        await _timed("credit call (hold, take)", count, _credit, store, concurrency, cost)
+        for label, step in (("rate-limit check", _rate), ("paid request", _paid), ("credit call", _credit)):
+            counted = Counted(store)
+            for n in range(20):
+                await step(cast(Store, counted), n)
+            per_call = f"{counted.trips / 20:.0f} trips, {counted.commands / 20:.1f} commands"
+            await _timed(f"{label} ({per_call})", count, step, store, concurrency, cost)
     finally:
         await store.close()
         if cost is not None:
