@@ -35,8 +35,8 @@ def _account(wallet: str) -> CreditAccount:
         wallet,
         store_keys.credit_balance(wallet),
         store_keys.credit_holds(wallet),
-        store_keys.credit_lapses(),
-        store_keys.credit_lapsed(),
+        store_keys.credit_lapse(wallet),
+        store_keys.credit_lapsed(wallet),
     )
 
 
@@ -144,7 +144,8 @@ async def main(url: str | None, count: int, concurrency: int, server_cost: bool 
     cost = ServerCost(url) if server_cost and url else None
     try:
         for wallet in (f"wallet{i}" for i in range(50)):
-            await claim_then_put(store, [], [], [Credit(_account(wallet), 10**12, TTL_MS * 10, TTL_MS)])
+            credit = Credit(_account(wallet), 10**12, TTL_MS * 10, TTL_MS, store_keys.credit_lapses())
+            await claim_then_put(store, [], [], [credit])
         print(f"store: {type(store).__name__}, {count} operations each, c={concurrency}")
         await _timed("rate-limit check (1 bucket)", count, _rate, store, concurrency, cost)
         await _timed("paid request (3 round trips)", count, _paid, store, concurrency, cost)

@@ -75,13 +75,14 @@ def test_the_key_strings_are_the_ones_a_running_store_holds() -> None:
     assert keys.fee_payer("solana:x", "https://f.example") == "{x402gw:fee-payer:solana:x:https://f.example}"
     assert keys.credit_balance("W1") == "{x402gw}:credit:W1"
     assert keys.credit_holds("W1") == "{x402gw}:credit-holds:W1"
+    assert keys.credit_lapse("W1") == "{x402gw}:credit-lapse:W1"
+    assert keys.credit_lapsed("W1") == "{x402gw}:credit-lapsed:W1"
     assert keys.credit_lapses() == "{x402gw}:credit-lapses"
-    assert keys.credit_lapsed() == "{x402gw}:credit-lapsed"
     assert keys.credit_sweep() == "{x402gw:credit-sweep}"
-    assert keys.ledger_mark() == "{x402gw}:ledger-mark"
+    assert keys.ledger_mark("W1") == "{x402gw}:ledger-mark:W1"
     assert keys.ledger_restore() == "{x402gw:ledger-restore}"
     assert keys.credit_call("W1", "n0nce") == "{x402gw}:credit-call:W1:n0nce"
-    assert keys.credit_session(DIGEST) == f"{{x402gw}}:credit-session:{DIGEST}"
+    assert keys.credit_session("W1", DIGEST) == f"{{x402gw}}:credit-session:W1:{DIGEST}"
     assert keys.settlement(DIGEST) == f"{{x402gw}}:svm:settle:{DIGEST}"
     assert keys.settlement_reported(keys.settlement(DIGEST)) == f"{{x402gw}}:svm:settle:{DIGEST}:done"
 
@@ -158,8 +159,9 @@ def test_the_spread_families_are_the_ones_the_migration_renames() -> None:
 
 def test_every_key_a_script_reads_with_others_hashes_to_one_cluster_slot() -> None:
     """Each script reads and writes several families at once (a claim: the payment's keys, its
-    buckets, a cool-down; a top-up: the payment's delivery, the wallet's credit, the lapse index,
-    the ledger mark; the internal facilitator: its settlement record with the fee guard's), and a
+    buckets, a cool-down; a top-up: the payment's delivery with the wallet's credit, lapse time,
+    lapsed credit and ledger mark; the internal facilitator: its settlement record with the fee
+    guard's), and a
     cluster runs a script only over keys of one slot. Whatever the arguments (braces in them
     included: only the first tag counts), the slot is the same."""
     slots = {key_slot(_sample(family).encode()) for family in keys.FAMILIES if family not in SPREAD}
@@ -179,6 +181,35 @@ def test_each_key_of_a_spread_family_is_its_own_tag_and_they_spread_over_the_slo
     usage = {key_slot(keys.usage(f"route{n}", "paid").encode()) for n in range(64)}
     assert len(windows) > 50 and len(usage) > 50
     assert key_slot(keys.usage("{r}", "paid").encode()) == key_slot(keys.usage("{r}", "paid").encode())
+
+
+PER_WALLET: set[Family] = {
+    keys.credit_balance,
+    keys.credit_holds,
+    keys.credit_lapse,
+    keys.credit_lapsed,
+    keys.ledger_mark,
+    keys.credit_call,
+    keys.credit_session,
+}
+"""The families of one wallet's credit: every credit script but the lapse index's touches these of
+one wallet only, so a tag per wallet (the sharding to come) changes these functions and no caller."""
+
+
+def test_every_wallets_credit_key_is_a_function_of_its_wallet() -> None:
+    for family in PER_WALLET:
+        rest = [DIGEST] * (len(inspect.signature(family).parameters) - 1)
+        one, other = family("W1", *rest), family("W2", *rest)
+        assert "W1" in one and one != other and one.replace("W1", "W2") == other, family
+
+
+def test_the_release_befores_shared_credit_keys_are_no_family_any_more() -> None:
+    """The lapsed hash and the one ledger mark were read by every top-up of every wallet: they
+    are only names the migration reads now, and no current key can be one of them."""
+    for legacy in (keys.LEGACY_CREDIT_LAPSED, keys.LEGACY_LEDGER_MARK):
+        assert legacy not in keys.FAMILIES.values()
+        for family in keys.FAMILIES:
+            assert _sample(family) != legacy
 
 
 @pytest.mark.parametrize(

@@ -2,20 +2,24 @@
 
 Redis can forget: a failover to a lagging replica, a restore from a backup, a restart without
 persistence, an operator's FLUSHALL. The ledger cannot (it is the record of money), so each
-replica checks the store against it, at start-up before serving and every ``interval_s`` after:
+replica checks the store against it, at start-up before serving and every ``interval_s`` after,
+wallet by wallet. Each wallet's credit carries its ledger mark, on its own keys: the journal id of
+the newest top-up booked for it, raised in the very step that books the credit, so the mark and
+the credit are lost together (on a cluster, a failover of one wallet's master loses that wallet's
+mark with its credit, whatever other slots kept). A wallet the ledger owes credit to lost it when
+a top-up of it journaled after its mark, more than ``settle_margin_ms`` ago, has no pending
+settlement in the store (the pending record is written before a top-up is settled, and so
+before it is journaled, and closed only by its booking): flushed, replaced, rolled back, restored
+from an old backup, or one shard failed over. The check reads the marks of the wallets owed
+credit, a batch of independent keys at a time (``Store.counters``: one round trip per node), and
+the few top-ups after a mark that is behind.
 
-* **flushed or replaced**: the store's ledger position (a key every booked top-up raises to its
-  journal id, in the same step that books it) is missing;
-* **rolled back, or restored from an old backup**: a top-up journaled after that position, more
-  than ``settle_margin_ms`` ago, has neither its delivery nor its pending settlement in the store
-  (the pending record is written before a top-up is settled and so before it is journaled; the
-  delivery with the booking). Top-ups after the position are only those in flight or pending,
-  so the check reads a handful of keys however long the journal.
-
-Either way one replica (a claim in the store) restores every wallet the ledger knows to exactly
-what the ledger says it is owed, lapsing from its last top-up, marks the top-ups of the last 15
-minutes (a pending settlement's life) claimed and delivered, so a pending one cannot be booked
-again on top of its restored credit, and sets the position to the newest top-up.
+Then one replica (a claim in the store) marks the top-ups of the last 15 minutes (a pending
+settlement's life) claimed and delivered, so a pending one cannot be booked again on top of its
+restored credit, and restores every wallet the ledger knows to exactly what the ledger says it is
+owed, lapsing from its last top-up, with its mark at its newest top-up (``restore_credit``: the
+wallet registered in the lapse index, then its keys set in one step). A restore cut short leaves
+the wallets it did not reach behind: the next check restores again, setting the same values.
 What the ledger does not know yet (spends still queued in a writer) is lost with the store, in
 the client's favour. A replay of an older top-up stays refused: its transaction landed on chain
 once and cannot be settled again.
@@ -36,8 +40,7 @@ from gateway.background import cancel_and_wait
 from gateway.ledger.journal import Journal, LedgerUnavailable
 from gateway.methods.credit.book import credit_account
 from gateway.methods.exact.ledger import PENDING_TTL_MS, DeliveredRecord
-from gateway.store import Store, StoreUnavailable, keys
-from gateway.store.base import POSITION_TTL_MS
+from gateway.store import LedgerPosition, Store, StoreUnavailable, keys
 from gateway.store.claims import release
 from gateway.store.credit import restore_credit
 from gateway.telemetry.logs import log_event
@@ -46,6 +49,8 @@ CHECK_INTERVAL_S = 5.0
 """How often each replica checks the store against the ledger."""
 SETTLE_MARGIN_MS = 20_000
 """A top-up younger than this may still be between its journal entry and its booking."""
+MARK_BATCH = 1_000
+"""How many wallets' marks one read asks for."""
 RESTORE_CLAIM_MS = 60_000
 RESTORED_CLAIM = "restored from the ledger"
 RESTORED = msgspec.json.encode(DeliveredRecord(fingerprint="restored from the ledger", claimant="")).decode()
@@ -81,21 +86,24 @@ class StoreRestorer:
 
     async def lost(self) -> str | None:
         """Why the store lost credit the ledger knows of; None when it did not."""
-        mark = await self.store.get(keys.ledger_mark())
-        if mark is None:
-            if not await self.journal.owed_since_top_ups():
-                await self._mark_position()
-                return None  # a new store and a ledger that owes nothing: nothing to restore
-            return "the store's ledger position is missing (store new, flushed or replaced)"
-        position = int(mark) if mark.isdigit() else 0
-        for entry in await self.journal.top_ups_after(position, self._now_ms() - self.settle_margin_ms):
-            if entry.payment_key is None:
-                continue
-            if await self.store.get(keys.delivery(entry.payment_key)) is not None:
-                continue
-            if await self.store.get(keys.pending_settlement(entry.payment_key)) is not None:
-                continue
-            return f"top-up {entry.signature} is in the ledger, not in the store (store rolled back)"
+        before = self._now_ms() - self.settle_margin_ms
+        newest = await self.journal.newest_top_ups_owed(before)
+        wallets = list(newest)
+        for at in range(0, len(wallets), MARK_BATCH):
+            batch = wallets[at : at + MARK_BATCH]
+            marks = await self.store.counters([keys.ledger_mark(wallet) for wallet in batch])
+            for wallet in batch:
+                mark = marks[keys.ledger_mark(wallet)]
+                if mark >= newest[wallet]:
+                    continue
+                for entry in await self.journal.top_ups_of(wallet, mark, before):
+                    key = entry.payment_key
+                    if key is not None and await self.store.get(keys.pending_settlement(key)) is not None:
+                        continue  # settled, its booking still to come
+                    return (
+                        f"top-up {entry.signature} of {wallet} is in the ledger, not in the store "
+                        f"(its credit goes to entry {mark}: store new, flushed, replaced or rolled back)"
+                    )
         return None
 
     async def check(self) -> bool:
@@ -116,29 +124,29 @@ class StoreRestorer:
                 await release(self.store, keys.ledger_restore(), token)
 
     async def restore(self) -> int:
-        """Every wallet the ledger knows set to what it is owed; recent top-ups marked delivered;
-        then the mark. Answers how many wallets were restored."""
+        """Recent top-ups marked delivered, then every wallet the ledger knows set to what it is
+        owed, with its mark. Answers how many wallets were restored."""
         now = self._now_ms()
-        owed = await self.journal.owed_since_top_ups()
-        for wallet in owed:
-            lapse_at = (wallet.last_top_up_ms or now) + self.lapse_ms
-            await restore_credit(
-                self.store,
-                credit_account(wallet.wallet),
-                wallet.owed_micro,
-                lapse_at,
-                max(1, lapse_at + self.grace_ms - now),
-            )
         for entry in await self.journal.top_ups(now - PENDING_TTL_MS, now + 1):
             if entry.payment_key is not None:  # claimed and delivered: any retry is refused as used
                 await self.store.claim(keys.payment_claim(entry.payment_key), RESTORED_CLAIM, PENDING_TTL_MS)
                 await self.store.claim(keys.delivery(entry.payment_key), RESTORED, PENDING_TTL_MS)
-        await self._mark_position()
+        owed = await self.journal.owed_since_top_ups()
+        for wallet in owed:
+            lapse_at = (wallet.last_top_up_ms or now) + self.lapse_ms
+            mark = None
+            if wallet.last_top_up_id:
+                mark = LedgerPosition(keys.ledger_mark(wallet.wallet), wallet.last_top_up_id)
+            await restore_credit(
+                self.store,
+                credit_account(wallet.wallet),
+                keys.credit_lapses(),
+                wallet.owed_micro,
+                lapse_at,
+                max(1, lapse_at + self.grace_ms - now),
+                mark,
+            )
         return len(owed)
-
-    async def _mark_position(self) -> None:
-        """The store holds what the ledger does, up to its newest top-up."""
-        await self.store.put(keys.ledger_mark(), str(await self.journal.last_top_up()), POSITION_TTL_MS)
 
     async def run(self) -> None:
         """Check every ``interval_s`` until cancelled; an outage of either side waits for the next."""
