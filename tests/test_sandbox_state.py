@@ -27,7 +27,7 @@ from gateway.sandbox.state import (
     save_config,
     save_credit,
 )
-from gateway.store import Entry
+from gateway.store import Entry, keys
 from gateway.store.claims import claim_then_put
 from gateway.store.credit import credit_state, restore_credit
 from tests.support.gateway_server import FULL_ENV
@@ -191,7 +191,9 @@ def test_credit_on_the_memory_store_is_allowed_to_the_sandbox_only() -> None:
 async def test_credit_restored_from_the_ledger_is_kept_in_the_file_too(tmp_path: Path) -> None:
     store = CreditKeepingStore(journaled=True)
     lapse_at = int(time.time() * 1000) + DAY_MS
-    await restore_credit(store, credit_account(WALLET), 700, lapse_at, DAY_MS)  # as StoreRestorer does
+    await restore_credit(
+        store, credit_account(WALLET), keys.credit_lapses(), 700, lapse_at, DAY_MS
+    )  # as StoreRestorer does
 
     kept = await keep_credit(tmp_path, store, None)
 

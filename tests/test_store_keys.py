@@ -81,6 +81,7 @@ def test_the_key_strings_are_the_ones_a_running_store_holds() -> None:
     assert keys.credit_sweep() == "{x402gw:credit-sweep}"
     assert keys.ledger_mark("W1") == "{x402gw}:ledger-mark:W1"
     assert keys.ledger_restore() == "{x402gw:ledger-restore}"
+    assert keys.ledger_checked() == "{x402gw}:ledger-checked"
     assert keys.credit_call("W1", "n0nce") == "{x402gw}:credit-call:W1:n0nce"
     assert keys.credit_session("W1", DIGEST) == f"{{x402gw}}:credit-session:W1:{DIGEST}"
     assert keys.settlement(DIGEST) == f"{{x402gw}}:svm:settle:{DIGEST}"

@@ -2,7 +2,9 @@
 
 Redis can forget: a failover to a lagging replica, a restore from a backup, a restart without
 persistence, an operator's FLUSHALL. The ledger cannot (it is the record of money), so each
-replica checks the store against it, at start-up before serving and every ``interval_s`` after,
+replica checks the store against it, at start-up before serving and every ``interval_s`` after.
+A store never checked (the ``ledger-checked`` mark, set by the first check or restore, is
+missing) is new, flushed or replaced: all of it is restored at once. Otherwise the check goes
 wallet by wallet. Each wallet's credit carries its ledger mark, on its own keys: the journal id of
 the newest top-up booked for it, raised in the very step that books the credit, so the mark and
 the credit are lost together (on a cluster, a failover of one wallet's master loses that wallet's
@@ -49,6 +51,8 @@ CHECK_INTERVAL_S = 5.0
 """How often each replica checks the store against the ledger."""
 SETTLE_MARGIN_MS = 20_000
 """A top-up younger than this may still be between its journal entry and its booking."""
+CHECKED_TTL_MS = 10 * 365 * 86_400_000
+"""The check's mark lives as long as the store does (ten years: a key needs a lifetime here)."""
 MARK_BATCH = 1_000
 """How many wallets' marks one read asks for."""
 RESTORE_CLAIM_MS = 60_000
@@ -86,7 +90,13 @@ class StoreRestorer:
 
     async def lost(self) -> str | None:
         """Why the store lost credit the ledger knows of; None when it did not."""
-        before = self._now_ms() - self.settle_margin_ms
+        now = self._now_ms()
+        if await self.store.get(keys.ledger_checked()) is None:
+            if not await self.journal.newest_top_ups_owed(now + 1):
+                await self._mark_checked()
+                return None  # a new store and a ledger that owes nothing: nothing to restore
+            return "the store was never checked against the ledger (store new, flushed or replaced)"
+        before = now - self.settle_margin_ms
         newest = await self.journal.newest_top_ups_owed(before)
         wallets = list(newest)
         for at in range(0, len(wallets), MARK_BATCH):
@@ -146,7 +156,12 @@ class StoreRestorer:
                 max(1, lapse_at + self.grace_ms - now),
                 mark,
             )
+        await self._mark_checked()
         return len(owed)
+
+    async def _mark_checked(self) -> None:
+        """The store holds what the ledger does: from now on a loss shows wallet by wallet."""
+        await self.store.put(keys.ledger_checked(), "1", CHECKED_TTL_MS)
 
     async def run(self) -> None:
         """Check every ``interval_s`` until cancelled; an outage of either side waits for the next."""

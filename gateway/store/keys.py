@@ -47,6 +47,7 @@ ledger_mark          ledger-mark:{wallet}             newest top-up's journal id
 credit_call          credit-call:{wallet}:{call id}   call, its answer (JSON)     hold's TTL, then sign-in's
 credit_session       credit-session:{wallet}:{dgst}   wallet, cap, spent (hash)   the session's lifetime
 credit_lapses        credit-lapses                    wallet -> lapse time (ms)   till the sweeper drops it
+ledger_checked       ledger-checked                   1: checked against ledger   ten years
 ===================  ===============================  ==========================  ==========================
 
 Under ``{x402gw}:svm:``, the internal facilitator's:
@@ -125,6 +126,7 @@ CREDIT_LAPSED: Final = _GATEWAY + "credit-lapsed:"
 CREDIT_LAPSES: Final = _GATEWAY + "credit-lapses"
 CREDIT_SWEEP: Final = _SPREAD + "credit-sweep"
 LEDGER_MARK: Final = _GATEWAY + "ledger-mark:"
+LEDGER_CHECKED: Final = _GATEWAY + "ledger-checked"
 LEDGER_RESTORE: Final = _SPREAD + "ledger-restore"
 CREDIT_CALL: Final = _GATEWAY + "credit-call:"
 CREDIT_SESSION: Final = _GATEWAY + "credit-session:"
@@ -296,6 +298,13 @@ def ledger_mark(wallet: str) -> str:
     return LEDGER_MARK + wallet
 
 
+def ledger_checked() -> str:
+    """Set once the store was checked against the ledger (or restored from it). Absent, the store
+    is new, flushed or replaced, and everything the ledger says is owed is restored to it at once,
+    without waiting for a top-up's booking to settle (``gateway.ledger.restore``)."""
+    return LEDGER_CHECKED
+
+
 def ledger_restore() -> str:
     """The claim of the one replica restoring the store from the ledger (``gateway.ledger.restore``)."""
     return _spread(LEDGER_RESTORE)
@@ -336,6 +345,7 @@ FAMILIES: Final[Mapping[Callable[..., str], str]] = {
     credit_lapses: CREDIT_LAPSES,
     credit_sweep: CREDIT_SWEEP,
     ledger_mark: LEDGER_MARK,
+    ledger_checked: LEDGER_CHECKED,
     ledger_restore: LEDGER_RESTORE,
     credit_call: CREDIT_CALL,
     credit_session: CREDIT_SESSION,
