@@ -801,6 +801,16 @@ async def due(store: Store, limit: int = 10) -> list[str]:
     return list((await due_lapses(store, LAPSES, limit)).wallets)
 
 
+async def until_lapsed(store: Store, *names: str, within_s: float = 0.5) -> None:
+    """Wait until each wallet's own lapse time has passed (its index score, a hint written a step
+    before its booking, may pass a moment earlier)."""
+    deadline = time.monotonic() + within_s
+    for name in names:
+        await read_until(
+            lambda n=name: credit_state(store, account(n)), lambda state: state.ttl_ms == 0, deadline
+        )
+
+
 async def sweep_index(store: Store) -> None:
     """What a sweep does to the index after its visits: each due wallet scored at its lapse time,
     or dropped when it has none left (at once: no credit is on its way in these tests)."""
@@ -1296,7 +1306,7 @@ async def test_lapse_credit_lapses_a_due_balance_once_with_its_holds(store: Stor
     assert await take_credit(store, SPEND, "spent", 20) is not None
 
     early = await lapse_credit(store, SPEND)
-    await read_until(lambda: due(store), bool, time.monotonic() + 0.5)
+    await until_lapsed(store, "spend")
     visits = await asyncio.gather(*(lapse_credit(store, SPEND) for _ in range(10)))
 
     assert early.lapsed is None and early.found == 0 and early.lapse_at_ms is not None  # not due
@@ -1363,7 +1373,7 @@ async def test_a_top_up_after_the_lapse_starts_afresh_and_keeps_the_lapsed_credi
 async def test_a_lapse_that_found_nothing_left_adds_nothing_to_count(store: Store) -> None:
     await top_up(store, 10, lapse_ms=300)
     assert await take_credit(store, SPEND, "all", 10) is not None
-    await read_until(lambda: due(store), bool, time.monotonic() + 0.4)
+    await until_lapsed(store, "spend")
 
     await top_up(store, 3)
 
@@ -1409,9 +1419,7 @@ async def test_redis_and_upstash_backends_share_one_lapse_index(
     try:
         await top_up(redis_store, 10, "a", lapse_ms=100)
         await top_up(upstash_store, 20, "b", lapse_ms=100)
-        await read_until(
-            lambda: due(upstash_store), lambda wallets: len(wallets) == 2, time.monotonic() + 0.2
-        )
+        await until_lapsed(redis_store, "a", "b")
         await top_up(redis_store, 1, "b")
 
         assert sorted(await due(upstash_store)) == ["a", "b"]
@@ -1632,7 +1640,7 @@ async def test_restore_credit_drops_the_lapsed_credit_the_ledger_still_owes(stor
     """What top-ups found lapsed is not in the ledger's books as lapsed until the sweeper counts
     it: the ledger's balance holds it, so a restore gives it back and it is not counted too."""
     await top_up(store, 100, "relapsed", lapse_ms=100)
-    await read_until(lambda: due(store), bool, time.monotonic() + 0.3)
+    await until_lapsed(store, "relapsed")
     await top_up(store, 5, "relapsed")
 
     await restore_credit(store, account("relapsed"), LAPSES, 105, int(time.time() * 1000) + 60_000, 120_000)
