@@ -32,8 +32,11 @@ from gateway.store import (
 from gateway.store.claims import CLAIM_THEN_PUT_SCRIPT, claim_then_put, claim_then_put_call
 from gateway.store.credit import (
     CREDIT_STEP_WINDOW_MS,
+    DueLapses,
     WalletLapse,
+    clock_from_reply,
     credit_state,
+    due_from_reply,
     due_lapses,
     fix_lapse_index,
     hold_credit,
@@ -47,6 +50,7 @@ from gateway.store.credit import (
     revoke_credit_session,
     spend_credit_session,
     take_credit,
+    wallet_lapse_from_reply,
 )
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
@@ -261,3 +265,31 @@ async def test_on_a_cluster_every_credit_step_runs_on_one_wallets_slot_or_the_in
     assert spent.outcome is SessionSpent.SPENT and revoked is not None and revoked.spent == 0
     assert visit.counted == 0 and visit.lapse_at_ms is not None and fixed
     assert [state.balance for state in states] == [70, 77, 100, 100, 100, 100]
+
+
+# --- replies of the wrong shape ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reply", [None, "x", ["", "0"], ["", "x", ""], [1, "0", ""], ["", "", ""]])
+def test_a_visit_answered_with_garbage_fails_closed(reply: object) -> None:
+    with pytest.raises(StoreUnavailable):
+        wallet_lapse_from_reply(reply)
+
+
+@pytest.mark.parametrize("reply", [None, [1], ["1", []], [1, ["w"]], [1, ["w", "soon"]], 7])
+def test_a_listing_answered_with_garbage_fails_closed(reply: object) -> None:
+    with pytest.raises(StoreUnavailable):
+        due_from_reply(reply)
+
+
+@pytest.mark.parametrize("reply", [None, "1", 0, True, [1]])
+def test_a_registration_answered_with_garbage_fails_closed(reply: object) -> None:
+    with pytest.raises(StoreUnavailable):
+        clock_from_reply(reply)
+
+
+def test_replies_of_the_right_shape_read_as_what_they_say() -> None:
+    assert wallet_lapse_from_reply(["12", "3", ""]) == WalletLapse(12, 3, None)
+    assert wallet_lapse_from_reply(["", "0", "1790000000000"]).lapse_at_ms == 1_790_000_000_000
+    assert due_from_reply([5, ["a", "3", "b", "4"]]) == DueLapses(5, {"a": 3, "b": 4})
+    assert clock_from_reply(1_790_000_000_000) == 1_790_000_000_000
