@@ -56,8 +56,9 @@ class Books:
         )
         self.n = 0
 
-    async def journaled(self, wallet: str, amount: int) -> tuple[str, int]:
-        """A settled top-up in the journal, not booked yet: its payment key and journal id."""
+    async def journaled(self, wallet: str, amount: int, ago_ms: int = 1_000) -> tuple[str, int]:
+        """A settled top-up in the journal (``ago_ms`` ago), not booked yet: its payment key and
+        journal id."""
         self.n += 1
         key = f"{self.n:064x}"
         payment = SettledPayment(
@@ -66,13 +67,13 @@ class Books:
             amount_micro=amount,
             signature=f"sig{self.n}-{wallet[:6]}",
             facilitator="internal",
-            at_ms=int(time.time() * 1000) - 1_000,
+            at_ms=int(time.time() * 1000) - ago_ms,
             payment_key=key,
         )
         return key, await self.journal.record_one(top_up(payment))
 
-    async def top_up(self, wallet: str, amount: int) -> int:
-        key, entry_id = await self.journaled(wallet, amount)
+    async def top_up(self, wallet: str, amount: int, ago_ms: int = 1_000) -> int:
+        key, entry_id = await self.journaled(wallet, amount, ago_ms)
         delivery = Entry(keys.delivery(key), "delivered", 600_000)
         close = Entry(keys.pending_settlement(key), "", 1)
         assert (
@@ -174,3 +175,45 @@ async def test_a_restore_run_twice_sets_the_same_balances_and_marks(books: Books
     assert (await books.balance(ALICE), await books.balance(BOB)) == (500, 300)
     assert (await books.store.counters([keys.ledger_mark(ALICE)]))[keys.ledger_mark(ALICE)] == newest
     assert await books.restorer.lost() is None
+
+
+async def test_the_quick_check_reads_the_recently_topped_up_wallets_the_full_one_every_wallet(
+    books: Books,
+) -> None:
+    """A failover loses the latest writes: the quick check (every few seconds) reads the marks of
+    the wallets topped up in the last 15 minutes; a master restarted empty loses older credit
+    too, which the full check (every minute, and at start-up) finds."""
+    await books.restorer.check()
+    await books.top_up(ALICE, 500, ago_ms=3_600_000)  # an hour ago
+    await books.top_up(BOB, 300)
+    await books.lose(ALICE)
+
+    assert await books.restorer.lost(full=False) is None
+    assert ALICE in (await books.restorer.lost() or "")
+    await books.lose(BOB)
+    assert BOB in (await books.restorer.lost(full=False) or "")
+
+
+async def test_the_running_check_finds_an_old_wallets_loss_at_its_next_full_check(
+    books: Books, journal: Journal
+) -> None:
+    restorer = StoreRestorer(
+        books.store,
+        journal,
+        lapse_ms=DAY_MS,
+        grace_ms=DAY_MS,
+        interval_s=0.05,
+        full_interval_s=0.3,
+        settle_margin_ms=0,
+    )
+    await restorer.check()
+    await books.top_up(ALICE, 500, ago_ms=3_600_000)
+    await books.lose(ALICE)
+    restorer.start()
+    try:
+        deadline = time.monotonic() + 10
+        while await books.balance(ALICE) != 500:
+            assert time.monotonic() < deadline, "the full check never restored the old wallet"
+            await asyncio.sleep(0.05)
+    finally:
+        await restorer.stop()

@@ -243,15 +243,24 @@ class Journal:
             for row in rows
         ]
 
-    async def newest_top_ups_owed(self, before_ms: int) -> dict[str, int]:
-        """Every wallet still owed credit, with the journal id of its newest top-up that settled
-        before ``before_ms`` (wallets with none left out): how far its credit in the store must go."""
+    async def newest_top_ups_owed(self, before_ms: int, since_ms: int | None = None) -> dict[str, int]:
+        """Every wallet still owed credit (with ``since_ms``: only those with a top-up settled
+        since then), with the journal id of its newest top-up that settled before ``before_ms``
+        (wallets with none left out): how far its credit in the store must go."""
+        recent = ""
+        arguments: list[object] = [CREDIT_PREFIX + "%", _when(before_ms)]
+        if since_ms is not None:
+            recent = (
+                "AND e.wallet IN (SELECT wallet FROM ledger_entries "
+                "WHERE kind = 'top_up' AND occurred_at >= $3) "
+            )
+            arguments.append(_when(since_ms))
         rows = await self._fetch(
             "SELECT e.wallet, max(e.id) FILTER (WHERE e.kind = 'top_up' AND e.occurred_at < $2) AS newest "
             "FROM ledger_postings p JOIN ledger_entries e ON e.id = p.entry_id "
-            "WHERE p.account LIKE $1 GROUP BY e.wallet HAVING sum(p.amount_micro) < 0 ORDER BY e.wallet",
-            CREDIT_PREFIX + "%",
-            _when(before_ms),
+            f"WHERE p.account LIKE $1 {recent}"
+            "GROUP BY e.wallet HAVING sum(p.amount_micro) < 0 ORDER BY e.wallet",
+            *arguments,
         )
         return {row["wallet"]: int(row["newest"]) for row in rows if row["newest"] is not None}
 

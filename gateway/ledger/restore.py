@@ -14,7 +14,9 @@ settlement in the store (the pending record is written before a top-up is settle
 before it is journaled, and closed only by its booking): flushed, replaced, rolled back, restored
 from an old backup, or one shard failed over. The check reads the marks of the wallets owed
 credit, a batch of independent keys at a time (``Store.counters``: one round trip per node), and
-the few top-ups after a mark that is behind.
+the few top-ups after a mark that is behind: every ``interval_s`` the wallets with a top-up in the
+last 15 minutes (what a failover loses: the latest writes), every ``full_interval_s`` and at
+start-up every wallet owed (what a master restarted empty or from an old backup loses).
 
 Then one replica (a claim in the store) marks the top-ups of the last 15 minutes (a pending
 settlement's life) claimed and delivered, so a pending one cannot be booked again on top of its
@@ -48,7 +50,12 @@ from gateway.store.credit import restore_credit
 from gateway.telemetry.logs import log_event
 
 CHECK_INTERVAL_S = 5.0
-"""How often each replica checks the store against the ledger."""
+"""How often each replica checks the store against the ledger: the wallets with a recent top-up."""
+FULL_CHECK_INTERVAL_S = 60.0
+"""How often the check reads every owed wallet's mark (a scan of the ledger's credit postings),
+not only those of the wallets with a top-up in the last ``PENDING_TTL_MS``: a failover loses the
+latest writes (recent top-ups), a master restarted empty or from an old backup loses all of its
+wallets'."""
 SETTLE_MARGIN_MS = 20_000
 """A top-up younger than this may still be between its journal entry and its booking."""
 CHECKED_TTL_MS = 10 * 365 * 86_400_000
@@ -73,6 +80,7 @@ class StoreRestorer:
         lapse_ms: int,
         grace_ms: int,
         interval_s: float | None = None,
+        full_interval_s: float | None = None,
         settle_margin_ms: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -81,6 +89,7 @@ class StoreRestorer:
         self.lapse_ms = lapse_ms
         self.grace_ms = grace_ms
         self.interval_s = CHECK_INTERVAL_S if interval_s is None else interval_s
+        self.full_interval_s = FULL_CHECK_INTERVAL_S if full_interval_s is None else full_interval_s
         self.settle_margin_ms = SETTLE_MARGIN_MS if settle_margin_ms is None else settle_margin_ms
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
@@ -88,8 +97,9 @@ class StoreRestorer:
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    async def lost(self) -> str | None:
-        """Why the store lost credit the ledger knows of; None when it did not."""
+    async def lost(self, full: bool = True) -> str | None:
+        """Why the store lost credit the ledger knows of; None when it did not. Not ``full``:
+        the wallets with a top-up settled in the last ``PENDING_TTL_MS`` only."""
         now = self._now_ms()
         if await self.store.get(keys.ledger_checked()) is None:
             if not await self.journal.newest_top_ups_owed(now + 1):
@@ -97,7 +107,7 @@ class StoreRestorer:
                 return None  # a new store and a ledger that owes nothing: nothing to restore
             return "the store was never checked against the ledger (store new, flushed or replaced)"
         before = now - self.settle_margin_ms
-        newest = await self.journal.newest_top_ups_owed(before)
+        newest = await self.journal.newest_top_ups_owed(before, None if full else now - PENDING_TTL_MS)
         wallets = list(newest)
         for at in range(0, len(wallets), MARK_BATCH):
             batch = wallets[at : at + MARK_BATCH]
@@ -116,9 +126,10 @@ class StoreRestorer:
                     )
         return None
 
-    async def check(self) -> bool:
-        """Restore the store if it lost credit; True when this call restored it."""
-        why = await self.lost()
+    async def check(self, full: bool = True) -> bool:
+        """Restore the store if it lost credit (``full``: :meth:`lost`); True when this call
+        restored it."""
+        why = await self.lost(full)
         if why is None:
             return False
         token = secrets.token_hex(8)
@@ -164,13 +175,21 @@ class StoreRestorer:
         await self.store.put(keys.ledger_checked(), "1", CHECKED_TTL_MS)
 
     async def run(self) -> None:
-        """Check every ``interval_s`` until cancelled; an outage of either side waits for the next."""
+        """Check every ``interval_s`` (every wallet owed credit every ``full_interval_s``, the
+        recently topped-up ones between) until cancelled; an outage of either side waits for the
+        next. The check at start-up (the app's) was a full one."""
+        loop = asyncio.get_running_loop()
+        full_at = loop.time() + self.full_interval_s
         while True:
             await asyncio.sleep(self.interval_s)
+            full = loop.time() >= full_at
             try:
-                await self.check()
+                await self.check(full)
             except (StoreUnavailable, LedgerUnavailable) as failed:
                 log_event(f"ledger check skipped: {failed}", logging.WARNING)
+                continue
+            if full:
+                full_at = loop.time() + self.full_interval_s
 
     def start(self) -> None:
         if self._task is None:
