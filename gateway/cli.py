@@ -541,6 +541,12 @@ def cmd_store(args: argparse.Namespace) -> int:
         print(f"x402-gateway store migrate-keys: {exc}", file=sys.stderr)
         return 3
     print(f"renamed {done.renamed} keys to their tagged names")
+    if done.credit is not None and done.credit.moved:
+        moved = done.credit
+        print(
+            f"credit: {moved.lapse_times} lapse times kept beside their balances, {moved.lapsed} "
+            f"wallets' lapsed credit moved to their own keys, {moved.sessions_ended} credit sessions ended"
+        )
     for old in done.kept:
         print(f"kept {old}: its new name was written already", file=sys.stderr)
     return 1 if done.kept else 0

@@ -22,8 +22,8 @@ from gateway.methods.credit.book import CreditBook, credit_account
 from gateway.methods.credit.lapse import CreditSweeper
 from gateway.services import Services
 from gateway.store import Entry, Store, keys, open_store
-from gateway.store.claims import claim_then_put, release
-from gateway.store.credit import credit_state, due_lapses
+from gateway.store.claims import CLAIM_THEN_PUT_SCRIPT, claim_then_put, claim_then_put_call, release
+from gateway.store.credit import credit_state, due_lapses, lapse_credit, register_credits
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.store.upstash import UpstashStore
@@ -96,12 +96,19 @@ def _lapsed_total() -> float:
 
 
 async def _until_due(store: Store, wallets: int) -> None:
-    """Wait until ``wallets`` wallets are due to lapse, or ``PAST_THE_LAPSE_S`` has passed."""
-    await read_until(
+    """Wait until ``wallets`` wallets are due to lapse, or ``PAST_THE_LAPSE_S`` has passed: listed
+    in the index (a hint, scored at the top-up's first step) and past their own lapse time
+    (written by its booking, a moment later)."""
+    deadline = time.monotonic() + PAST_THE_LAPSE_S
+    due = await read_until(
         lambda: due_lapses(store, keys.credit_lapses(), 100),
-        lambda due: len(due) >= wallets,
-        time.monotonic() + PAST_THE_LAPSE_S,
+        lambda due: len(due.wallets) >= wallets,
+        deadline,
     )
+    for wallet in due.wallets:
+        await read_until(
+            lambda w=wallet: credit_state(store, credit_account(w)), lambda state: state.ttl_ms == 0, deadline
+        )
 
 
 async def test_the_sweeper_lapses_due_credit_once_logged_and_counted(
@@ -129,7 +136,11 @@ async def test_the_sweeper_lapses_due_credit_once_logged_and_counted(
     ]
     assert (await book.balance("W-idle")).balance == 0
     assert (await book.balance("W-fresh")).balance == 70
-    assert await due_lapses(store, keys.credit_lapses(), 10) == []
+    # Their index entries stay until no credit registered before the visits can still be booked
+    # (FORGET_AFTER_MS past their scores); a sweep past that drops them.
+    assert set((await due_lapses(store, keys.credit_lapses(), 10)).wallets) == {"W-idle", "W-spender"}
+    assert await CreditSweeper(store, forget_after_ms=0).sweep() == 0
+    assert (await due_lapses(store, keys.credit_lapses(), 10)).wallets == {}
 
 
 async def test_credit_past_its_lapse_is_never_spent_even_before_the_sweep(store: Store) -> None:
@@ -233,15 +244,54 @@ async def test_the_apps_lifespan_runs_the_sweeper_only_while_credit_is_sold(clea
     try:
         async with services.lifespan(object()):
             # The first sweep runs at start-up; a loaded runner may take seconds over it.
-            due = await read_until(
-                lambda: due_lapses(checker, keys.credit_lapses(), 10),
-                lambda due: not due,
+            lapse = await read_until(
+                lambda: checker.get(keys.credit_lapse("W")),
+                lambda lapse: lapse is None,
                 time.monotonic() + 10,
             )
-            swept = due == []
-        assert swept
+        assert lapse is None
         state = await credit_state(checker, credit_account("W"))
         assert (state.balance, state.held) == (0, 0)
         assert Services(Settings(base_url="https://gw.example"), [], MemoryStore()).credit_sweeper is None
     finally:
         await checker.close()
+
+
+async def test_a_credit_registered_before_a_sweep_and_booked_after_its_visit_stays_indexed(
+    store: Store, lapse_lines: LapseLines
+) -> None:
+    """The race between the index's steps and the wallet's: a top-up registers its wallet (due
+    already: its old credit lapsed), the sweep visits and finds no credit left, then the top-up's
+    booking lands. The sweep must not have dropped the wallet: its score is younger than any
+    booking's deadline, so the new credit is still indexed, and counted when it lapses."""
+    book = _book(store)
+    await _fund(book, "W", 1_000, "p1")
+    await _until_due(store, 1)
+    registered = await register_credits(store, book.credits("W", 10))  # the top-up's first step
+
+    swept = await CreditSweeper(store).sweep()  # visits before the booking
+    script_keys, args = claim_then_put_call([], [], registered)
+    assert await store.run(CLAIM_THEN_PUT_SCRIPT, script_keys, args) == 0  # the booking, late
+    indexed = (await due_lapses(store, keys.credit_lapses(), 10)).wallets
+
+    assert swept == 1_000 and list(indexed) == ["W"]
+    assert await CreditSweeper(store).sweep() == 0  # visits again: scores it at its lapse time
+    await _until_due(store, 1)
+    assert await CreditSweeper(store).sweep() == 10
+    assert lapse_lines() == [("W", "1000"), ("W", "10")]
+
+
+async def test_a_sweep_whose_index_fix_was_lost_is_redone_and_counts_nothing_twice(
+    store: Store, lapse_lines: LapseLines
+) -> None:
+    book = _book(store)
+    await _fund(book, "W", 1_000, "p1")
+    await _until_due(store, 1)
+    visit = await lapse_credit(store, credit_account("W"))  # a sweep that died before its fix
+    counted = _lapsed_total()
+
+    again = await CreditSweeper(store, forget_after_ms=0).sweep()
+
+    assert visit.counted == 1_000 and again == 0 and _lapsed_total() == counted
+    assert lapse_lines() == []
+    assert (await due_lapses(store, keys.credit_lapses(), 10)).wallets == {}  # fixed: dropped

@@ -345,11 +345,13 @@ async def test_a_session_opened_at_another_origin_spends_nothing_here(store: Sto
 
 
 def test_the_store_keeps_a_digest_of_origin_and_token_never_the_token() -> None:
-    token = new_token(str(Keypair().pubkey()))
-    here = CreditSessions(None, BASE_URL, None).key(token)  # type: ignore[arg-type]
-    there = CreditSessions(None, "https://other-gateway.test", None).key(token)  # type: ignore[arg-type]
+    wallet = str(Keypair().pubkey())
+    token = new_token(wallet)
+    here = CreditSessions(None, BASE_URL, None).key(wallet, token)  # type: ignore[arg-type]
+    there = CreditSessions(None, "https://other-gateway.test", None).key(wallet, token)  # type: ignore[arg-type]
 
     assert here.startswith(keys.CREDIT_SESSION) and token not in here and here != there
+    assert here.startswith(keys.credit_session(wallet, ""))  # among the wallet's own keys
 
 
 def test_the_words_a_wallet_signs() -> None:

@@ -424,13 +424,14 @@ class StoreCommands:
 
 
 @pytest.mark.parametrize("payment_id", [None, "round-trips-0123456789"])
-async def test_paid_rpc_takes_three_store_round_trips(
+async def test_paid_rpc_takes_four_store_round_trips(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer, payment_id: str | None
 ) -> None:
-    """The claim (used? identifier known? then the scope and wallet buckets, then the payment and
-    its identifier), the write-ahead intent, the delivery (closing the intent, keeping the
-    replay): three round trips, whatever the route's limits. The usage flush and the
-    challenge-limit sync run in the background, off the request's path."""
+    """The claim in two (at once, the payer's step: used? identifier known? its buckets, then the
+    payment and its identifier; and the IP's: its refusal guard; then the route's shared budget),
+    the write-ahead intent, the delivery (closing the intent, keeping the replay): four round
+    trips of five commands, whatever the identifier. The usage flush and the challenge-limit
+    sync run in the background, off the request's path."""
     env = {"STATE_STORE_REST_URL": private_redis.url, "RATE_LIMIT_SYNC_SECONDS": "10"}
     paid = await start_paid_gateway(env=env)
     warm_up = await paid.pay(GET_BALANCE, balance_body(), await paid.payment())  # loads the scripts
@@ -441,15 +442,16 @@ async def test_paid_rpc_takes_three_store_round_trips(
         reply = await paid.pay(GET_BALANCE, balance_body(), payment)
 
     assert warm_up.status == reply.status == 200, reply.body
-    assert store.commands == ["EVALSHA", "SET", "EVALSHA"]
+    assert store.commands == ["EVALSHA", "EVALSHA", "EVALSHA", "SET", "EVALSHA"]
     assert paid.settle_calls() == 2
 
 
 async def test_paid_rpc_replay_is_refused_in_one_store_round_trip(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer
 ) -> None:
-    """The claim's round trip also reads the payment's pending record: a used payment offered
-    again costs one store command and no facilitator call."""
+    """The claim's first round trip also reads the payment's pending record: a used payment
+    offered again costs one round trip (the payer's and the IP's steps, sent at once), nothing
+    of the shared budget and no facilitator call."""
     env = {"STATE_STORE_REST_URL": private_redis.url, "RATE_LIMIT_SYNC_SECONDS": "10"}
     paid = await start_paid_gateway(env=env)
     payment = await paid.payment()
@@ -463,11 +465,11 @@ async def test_paid_rpc_replay_is_refused_in_one_store_round_trip(
     assert first.status == 200, first.body
     assert replay.status == 402 and replay.json()["error"] == "payment_already_used"
     assert (again.status, again.body) == (200, first.body)  # the identical request: its answer again
-    assert store.commands == ["EVALSHA", "EVALSHA"]
+    assert store.commands == ["EVALSHA"] * 4
     assert paid.verify_calls() == paid.settle_calls() == 1
 
 
-async def test_paid_rpc_retry_of_a_pending_settlement_takes_three_store_round_trips(
+async def test_paid_rpc_retry_of_a_pending_settlement_takes_three_store_round_trips_of_four_commands(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer
 ) -> None:
     """The retry's claim round trip finds the pending record it reconciles with; the retry marks
@@ -487,14 +489,15 @@ async def test_paid_rpc_retry_of_a_pending_settlement_takes_three_store_round_tr
         retry = await paid.pay(GET_BALANCE, balance_body(), payment)
 
     assert warm_up.status == 200 and first.status == 503 and retry.status == 200, retry.body
-    assert store.commands == ["EVALSHA", "SET", "EVALSHA"]
+    assert store.commands == ["EVALSHA", "EVALSHA", "SET", "EVALSHA"]  # the claim's two at once
     assert paid.upstream_calls == 2 and paid.settle_calls() == 3  # the warm-up's, then one each
 
 
-async def test_paid_rpc_takes_three_requests_over_upstash_rest(
+async def test_paid_rpc_takes_five_requests_over_upstash_rest(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer
 ) -> None:
-    """Over Upstash REST each of the three round trips is one HTTP request."""
+    """Over Upstash REST each command of the four round trips is one HTTP request (the claim's
+    first two at once)."""
     rest = UpstashRestServer(private_redis.url, "round-trip-token")
     url = await rest.start()
     try:
@@ -511,7 +514,7 @@ async def test_paid_rpc_takes_three_requests_over_upstash_rest(
         await rest.stop()
 
     assert warm_up.status == reply.status == 200, reply.body
-    assert requests == ["EVALSHA", "SET", "EVALSHA"]
+    assert requests == ["EVALSHA", "EVALSHA", "EVALSHA", "SET", "EVALSHA"]
 
 
 async def test_paid_rpc_store_down_is_503_and_calls_nothing(

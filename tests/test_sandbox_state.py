@@ -27,7 +27,7 @@ from gateway.sandbox.state import (
     save_config,
     save_credit,
 )
-from gateway.store import Entry
+from gateway.store import Entry, keys
 from gateway.store.claims import claim_then_put
 from gateway.store.credit import credit_state, restore_credit
 from tests.support.gateway_server import FULL_ENV
@@ -103,7 +103,7 @@ DAY_MS = 86_400_000
 async def _top_up(store: CreditKeepingStore, wallet: str, amount: int, lapse_ms: int = 30 * DAY_MS) -> None:
     """Credit ``wallet`` as a top-up's delivery does: its claim and its credit in one write."""
     book = CreditBook(store, lapse_days=1, lapse_ms=lapse_ms, upstream_timeout_s=1.0)
-    claim = Entry(f"delivery:{wallet}:{amount}", "1", 60_000)
+    claim = Entry(keys.delivery(wallet, f"{amount:064x}"), "1", 60_000)
     assert await claim_then_put(store, [claim], (), book.credits(wallet, amount)) == 1
 
 
@@ -191,7 +191,9 @@ def test_credit_on_the_memory_store_is_allowed_to_the_sandbox_only() -> None:
 async def test_credit_restored_from_the_ledger_is_kept_in_the_file_too(tmp_path: Path) -> None:
     store = CreditKeepingStore(journaled=True)
     lapse_at = int(time.time() * 1000) + DAY_MS
-    await restore_credit(store, credit_account(WALLET), 700, lapse_at, DAY_MS)  # as StoreRestorer does
+    await restore_credit(
+        store, credit_account(WALLET), keys.credit_lapses(), 700, lapse_at, DAY_MS
+    )  # as StoreRestorer does
 
     kept = await keep_credit(tmp_path, store, None)
 

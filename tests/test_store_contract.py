@@ -37,11 +37,13 @@ from gateway.store.base import taken_mark
 from gateway.store.claims import CLAIM_THEN_PUT_SCRIPT, claim_then_put, claim_then_put_call, release
 from gateway.store.cluster import RedisClusterStore
 from gateway.store.credit import (
+    WalletLapse,
     credit_state,
-    drain_lapsed,
     due_lapses,
+    fix_lapse_index,
     hold_credit,
     lapse_credit,
+    register_lapses,
     restore_credit,
     take_credit,
 )
@@ -607,9 +609,10 @@ async def test_scripts_load_on_a_server_that_lacks_them(
         assert _fields(await credit_state(store, account("noscript"))) == (0, 0, 0)
         assert await hold_credit(store, account("noscript"), 1, "t", 60_000) is None
         assert await take_credit(store, account("noscript"), "t", 1) is None
-        assert await due_lapses(store, LAPSES, 10) == []
-        assert await lapse_credit(store, account("noscript")) is None
-        assert await drain_lapsed(store, LAPSED) == {}
+        assert await due(store) == []
+        assert await lapse_credit(store, account("noscript")) == WalletLapse(None, 0, None)
+        assert await fix_lapse_index(store, LAPSES, "noscript", 1, None) is False
+        assert await register_lapses(store, LAPSES, [("noscript", "in", 0)]) > 0
     finally:
         await store.close()
 
@@ -775,20 +778,47 @@ async def test_claim_then_put_entries_expire_after_their_ttl(store: Store) -> No
 
 # --- prepaid credit: top-ups ---------------------------------------------------------------------
 
-LAPSES, LAPSED = "{t}credit:lapses", "{t}credit:lapsed"
+LAPSES = "{t}credit:lapses"
 GRACE_MS = 60_000
 """How long a counter outlives its lapse in these tests: never what ends a balance, unless a test
 says so."""
 
 
 def account(name: str) -> CreditAccount:
-    """A wallet's credit keys here (one lapse index and one lapsed hash for every wallet), all of
-    them under one hash tag: the keys of one store call share a slot, as on a cluster they must."""
-    return CreditAccount(name, f"{{t}}credit:{name}", f"{{t}}credit:{name}:holds", LAPSES, LAPSED)
+    """A wallet's credit keys here, all of them under one hash tag with the lapse index and the
+    tests' other keys: the keys of one store call share a slot, as on a cluster they must (the
+    steps on a wallet's keys alone, each wallet on its own tag: see the cluster tests below)."""
+    base = f"{{t}}credit:{name}"
+    return CreditAccount(name, base, f"{base}:holds", f"{base}:lapse", f"{base}:lapsed")
 
 
 def credit(name: str, amount: int, lapse_ms: int = 60_000, grace_ms: int = GRACE_MS) -> Credit:
-    return Credit(account(name), amount, lapse_ms, grace_ms)
+    return Credit(account(name), amount, lapse_ms, grace_ms, LAPSES)
+
+
+async def due(store: Store, limit: int = 10) -> list[str]:
+    """The wallets the lapse index lists as due, longest due first."""
+    return list((await due_lapses(store, LAPSES, limit)).wallets)
+
+
+async def until_lapsed(store: Store, *names: str, within_s: float = 0.5) -> None:
+    """Wait until each wallet's own lapse time has passed (its index score, a hint written a step
+    before its booking, may pass a moment earlier)."""
+    deadline = time.monotonic() + within_s
+    for name in names:
+        await read_until(
+            lambda n=name: credit_state(store, account(n)), lambda state: state.ttl_ms == 0, deadline
+        )
+
+
+async def sweep_index(store: Store) -> None:
+    """What a sweep does to the index after its visits: each due wallet scored at its lapse time,
+    or dropped when it has none left (at once: no credit is on its way in these tests)."""
+    listed = await due_lapses(store, LAPSES, 100)
+    for wallet, score in listed.wallets.items():
+        visit = await lapse_credit(store, account(wallet))
+        assert visit.counted == 0, "sweep_index only fixes the index of wallets counted already"
+        await fix_lapse_index(store, LAPSES, wallet, score, visit.lapse_at_ms)
 
 
 async def test_claim_then_put_adds_the_credits_only_when_every_claim_was_set(store: Store) -> None:
@@ -1228,22 +1258,23 @@ async def test_a_top_up_records_its_lapse_and_the_wallet_is_due_only_once_it_pas
     await top_up(store, 10, "soon", lapse_ms=300)
     await top_up(store, 10, "later", lapse_ms=60_000)
 
-    before = await due_lapses(store, LAPSES, 10)
-    due = await read_until(lambda: due_lapses(store, LAPSES, 10), bool, time.monotonic() + 0.4)
+    before = await due(store)
+    listed = await read_until(lambda: due(store), bool, time.monotonic() + 0.4)
 
     assert before == []
-    assert due == ["soon"]
+    assert listed == ["soon"]
+    assert await store.get(account("soon").lapse) is not None  # the truth, beside the balance
 
 
 async def test_due_lapses_answers_the_longest_due_first_and_at_most_the_limit(store: Store) -> None:
     for name, lapse_ms in (("third", 600), ("first", 100), ("second", 350)):
         await top_up(store, 1, name, lapse_ms=lapse_ms)
-    due = await read_until(
-        lambda: due_lapses(store, LAPSES, 10), lambda wallets: len(wallets) == 3, time.monotonic() + 0.8
-    )
+    listed = await read_until(lambda: due(store), lambda wallets: len(wallets) == 3, time.monotonic() + 0.8)
 
-    assert due == ["first", "second", "third"]
-    assert await due_lapses(store, LAPSES, 2) == ["first", "second"]
+    assert listed == ["first", "second", "third"]
+    assert await due(store, 2) == ["first", "second"]
+    found = await due_lapses(store, LAPSES, 10)
+    assert all(score <= found.at_ms for score in found.wallets.values())
 
 
 async def test_a_balance_past_its_lapse_spends_as_nothing_before_any_sweep(store: Store) -> None:
@@ -1257,7 +1288,7 @@ async def test_a_balance_past_its_lapse_spends_as_nothing_before_any_sweep(store
     assert await take_credit(store, SPEND, "early", 40) is None
     assert await take_credit(store, SPEND, "unheld", 1) is None
     assert _fields(await credit_state(store, SPEND)) == (0, 40, 0)
-    assert await lapse_credit(store, SPEND) == 100  # nothing was spent: all of it lapses
+    assert await lapse_credit(store, SPEND) == WalletLapse(100, 0, None)  # nothing spent: all lapses
 
 
 async def test_the_state_counts_down_to_the_lapse_not_to_the_counters_backstop(store: Store) -> None:
@@ -1275,19 +1306,23 @@ async def test_lapse_credit_lapses_a_due_balance_once_with_its_holds(store: Stor
     assert await take_credit(store, SPEND, "spent", 20) is not None
 
     early = await lapse_credit(store, SPEND)
-    await read_until(lambda: due_lapses(store, LAPSES, 10), bool, time.monotonic() + 0.5)
-    lapsed = await asyncio.gather(*(lapse_credit(store, SPEND) for _ in range(10)))
+    await until_lapsed(store, "spend")
+    visits = await asyncio.gather(*(lapse_credit(store, SPEND) for _ in range(10)))
 
-    assert early is None  # not due: nothing changed
-    assert sorted(lapsed, key=lambda amount: amount is None) == [80] + [None] * 9
+    assert early.lapsed is None and early.found == 0 and early.lapse_at_ms is not None  # not due
+    assert sorted(visit.counted for visit in visits) == [0] * 9 + [80]
+    assert all(visit.lapse_at_ms is None for visit in visits)  # nothing is left to lapse
     assert _fields(await credit_state(store, SPEND)) == (0, 0, 0)
-    assert await due_lapses(store, LAPSES, 10) == []
+    assert await store.get(SPEND.lapse) is None
+    assert await due(store) == ["spend"]  # the visit touches the wallet's keys alone
     await top_up(store, 5)  # a wallet whose credit lapsed starts again from its next top-up
     state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (5, 0)
 
 
-async def test_a_top_up_before_the_lapse_moves_it_and_the_sweep_finds_nothing_due(store: Store) -> None:
+async def test_a_top_up_before_the_lapse_moves_it_and_the_sweep_only_rescores_the_wallet(
+    store: Store,
+) -> None:
     # The second top-up must come before the first lapse: a second of margin for a loaded machine.
     await top_up(store, 100, lapse_ms=1_000)
     written = time.monotonic()  # the first lapse time is at most a second after this
@@ -1295,8 +1330,12 @@ async def test_a_top_up_before_the_lapse_moves_it_and_the_sweep_finds_nothing_du
     await top_up(store, 1, lapse_ms=60_000)
     await asyncio.sleep(max(0.0, written + 1.05 - time.monotonic()))  # past the first lapse time
 
-    assert await lapse_credit(store, SPEND) is None
-    assert await due_lapses(store, LAPSES, 10) == []
+    listed = await due_lapses(store, LAPSES, 10)  # the index kept the earlier score: a hint
+    visit = await lapse_credit(store, SPEND)
+    assert list(listed.wallets) == ["spend"]
+    assert visit.counted == 0 and visit.lapse_at_ms is not None
+    assert await fix_lapse_index(store, LAPSES, "spend", listed.wallets["spend"], visit.lapse_at_ms)
+    assert await due(store) == []
     state = await credit_state(store, SPEND)
     assert state.balance == 101 and 50_000 < state.ttl_ms <= 60_000  # the second top-up's lifetime
 
@@ -1322,19 +1361,23 @@ async def test_a_top_up_after_the_lapse_starts_afresh_and_keeps_the_lapsed_credi
 
     state = await credit_state(store, SPEND)
     assert (state.balance, state.held) == (7, 0)  # the lapsed 100 and its hold are gone
-    assert await drain_lapsed(store, LAPSED) == {"spend": 100, "other": 10}
-    assert await drain_lapsed(store, LAPSED) == {}  # each amount is answered once
-    assert await due_lapses(store, LAPSES, 10) == []
+    assert sorted(await due(store)) == ["other", "spend"]  # both still due: the next sweep counts
+    spend, other = await lapse_credit(store, SPEND), await lapse_credit(store, account("other"))
+    assert (spend.lapsed, spend.found, other.lapsed, other.found) == (None, 100, None, 10)
+    assert (await lapse_credit(store, SPEND)).found == 0  # each amount is answered once
+    assert spend.lapse_at_ms is not None and other.lapse_at_ms is not None  # the new credit is left
+    await sweep_index(store)
+    assert await due(store) == []
 
 
 async def test_a_lapse_that_found_nothing_left_adds_nothing_to_count(store: Store) -> None:
     await top_up(store, 10, lapse_ms=300)
     assert await take_credit(store, SPEND, "all", 10) is not None
-    await read_until(lambda: due_lapses(store, LAPSES, 10), bool, time.monotonic() + 0.4)
+    await until_lapsed(store, "spend")
 
     await top_up(store, 3)
 
-    assert await drain_lapsed(store, LAPSED) == {}
+    assert (await lapse_credit(store, SPEND)).found == 0
     assert (await credit_state(store, SPEND)).balance == 3
 
 
@@ -1343,12 +1386,15 @@ async def test_the_counter_backstop_ends_a_balance_no_sweeper_lapsed(store: Stor
     await asyncio.sleep(0.25)  # past the lapse and the grace
 
     assert _fields(await credit_state(store, account("forgotten"))) == (0, 0, 0)
-    assert await due_lapses(store, LAPSES, 10) == ["forgotten"]
-    assert await lapse_credit(store, account("forgotten")) == 0  # the backstop took it, uncounted
-    assert await due_lapses(store, LAPSES, 10) == []
+    listed = await due_lapses(store, LAPSES, 10)
+    assert list(listed.wallets) == ["forgotten"]
+    # the backstop took the balance and its lapse time, uncounted: nothing left, so it is dropped
+    assert await lapse_credit(store, account("forgotten")) == WalletLapse(None, 0, None)
+    assert await fix_lapse_index(store, LAPSES, "forgotten", listed.wallets["forgotten"], None)
+    assert await due(store) == []
 
 
-async def test_a_top_up_keeps_the_balance_key_a_grace_period_past_the_lapse(
+async def test_a_top_up_keeps_the_balance_and_its_lapse_time_a_grace_period_past_the_lapse(
     clean_redis_url: str, raw_redis: aioredis.Redis
 ) -> None:
     store = RedisStore(clean_redis_url)
@@ -1359,8 +1405,11 @@ async def test_a_top_up_keeps_the_balance_key_a_grace_period_past_the_lapse(
         await store.close()
 
     assert 89_000 < await raw_redis.pttl(account("keys").balance) <= 90_000
-    lapses_at = await raw_redis.zscore(LAPSES, "keys")
-    assert lapses_at is not None and before_ms + 59_000 < lapses_at <= int(time.time() * 1000) + 60_000
+    assert 89_000 < await raw_redis.pttl(account("keys").lapse) <= 90_000
+    lapses_at = int(await raw_redis.get(account("keys").lapse) or 0)
+    assert before_ms + 59_000 < lapses_at <= int(time.time() * 1000) + 60_000
+    indexed = await raw_redis.zscore(LAPSES, "keys")
+    assert indexed is not None and before_ms + 59_000 < indexed <= lapses_at  # no later than the truth
 
 
 async def test_redis_and_upstash_backends_share_one_lapse_index(
@@ -1370,16 +1419,13 @@ async def test_redis_and_upstash_backends_share_one_lapse_index(
     try:
         await top_up(redis_store, 10, "a", lapse_ms=100)
         await top_up(upstash_store, 20, "b", lapse_ms=100)
-        await read_until(
-            lambda: due_lapses(upstash_store, LAPSES, 10),
-            lambda wallets: len(wallets) == 2,
-            time.monotonic() + 0.2,
-        )
+        await until_lapsed(redis_store, "a", "b")
         await top_up(redis_store, 1, "b")
 
-        assert await due_lapses(upstash_store, LAPSES, 10) == ["a"]
-        assert await lapse_credit(upstash_store, account("a")) == 10
-        assert await drain_lapsed(redis_store, LAPSED) == {"b": 20}
+        assert sorted(await due(upstash_store)) == ["a", "b"]
+        assert await lapse_credit(upstash_store, account("a")) == WalletLapse(10, 0, None)
+        b = await lapse_credit(redis_store, account("b"))
+        assert (b.lapsed, b.found) == (None, 20)
     finally:
         await redis_store.close()
         await upstash_store.close()
@@ -1420,8 +1466,10 @@ OPERATIONS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "hold_credit": lambda s: hold_credit(s, account("c"), 1, "token", 1_000),
     "take_credit": lambda s: take_credit(s, account("c"), "token", 1),
     "due_lapses": lambda s: due_lapses(s, LAPSES, 10),
+    "register_lapses": lambda s: register_lapses(s, LAPSES, [("c", "in", 1)]),
     "lapse_credit": lambda s: lapse_credit(s, account("c")),
-    "drain_lapsed": lambda s: drain_lapsed(s, LAPSED),
+    "fix_lapse_index": lambda s: fix_lapse_index(s, LAPSES, "c", 1, None),
+    "restore_credit": lambda s: restore_credit(s, account("c"), LAPSES, 1, 1, 1),
 }
 
 
@@ -1575,42 +1623,68 @@ async def test_restore_credit_sets_the_balance_exactly_and_drops_the_holds(store
     watch = Stopwatch()
     lapse_at_ms = int(time.time() * 1000) + 60_000
 
-    await restore_credit(store, account("restored"), 1_234, lapse_at_ms, 120_000)
+    mark = LedgerPosition("{t}credit:restored:mark", 41)
+
+    await restore_credit(store, account("restored"), LAPSES, 1_234, lapse_at_ms, 120_000, mark)
 
     state = await credit_state(store, account("restored"))
     assert (state.balance, state.held) == (1_234, 0)
     assert 60_000 - watch.margin_ms() < state.ttl_ms <= 60_000  # the restored time, not the key's TTL
     assert await hold_credit(store, account("restored"), 1_234, "all", 60_000) is not None
+    assert await store.get(mark.key) == "41"
+    indexed = (await due_lapses(store, LAPSES, 10)).wallets  # registered, not due yet
+    assert indexed == {} and await store.get(account("restored").lapse) == str(lapse_at_ms)
+
+
+async def test_restore_credit_drops_the_lapsed_credit_the_ledger_still_owes(store: Store) -> None:
+    """What top-ups found lapsed is not in the ledger's books as lapsed until the sweeper counts
+    it: the ledger's balance holds it, so a restore gives it back and it is not counted too."""
+    await top_up(store, 100, "relapsed", lapse_ms=100)
+    await until_lapsed(store, "relapsed")
+    await top_up(store, 5, "relapsed")
+
+    await restore_credit(store, account("relapsed"), LAPSES, 105, int(time.time() * 1000) + 60_000, 120_000)
+
+    assert (await lapse_credit(store, account("relapsed"))).counted == 0
+    assert (await credit_state(store, account("relapsed"))).balance == 105
 
 
 async def test_restore_credit_to_nothing_deletes_the_balance_and_its_lapse(store: Store) -> None:
     await claim_then_put(store, [], [], [credit("emptied", 500)])
 
-    await restore_credit(store, account("emptied"), 0, int(time.time() * 1000) + 60_000, 120_000)
+    mark = LedgerPosition("{t}credit:emptied:mark", 3)
+    await store.put(mark.key, "2", 60_000)
+
+    await restore_credit(
+        store, account("emptied"), LAPSES, 0, int(time.time() * 1000) + 60_000, 120_000, mark
+    )
 
     assert _fields(await credit_state(store, account("emptied"))) == (0, 0, 0)
-    assert await due_lapses(store, LAPSES, 10) == []
+    assert await store.get(account("emptied").lapse) is None and await store.get(mark.key) is None
 
 
 async def test_a_balance_restored_past_its_lapse_spends_as_nothing_and_lapses_once(store: Store) -> None:
-    await restore_credit(store, account("late"), 700, int(time.time() * 1000) - 1, 60_000)
+    await restore_credit(store, account("late"), LAPSES, 700, int(time.time() * 1000) - 1, 60_000)
 
     assert (await credit_state(store, account("late"))).balance == 0
-    assert await due_lapses(store, LAPSES, 10) == ["late"]
-    assert await lapse_credit(store, account("late")) == 700
-    assert await lapse_credit(store, account("late")) is None
+    assert await due(store) == ["late"]  # due now: its lapse time has passed
+    assert await lapse_credit(store, account("late")) == WalletLapse(700, 0, None)
+    assert await lapse_credit(store, account("late")) == WalletLapse(None, 0, None)
 
 
-async def test_a_top_up_raises_the_stores_ledger_position_and_never_lowers_it(store: Store) -> None:
-    position = "{t}ledger:position"
+async def test_a_top_up_raises_its_wallets_ledger_mark_and_never_lowers_it(store: Store) -> None:
+    position = "{t}credit:positioned:mark"
 
     for entry_id in (7, 5, 9):  # bookings may land out of their journal order
-        top_up = Credit(account("positioned"), 10, 60_000, GRACE_MS, LedgerPosition(position, entry_id))
+        top_up = Credit(
+            account("positioned"), 10, 60_000, GRACE_MS, LAPSES, LedgerPosition(position, entry_id)
+        )
         assert await claim_then_put(store, [], [], [top_up]) == 0
     await claim_then_put(store, [], [], [credit("positioned", 1)])  # no position: untouched
 
     assert await store.get(position) == "9"
     assert (await credit_state(store, account("positioned"))).balance == 31
+    assert await store.counters([position]) == {position: 9}  # what the restore check reads
 
 
 # --- a cluster: what spans slots ------------------------------------------------------------------

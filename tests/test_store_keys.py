@@ -77,15 +77,17 @@ def test_the_key_strings_are_the_ones_a_running_store_holds() -> None:
     assert keys.fee_guard_counted("payer", "S1") == "x402gw.fee-guard:counted:{payer:S1}"
     assert keys.facilitator_down("ours") == "{x402gw}:facilitator-down:ours"
     assert keys.fee_payer("solana:x", "https://f.example") == "{x402gw:fee-payer:solana:x:https://f.example}"
-    assert keys.credit_balance("W1") == "{x402gw}:credit:W1"
-    assert keys.credit_holds("W1") == "{x402gw}:credit-holds:W1"
+    assert keys.credit_balance("W1") == "x402gw.credit:{w:W1}"
+    assert keys.credit_holds("W1") == "x402gw.credit-holds:{w:W1}"
+    assert keys.credit_lapse("W1") == "x402gw.credit-lapse:{w:W1}"
+    assert keys.credit_lapsed("W1") == "x402gw.credit-lapsed:{w:W1}"
     assert keys.credit_lapses() == "{x402gw}:credit-lapses"
-    assert keys.credit_lapsed() == "{x402gw}:credit-lapsed"
     assert keys.credit_sweep() == "{x402gw:credit-sweep}"
-    assert keys.ledger_mark() == "{x402gw}:ledger-mark"
+    assert keys.ledger_mark("W1") == "x402gw.ledger-mark:{w:W1}"
     assert keys.ledger_restore() == "{x402gw:ledger-restore}"
-    assert keys.credit_call("W1", "n0nce") == "{x402gw}:credit-call:W1:n0nce"
-    assert keys.credit_session(DIGEST) == f"{{x402gw}}:credit-session:{DIGEST}"
+    assert keys.ledger_checked() == "{x402gw}:ledger-checked"
+    assert keys.credit_call("W1", "n0nce") == "x402gw.credit-call:{w:W1}:n0nce"
+    assert keys.credit_session("W1", DIGEST) == f"x402gw.credit-session:{{w:W1}}:{DIGEST}"
     assert keys.settlement(DIGEST) == f"x402gw.svm:settle:{{p:{DIGEST}}}"
     assert keys.settlement_reported(keys.settlement(DIGEST)) == f"x402gw.svm:settle:{{p:{DIGEST}}}:done"
 
@@ -167,7 +169,8 @@ def _slots(*names: str) -> set[int]:
 @pytest.mark.parametrize("wallet", ["W1", "{W}", "9xQeWvG816bUx9EPjHmaT23yvVM2ZWbrrpZb9PusVFin"], ids=str)
 def test_what_one_atomic_step_touches_hashes_to_one_slot(wallet: str) -> None:
     """Each script runs over keys of one slot: a wallet's payments, identifiers, nonces, calls,
-    own buckets and fee-guard records (a payment's claim, its delivery, a sign-in); a client
+    credit, sessions, ledger mark, own buckets and fee-guard records (a payment's claim, a
+    top-up's delivery with its credit, a sign-in with its hold, a session's spend); a client
     IP's buckets and records; a budget with the shares of it and their marks, whoever the
     subject; a token account's places and funds; a settlement and its report. Braces in an
     argument change nothing: only the first tag counts, and it comes before them."""
@@ -178,7 +181,9 @@ def test_what_one_atomic_step_touches_hashes_to_one_slot(wallet: str) -> None:
         keys.sign_in_nonce(wallet, "n"), keys.rate_bucket("rpc:wallet", keys.wallet_tag(wallet)),
         keys.rate_bucket("payments-refused:payer", keys.wallet_tag(wallet)),
         keys.fee_guard_record("owner", wallet), keys.fee_guard_cooldown("owner", wallet),
-        keys.fee_guard_in_flight("owner", wallet),
+        keys.fee_guard_in_flight("owner", wallet), keys.credit_balance(wallet), keys.credit_holds(wallet),
+        keys.credit_lapse(wallet), keys.credit_lapsed(wallet), keys.ledger_mark(wallet),
+        keys.credit_call(wallet, "n"), keys.credit_session(wallet, DIGEST),
     )) == 1
     assert len(_slots(
         keys.rate_bucket("x:ip", keys.ip_tag(ip)), keys.fee_guard_cooldown("ip", ip),
@@ -217,6 +222,35 @@ def test_each_key_of_a_spread_family_is_its_own_tag_and_they_spread_over_the_slo
     usage = {key_slot(keys.usage(f"route{n}", "paid").encode()) for n in range(64)}
     assert len(windows) > 50 and len(usage) > 50
     assert key_slot(keys.usage("{r}", "paid").encode()) == key_slot(keys.usage("{r}", "paid").encode())
+
+
+PER_WALLET: set[Family] = {
+    keys.credit_balance,
+    keys.credit_holds,
+    keys.credit_lapse,
+    keys.credit_lapsed,
+    keys.ledger_mark,
+    keys.credit_call,
+    keys.credit_session,
+}
+"""The families of one wallet's credit: every credit script but the lapse index's touches these of
+one wallet only, so a tag per wallet (the sharding to come) changes these functions and no caller."""
+
+
+def test_every_wallets_credit_key_is_a_function_of_its_wallet() -> None:
+    for family in PER_WALLET:
+        rest = [DIGEST] * (len(inspect.signature(family).parameters) - 1)
+        one, other = family("W1", *rest), family("W2", *rest)
+        assert "W1" in one and one != other and one.replace("W1", "W2") == other, family
+
+
+def test_the_release_befores_shared_credit_keys_are_no_family_any_more() -> None:
+    """The lapsed hash and the one ledger mark were read by every top-up of every wallet: they
+    are only names the migration reads now, and no current key can be one of them."""
+    for legacy in (keys.LEGACY_CREDIT_LAPSED, keys.LEGACY_LEDGER_MARK):
+        assert legacy not in keys.FAMILIES.values()
+        for family in keys.FAMILIES:
+            assert _sample(family) != legacy
 
 
 @pytest.mark.parametrize(

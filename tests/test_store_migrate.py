@@ -7,15 +7,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.methods.credit.book import credit_account
+from gateway.methods.credit.lapse import CreditSweeper
 from gateway.store import keys, open_store
 from gateway.store.credit import credit_state
-from gateway.store.migrate import migrate_keys
+from gateway.store.migrate import CreditMigrated, migrate_keys
 from tests.support.redis_cluster import raw_client
 
 WALLET = "Wa11et1111111111111111111111111111111111111"
@@ -124,5 +127,90 @@ async def test_on_a_cluster_the_spread_families_move_off_the_one_slot(clean_clus
         assert await raw.get(keys.usage("getSlot", "failed")) == "3"
         assert await raw.get(keys.credit_balance(WALLET)) == "9"
         assert (await migrate_keys(clean_cluster_url, None)).renamed == 0
+    finally:
+        await raw.aclose()
+
+
+async def _write_one_slot_release_credit(raw: Any, now_ms: int) -> None:
+    """What the release before per-wallet credit left: the lapse index as the only record of when
+    a balance lapses, one hash of what top-ups found lapsed, one shared ledger mark, and sessions
+    named by their token's digest alone."""
+    await raw.set(keys.credit_balance(WALLET), "5000", px=3_600_000)
+    await raw.zadd(keys.credit_lapses(), {WALLET: now_ms + 3_000_000, "Gone1": now_ms - 5})
+    await raw.hset(keys.LEGACY_CREDIT_LAPSED, mapping={"Lapsed1": "700", WALLET: "30"})
+    await raw.set(keys.LEGACY_LEDGER_MARK, "41")
+    await raw.hset(f"{keys.CREDIT_SESSION}{'ee' * 32}", mapping={"wallet": WALLET, "cap": "9", "spent": "0"})
+    await raw.hset(
+        keys.credit_session(WALLET, "ff" * 32), mapping={"wallet": WALLET, "cap": "9", "spent": "0"}
+    )
+
+
+async def _assert_credit_brought_to_each_wallet(url: str, token: str | None, raw: Any, now_ms: int) -> None:
+    assert int(await raw.get(keys.credit_lapse(WALLET))) == now_ms + 3_000_000
+    assert 3_500_000 < await raw.pttl(keys.credit_lapse(WALLET)) <= 3_600_000  # as long as its balance
+    assert await raw.get(keys.credit_lapse("Gone1")) is None  # no balance left: nothing to keep
+    assert (await raw.get(keys.credit_lapsed("Lapsed1")), await raw.get(keys.credit_lapsed(WALLET))) == (
+        "700",
+        "30",
+    )
+    assert not await raw.exists(keys.LEGACY_CREDIT_LAPSED) and not await raw.exists(keys.LEGACY_LEDGER_MARK)
+    assert not await raw.exists(f"{keys.CREDIT_SESSION}{'ee' * 32}")  # ended: no token to name it anew
+    assert await raw.exists(keys.credit_session(WALLET, "ff" * 32))
+    store = open_store(url, token)
+    try:
+        state = await credit_state(store, credit_account(WALLET))
+        # The sweeper counts the moved lapsed credit at its first sweep, once (the wallets are due).
+        swept = [await CreditSweeper(store).sweep() for _ in range(2)]
+    finally:
+        await store.close()
+    assert state.balance == 5000 and 2_900_000 < state.ttl_ms <= 3_000_000
+    assert swept == [730, 0]
+
+
+@pytest.mark.parametrize("backend", ["redis", "upstash"])
+async def test_the_one_slot_releases_credit_is_brought_to_each_wallets_keys(
+    backend: str, raw: aioredis.Redis, clean_redis_url: str, upstash_url_and_token: tuple[str, str]
+) -> None:
+    now_ms = int((await raw.time())[0]) * 1000
+    await _write_one_slot_release_credit(raw, now_ms)
+    url, token = upstash_url_and_token if backend == "upstash" else (clean_redis_url, None)
+
+    done = await migrate_keys(url, token)
+    again = await migrate_keys(url, token)  # a run again (after a crash, say) moves nothing twice
+
+    assert done.credit == CreditMigrated(lapse_times=1, lapsed=2, sessions_ended=1)
+    assert again.credit == CreditMigrated()
+    await _assert_credit_brought_to_each_wallet(url, token, raw, now_ms)
+
+
+async def test_a_migration_cut_short_after_moving_lapsed_credit_counts_it_once(
+    raw: aioredis.Redis, clean_redis_url: str
+) -> None:
+    """The old hash's field is deleted after its wallet's counter is set: a run cut between the two
+    finds the field again and sets nothing twice (the counter is set only where absent)."""
+    await raw.hset(keys.LEGACY_CREDIT_LAPSED, mapping={"Lapsed1": "700"})
+    await raw.set(keys.credit_lapsed("Lapsed1"), "700")  # the cut run got this far
+
+    done = await migrate_keys(clean_redis_url, None)
+
+    assert done.credit == CreditMigrated(lapsed=1)
+    assert await raw.get(keys.credit_lapsed("Lapsed1")) == "700"
+    assert not await raw.exists(keys.LEGACY_CREDIT_LAPSED)
+
+
+async def test_on_a_cluster_the_one_slot_releases_credit_is_brought_to_each_wallets_keys(
+    clean_cluster_url: str,
+) -> None:
+    raw = raw_client(clean_cluster_url)
+    try:
+        now_ms = int(time.time() * 1000)
+        await _write_one_slot_release_credit(raw, now_ms)
+
+        done = await migrate_keys(clean_cluster_url, None)
+        again = await migrate_keys(clean_cluster_url, None)
+
+        assert done.credit == CreditMigrated(lapse_times=1, lapsed=2, sessions_ended=1)
+        assert again.credit == CreditMigrated()
+        await _assert_credit_brought_to_each_wallet(clean_cluster_url, None, raw, now_ms)
     finally:
         await raw.aclose()

@@ -49,6 +49,8 @@ class Owed(msgspec.Struct, frozen=True):
     wallet: str
     owed_micro: int
     last_top_up_ms: int
+    last_top_up_id: int = 0
+    """The journal id of its newest top-up (0: none)."""
 
 
 _RECORD = """
@@ -202,21 +204,6 @@ class Journal:
                 raise LedgerUnavailable(f"ledger write failed: {type(failed).__name__}") from None
         return {int(row["entry_id"]) for row in rows}
 
-    async def last_top_up(self) -> int:
-        """The journal id of the newest top-up (0 when there is none)."""
-        newest = await self._fetchval("SELECT coalesce(max(id), 0) FROM ledger_entries WHERE kind = 'top_up'")
-        return int(newest)
-
-    async def top_ups_after(self, entry_id: int, before_ms: int) -> list[Recorded]:
-        """The top-ups journaled after ``entry_id`` that settled before ``before_ms``, in order."""
-        rows = await self._fetch(
-            f"SELECT {_COLUMNS} FROM ledger_entries WHERE kind = 'top_up' AND id > $1 AND occurred_at < $2 "
-            "ORDER BY id",
-            entry_id,
-            _when(before_ms),
-        )
-        return [_recorded(row) for row in rows]
-
     async def owed_to(self, wallet: str) -> int:
         """The credit the operator owes ``wallet``, in micro-USDC, by the journal."""
         total = await self._fetchval(
@@ -240,15 +227,54 @@ class Journal:
         top-up's time: what a lost store is restored to."""
         rows = await self._fetch(
             "SELECT e.wallet, -sum(p.amount_micro) AS owed, "
-            "max(e.occurred_at) FILTER (WHERE e.kind = 'top_up') AS last_top_up "
+            "max(e.occurred_at) FILTER (WHERE e.kind = 'top_up') AS last_top_up, "
+            "coalesce(max(e.id) FILTER (WHERE e.kind = 'top_up'), 0) AS last_top_up_id "
             "FROM ledger_postings p JOIN ledger_entries e ON e.id = p.entry_id "
             "WHERE p.account LIKE $1 GROUP BY e.wallet ORDER BY e.wallet",
             CREDIT_PREFIX + "%",
         )
         return [
-            Owed(row["wallet"], int(row["owed"]), _ms(row["last_top_up"]) if row["last_top_up"] else 0)
+            Owed(
+                row["wallet"],
+                int(row["owed"]),
+                _ms(row["last_top_up"]) if row["last_top_up"] else 0,
+                int(row["last_top_up_id"]),
+            )
             for row in rows
         ]
+
+    async def newest_top_ups_owed(self, before_ms: int, since_ms: int | None = None) -> dict[str, int]:
+        """Every wallet still owed credit (with ``since_ms``: only those with a top-up settled
+        since then), with the journal id of its newest top-up that settled before ``before_ms``
+        (wallets with none left out): how far its credit in the store must go."""
+        recent = ""
+        arguments: list[object] = [CREDIT_PREFIX + "%", _when(before_ms)]
+        if since_ms is not None:
+            recent = (
+                "AND e.wallet IN (SELECT wallet FROM ledger_entries "
+                "WHERE kind = 'top_up' AND occurred_at >= $3) "
+            )
+            arguments.append(_when(since_ms))
+        rows = await self._fetch(
+            "SELECT e.wallet, max(e.id) FILTER (WHERE e.kind = 'top_up' AND e.occurred_at < $2) AS newest "
+            "FROM ledger_postings p JOIN ledger_entries e ON e.id = p.entry_id "
+            f"WHERE p.account LIKE $1 {recent}"
+            "GROUP BY e.wallet HAVING sum(p.amount_micro) < 0 ORDER BY e.wallet",
+            *arguments,
+        )
+        return {row["wallet"]: int(row["newest"]) for row in rows if row["newest"] is not None}
+
+    async def top_ups_of(self, wallet: str, after_id: int, before_ms: int) -> list[Recorded]:
+        """``wallet``'s top-ups journaled after ``after_id`` that settled before ``before_ms``, in
+        order."""
+        rows = await self._fetch(
+            f"SELECT {_COLUMNS} FROM ledger_entries WHERE kind = 'top_up' AND wallet = $1 AND id > $2 "
+            "AND occurred_at < $3 ORDER BY id",
+            wallet,
+            after_id,
+            _when(before_ms),
+        )
+        return [_recorded(row) for row in rows]
 
     async def top_ups(self, since_ms: int, until_ms: int) -> list[Recorded]:
         """The top-ups that settled in ``[since_ms, until_ms)``, in journal order."""

@@ -17,8 +17,9 @@ before the ledger), restoring from the ledger would take back credit bought sinc
 credit spent, so the ledger stays off for that state directory (:func:`unjournaled_credit`).
 
 :class:`CreditKeepingStore` finds the wallets with credit in the lapse index (every top-up and
-every restore puts its wallet there, until its credit lapses), and reads each one's balance and
-time to lapse as the gateway does (``credit_state``).
+every restore registers its wallet there before its credit, and only the sweeper drops a wallet
+with none left), and reads each one's balance and time to lapse as the gateway does
+(``credit_state``).
 """
 
 from __future__ import annotations

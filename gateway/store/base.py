@@ -17,10 +17,10 @@ backends, which run the very same scripts, and pinned by ``tests/test_store_cont
   ``take_credit``, ``credit_state``); a top-up is a ``Credit`` written by ``claim_then_put`` once
   its payment's claim is won, so a replayed top-up credits nothing. The balance is the
   operator's liability: every change is one atomic step on the store's clock, and no take
-  overdraws it. Each top-up also records when the balance lapses in a lapse index; past that
-  time the balance spends as nothing, and ``lapse_credit`` takes it out of the books
-  (``due_lapses`` finds the wallets due, ``drain_lapsed`` what top-ups found lapsed), so every
-  lapse can be counted.
+  overdraws it. Each top-up also records when the balance lapses, beside it; past that time the
+  balance spends as nothing, and ``lapse_credit`` takes it out of the books with what top-ups
+  found lapsed (``due_lapses`` lists the wallets due in the lapse index, the sweeper's hint,
+  ``fix_lapse_index`` corrects it), so every lapse can be counted.
 * A credit session is a hash of its wallet, the cap the wallet signed and the credit spent under
   it so far (``open_credit_session``); ``spend_credit_session`` is a credit hold that also
   checks the session is live, that its cap less what it spent covers the amount, and the route's
@@ -149,30 +149,27 @@ def checked_ttl(ttl_ms: int) -> int:
 
 
 class CreditAccount(msgspec.Struct, frozen=True):
-    """Where one wallet's prepaid credit lives in the store."""
+    """Where one wallet's prepaid credit lives in the store: its keys only, never a key another
+    wallet's scripts touch (so a tag per wallet puts all of them on the wallet's one slot)."""
 
     wallet: str
-    """Its member in the lapse index and its field in ``lapsed``."""
+    """Its member in the lapse index."""
     balance: str
     """The balance counter (micro-USDC)."""
     holds: str
     """The hold set of its calls in flight."""
-    lapses: str
-    """The lapse index, shared by every wallet: a sorted set scoring each wallet by the time its
-    credit lapses (Unix ms on the store's clock)."""
+    lapse: str
+    """When the balance lapses (Unix ms on the store's clock), written with it by each top-up and
+    living as long: the truth every credit script reads."""
     lapsed: str
-    """Shared by every wallet: the credit a top-up found already lapsed, by wallet, kept until
-    the sweeper counts it (:meth:`Store.drain_lapsed`)."""
-
-
-POSITION_TTL_MS = 10 * 365 * 24 * 3600 * 1000
-"""A ledger position lives as long as the store does (ten years: a key needs a lifetime here)."""
+    """A counter of the credit a top-up found already lapsed, kept until the sweeper counts it
+    (``gateway.store.credit.lapse_credit``)."""
 
 
 class LedgerPosition(msgspec.Struct, frozen=True):
-    """How far into the ledger of record the store's credit goes: the journal id of the newest
-    top-up it booked, kept at ``key`` and only ever raised (a store found behind the ledger lost
-    credit: see ``gateway.ledger.restore``)."""
+    """How far into the ledger of record a wallet's credit goes: the journal id of the newest
+    top-up booked for it, kept at ``key`` (the wallet's own) and only ever raised (a wallet found
+    behind the ledger lost credit: see ``gateway.ledger.restore``)."""
 
     key: str
     entry_id: int
@@ -180,16 +177,24 @@ class LedgerPosition(msgspec.Struct, frozen=True):
 
 class Credit(msgspec.Struct, frozen=True):
     """Add ``amount`` to ``account``'s balance, which then lapses ``lapse_ms`` after this write
-    (each top-up renews it). The lapse time goes into the lapse index; the counter itself expires
-    ``grace_ms`` after it, a backstop should no sweeper ever lapse it (a silent, uncounted lapse:
-    the grace must outlast any sweeper outage). ``position``: the top-up's place in the ledger,
-    raised in the same step."""
+    (each top-up renews it). The wallet is first registered in the lapse ``index`` (a step of
+    its own, ``gateway.store.credit.register_credits``, which sets ``not_after_ms``); the lapse
+    time itself is written with the balance. The counter expires ``grace_ms`` after the lapse,
+    a backstop should no sweeper ever lapse it (a silent, uncounted lapse: the grace must outlast
+    any sweeper outage). ``position``: the top-up's place in the ledger, raised in the same step
+    as the balance."""
 
     account: CreditAccount
     amount: int
     lapse_ms: int
     grace_ms: int
+    index: str
+    """The lapse index the wallet is registered in before its credit is booked."""
     position: LedgerPosition | None = None
+    not_after_ms: int | None = None
+    """The credit step's deadline on the store's clock (Unix ms), set by its registration in the
+    index: a credit step that runs later books nothing (the sweeper may have dropped the wallet
+    from the index meanwhile)."""
 
     def __post_init__(self) -> None:
         checked_amount(self.amount)

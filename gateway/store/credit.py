@@ -13,12 +13,14 @@ import msgspec
 
 from gateway.store.base import (
     Bucket,
+    Credit,
     CreditAccount,
     CreditHoldOrder,
     CreditSessionSpend,
     CreditSessionState,
     CreditState,
     Entry,
+    LedgerPosition,
     Lookup,
     RateDecision,
     Script,
@@ -32,7 +34,13 @@ from gateway.store.base import (
     taken_mark,
 )
 from gateway.store.limits import check_then_limit
-from gateway.store.lua import CREDIT_PRELUDE, LAPSE_PRELUDE, credit_keys, credit_state_from_reply
+from gateway.store.lua import (
+    CREDIT_PRELUDE,
+    LAPSE_PRELUDE,
+    credit_keys,
+    credit_state_from_reply,
+    integer_from_reply,
+)
 from gateway.store.slots import one_tag
 
 # Reply: the credit state. Reads only.
@@ -140,58 +148,142 @@ return {balance, others, left, now}
 )
 
 
-# KEYS: the balance, its hold set, the lapse index. ARGV: the wallet. Reply: the balance lapsed
-# (its text), or nil when the wallet is not due.
-LAPSE_CREDIT_SCRIPT = Script(
+CREDIT_STEP_WINDOW_MS = 10_000
+"""How long after its wallet's registration in the lapse index a credit step (a top-up's booking,
+a restore) may still run, on the store's clock: later, it books nothing. The sweeper drops a
+wallet with no credit from the index only once its score is twice this old at the listing, so a
+credit registered before can no longer land unindexed (the two steps' nodes' clocks may differ
+by up to this much)."""
+
+
+# KEYS[1]: the lapse index; ARGV: per wallet its member, 'in' or 'at' and a time (ms from now, or
+# Unix ms). Reply: the store's clock (Unix ms). Each wallet's score becomes the earlier of its
+# score and that time, but never before now: a wallet due stays due, now, which also shows when it
+# was last registered (a score is never earlier than the registrations before it).
+REGISTER_LAPSES_SCRIPT = Script(
     LAPSE_PRELUDE
     + """
-local gone = lapse_if_due(KEYS[1], KEYS[2], KEYS[3], ARGV[1], now_ms(now_us()))
-if not gone then return false end
-return gone
+local now = now_ms(now_us())
+for i = 1, #ARGV, 3 do
+  local lapse = tonumber(ARGV[i + 2])
+  if ARGV[i + 1] == 'in' then lapse = now + lapse end
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score then lapse = math.min(tonumber(score), lapse) end
+  redis.call('ZADD', KEYS[1], string.format('%d', math.max(lapse, now)), ARGV[i])
+end
+return now
 """
 )
 
 
-# KEYS: the balance, its hold set, the lapse index; ARGV: wallet, balance, lapse time (Unix ms),
-# the balance key's ttl_ms. Reply: 1.
-RESTORE_CREDIT_SCRIPT = Script("""
-redis.call('DEL', KEYS[2])
-if tonumber(ARGV[2]) <= 0 then
-  redis.call('DEL', KEYS[1])
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  return 1
+# KEYS: the balance, its hold set, its lapse time, its lapsed counter. Reply: {the balance lapsed
+# (its text; '' when not due), the lapsed counter drained (its text), the lapse time left (Unix
+# ms; '' when none)}. One wallet's keys only.
+LAPSE_CREDIT_SCRIPT = Script(
+    LAPSE_PRELUDE
+    + """
+local gone = lapse_if_due(KEYS[1], KEYS[2], KEYS[3], now_ms(now_us()))
+local found = redis.call('GET', KEYS[4]) or '0'
+redis.call('DEL', KEYS[4])
+return {gone or '', found, redis.call('GET', KEYS[3]) or ''}
+"""
+)
+
+
+# KEYS[1]: the lapse index; ARGV: the wallet, the score it was listed with, its new score ('':
+# drop it). Reply: 1 when changed, 0 when the score moved since it was listed (a top-up registered
+# the wallet again: the next sweep visits it anew).
+FIX_LAPSE_INDEX_SCRIPT = Script("""
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 0 end
+if ARGV[3] == '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+else
+  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
 return 1
 """)
 
 
-# KEYS[1]: the lapse index; ARGV[1]: the most wallets to answer. Reply: the wallets due, longest due
-# first.
-DUE_LAPSES_SCRIPT = Script(
+# KEYS: the balance, its hold set, its lapse time, its lapsed counter, its ledger mark; ARGV:
+# balance, lapse time (Unix ms), the keys' ttl_ms, the ledger entry id (0: none, the mark left
+# alone), the deadline (Unix ms, from the registration; '': a balance of 0, not registered).
+# Reply: 1. What top-ups found lapsed is dropped: the ledger's balance still holds it (only the
+# sweeper's count takes it out of the ledger), so it is restored, not counted as well.
+RESTORE_CREDIT_SCRIPT = Script(
     LAPSE_PRELUDE
     + """
-local now = string.format('%d', now_ms(now_us()))
-return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+if ARGV[5] ~= '' and now_ms(now_us()) > tonumber(ARGV[5]) then
+  return redis.error_reply('ERR credit past its deadline: registered in the lapse index too long ago')
+end
+redis.call('DEL', KEYS[2], KEYS[4])
+if tonumber(ARGV[1]) <= 0 then
+  redis.call('DEL', KEYS[1], KEYS[3])
+  if tonumber(ARGV[4]) > 0 then redis.call('DEL', KEYS[5]) end
+  return 1
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
+if tonumber(ARGV[4]) > 0 then redis.call('SET', KEYS[5], ARGV[4], 'PX', ARGV[3]) end
+return 1
 """
 )
 
 
-# KEYS[1]: the lapsed hash. Reply: its fields and values, flat; it is deleted.
-DRAIN_LAPSED_SCRIPT = Script("""
-local lapsed = redis.call('HGETALL', KEYS[1])
-redis.call('DEL', KEYS[1])
-return lapsed
-""")
+# KEYS[1]: the lapse index; ARGV[1]: the most wallets to answer. Reply: {the store's clock (Unix
+# ms), the wallets due and their scores, flat, longest due first}.
+DUE_LAPSES_SCRIPT = Script(
+    LAPSE_PRELUDE
+    + """
+local now = now_ms(now_us())
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now), 'WITHSCORES',
+  'LIMIT', 0, tonumber(ARGV[1]))
+return {now, due}
+"""
+)
+
+
+class DueLapses(msgspec.Struct, frozen=True):
+    """What the lapse index listed as due: the store's clock then, and each wallet due with its
+    score, longest due first."""
+
+    at_ms: int
+    wallets: dict[str, int]
+
+
+class WalletLapse(msgspec.Struct, frozen=True):
+    """What a visit to one wallet's credit (:func:`lapse_credit`) did and found."""
+
+    lapsed: int | None
+    """The balance it lapsed (0: none was left), or None: its lapse time has not passed."""
+    found: int
+    """The credit top-ups had found lapsed, counted now."""
+    lapse_at_ms: int | None
+    """When the credit left lapses (Unix ms), or None: none is left."""
+
+    @property
+    def counted(self) -> int:
+        """All the credit this visit took out of the books."""
+        return (self.lapsed or 0) + self.found
 
 
 def restore_credit_call(
-    account: CreditAccount, balance: int, lapse_at_ms: int, ttl_ms: int
+    account: CreditAccount,
+    balance: int,
+    lapse_at_ms: int,
+    ttl_ms: int,
+    mark: LedgerPosition | None,
+    not_after_ms: int | None,
 ) -> tuple[list[str], list[str]]:
-    """KEYS and ARGV of the restore-credit script (ValueError on an amount it cannot keep)."""
-    args = [account.wallet, str(checked_amount(balance)), str(lapse_at_ms), str(max(1, ttl_ms))]
-    return credit_keys(account), args
+    """KEYS and ARGV of the restore-credit script (ValueError on an amount it cannot keep, or a
+    balance not registered in the lapse index first)."""
+    if checked_amount(balance) > 0 and not_after_ms is None:
+        raise ValueError("restored credit is registered in its lapse index before it is set")
+    mark_key = account.balance if mark is None else mark.key  # untouched without a mark
+    entry_id = "0" if mark is None else str(mark.entry_id)
+    deadline = "" if not_after_ms is None else str(not_after_ms)
+    args = [str(balance), str(lapse_at_ms), str(max(1, ttl_ms)), entry_id, deadline]
+    return [account.balance, account.holds, account.lapse, account.lapsed, mark_key], args
 
 
 def take_credit_call(
@@ -272,33 +364,53 @@ def session_state_from_reply(reply: object) -> CreditSessionState | None:
     raise StoreUnavailable("state store answered the revoke-credit-session script with garbage")
 
 
-def lapsed_from_reply(reply: object) -> int | None:
-    """The lapse-credit script's balance lapsed, or nil: not due; anything else is garbage."""
-    if reply is None:
+def _text_amount(value: object, script: str) -> int | None:
+    """A whole amount's text ('' reads as None); anything else is garbage."""
+    if value == "":
         return None
-    if isinstance(reply, str):
-        try:
-            return int(reply)
-        except ValueError:
-            pass
+    if isinstance(value, str) and value.isascii() and value.lstrip("-").isdigit():
+        return int(value)
+    raise StoreUnavailable(f"state store answered the {script} script with garbage")
+
+
+def wallet_lapse_from_reply(reply: object) -> WalletLapse:
+    """The lapse-credit script's ``{lapsed, found, lapse time}``; anything else is garbage."""
+    if isinstance(reply, list) and len(reply) == 3:
+        lapsed, found, lapse_at = (_text_amount(value, "lapse-credit") for value in reply)
+        if found is not None:
+            return WalletLapse(lapsed, found, lapse_at)
     raise StoreUnavailable("state store answered the lapse-credit script with garbage")
 
 
-def wallets_from_reply(reply: object) -> list[str]:
-    """The due-lapses script's wallets; anything else is garbage."""
-    if isinstance(reply, list) and all(isinstance(wallet, str) for wallet in reply):
-        return list(reply)
+def due_from_reply(reply: object) -> DueLapses:
+    """The due-lapses script's ``{clock, wallets and scores}``; anything else is garbage."""
+    if isinstance(reply, list) and len(reply) == 2:
+        at_ms, flat = reply
+        if isinstance(at_ms, int) and isinstance(flat, list) and len(flat) % 2 == 0:
+            try:
+                wallets = {str(w): int(float(score)) for w, score in zip(flat[0::2], flat[1::2], strict=True)}
+                return DueLapses(at_ms, wallets)
+            except (TypeError, ValueError):
+                pass
     raise StoreUnavailable("state store answered the due-lapses script with garbage")
 
 
-def drained_from_reply(reply: object) -> dict[str, int]:
-    """The drain-lapsed script's flat fields and values; anything else is garbage."""
-    if isinstance(reply, list) and len(reply) % 2 == 0 and all(isinstance(v, str) for v in reply):
-        try:
-            return {wallet: int(amount) for wallet, amount in zip(reply[0::2], reply[1::2], strict=True)}
-        except ValueError:
-            pass
-    raise StoreUnavailable("state store answered the drain-lapsed script with garbage")
+def clock_from_reply(reply: object) -> int:
+    """The register-lapses script's clock (Unix ms); anything else is garbage."""
+    if isinstance(reply, int) and not isinstance(reply, bool) and reply > 0:
+        return reply
+    raise StoreUnavailable("state store answered the register-lapses script with garbage")
+
+
+def register_lapses_call(index: str, lapses: Sequence[tuple[str, str, int]]) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of the register-lapses script: per wallet its member, ``in`` (ms from now)
+    or ``at`` (Unix ms) and the time."""
+    args: list[str] = []
+    for wallet, kind, when in lapses:
+        if kind not in ("in", "at"):
+            raise ValueError(f"a lapse is registered 'in' ms or 'at' a time, not {kind!r}")
+        args += [wallet, kind, str(when)]
+    return [index], args
 
 
 async def hold_credit(
@@ -345,35 +457,75 @@ async def credit_state(store: Store, account: CreditAccount) -> CreditState:
     )
 
 
-async def due_lapses(store: Store, lapses: str, limit: int) -> list[str]:
-    """The wallets of the lapse index at ``lapses`` whose lapse time has passed on the
-    store's clock, the longest due first, at most ``limit``."""
-    return wallets_from_reply(await store.run(DUE_LAPSES_SCRIPT, [lapses], [str(limit)]))
+async def register_lapses(
+    store: Store, index: str, lapses: Sequence[tuple[str, str, int]], window_ms: int = CREDIT_STEP_WINDOW_MS
+) -> int:
+    """The step before any credit: in one round trip, score each wallet of ``lapses`` (its
+    member, ``in`` and ms from now or ``at`` and Unix ms) in the lapse ``index`` at the earlier
+    of its score and that time, never before now. Answers the deadline (Unix ms on the store's
+    clock) of the credit steps that follow: ``window_ms`` from now. A wallet is so never
+    booked credit it is not indexed for, whatever step is lost after this one."""
+    script_keys, args = register_lapses_call(index, lapses)
+    return clock_from_reply(await store.run(REGISTER_LAPSES_SCRIPT, script_keys, args)) + window_ms
 
 
-async def lapse_credit(store: Store, account: CreditAccount) -> int | None:
-    """Atomically, in one round trip: when the wallet's lapse time (read now: a top-up may
-    have moved it) has passed, delete its balance and holds, drop it from the index and
-    answer the balance it had (0 when none was left); else change nothing and answer None.
-    Each lapse is answered once, however many sweepers race."""
-    return lapsed_from_reply(await store.run(LAPSE_CREDIT_SCRIPT, credit_keys(account), [account.wallet]))
+async def register_credits(
+    store: Store, credits: Sequence[Credit], window_ms: int = CREDIT_STEP_WINDOW_MS
+) -> list[Credit]:
+    """``credits`` registered in their lapse indexes (one round trip per index), each with the
+    deadline of its booking: what ``claim_then_put`` books."""
+    deadlines: dict[str, int] = {}
+    for index in dict.fromkeys(credit.index for credit in credits):
+        lapses = [(c.account.wallet, "in", c.lapse_ms) for c in credits if c.index == index]
+        deadlines[index] = await register_lapses(store, index, lapses, window_ms)
+    return [msgspec.structs.replace(credit, not_after_ms=deadlines[credit.index]) for credit in credits]
+
+
+async def due_lapses(store: Store, lapses: str, limit: int) -> DueLapses:
+    """The wallets of the lapse index at ``lapses`` whose score has passed on the store's
+    clock, with their scores, the longest due first, at most ``limit``. A hint: each one's own
+    lapse time (:func:`lapse_credit`) says whether its credit lapsed."""
+    return due_from_reply(await store.run(DUE_LAPSES_SCRIPT, [lapses], [str(limit)]))
+
+
+async def lapse_credit(store: Store, account: CreditAccount) -> WalletLapse:
+    """A sweep's visit to one wallet, atomically, in one round trip, on its keys alone: when its
+    lapse time (read now: a top-up may have moved it) has passed, delete its balance, holds and
+    lapse time; and drain what its top-ups found lapsed. Answers both amounts and the lapse time
+    left, so the sweeper can fix the index. Each amount is answered once, however many sweepers
+    race."""
+    script_keys = [account.balance, account.holds, account.lapse, account.lapsed]
+    return wallet_lapse_from_reply(await store.run(LAPSE_CREDIT_SCRIPT, script_keys, []))
+
+
+async def fix_lapse_index(store: Store, index: str, wallet: str, listed: int, score: int | None) -> bool:
+    """The step after a visit: in one round trip, while ``wallet`` is still scored ``listed`` in
+    the lapse ``index`` (no top-up registered it since it was listed), score it ``score``, or
+    drop it (None). True when it changed."""
+    args = [wallet, str(listed), "" if score is None else str(score)]
+    return bool(integer_from_reply(await store.run(FIX_LAPSE_INDEX_SCRIPT, [index], args)))
 
 
 async def restore_credit(
-    store: Store, account: CreditAccount, balance: int, lapse_at_ms: int, ttl_ms: int
+    store: Store,
+    account: CreditAccount,
+    index: str,
+    balance: int,
+    lapse_at_ms: int,
+    ttl_ms: int,
+    mark: LedgerPosition | None = None,
 ) -> None:
-    """Atomically, in one round trip: set the wallet's balance to exactly ``balance`` (the
-    ledger's word, after the store lost data), lapsing at ``lapse_at_ms`` (Unix ms), its key
-    living ``ttl_ms``; its holds are dropped. A balance of 0 deletes the balance and its
-    lapse."""
-    script_keys, args = restore_credit_call(account, balance, lapse_at_ms, ttl_ms)
+    """Set the wallet's balance to exactly ``balance`` (the ledger's word, after the store lost
+    data), lapsing at ``lapse_at_ms`` (Unix ms), its keys living ``ttl_ms``, its ledger mark at
+    ``mark``; its holds and the lapsed credit its top-ups found are dropped (the ledger's balance
+    holds it). Two steps: the wallet registered in the lapse ``index`` (a balance of 0 needs
+    none), then its own keys set in one atomic round trip. A balance of 0 deletes the balance,
+    its lapse time and mark."""
+    deadline = None
+    if balance > 0:
+        deadline = await register_lapses(store, index, [(account.wallet, "at", lapse_at_ms)])
+    script_keys, args = restore_credit_call(account, balance, lapse_at_ms, ttl_ms, mark, deadline)
     await store.run(RESTORE_CREDIT_SCRIPT, script_keys, args)
-
-
-async def drain_lapsed(store: Store, lapsed: str) -> dict[str, int]:
-    """Atomically, in one round trip: the credit top-ups found lapsed (``lapsed`` of their
-    accounts), by wallet, deleted as it is read, so each amount is answered once."""
-    return drained_from_reply(await store.run(DRAIN_LAPSED_SCRIPT, [lapsed], []))
 
 
 async def open_credit_session(store: Store, key: str, wallet: str, cap: int, ttl_ms: int) -> None:

@@ -17,7 +17,11 @@ differently do not see each other's claims, buckets or credit (a payment claimed
 name could be claimed again under the new). The release that added the hash tag therefore
 needs the upgrade ``docs/store.md`` describes, not a rolling deploy.
 
-Under ``{x402gw}:``, the gateway's own state:
+Under ``{x402gw}:``, the gateway's own state. Each per-wallet key (``{wallet}`` in its name: the
+balance, holds, lapse time, lapsed credit, ledger mark, calls and sessions) is a function of its
+wallet, and no script that touches one touches another wallet's keys or a key shared by all
+wallets (the lapse index has steps of its own): a tag per wallet is a change of these functions
+alone (``docs/store.md``).
 
 ===================  ===============================  ==========================  ==========================
 function             key                              value                       lives
@@ -37,11 +41,13 @@ fee_guard_counted    fee-guard:counted:{side}:{sig}   1: its outcome was counted
 facilitator_down     facilitator-down:{name}          1 while down                30 s
 credit_balance       credit:{wallet}                  micro-USDC (counter)        lapse + grace after top-up
 credit_holds         credit-holds:{wallet}            holds: token -> amount      each hold's TTL
-credit_lapses        credit-lapses                    wallet -> lapse time (ms)   till the sweeper lapses it
-credit_lapsed        credit-lapsed                    wallet -> lapsed credit     till the sweeper counts it
-ledger_mark          ledger-mark                      newest top-up's journal id  ten years
+credit_lapse         credit-lapse:{wallet}            when it lapses (Unix ms)    as the balance
+credit_lapsed        credit-lapsed:{wallet}           lapsed credit (counter)     till the sweeper counts it
+ledger_mark          ledger-mark:{wallet}             newest top-up's journal id  as the balance
 credit_call          credit-call:{wallet}:{call id}   call, its answer (JSON)     hold's TTL, then sign-in's
-credit_session       credit-session:{token digest}    wallet, cap, spent (hash)   the session's lifetime
+credit_session       credit-session:{wallet}:{dgst}   wallet, cap, spent (hash)   the session's lifetime
+credit_lapses        credit-lapses                    wallet -> lapse time (ms)   till the sweeper drops it
+ledger_checked       ledger-checked                   1: checked against ledger   ten years
 ===================  ===============================  ==========================  ==========================
 
 Under ``{x402gw}:svm:``, the internal facilitator's:
@@ -117,17 +123,29 @@ FEE_GUARD_FUNDS: Final = _SHARDED + "fee-guard:funds:"
 FEE_GUARD_COUNTED: Final = _SHARDED + "fee-guard:counted:"
 FACILITATOR_DOWN: Final = _GATEWAY + "facilitator-down:"
 FEE_PAYER: Final = _SPREAD + "fee-payer:"
-CREDIT_BALANCE: Final = _GATEWAY + "credit:"
-CREDIT_HOLDS: Final = _GATEWAY + "credit-holds:"
+CREDIT_BALANCE: Final = _SHARDED + "credit:"
+CREDIT_HOLDS: Final = _SHARDED + "credit-holds:"
+CREDIT_LAPSE: Final = _SHARDED + "credit-lapse:"
+CREDIT_LAPSED: Final = _SHARDED + "credit-lapsed:"
 CREDIT_LAPSES: Final = _GATEWAY + "credit-lapses"
-CREDIT_LAPSED: Final = _GATEWAY + "credit-lapsed"
 CREDIT_SWEEP: Final = _SPREAD + "credit-sweep"
-LEDGER_MARK: Final = _GATEWAY + "ledger-mark"
+LEDGER_MARK: Final = _SHARDED + "ledger-mark:"
+LEDGER_CHECKED: Final = _GATEWAY + "ledger-checked"
 LEDGER_RESTORE: Final = _SPREAD + "ledger-restore"
-CREDIT_CALL: Final = _GATEWAY + "credit-call:"
-CREDIT_SESSION: Final = _GATEWAY + "credit-session:"
+CREDIT_CALL: Final = _SHARDED + "credit-call:"
+CREDIT_SESSION: Final = _SHARDED + "credit-session:"
 SETTLEMENT: Final = _SHARDED + "svm:settle:"
 _REPORTED_TAIL: Final = ":done"
+
+LEGACY_CREDIT_LAPSED: Final = _GATEWAY + "credit-lapsed"
+"""The release before per-wallet credit kept the credit top-ups found lapsed in this one hash
+(wallet -> amount); ``gateway.store.migrate`` moves it to :func:`credit_lapsed`."""
+LEGACY_LEDGER_MARK: Final = _GATEWAY + "ledger-mark"
+"""That release's one ledger mark for every wallet (:func:`ledger_mark` is per wallet now):
+``gateway.store.migrate`` deletes it."""
+LEGACY_CREDIT_SESSIONS: Final = _GATEWAY + "credit-session:*"
+"""SCAN pattern of that release's sessions, keyed by the token's digest alone (no wallet in the
+name): nothing can name them anew without their token, so ``gateway.store.migrate`` ends them."""
 
 
 def _spread(key: str) -> str:
@@ -266,24 +284,30 @@ def fee_payer(network: str, facilitator_url: str) -> str:
 
 def credit_balance(wallet: str) -> str:
     """A wallet's prepaid credit, the operator's liability (``gateway.methods.credit.book``)."""
-    return CREDIT_BALANCE + wallet
+    return CREDIT_BALANCE + _on(wallet_tag(wallet))
 
 
 def credit_holds(wallet: str) -> str:
     """The credit held by a wallet's calls in flight (``gateway.methods.credit.book``)."""
-    return CREDIT_HOLDS + wallet
+    return CREDIT_HOLDS + _on(wallet_tag(wallet))
+
+
+def credit_lapse(wallet: str) -> str:
+    """When a wallet's credit lapses (Unix ms on the store's clock), written with its balance by
+    each top-up: the truth every credit script reads (``gateway.methods.credit.book``)."""
+    return CREDIT_LAPSE + _on(wallet_tag(wallet))
+
+
+def credit_lapsed(wallet: str) -> str:
+    """Credit a top-up of the wallet found lapsed, until the sweeper counts it
+    (``gateway.methods.credit.lapse``)."""
+    return CREDIT_LAPSED + _on(wallet_tag(wallet))
 
 
 def credit_lapses() -> str:
-    """The lapse index: every wallet with a balance, scored by when its credit lapses
-    (``gateway.methods.credit.book``; swept by ``gateway.methods.credit.lapse``)."""
+    """The lapse index, shared by every wallet: the sweeper's hint of which wallets to visit when,
+    scored no later than each one's lapse time (``gateway.methods.credit.lapse``)."""
     return CREDIT_LAPSES
-
-
-def credit_lapsed() -> str:
-    """Credit a top-up found lapsed, by wallet, until the sweeper counts it
-    (``gateway.methods.credit.lapse``)."""
-    return CREDIT_LAPSED
 
 
 def credit_sweep() -> str:
@@ -294,20 +318,27 @@ def credit_sweep() -> str:
 def credit_call(wallet: str, call_id: str) -> str:
     """One call on a wallet's credit, named by its call id (a sign-in's nonce), and the answer it
     was charged for (``gateway.methods.credit.calls``)."""
-    return f"{CREDIT_CALL}{wallet}:{call_id}"
+    return f"{CREDIT_CALL}{_on(wallet_tag(wallet))}:{call_id}"
 
 
-def credit_session(digest: str) -> str:
-    """A credit session: its wallet, signed cap and credit spent so far, under the SHA-256 of its
-    origin and token, never the token itself (``gateway.methods.credit.sessions``)."""
-    return CREDIT_SESSION + digest
+def credit_session(wallet: str, digest: str) -> str:
+    """A credit session of ``wallet``: its wallet, signed cap and credit spent so far, under the
+    SHA-256 of its origin and token, never the token itself (``gateway.methods.credit.sessions``)."""
+    return f"{CREDIT_SESSION}{_on(wallet_tag(wallet))}:{digest}"
 
 
-def ledger_mark() -> str:
-    """The store's position in the ledger: the journal id of the newest top-up it booked, raised
-    by each booking. Absent, the store is new, flushed or replaced, and what the ledger says is
-    owed must be restored to it (``gateway.ledger.restore``)."""
-    return LEDGER_MARK
+def ledger_mark(wallet: str) -> str:
+    """How far into the ledger a wallet's credit goes: the journal id of the newest top-up booked
+    for it, raised in the step that books each one. Behind the ledger, the store lost that
+    wallet's credit and what the ledger says is owed must be restored (``gateway.ledger.restore``)."""
+    return LEDGER_MARK + _on(wallet_tag(wallet))
+
+
+def ledger_checked() -> str:
+    """Set once the store was checked against the ledger (or restored from it). Absent, the store
+    is new, flushed or replaced, and everything the ledger says is owed is restored to it at once,
+    without waiting for a top-up's booking to settle (``gateway.ledger.restore``)."""
+    return LEDGER_CHECKED
 
 
 def ledger_restore() -> str:
@@ -346,10 +377,12 @@ FAMILIES: Final[Mapping[Callable[..., str], str]] = {
     fee_payer: FEE_PAYER,
     credit_balance: CREDIT_BALANCE,
     credit_holds: CREDIT_HOLDS,
-    credit_lapses: CREDIT_LAPSES,
+    credit_lapse: CREDIT_LAPSE,
     credit_lapsed: CREDIT_LAPSED,
+    credit_lapses: CREDIT_LAPSES,
     credit_sweep: CREDIT_SWEEP,
     ledger_mark: LEDGER_MARK,
+    ledger_checked: LEDGER_CHECKED,
     ledger_restore: LEDGER_RESTORE,
     credit_call: CREDIT_CALL,
     credit_session: CREDIT_SESSION,

@@ -64,16 +64,18 @@ local function debt(key, limit, period_ms, now)
 end
 """
 
-# A wallet's lapse: its score in the lapse index is the Unix ms (store clock) its credit lapses
-# at. A balance whose wallet is in no index (written before the index) lapses by its TTL alone.
+# A wallet's lapse: the key beside its balance holds the Unix ms (store clock) its credit lapses
+# at, written with the balance by each top-up. A balance with no lapse key (written before lapse
+# times were kept) lapses by its TTL alone.
 LAPSE_PRELUDE = (
     PRELUDE
     + """
 local function now_ms(now) return math.floor(now / 1000) end
 -- The balance as spendable at at_ms (its text: exact past 2^53) and the ms left until it lapses:
--- nothing once its lapse time has passed, whether or not the sweeper has lapsed it yet.
-local function live_balance(balance_key, index_key, wallet, at_ms)
-  local lapse = redis.call('ZSCORE', index_key, wallet)
+-- nothing once its lapse time has passed, whether or not the sweeper has lapsed it yet. The
+-- third argument (the wallet) is not read: the lapse key is the wallet's own.
+local function live_balance(balance_key, lapse_key, _, at_ms)
+  local lapse = redis.call('GET', lapse_key)
   local left = lapse and tonumber(lapse) - at_ms
   if left and left <= 0 then return '0', 0 end
   local balance = redis.call('GET', balance_key)
@@ -82,14 +84,13 @@ local function live_balance(balance_key, index_key, wallet, at_ms)
   if left and (ttl < 0 or left < ttl) then ttl = left end
   return balance, ttl
 end
--- Once the wallet's lapse time has passed: delete its balance and holds, drop it from the index
--- and answer the balance it had (its text, '0' when none); nil while it is not due.
-local function lapse_if_due(balance_key, holds_key, index_key, wallet, at_ms)
-  local lapse = redis.call('ZSCORE', index_key, wallet)
+-- Once the wallet's lapse time has passed: delete its balance, holds and lapse time and answer
+-- the balance it had (its text, '0' when none); nil while it is not due.
+local function lapse_if_due(balance_key, holds_key, lapse_key, at_ms)
+  local lapse = redis.call('GET', lapse_key)
   if not lapse or tonumber(lapse) > at_ms then return nil end
   local amount = redis.call('GET', balance_key) or '0'
-  redis.call('DEL', balance_key, holds_key)
-  redis.call('ZREM', index_key, wallet)
+  redis.call('DEL', balance_key, holds_key, lapse_key)
   return amount
 end
 """
@@ -97,7 +98,7 @@ end
 
 # A credit's holds are hold sets like the hold script's (so ``unhold`` drops them too): field
 # ``token``, valued "amount expires_us"; a taken hold leaves a key of its own (see the take). Every
-# credit script takes KEYS balance, hold set, lapse index and ARGV[1] the
+# credit script takes KEYS balance, hold set, lapse time (one wallet's keys) and ARGV[1] the
 # wallet, and answers {balance (its text: exact past 2^53; '0' past its lapse time), the live
 # holds, the ms left until it lapses}.
 CREDIT_PRELUDE = (
@@ -143,8 +144,8 @@ def credit_state_from_reply(reply: object) -> CreditState:
 
 
 def credit_keys(account: CreditAccount) -> list[str]:
-    """KEYS of every credit script: the balance, its hold set and the lapse index."""
-    return [account.balance, account.holds, account.lapses]
+    """KEYS of every credit script: the balance, its hold set and its lapse time."""
+    return [account.balance, account.holds, account.lapse]
 
 
 def text_from_reply(value: object) -> str | None:

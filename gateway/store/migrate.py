@@ -10,6 +10,16 @@ kept and the old one reported). A cluster refuses a rename across slots, and onl
 that kept every key on one slot ran on one: there each old key of a spread family is copied
 (``DUMP``/``RESTORE``: value and time to live kept, an existing key never replaced) and then
 deleted.
+
+Then the credit is brought to one wallet's keys (:func:`migrate_credit`, through the store's own
+scripts, each on one wallet's keys or on the lapse index alone, so it runs on every backend): each
+wallet the lapse index scores gets its lapse time beside its balance; the credit the release
+before kept in one hash of what top-ups found lapsed goes to each wallet's counter, and the
+wallet is marked due in the index, so the first sweep counts it. Every step is idempotent (a run
+cut short is run again). The old shared ledger mark is deleted (with a ledger, the first check
+restores every wallet: none has its own mark yet), and so are the old credit sessions: named
+by their token's digest alone, they cannot be named anew without their token; they end, and their
+wallets open new ones.
 """
 
 from __future__ import annotations
@@ -19,18 +29,111 @@ from typing import Any
 
 import msgspec
 
-from gateway.store import keys
-from gateway.store.base import StoreUnavailable
+from gateway.store import keys, open_store
+from gateway.store.base import Script, Store, StoreUnavailable
 from gateway.store.cluster import CLUSTER_SCHEMES, parse_cluster_url
+from gateway.store.credit import register_lapses
+from gateway.store.lua import integer_from_reply
 
 SCAN_COUNT = 1_000
+INDEX_PAGE = 500
+LAPSED_TTL_MS = 30 * 86_400_000
+"""How long credit found lapsed waits for its count (the first sweep counts it within a minute)."""
+
+# KEYS[1]: the lapse index; ARGV: the first rank, the last. Reply: its wallets and scores, flat.
+INDEX_PAGE_SCRIPT = Script("""
+return redis.call('ZRANGE', KEYS[1], ARGV[1], ARGV[2], 'WITHSCORES')
+""")
+
+# KEYS: a wallet's balance, its lapse time; ARGV: the lapse time its index score says. Reply: 1 when
+# written (a balance without a lapse time), else 0. The lapse time lives as long as the balance.
+KEEP_LAPSE_SCRIPT = Script("""
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl == -2 then return 0 end
+if ttl > 0 then redis.call('SET', KEYS[2], ARGV[1], 'PX', ttl) else redis.call('SET', KEYS[2], ARGV[1]) end
+return 1
+""")
+
+# KEYS[1]: the old hash of lapsed credit. Reply: its wallets and amounts, flat.
+LEGACY_LAPSED_SCRIPT = Script("""
+return redis.call('HGETALL', KEYS[1])
+""")
+
+# KEYS[1]: a wallet's lapsed counter; ARGV: the amount, ttl_ms. Reply: 1. Set only where absent:
+# before the new release runs, only a run of this migration writes it, so a run again after a
+# crash counts nothing twice.
+KEEP_LAPSED_SCRIPT = Script("""
+redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+return 1
+""")
+
+# KEYS[1]: the old hash; ARGV[1]: a wallet moved out of it. Reply: 1.
+FORGET_LAPSED_SCRIPT = Script("""
+redis.call('HDEL', KEYS[1], ARGV[1])
+return 1
+""")
+
+
+class CreditMigrated(msgspec.Struct, frozen=True):
+    """What :func:`migrate_credit` did: wallets given their lapse time beside their balance,
+    wallets whose lapsed credit moved to their own counter (and marked due), sessions ended."""
+
+    lapse_times: int = 0
+    lapsed: int = 0
+    sessions_ended: int = 0
+
+    @property
+    def moved(self) -> int:
+        return self.lapse_times + self.lapsed + self.sessions_ended
 
 
 class Migrated(msgspec.Struct, frozen=True):
-    """What a migration did: keys renamed, and old keys left where a new one existed already."""
+    """What a migration did: keys renamed, old keys left where a new one existed already, and the
+    credit brought to one wallet's keys."""
 
     renamed: int
     kept: list[str]
+    credit: CreditMigrated | None = None
+
+
+def _name(found: object) -> str:
+    return found.decode() if isinstance(found, bytes) else str(found)
+
+
+def _legacy_session(name: str) -> bool:
+    """A session key of the release before, named by its token's digest alone."""
+    rest = name.removeprefix(keys.CREDIT_SESSION)
+    return rest != name and ":" not in rest
+
+
+async def migrate_credit(store: Store, sessions_ended: int = 0) -> CreditMigrated:
+    """Bring the credit of the release before to one wallet's keys (``sessions_ended``: the
+    old sessions the caller deleted, to report)."""
+    index = keys.credit_lapses()
+    lapse_times, rank = 0, 0
+    while True:
+        page = await store.run(INDEX_PAGE_SCRIPT, [index], [str(rank), str(rank + INDEX_PAGE - 1)])
+        if not isinstance(page, list):
+            raise StoreUnavailable("state store answered a read of the lapse index with garbage")
+        for wallet, score in zip(page[0::2], page[1::2], strict=True):
+            lapse = str(int(float(score)))
+            script_keys = [keys.credit_balance(str(wallet)), keys.credit_lapse(str(wallet))]
+            lapse_times += integer_from_reply(await store.run(KEEP_LAPSE_SCRIPT, script_keys, [lapse]))
+        if len(page) < 2 * INDEX_PAGE:
+            break
+        rank += INDEX_PAGE
+    found = await store.run(LEGACY_LAPSED_SCRIPT, [keys.LEGACY_CREDIT_LAPSED], [])
+    if not isinstance(found, list):
+        raise StoreUnavailable("state store answered a read of the lapsed credit with garbage")
+    lapsed = 0
+    for wallet, amount in zip(found[0::2], found[1::2], strict=True):
+        counter = keys.credit_lapsed(str(wallet))
+        await store.run(KEEP_LAPSED_SCRIPT, [counter], [str(amount), str(LAPSED_TTL_MS)])
+        await register_lapses(store, index, [(str(wallet), "in", 0)])  # due now: the first sweep counts it
+        await store.run(FORGET_LAPSED_SCRIPT, [keys.LEGACY_CREDIT_LAPSED], [str(wallet)])
+        lapsed += 1
+    return CreditMigrated(lapse_times, lapsed, sessions_ended)
 
 
 async def migrate_client(client: Any) -> Migrated:
@@ -44,7 +147,7 @@ async def migrate_client(client: Any) -> Migrated:
         while True:
             cursor, found = await client.scan(cursor, match=pattern, count=SCAN_COUNT)
             for old in found:
-                name = old.decode() if isinstance(old, bytes) else str(old)
+                name = _name(old)
                 new = keys.current_name(name)
                 if new is None:
                     continue
@@ -54,7 +157,16 @@ async def migrate_client(client: Any) -> Migrated:
                     kept.append(name)
             if int(cursor) == 0:
                 break
-    return Migrated(renamed, kept)
+    ended, cursor = 0, 0
+    while True:
+        cursor, found = await client.scan(cursor, match=keys.LEGACY_CREDIT_SESSIONS, count=SCAN_COUNT)
+        for name in map(_name, found):
+            if _legacy_session(name):
+                ended += int(await client.delete(name))
+        if int(cursor) == 0:
+            break
+    await client.delete(keys.LEGACY_LEDGER_MARK)
+    return Migrated(renamed, kept, CreditMigrated(sessions_ended=ended))
 
 
 async def migrate_cluster(client: Any) -> Migrated:
@@ -64,7 +176,7 @@ async def migrate_cluster(client: Any) -> Migrated:
     part-way) is found again by the next run, and reported as kept."""
     renamed, kept = 0, []
     await client.initialize()  # learn the slots
-    node = client.get_node_from_key(keys.ledger_mark())  # the one slot's node
+    node = client.get_node_from_key(keys.credit_lapses())  # the one slot's node
     for pattern in keys.SPREAD_RENAMED:
         cursor: Any = 0
         while True:
@@ -73,7 +185,7 @@ async def migrate_cluster(client: Any) -> Migrated:
             )
             cursor = cursors[node.name]  # redis-py answers a SCAN's cursor by node
             for old in found:
-                name = old.decode() if isinstance(old, bytes) else str(old)
+                name = _name(old)
                 new = keys.current_name(name)
                 dumped = await client.dump(name)
                 if new is None or dumped is None:
@@ -90,7 +202,19 @@ async def migrate_cluster(client: Any) -> Migrated:
                 renamed += 1
             if int(cursor) == 0:
                 break
-    return Migrated(renamed, kept)
+    ended, cursor = 0, 0
+    while True:
+        cursors, found = await client.execute_command(
+            "SCAN", cursor, "MATCH", keys.LEGACY_CREDIT_SESSIONS, "COUNT", SCAN_COUNT, target_nodes=node
+        )
+        cursor = cursors[node.name]
+        for name in map(_name, found):
+            if _legacy_session(name):
+                ended += int(await client.delete(name))
+        if int(cursor) == 0:
+            break
+    await client.delete(keys.LEGACY_LEDGER_MARK)
+    return Migrated(renamed, kept, CreditMigrated(sessions_ended=ended))
 
 
 async def migrate_keys(url: str, token: str | None, timeout_s: float = 30.0) -> Migrated:
@@ -117,12 +241,17 @@ async def migrate_keys(url: str, token: str | None, timeout_s: float = 30.0) -> 
         upstash = False
     else:
         raise ValueError("only a Redis (redis://, rediss://), a cluster or Upstash store can be migrated")
+    store = open_store(url, token)
     try:
         async with asyncio.timeout(timeout_s * 10):
             if url.startswith(CLUSTER_SCHEMES):
-                return await migrate_cluster(client)
-            return await migrate_client(client)
+                done = await migrate_cluster(client)
+            else:
+                done = await migrate_client(client)
+            ended = done.credit.sessions_ended if done.credit is not None else 0
+            return msgspec.structs.replace(done, credit=await migrate_credit(store, ended))
     except Exception as exc:
         raise StoreUnavailable(f"the store could not be migrated ({type(exc).__name__})") from None
     finally:
         await (client.close() if upstash else client.aclose())
+        await store.close()

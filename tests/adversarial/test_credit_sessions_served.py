@@ -232,7 +232,7 @@ async def test_the_store_keeps_a_digest_for_the_sessions_lifetime_never_the_toke
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     try:
         digest = hashlib.sha256(f"{BASE_URL}\n{token}".encode()).hexdigest()
-        key = keys.credit_session(digest)
+        key = keys.credit_session(str(wallet.pubkey()), digest)
         stored = await client.hgetall(key)
         ttl_ms = await client.pttl(key)
         found = [k async for k in client.scan_iter(match="*" + token.split(".")[2] + "*")]

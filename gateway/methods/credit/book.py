@@ -6,15 +6,18 @@ Credit is the operator's liability, so every change to it is one atomic store op
   claims the payment's one delivery (:meth:`CreditBook.credits` gives what that round trip
   adds), so a replay, a retry, a reconciled pending settlement or a crash credits exactly once;
   each top-up renews the balance's lifetime (it lapses ``lapse_days`` after the last one);
-* **lapse**: each top-up records when the balance lapses in the store's lapse index; past that
-  time it spends as nothing, and ``gateway.methods.credit.lapse`` takes it out of the books, counted;
+* **lapse**: each top-up records when the balance lapses, beside it (after registering the
+  wallet in the store's lapse index, the sweeper's hint); past that time it spends as nothing,
+  and ``gateway.methods.credit.lapse`` takes it out of the books, counted;
 * **spend**: a call's credit price is *held* against the balance before the provider is called
   (held amounts never exceed the balance, however many calls race), *taken* only once the
   provider answered, and *released* when it did not; a hold left by a dead process lapses by
   itself shortly after the call's upstream timeout.
 
 Balances live at ``keys.credit_balance(wallet)``, holds at ``keys.credit_holds(wallet)``, lapse
-times in ``keys.credit_lapses()`` (:func:`credit_account` names them all).
+times at ``keys.credit_lapse(wallet)``, credit a top-up found lapsed at ``keys.credit_lapsed(wallet)``
+(:func:`credit_account` names them all: one wallet's keys), the lapse index at
+``keys.credit_lapses()``.
 """
 
 from __future__ import annotations
@@ -65,8 +68,8 @@ def credit_account(wallet: str) -> CreditAccount:
         wallet=wallet,
         balance=keys.credit_balance(wallet),
         holds=keys.credit_holds(wallet),
-        lapses=keys.credit_lapses(),
-        lapsed=keys.credit_lapsed(),
+        lapse=keys.credit_lapse(wallet),
+        lapsed=keys.credit_lapsed(wallet),
     )
 
 
@@ -119,9 +122,11 @@ class CreditBook:
 
     def credits(self, wallet: str, amount: int, ledger_entry: int | None = None) -> list[Credit]:
         """What the delivery of a top-up of ``amount`` by ``wallet`` adds, in the same round trip
-        (raising the store's ledger position to ``ledger_entry``, the top-up's journal id)."""
-        position = None if ledger_entry is None else LedgerPosition(keys.ledger_mark(), ledger_entry)
-        return [Credit(credit_account(wallet), amount, self.lapse_ms, self.grace_ms, position)]
+        (raising the wallet's ledger mark to ``ledger_entry``, the top-up's journal id), once the
+        wallet is registered in the lapse index (a step before, ``claim_then_put``)."""
+        position = None if ledger_entry is None else LedgerPosition(keys.ledger_mark(wallet), ledger_entry)
+        account = credit_account(wallet)
+        return [Credit(account, amount, self.lapse_ms, self.grace_ms, keys.credit_lapses(), position)]
 
     def order(self, wallet: str, amount: int) -> CreditHoldOrder:
         """A hold of ``amount`` of ``wallet``'s credit under a fresh token, for the store to make

@@ -11,9 +11,10 @@ covering the price, the wallet's free credit covering it, the route's buckets, t
 counted and the price held). The hold is taken once the provider answered, as any credit hold;
 a call that took nothing gives its share of the cap back.
 
-The token names its wallet (``xcs1.<wallet>.<random>``), so a call's credit keys are known
-before the store is asked; the store keeps only the SHA-256 of this gateway's origin and the
-token, never the token, and checks the session's wallet is the token's. A token altered in any
+The token names its wallet (``xcs1.<wallet>.<random>``), so a call's credit keys, and the
+session's own key among them, are known before the store is asked; the store keeps only the
+SHA-256 of this gateway's origin and the token, never the token, and checks the session's wallet
+is the token's. A token altered in any
 part, or presented at another origin sharing the store, names no session. A stolen token spends
 at most what is left of its cap, until it expires or is revoked (``DELETE`` with the header).
 """
@@ -160,21 +161,24 @@ class CreditSessions:
         self.origin = origin
         self.book = book
 
-    def key(self, token: str) -> str:
-        """Where the session of ``token`` lives: the SHA-256 of this origin and the token."""
+    def key(self, wallet: str, token: str) -> str:
+        """Where the session of ``token`` (which names ``wallet``) lives: among ``wallet``'s keys,
+        under the SHA-256 of this origin and the token. A token whose wallet part was altered
+        names another key, and its digest no session."""
         digest = hashlib.sha256(f"{self.origin}\n{token.strip()}".encode()).hexdigest()
-        return keys.credit_session(digest)
+        return keys.credit_session(wallet, digest)
 
     async def open(self, wallet: str, cap: int, lifetime_s: int) -> OpenedSession:
         token = new_token(wallet)
-        await open_credit_session(self.store, self.key(token), wallet, cap, lifetime_s * 1000)
+        await open_credit_session(self.store, self.key(wallet, token), wallet, cap, lifetime_s * 1000)
         return OpenedSession(token, wallet, cap, int(time.time()) + lifetime_s)
 
     async def revoke(self, token: str) -> CreditSessionState | None:
         """End the session of ``token`` (None: there was none live); calls in flight finish."""
-        if token_wallet(token) is None:
+        wallet = token_wallet(token)
+        if wallet is None:
             return None
-        return await revoke_credit_session(self.store, self.key(token))
+        return await revoke_credit_session(self.store, self.key(wallet, token))
 
     async def spend(
         self,
@@ -185,10 +189,11 @@ class CreditSessions:
         limits: tuple[RateLimitSpec, ...],
         client_ip: str,
     ) -> SessionCall:
-        """Hold ``amount`` of ``wallet``'s credit on the session of ``token``, in one round trip."""
+        """Hold ``amount`` of ``wallet``'s credit (the wallet ``token`` names) on the session of
+        ``token``, in one round trip on the wallet's keys."""
         order = self.book.order(wallet, amount)
         plan = limiter.plan(limits, wallet=wallet, ip=client_ip)
-        session = self.key(token)
+        session = self.key(wallet, token)
         found = await spend_credit_session(self.store, CreditSessionSpend(session, order), plan.buckets)
         if found.outcome is SessionSpent.LIMITED:
             return SessionCall(found.outcome, limited=plan.refusal(found.decisions))
