@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from gateway.store import Store, open_store
 from tests.support.redis_cluster import flush, start_redis_cluster
 from tests.support.redis_server import RedisServer, start_redis_server
 from tests.support.upstash_rest import UpstashRestServer
@@ -73,12 +74,28 @@ def clean_cluster_url(redis_cluster_url: str) -> str:
 
 def on_redis_and_cluster() -> Any:
     """A module's ``redis_url`` for its money tests: single-node Redis, then the 3-master cluster
-    (``redis_url = on_redis_and_cluster()`` in the module). Every test of the module runs on both,
-    the module's gateways started once per store; only the money-critical modules do this, so
-    the suite pays for the cluster where an invariant could break on it."""
+    (``redis_url = on_redis_and_cluster()`` in the module). Every test of the module that uses
+    ``redis_url`` (or ``clean_redis_url``, ``clean_store``) runs on both, the module's gateways
+    started once per store; only the money-critical modules do this, so the suite pays for the
+    cluster where an invariant could break on it. A test that checks no store invariant keeps to
+    single-node Redis with :data:`ON_REDIS_ONLY`."""
 
     @pytest.fixture(scope="module", params=["redis", "cluster"], name="redis_url")
     def module_redis_url(request: pytest.FixtureRequest, redis_url: str) -> str:
         return redis_url if request.param == "redis" else str(request.getfixturevalue("redis_cluster_url"))
 
     return module_redis_url
+
+
+ON_REDIS_ONLY = pytest.mark.parametrize("redis_url", ["redis"], indirect=True)
+"""In a module of :func:`on_redis_and_cluster`: this test runs on single-node Redis alone (it
+checks nothing a cluster could change, and costs seconds)."""
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def clean_store(clean_redis_url: str) -> AsyncIterator[Store]:
+    """A store client of ``clean_redis_url`` (the backend its scheme names: a cluster's where the
+    module runs on one), closed after the test."""
+    store = open_store(clean_redis_url, None)
+    yield store
+    await store.close()
