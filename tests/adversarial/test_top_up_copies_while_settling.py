@@ -2,16 +2,16 @@
 
 The gateway is served (hypercorn on loopback) with credit on, over a real Redis (single-node,
 then a 3-master Redis Cluster), settling with its own fee payer on a LiteSVM chain that confirms
-a landed transaction only 0.4 s later, as a real Solana cluster does, one settlement of a
-client IP in flight at a time (``X402_MAX_SETTLEMENTS_IN_FLIGHT=1``). Another top-up from the same IP settles first, so the
-first copy of the payment claims it, writes its intent and then waits for the IP's place; the
-identical copies sent meanwhile reconcile that intent and wait for the same place. Whichever
-gets it first lands the payment, and the internal facilitator answers the others
-``duplicate_settlement``: so the copy that holds the claim often hears the duplicate of a copy's
-settlement. It must never answer ``settlement_failed`` (which invites the client to pay again
-for a payment that settled). One answer is given (to the identical copies that ask after it went
-out, again), every other copy is refused as ``payment_already_used``, the wallet is credited
-once and one transfer lands.
+a landed transaction only 0.4 s later, as a real Solana cluster does, one settlement of a client
+IP in flight at a time (``X402_MAX_SETTLEMENTS_IN_FLIGHT=1``). Another top-up from the same IP
+settles first, so the first copy of the payment claims it, writes its intent and then waits for
+the IP's place; the identical copies sent meanwhile reconcile that intent and wait for the same
+place. Whichever gets it first lands the payment, and the internal facilitator answers the
+others ``duplicate_settlement``: so the copy that holds the claim often hears the duplicate of a
+copy's settlement. It must never answer ``settlement_failed`` (which invites the client to pay
+again for a payment that settled). One answer is given (to the identical copies that ask after
+it went out, again), every other copy is refused as ``payment_already_used``, the wallet is
+credited once and one transfer lands.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ import pytest
 import pytest_asyncio
 
 from gateway.store import Store, open_store
+from gateway.store.cluster import CLUSTER_SCHEMES, RedisClusterStore
+from gateway.store.redis import RedisStore
 from tests.support.redis_cluster import flush, start_redis_cluster
 from tests.support.redis_server import RedisServer, start_redis_server
 from tests.support.upstash_rest import UpstashRestServer
@@ -90,6 +92,14 @@ def on_redis_and_cluster() -> Any:
 ON_REDIS_ONLY = pytest.mark.parametrize("redis_url", ["redis"], indirect=True)
 """In a module of :func:`on_redis_and_cluster`: this test runs on single-node Redis alone (it
 checks nothing a cluster could change, and costs seconds)."""
+
+
+def store_at(url: str, timeout_s: float) -> Store:
+    """The Redis store of ``url`` (a cluster's for a ``redis+cluster://`` one) waiting up to
+    ``timeout_s`` for the server, for a test whose loop a loaded machine holds for seconds."""
+    if url.startswith(CLUSTER_SCHEMES):
+        return RedisClusterStore(url, timeout_s=timeout_s)
+    return RedisStore(url, timeout_s=timeout_s)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
