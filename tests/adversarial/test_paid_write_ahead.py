@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Iterator
 
 import aiohttp
 import pytest
@@ -40,9 +39,9 @@ from tests.support.paid_fixtures import (
     balance_body,
 )
 from tests.support.paid_processes import eventually, paid_processes
-from tests.support.redis_cluster import RedisCluster, start_redis_cluster
+from tests.support.redis_cluster import RedisCluster
 from tests.support.redis_fixtures import on_redis_and_cluster
-from tests.support.redis_server import RedisServer, start_redis_server
+from tests.support.redis_server import RedisServer
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream, static
 
@@ -95,13 +94,6 @@ async def test_a_process_killed_between_broadcast_and_answer_is_reconciled_by_th
     assert running.upstream_calls == 1
     assert len(set(solana_rpc_server.sent)) == 1
     assert Money.of(usdc_chain).minus(before) == ONE_SALE
-
-
-@pytest.fixture(params=["redis", "cluster"])
-def private_store(request: pytest.FixtureRequest) -> Iterator[RedisServer | RedisCluster]:
-    """A store of the test's own, which it takes down: a Redis server, or a 3-master cluster."""
-    with start_redis_server() if request.param == "redis" else start_redis_cluster() as store:
-        yield store
 
 
 class StoreLostAtSettle:

@@ -18,7 +18,7 @@ import pytest_asyncio
 from gateway.store import Store, open_store
 from gateway.store.cluster import CLUSTER_SCHEMES, RedisClusterStore
 from gateway.store.redis import RedisStore
-from tests.support.redis_cluster import flush, start_redis_cluster
+from tests.support.redis_cluster import RedisCluster, flush, start_redis_cluster
 from tests.support.redis_server import RedisServer, start_redis_server
 from tests.support.upstash_rest import UpstashRestServer
 
@@ -47,6 +47,15 @@ def clean_redis_url(redis_url: str) -> str:
     tests that must not see another test's keys."""
     flush(redis_url)
     return redis_url
+
+
+@pytest.fixture
+def private_store(redis_url: str) -> Iterator[RedisServer | RedisCluster]:
+    """A store of the test's own, which the test may stop (store-outage tests), of the kind
+    ``redis_url`` is: a Redis server, or a 3-master cluster where the module runs on one."""
+    start = start_redis_cluster if redis_url.startswith(CLUSTER_SCHEMES) else start_redis_server
+    with start() as store:
+        yield store
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
