@@ -40,7 +40,12 @@ from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream, static
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
+pytestmark = [
+    # The whole module: its replicas start once per store only while its tests stay together, and
+    # a slow test of its own would be dealt out ahead of the rest.
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402"),
+]
 redis_url = on_redis_and_cluster()
 
 BASE_URL = "http://gateway.sessions.test"
@@ -188,7 +193,6 @@ async def test_a_call_whose_provider_fails_takes_nothing_and_gives_the_cap_back(
     assert revoked.json()["result"]["spentMicroUsdc"] == str(CALL_CREDIT)
 
 
-@pytest.mark.slow  # starts a third gateway
 async def test_a_token_of_another_origin_or_altered_spends_nothing_of_anyones(
     replicas: PaidProcesses, replica_env: dict[str, str], answering: Upstream, store: Store
 ) -> None:
