@@ -99,8 +99,9 @@ def on_redis_and_cluster() -> Any:
 
 
 ON_REDIS_ONLY = pytest.mark.parametrize("redis_url", ["redis"], indirect=True)
-"""In a module of :func:`on_redis_and_cluster`: this test runs on single-node Redis alone (it
-checks nothing a cluster could change, and costs seconds)."""
+"""In a module of :func:`on_redis_and_cluster`: this test runs on single-node Redis alone, as it
+watches one server (its ``MONITOR``, an ACL of its own, Upstash in front of it) or checks nothing
+a cluster could change."""
 
 
 def store_at(url: str, timeout_s: float) -> Store:
