@@ -1,7 +1,8 @@
 """The internal facilitator's fee guard against LiteSVM: a payer settles as many payments at once
 as it can pay and has earned, and a payer whose settlement failed on chain costs the fee payer
 no second fee (the drain race: its own transaction empties its token accounts between our
-preflight and our landing)."""
+preflight and our landing). The guard's state (records, places in flight, cool-downs) is kept
+in memory, on Redis and on a 3-master Redis Cluster (the stores replicas share)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,8 @@ from client.svm_payer import (
 from gateway.facilitators.local import LocalFacilitator
 from gateway.methods.exact.fee_guard import FeeGuard, Party
 from gateway.outbound.solana_rpc import SolanaRpc
-from gateway.store import Store
+from gateway.store import Store, open_store
 from gateway.store.memory import MemoryStore
-from gateway.store.redis import RedisStore
 from gateway.x402.types import PaymentPayload, PaymentRequirements, SettleResponse
 from tests.support.adversarial_paid import drain_transaction
 from tests.support.paid_processes import eventually
@@ -31,6 +31,18 @@ from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_tok
 
 AMOUNT = 10_000
 FEE = 2 * 5_000  # two signatures; the builder's priority fee rounds to 0 lamports
+
+
+@pytest.fixture(params=["memory", "redis", "cluster"])
+async def guard_store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    """The guard's state on the in-process store, on Redis and on a Redis Cluster (the ones
+    replicas share)."""
+    if request.param == "memory":
+        store: Store = MemoryStore()
+    else:
+        store = open_store(request.getfixturevalue(f"clean_{request.param}_url"), None)
+    yield store
+    await store.close()
 
 
 def _payment(
@@ -55,10 +67,11 @@ async def test_twelve_at_once_from_a_wallet_that_affords_one_land_one_transactio
     make_usdc_chain: Callable[..., UsdcChain],
     solana_rpc_server: LiteSvmRpcServer,
     make_local_facilitator: MakeFacilitator,
+    guard_store: Store,
 ) -> None:
     chain = make_usdc_chain(payer_amount=AMOUNT)
     req = exact_requirements(chain, amount=str(AMOUNT))
-    facilitator = make_local_facilitator(chain, payer_wait_s=3.0)
+    facilitator = make_local_facilitator(chain, store=guard_store, payer_wait_s=3.0)
     before = chain.lamports(chain.fee_payer.pubkey())
 
     outcomes = await _settle_all(facilitator, req, [_payment(chain, req) for _ in range(12)])
@@ -74,10 +87,11 @@ async def test_a_payer_with_a_record_of_settled_payments_settles_ten_at_once(
     make_usdc_chain: Callable[..., UsdcChain],
     solana_rpc_server: LiteSvmRpcServer,
     make_local_facilitator: MakeFacilitator,
+    guard_store: Store,
 ) -> None:
     chain = make_usdc_chain()
     req = exact_requirements(chain, amount=str(AMOUNT))
-    facilitator = make_local_facilitator(chain, store=MemoryStore())
+    facilitator = make_local_facilitator(chain, store=guard_store)
     for _ in range(5):  # its record: 5 settled payments, so 11 may be in flight
         assert (await facilitator.settle(_payment(chain, req), req)).success
     solana_rpc_server.hold_confirmations = True
@@ -94,10 +108,11 @@ async def test_a_stranger_settles_one_at_a_time_until_it_has_a_record(
     make_usdc_chain: Callable[..., UsdcChain],
     solana_rpc_server: LiteSvmRpcServer,
     make_local_facilitator: MakeFacilitator,
+    guard_store: Store,
 ) -> None:
     chain = make_usdc_chain()
     req = exact_requirements(chain, amount=str(AMOUNT))
-    facilitator = make_local_facilitator(chain, store=MemoryStore())
+    facilitator = make_local_facilitator(chain, store=guard_store)
     solana_rpc_server.hold_confirmations = True
 
     settling = asyncio.gather(*(facilitator.settle(_payment(chain, req), req) for _ in range(3)))
@@ -113,10 +128,11 @@ async def test_the_drain_race_costs_the_fee_payer_one_failed_settlement_in_two_r
     make_usdc_chain: Callable[..., UsdcChain],
     solana_rpc_server: LiteSvmRpcServer,
     make_local_facilitator: MakeFacilitator,
+    guard_store: Store,
 ) -> None:
     chain = make_usdc_chain()
     req = exact_requirements(chain, amount=str(AMOUNT))
-    facilitator = make_local_facilitator(chain, store=MemoryStore())
+    facilitator = make_local_facilitator(chain, store=guard_store)
     owner = Keypair()
     chain.svm.airdrop(owner.pubkey(), 1_000_000_000)  # pays its own drain's fee
     solana_rpc_server.land_delay_s = 0.3  # broadcast now, landed a moment later, as on a cluster
@@ -143,16 +159,6 @@ async def test_the_drain_race_costs_the_fee_payer_one_failed_settlement_in_two_r
 
 
 # --- a shared client IP: a payer's own record vouches for it ------------------------------------
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def guard_store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    """The guard's state on the in-process store and on Redis (the one replicas share)."""
-    store: Store = (
-        MemoryStore() if request.param == "memory" else RedisStore(request.getfixturevalue("clean_redis_url"))
-    )
-    yield store
-    await store.close()
 
 
 IP = Party("ip", "2001:db8:1:2::/64")

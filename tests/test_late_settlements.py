@@ -1,9 +1,9 @@
 """A settlement whose confirmation wait passed is followed until it lands or its blockhash
-expires, on the internal facilitator against LiteSVM, with its state on memory and on Redis (the
-store replicas share): a late failure cools the payer owner and its token account down and wipes
-the owner's record, as a failure found in time does; a late outcome is counted once however many
-settles and follow-ups hear of it. The chain lands 0.6 s after broadcast and the wait is 0.3 s:
-as a cluster landing 35 s after a 30 s wait."""
+expires, on the internal facilitator against LiteSVM, with its state on memory, on Redis and on
+a 3-master Redis Cluster (the stores replicas share): a late failure cools the payer owner and
+its token account down and wipes the owner's record, as a failure found in time does; a late
+outcome is counted once however many settles and follow-ups hear of it. The chain lands 0.6 s
+after broadcast and the wait is 0.3 s: as a Solana cluster landing 35 s after a 30 s wait."""
 
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ from client.svm_payer import MintInfo, build_exact_transaction, build_payment_pa
 from gateway.facilitators.local import LocalFacilitator
 from gateway.methods.exact.fee_guard import FeeGuard, Party, Standing
 from gateway.outbound.solana_rpc import SolanaRpc
-from gateway.store import Store, keys
+from gateway.store import Store, keys, open_store
 from gateway.store.memory import MemoryStore
-from gateway.store.redis import RedisStore
 from gateway.x402.svm import decode_transaction, payment_key
 from gateway.x402.types import PaymentPayload, PaymentRequirements
 from tests.support.adversarial_paid import drain_transaction
@@ -35,11 +34,12 @@ WAIT_S = 0.3
 LANDS_AFTER_S = 0.6
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    found: Store = (
-        MemoryStore() if request.param == "memory" else RedisStore(request.getfixturevalue("clean_redis_url"))
-    )
+    if request.param == "memory":
+        found: Store = MemoryStore()
+    else:
+        found = open_store(request.getfixturevalue(f"clean_{request.param}_url"), None)
     yield found
     await found.close()
 

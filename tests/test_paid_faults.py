@@ -3,6 +3,8 @@
 Settle after success: nothing is settled unless the provider answered with a
 JSON-RPC ``result``; a discarded authorization stays claimed; a failed settlement withholds the
 body; an unknown settlement outcome is reconciled on retry without calling the provider again.
+The gateways keep their claims and intents in the shared store: single-node Redis, then a 3-master
+Redis Cluster (a lost store too); the round-trip counts watch one Redis server's commands.
 """
 
 from __future__ import annotations
@@ -37,13 +39,18 @@ from tests.support.paid_fixtures import (
     StartPaidGateway,
     assert_challenge,
     balance_body,
+    paid_gateways_on_the_store,
 )
+from tests.support.redis_cluster import RedisCluster
+from tests.support.redis_fixtures import ON_REDIS_ONLY, on_redis_and_cluster
 from tests.support.redis_server import RedisServer
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstash_rest import UpstashRestServer
 from tests.support.upstream import static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
+redis_url = on_redis_and_cluster()
+start_paid_gateway = paid_gateways_on_the_store()
 
 
 # --- the facilitator at verify -----------------------------------------------------------------
@@ -424,6 +431,7 @@ class StoreCommands:
 
 
 @pytest.mark.parametrize("payment_id", [None, "round-trips-0123456789"])
+@ON_REDIS_ONLY
 async def test_paid_rpc_takes_four_store_round_trips(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer, payment_id: str | None
 ) -> None:
@@ -446,6 +454,7 @@ async def test_paid_rpc_takes_four_store_round_trips(
     assert paid.settle_calls() == 2
 
 
+@ON_REDIS_ONLY
 async def test_paid_rpc_replay_is_refused_in_one_store_round_trip(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer
 ) -> None:
@@ -469,6 +478,7 @@ async def test_paid_rpc_replay_is_refused_in_one_store_round_trip(
     assert paid.verify_calls() == paid.settle_calls() == 1
 
 
+@ON_REDIS_ONLY
 async def test_paid_rpc_retry_of_a_pending_settlement_takes_three_store_round_trips_of_four_commands(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer
 ) -> None:
@@ -493,6 +503,7 @@ async def test_paid_rpc_retry_of_a_pending_settlement_takes_three_store_round_tr
     assert paid.upstream_calls == 2 and paid.settle_calls() == 3  # the warm-up's, then one each
 
 
+@ON_REDIS_ONLY
 async def test_paid_rpc_takes_five_requests_over_upstash_rest(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer
 ) -> None:
@@ -518,11 +529,11 @@ async def test_paid_rpc_takes_five_requests_over_upstash_rest(
 
 
 async def test_paid_rpc_store_down_is_503_and_calls_nothing(
-    start_paid_gateway: StartPaidGateway, private_redis: RedisServer
+    start_paid_gateway: StartPaidGateway, private_store: RedisServer | RedisCluster
 ) -> None:
-    paid = await start_paid_gateway(env={"STATE_STORE_REST_URL": private_redis.url})
+    paid = await start_paid_gateway(env={"STATE_STORE_REST_URL": private_store.url})
     payment = await paid.payment()  # the store is up for the challenge
-    private_redis.stop()
+    private_store.stop()
 
     reply = await paid.pay(GET_BALANCE, balance_body(), payment)
 
@@ -532,6 +543,7 @@ async def test_paid_rpc_store_down_is_503_and_calls_nothing(
     assert paid.verify_calls() == paid.settle_calls() == paid.upstream_calls == 0
 
 
+@ON_REDIS_ONLY
 async def test_paid_rpc_store_refusing_the_claim_is_503_before_verify_and_calls_nothing(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer, usdc_chain: UsdcChain
 ) -> None:
@@ -558,13 +570,13 @@ async def test_paid_rpc_store_refusing_the_claim_is_503_before_verify_and_calls_
 
 
 async def test_paid_rpc_store_outage_still_answers_a_challenge_and_keeps_the_ip_limit(
-    start_paid_gateway: StartPaidGateway, private_redis: RedisServer
+    start_paid_gateway: StartPaidGateway, private_store: RedisServer | RedisCluster
 ) -> None:
     """A 402 needs nothing from the store: the per-IP challenge limit is decided in the process
     and goes on counting there while the store is down."""
-    env = {"STATE_STORE_REST_URL": private_redis.url, "RATE_LIMIT_CHALLENGE_PER_MINUTE": "2"}
+    env = {"STATE_STORE_REST_URL": private_store.url, "RATE_LIMIT_CHALLENGE_PER_MINUTE": "2"}
     paid = await start_paid_gateway(env=env)
-    private_redis.stop()
+    private_store.stop()
 
     replies = [await paid.post(GET_BALANCE, balance_body()) for _ in range(3)]
 

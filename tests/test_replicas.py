@@ -1,4 +1,5 @@
-"""Scale-out: three gateway processes sharing one real Redis behave as one gateway.
+"""Scale-out: three gateway processes sharing one real Redis behave as one gateway, on a single
+Redis server and on a 3-master Redis Cluster.
 
 Each replica is ``x402-gateway serve`` as an operator runs it, with its own port; all of them
 share one Redis, one recording provider, one fake CDP facilitator whose backend is the reference
@@ -22,6 +23,7 @@ from solders.keypair import Keypair
 
 from client.siwx_signer import sign_in
 from client.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
+from gateway.store.cluster import CLUSTER_SCHEMES
 from gateway.x402.headers import encode_header
 from tests.support.cdp_facilitator import CdpFacilitatorServer, ReferenceBackend, make_ed25519_credentials
 from tests.support.paid_fixtures import (
@@ -32,6 +34,8 @@ from tests.support.paid_fixtures import (
     encode_body,
 )
 from tests.support.paid_processes import PaidProcesses, Replica, paid_processes
+from tests.support.redis_cluster import start_redis_cluster
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.redis_server import start_redis_server
 from tests.support.solana_rpc_server import LiteSvmRpcServer, setup_usdc_chain
 from tests.support.upstream import ASSET_API_KEY, Upstream
@@ -40,6 +44,8 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402"),
 ]
+
+redis_url = on_redis_and_cluster()
 
 REPLICAS = 3
 BASE_URL = "http://gateway.replicas.test"
@@ -54,11 +60,13 @@ WALLET = Keypair()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def cluster(asset_api_server: Upstream) -> AsyncIterator[PaidProcesses]:
-    """One cluster for the module (starting three processes is most of these tests' cost), with
-    third parties of its own: the session's chain server and Redis serve other tests between
-    these, so the cluster must not share them."""
-    with start_redis_server() as redis, LiteSvmRpcServer() as rpc:
+async def cluster(asset_api_server: Upstream, redis_url: str) -> AsyncIterator[PaidProcesses]:
+    """One cluster for the module and store (starting three processes is most of these tests'
+    cost), with third parties of its own: the session's chain server and Redis serve other tests
+    between these, so the cluster must not share them. Its store is of the kind ``redis_url`` is:
+    a Redis server, or a 3-master Redis Cluster."""
+    start_store = start_redis_cluster if redis_url.startswith(CLUSTER_SCHEMES) else start_redis_server
+    with start_store() as redis, LiteSvmRpcServer() as rpc:
         chain = setup_usdc_chain()
         rpc.use(chain.svm)
         upstream = Upstream()

@@ -8,7 +8,7 @@ The interleaving is forced, not hoped for: the facilitator (a third party, so a 
 the claim holder's settle until the copy has landed the payment, and answers as a real one does
 for one message: ``success`` to the settle that lands it, ``duplicate_settlement`` naming the
 same transaction to every other. The whole paid pipeline runs in-process over a real store
-(memory and Redis), with real signed payments.
+(memory, Redis and a 3-master Redis Cluster), with real signed payments.
 
 Our own fee payer does not settle for a client IP cooling down after a failure; nothing is asked
 of the facilitator then. That is final for a payment nobody else is settling, but not for a
@@ -45,9 +45,8 @@ from gateway.methods.results import (
     Replay,
 )
 from gateway.routing.pricing import FacilitatorFee
-from gateway.store import Script, Store, keys
+from gateway.store import Script, Store, keys, open_store
 from gateway.store.memory import MemoryStore
-from gateway.store.redis import RedisStore
 from gateway.x402 import svm
 from gateway.x402.headers import encode_header
 from gateway.x402.types import PaymentPayload, PaymentRequirements, SettleResponse
@@ -67,7 +66,7 @@ from tests.support.inprocess import (
 )
 from tests.test_credits import store
 
-__all__ = ["store"]  # the memory and Redis store, as the credit tests run on both
+__all__ = ["store"]  # the memory, Redis and cluster store, as the credit tests run on all three
 
 LANDED = "5igLanded"
 
@@ -102,12 +101,12 @@ class OneMessageFacilitator(RecordingFacilitator):
         return settled(LANDED)
 
 
-@pytest_asyncio.fixture(params=["memory", "redis"])
+@pytest_asyncio.fixture(params=["memory", "redis", "cluster"])
 async def route(request: pytest.FixtureRequest) -> AsyncIterator[PaidRoute]:
     if request.param == "memory":
         yield paid_route(MemoryStore(), facilitator=OneMessageFacilitator)
         return
-    store = RedisStore(request.getfixturevalue("clean_redis_url"))
+    store = open_store(request.getfixturevalue(f"clean_{request.param}_url"), None)
     try:
         yield paid_route(store, facilitator=OneMessageFacilitator)
     finally:

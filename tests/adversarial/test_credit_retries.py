@@ -1,9 +1,10 @@
 """Finding: a call on credit whose client hung up was charged and could never be answered.
 
-A real ``x402-gateway serve`` process on a real Redis, credit on, settling exact payments with its
-own fee payer on a LiteSVM chain; the provider is a recording loopback server that answers after
-``PROVIDER_DELAY_S``. The client hangs up ``HANG_UP_S`` into the call (its connection closed, as
-an agent's timeout does), then retries the identical request with the same credential.
+A real ``x402-gateway serve`` process on a real Redis (single-node, then a 3-master Redis
+Cluster), credit on, settling exact payments with its own fee payer on a LiteSVM chain; the
+provider is a recording loopback server that answers after ``PROVIDER_DELAY_S``. The client
+hangs up ``HANG_UP_S`` into the call (its connection closed, as an agent's timeout does), then
+retries the identical request with the same credential.
 
 Before: on credit, the 5 micro-USDC were taken and the retry with the same sign-in got 402
 ``siwx_replayed``, while the same disconnect on an exact payment got the paid answer on retry.
@@ -27,7 +28,6 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-import redis.asyncio as aioredis
 from solders.keypair import Keypair
 
 from gateway.methods.credit.book import Balance
@@ -45,6 +45,8 @@ from tests.support.paid_fixtures import (
     encode_body,
 )
 from tests.support.paid_processes import PaidProcesses, Replica, paid_processes
+from tests.support.redis_cluster import raw_client
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream, static
 
@@ -52,6 +54,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402"),
 ]
+redis_url = on_redis_and_cluster()
 
 PROVIDER_DELAY_S = 3.0
 HANG_UP_S = 0.5
@@ -101,7 +104,7 @@ async def settled_credit(store: Store, wallet: Keypair, timeout_s: float = 15.0)
 async def kept_for_ms(redis_url: str, wallet: Keypair, header: str) -> int:
     """How long the store keeps the call's record (its answer) from now, in ms."""
     nonce = decode_header(header, SiwxPayload).nonce
-    client = aioredis.Redis.from_url(redis_url)
+    client = raw_client(redis_url)
     try:
         return int(await client.pttl(keys.credit_call(str(wallet.pubkey()), nonce)))
     finally:

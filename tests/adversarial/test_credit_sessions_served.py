@@ -1,10 +1,11 @@
 """Attack: spend more through a credit session than its wallet signed, after it was revoked, at
 another gateway, or with someone else's credit.
 
-Real ``x402-gateway serve`` processes on one real Redis (two replicas of one public address, and
-for one test a third gateway of another address on the same Redis); the provider is a recording
-loopback server in the test process. Credit is put in the store as a top-up's delivery does, so
-each balance is exact; every limit that is not credit's own is lifted.
+Real ``x402-gateway serve`` processes on one real Redis (single-node, then a 3-master Redis
+Cluster; two replicas of one public address, and for one test a third gateway of another address
+on the same Redis); the provider is a recording loopback server in the test process. Credit is
+put in the store as a top-up's delivery does, so each balance is exact; every limit that is not
+credit's own is lifted.
 
 * a session opened on one replica is honoured by the other (the session lives in the store);
 * 50 calls at once on one session, across both replicas, spend exactly what its cap allows;
@@ -20,7 +21,6 @@ import asyncio
 import hashlib
 
 import pytest
-import redis.asyncio as aioredis
 from solders.keypair import Keypair
 
 from client.siwx_signer import sign_in
@@ -35,10 +35,18 @@ from tests.support.paid_fixtures import (
     balance_body,
 )
 from tests.support.paid_processes import PaidProcesses, Replica, paid_processes
+from tests.support.redis_cluster import raw_client
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream, static
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
+pytestmark = [
+    # The whole module: its replicas start once per store only while its tests stay together, and
+    # a slow test of its own would be dealt out ahead of the rest.
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402"),
+]
+redis_url = on_redis_and_cluster()
 
 BASE_URL = "http://gateway.sessions.test"
 """GATEWAY_BASE_URL of both replicas: the public address a session is bound to."""
@@ -185,7 +193,6 @@ async def test_a_call_whose_provider_fails_takes_nothing_and_gives_the_cap_back(
     assert revoked.json()["result"]["spentMicroUsdc"] == str(CALL_CREDIT)
 
 
-@pytest.mark.slow  # starts a third gateway
 async def test_a_token_of_another_origin_or_altered_spends_nothing_of_anyones(
     replicas: PaidProcesses, replica_env: dict[str, str], answering: Upstream, store: Store
 ) -> None:
@@ -229,7 +236,7 @@ async def test_the_store_keeps_a_digest_for_the_sessions_lifetime_never_the_toke
     opened = await open_session(replicas.replicas[0], wallet, 30, 120)
     token = opened.json()["result"]["token"]
 
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    client = raw_client(redis_url)
     try:
         digest = hashlib.sha256(f"{BASE_URL}\n{token}".encode()).hexdigest()
         key = keys.credit_session(str(wallet.pubkey()), digest)

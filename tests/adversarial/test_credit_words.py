@@ -1,8 +1,8 @@
 """Findings: the text a wallet signed to spend credit said the opposite, and looking for credit
 counted as a failed payment.
 
-A real ``x402-gateway serve`` process on a real Redis, credit on, its provider a recording
-loopback server.
+A real ``x402-gateway serve`` process on a real Redis (single-node, then a 3-master Redis
+Cluster), credit on, its provider a recording loopback server.
 
 Before: the sign-in that spent credit read "Sign in to use the asset-data routes of this
 gateway. No funds move.", and a wallet without credit that signed in first (as ``pay`` and the
@@ -39,6 +39,7 @@ from tests.support.adversarial_credit import (
 from tests.support.metrics_text import Series, earnings_series
 from tests.support.paid_fixtures import GET_BALANCE, PROVIDER_ANSWER
 from tests.support.paid_processes import PaidProcesses, Replica, paid_processes
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream, static
 
@@ -46,6 +47,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402"),
 ]
+redis_url = on_redis_and_cluster()
 
 ROUTE = "solana.mainnet.provider_a.rpc.getBalance"
 NO_FUNDS_MOVE = "Sign in to read asset data or your prepaid credit at this gateway. No funds move."

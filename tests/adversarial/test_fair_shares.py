@@ -47,12 +47,17 @@ from tests.support.paid_fixtures import (
     assert_answered,
     balance_body,
     encode_body,
+    paid_gateways_on_the_store,
     send_and_hang_up,
     settled_once,
 )
 from tests.support.paid_processes import start_all
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import ASSET_API_KEY, Upstream, static
+
+redis_url = on_redis_and_cluster()
+start_paid_gateway = paid_gateways_on_the_store()
 
 FLOODER, HONEST = "203.0.113.7", "198.51.100.20"
 REFUSED_PER_MINUTE = 10  # the default refusal budget of an IP and of a payer

@@ -26,8 +26,19 @@ from gateway.outbound.solana_rpc import SolanaRpc
 from gateway.x402.headers import encode_header
 from gateway.x402.types import PaymentPayload
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, drain_transaction, via
-from tests.support.paid_fixtures import GET_BALANCE, PaidGateway, Reply, StartPaidGateway, balance_body
+from tests.support.paid_fixtures import (
+    GET_BALANCE,
+    PaidGateway,
+    Reply,
+    StartPaidGateway,
+    balance_body,
+    paid_gateways_on_the_store,
+)
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import set_token_account
+
+redis_url = on_redis_and_cluster()
+start_paid_gateway = paid_gateways_on_the_store()
 
 ATTACKER_IP = "203.0.113.99"
 ACCOUNTS = 10

@@ -12,7 +12,8 @@ a confirmation wait of 0.3 s (``X402_SETTLEMENT_CONFIRM_SECONDS``): as a cluster
 after a 30 s wait. The owner drains its own token account, the drain landing first; the
 settlement is answered pending, then lands and fails. The gateway follows it until it lands: the
 owner, the account and the IP cool down, the owner's record is wiped, and every later attempt is
-refused with nothing broadcast. The fee payer loses one fee in all.
+refused with nothing broadcast. The fee payer loses one fee in all. The guard's state lives in
+the store replicas share: single-node Redis, then a 3-master Redis Cluster.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ from client.svm_payer import MintInfo, build_exact_transaction, build_payment_pa
 from gateway.methods.exact.fee_guard import Party
 from gateway.outbound.solana_rpc import SolanaRpc
 from gateway.store import Store
-from gateway.store.memory import MemoryStore
-from gateway.store.redis import RedisStore
 from gateway.x402.headers import encode_header
 from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
 from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, drain_transaction, via
@@ -42,8 +41,11 @@ from tests.support.paid_fixtures import (
     assert_challenge,
     balance_body,
 )
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import set_token_account
 from tests.support.upstream import static
+
+redis_url = on_redis_and_cluster()
 
 ATTACKER_IP = "203.0.113.77"
 WAIT_S = "0.3"
@@ -71,9 +73,9 @@ async def _pay(paid: PaidGateway, payment: PaymentPayload, request_id: int | Non
 
 
 async def test_a_settlement_failing_after_the_wait_cools_its_parties_down_and_costs_one_fee(
-    start_paid_gateway: StartPaidGateway,
+    start_paid_gateway: StartPaidGateway, clean_store: Store
 ) -> None:
-    store = MemoryStore()
+    store = clean_store
     paid = await start_paid_gateway(
         internal=True,
         env={"TRUSTED_PROXIES": "127.0.0.1", "X402_SETTLEMENT_CONFIRM_SECONDS": WAIT_S},
@@ -159,39 +161,36 @@ async def _eventually_stored(store: Store, key: str, timeout_s: float = 5.0) -> 
 
 
 async def test_a_settlement_landing_after_the_wait_is_delivered_on_retry_and_counted_once(
-    start_paid_gateway: StartPaidGateway, clean_redis_url: str
+    start_paid_gateway: StartPaidGateway, clean_store: Store
 ) -> None:
-    store = RedisStore(clean_redis_url)  # the store replicas share
-    try:
-        paid = await start_paid_gateway(
-            internal=True,
-            env={"TRUSTED_PROXIES": "127.0.0.1", "X402_SETTLEMENT_CONFIRM_SECONDS": WAIT_S},
-            store=store,
-        )
-        paid.upstream.responder = static(200, PROVIDER_ANSWER)
-        requirements, resource = await paid.requirements()
-        price = int(requirements.amount)
-        payer = Keypair()
-        source = set_token_account(
-            paid.chain.svm, payer.pubkey(), paid.chain.mint, price, address=Keypair().pubkey()
-        )
-        me, ip = Party("owner", str(payer.pubkey())), Party("ip", ATTACKER_IP)
-        paid.rpc.land_delay_s = LANDS_AFTER_S
-        payment = _sign(paid, requirements, resource, payer, source)
+    store = clean_store  # the store replicas share
+    paid = await start_paid_gateway(
+        internal=True,
+        env={"TRUSTED_PROXIES": "127.0.0.1", "X402_SETTLEMENT_CONFIRM_SECONDS": WAIT_S},
+        store=store,
+    )
+    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    requirements, resource = await paid.requirements()
+    price = int(requirements.amount)
+    payer = Keypair()
+    source = set_token_account(
+        paid.chain.svm, payer.pubkey(), paid.chain.mint, price, address=Keypair().pubkey()
+    )
+    me, ip = Party("owner", str(payer.pubkey())), Party("ip", ATTACKER_IP)
+    paid.rpc.land_delay_s = LANDS_AFTER_S
+    payment = _sign(paid, requirements, resource, payer, source)
 
-        pending = await _pay(paid, payment, request_id=9)
-        assert pending.status == 503 and pending.error_code == "settlement_pending", pending.body
-        # It lands (and confirms) after the wait: the follow-ups count it for the payer and the IP.
-        await _eventually_stored(store, me.record_key)
-        await _eventually_stored(store, ip.record_key)
-        retry = await _pay(paid, payment, request_id=9)  # the identical request reconciles it
+    pending = await _pay(paid, payment, request_id=9)
+    assert pending.status == 503 and pending.error_code == "settlement_pending", pending.body
+    # It lands (and confirms) after the wait: the follow-ups count it for the payer and the IP.
+    await _eventually_stored(store, me.record_key)
+    await _eventually_stored(store, ip.record_key)
+    retry = await _pay(paid, payment, request_id=9)  # the identical request reconciles it
 
-        assert_answered(retry, paid.rpc.sent[-1])
-        assert paid.chain.balance(source) == 0
-        assert len(paid.rpc.sent) == 1
-        # Heard by the follow-ups and by the retry, counted once on each side.
-        assert await store.get(me.record_key) == "1"
-        assert await store.get(ip.record_key) == "1"
-        assert await store.get(me.cooldown_key) is None and await store.get(ip.cooldown_key) is None
-    finally:
-        await store.close()
+    assert_answered(retry, paid.rpc.sent[-1])
+    assert paid.chain.balance(source) == 0
+    assert len(paid.rpc.sent) == 1
+    # Heard by the follow-ups and by the retry, counted once on each side.
+    assert await store.get(me.record_key) == "1"
+    assert await store.get(ip.record_key) == "1"
+    assert await store.get(me.cooldown_key) is None and await store.get(ip.cooldown_key) is None

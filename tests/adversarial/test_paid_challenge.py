@@ -2,13 +2,12 @@
 
 The challenge's ``extra.feePayer`` comes from the internal facilitator's own key, else the
 external facilitator's last ``/supported`` answer (in memory, or kept in the shared store by any
-replica), else ``FACILITATOR_FEE_PAYER``. Only a paid request fails (503) while the facilitator is
-down, and then nothing is called, claimed or charged.
+replica: single-node Redis, and a 3-master cluster), else ``FACILITATOR_FEE_PAYER``. Only a paid
+request fails (503) while the facilitator is down, and then nothing is called, claimed or charged.
 """
 
 from __future__ import annotations
 
-import redis
 from solders.keypair import Keypair
 
 from gateway.store import keys
@@ -22,9 +21,11 @@ from tests.support.paid_fixtures import (
     balance_body,
 )
 from tests.support.paid_processes import eventually
-from tests.support.redis_server import RedisServer
+from tests.support.redis_cluster import keys_matching
+from tests.support.redis_fixtures import on_redis_and_cluster
 
 FEE_PAYER_KEYS = keys.FEE_PAYER + "*"
+redis_url = on_redis_and_cluster()
 
 
 def advertised_fee_payer(paid: PaidGateway, reply: Reply) -> str:
@@ -65,18 +66,16 @@ async def test_a_facilitator_down_from_the_start_still_gets_the_configured_fee_p
 
 
 async def test_a_new_replica_challenges_with_the_fee_payer_another_replica_kept_in_the_store(
-    start_paid_gateway: StartPaidGateway, private_redis: RedisServer
+    start_paid_gateway: StartPaidGateway, clean_redis_url: str
 ) -> None:
-    store = {"STATE_STORE_REST_URL": private_redis.url}
+    store = {"STATE_STORE_REST_URL": clean_redis_url}
     first = await start_paid_gateway(env=store)
     assert first.facilitator is not None
     fee_payer = str(first.chain.fee_payer.pubkey())
     assert advertised_fee_payer(first, await first.post(GET_BALANCE, balance_body())) == fee_payer
-    admin = redis.Redis.from_url(private_redis.url)
-    try:
-        await eventually(lambda: bool(admin.keys(FEE_PAYER_KEYS)), what="the fee payer kept in the store")
-    finally:
-        admin.close()
+    await eventually(
+        lambda: bool(keys_matching(clean_redis_url, FEE_PAYER_KEYS)), what="the fee payer kept in the store"
+    )
     await first.facilitator.stop()  # down before the new replica ever reaches it
 
     second = await start_paid_gateway(env={**store, "FACILITATOR_URL": first.facilitator.base_url})

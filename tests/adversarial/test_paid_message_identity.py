@@ -5,7 +5,8 @@ to one payment message (tests/support/adversarial_paid.py builds them with libso
 operations and checks each with solders). The gateway knows a payment by its message: the first
 request claims it, every other copy is refused, the provider is called once, the money moves once.
 Settlements are real: the internal facilitator, or the reference facilitator through the fake CDP
-server, signing and broadcasting on LiteSVM.
+server, signing and broadcasting on LiteSVM. The claims live in the shared store: single-node
+Redis, then a 3-master Redis Cluster.
 """
 
 from __future__ import annotations
@@ -31,12 +32,16 @@ from tests.support.paid_fixtures import (
     assert_answered,
     assert_challenge,
     balance_body,
+    paid_gateways_on_the_store,
 )
 from tests.support.paid_processes import eventually
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
+redis_url = on_redis_and_cluster()
+start_paid_gateway = paid_gateways_on_the_store()
 
 
 def assert_one_answered(replies: list[Reply], price: int) -> Reply:

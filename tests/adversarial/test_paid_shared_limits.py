@@ -37,9 +37,14 @@ from tests.support.paid_fixtures import (
     StartPaidGateway,
     assert_answered,
     balance_body,
+    paid_gateways_on_the_store,
 )
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import LiteSvmRpcServer
 from tests.support.upstream import static
+
+redis_url = on_redis_and_cluster()
+start_paid_gateway = paid_gateways_on_the_store()
 
 FLOODER, HONEST = "203.0.113.7", "198.51.100.20"
 CHALLENGES_PER_IP = 10

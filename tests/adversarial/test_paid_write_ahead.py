@@ -4,7 +4,8 @@ The intent to settle (payment key, request fingerprint, the withheld response) i
 the facilitator is asked. A ``serve`` process SIGKILLed between the broadcast and its answer
 leaves that record behind, and the client's retry of the identical request, on another replica,
 gets what it paid for, with nothing broadcast twice and the provider called once. A store lost
-after the settle call never yields "nothing was charged".
+after the settle call never yields "nothing was charged". Each runs on single-node Redis and on a
+3-master Redis Cluster (the lost store: a server, or every node of a cluster, of the test's own).
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ from tests.support.paid_fixtures import (
     balance_body,
 )
 from tests.support.paid_processes import eventually, paid_processes
+from tests.support.redis_cluster import RedisCluster
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.redis_server import RedisServer
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream, static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
+redis_url = on_redis_and_cluster()
 
 ONE_SALE = Money(-GET_BALANCE_PROVIDER_PRICE, GET_BALANCE_PROVIDER_PRICE, -ONE_SETTLEMENT_FEE)
 ONE_SALE_INTERNAL = Money(-GET_BALANCE_PRICE_INTERNAL, GET_BALANCE_PRICE_INTERNAL, -ONE_SETTLEMENT_FEE)
@@ -93,10 +97,10 @@ async def test_a_process_killed_between_broadcast_and_answer_is_reconciled_by_th
 
 
 class StoreLostAtSettle:
-    """A facilitator whose settle runs ``inner``'s (for real) and then takes the store down, so
-    the gateway learns the outcome with no store to record it in."""
+    """A facilitator whose settle runs ``inner``'s (for real) and then takes the store down (every
+    node of a cluster), so the gateway learns the outcome with no store to record it in."""
 
-    def __init__(self, inner: FacilitatorBackend, store: RedisServer) -> None:
+    def __init__(self, inner: FacilitatorBackend, store: RedisServer | RedisCluster) -> None:
         self.inner = inner
         self.store = store
 
@@ -114,14 +118,14 @@ class StoreLostAtSettle:
 
 async def test_a_store_lost_after_a_pending_settlement_says_pending_and_logs_it_loudly(
     start_paid_gateway: StartPaidGateway,
-    private_redis: RedisServer,
+    private_store: RedisServer | RedisCluster,
     usdc_chain: UsdcChain,
     solana_rpc_server: LiteSvmRpcServer,
 ) -> None:
     late = LateConfirmationBackend(usdc_chain, solana_rpc_server)
     late.signer.release.set()  # the first confirmation gives up at once: settlement_pending
     paid = await start_paid_gateway(
-        backend=StoreLostAtSettle(late, private_redis), env={"STATE_STORE_REST_URL": private_redis.url}
+        backend=StoreLostAtSettle(late, private_store), env={"STATE_STORE_REST_URL": private_store.url}
     )
     paid.upstream.responder = static(200, PROVIDER_ANSWER)
     payment = await paid.payment()
@@ -147,13 +151,13 @@ async def test_a_store_lost_after_a_pending_settlement_says_pending_and_logs_it_
 
 async def test_a_store_lost_after_a_successful_settlement_still_delivers_it(
     start_paid_gateway: StartPaidGateway,
-    private_redis: RedisServer,
+    private_store: RedisServer | RedisCluster,
     usdc_chain: UsdcChain,
     solana_rpc_server: LiteSvmRpcServer,
 ) -> None:
     reference = ReferenceBackend(usdc_chain.fee_payer, solana_rpc_server.url)
     paid = await start_paid_gateway(
-        backend=StoreLostAtSettle(reference, private_redis), env={"STATE_STORE_REST_URL": private_redis.url}
+        backend=StoreLostAtSettle(reference, private_store), env={"STATE_STORE_REST_URL": private_store.url}
     )
     paid.upstream.responder = static(200, PROVIDER_ANSWER)
     payment = await paid.payment()

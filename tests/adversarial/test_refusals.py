@@ -1,7 +1,9 @@
 """Attacks the gateway already refuses, mounted against the running gateway so they stay refused:
 payments for the wrong network or with versions mixed up, path tricks around the internal
 facilitator (which signs with the operator's wallet), and hostile sign-ins. Each asserts the
-status and reason, that the provider was not called, and that no money moved.
+status and reason, that the provider was not called, and that no money moved. The sign-ins run
+over the shared store (single-node Redis, then a 3-master cluster), where a used nonce is kept;
+the payment and path checks refuse before any state is read, so they run once, in memory.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from gateway.x402.types import SOLANA_DEVNET, SOLANA_MAINNET, PaymentPayload, Si
 from tests.support.adversarial_paid import Money
 from tests.support.gateway_server import RunningGateway, run_gateway
 from tests.support.paid_fixtures import GET_BALANCE, StartPaidGateway, balance_body
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import UsdcChain
 from tests.support.upstream import ASSET_API_KEY, Upstream
 
@@ -31,6 +34,7 @@ NO_MONEY_MOVED = Money(0, 0, 0)
 HOUR = timedelta(hours=1)
 INTERNAL_SECRET = "refusals-internal-secret-0123456789abcdef"
 SETTLE = "/api/internal/facilitator/settle"
+redis_url = on_redis_and_cluster()
 
 
 # --- payments for the wrong network, versions mixed up -------------------------------------------
@@ -144,8 +148,9 @@ SEARCH = "/v1/x402/tokens/assets/search?q=sol"
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def tokens_gateway(asset_api: Upstream) -> AsyncIterator[RunningGateway]:
+async def tokens_gateway(asset_api: Upstream, clean_redis_url: str) -> AsyncIterator[RunningGateway]:
     env = {
+        "STATE_STORE_REST_URL": clean_redis_url,
         "ASSET_API_BASE_URL": asset_api.url,
         "ASSET_API_KEY": ASSET_API_KEY,
         "SIWX_SECRET": "refusals-siwx-secret-0123456789abcdef-01",

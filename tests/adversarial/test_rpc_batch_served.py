@@ -1,9 +1,10 @@
 """A provider's JSON-RPC endpoint (``.../rpc``): one call or a batch, paid once or from credit.
 
-One gateway served on a real Redis, settling with its own fee payer on the LiteSVM chain (real
-ed25519 keys, real signed USDC transfers); the provider is a recording loopback server answering
-JSON-RPC batches, failing every call that asks about ``FAILING``. Every test states what moved:
-the client's and payTo's USDC and the fee payer's SOL on chain, or the wallet's credit in the store.
+One gateway served on a real Redis (single-node, then a 3-master Redis Cluster), settling with
+its own fee payer on the LiteSVM chain (real ed25519 keys, real signed USDC transfers); the
+provider is a recording loopback server answering JSON-RPC batches, failing every call that asks
+about ``FAILING``. Every test states what moved: the client's and payTo's USDC and the fee
+payer's SOL on chain, or the wallet's credit in the store.
 
 * a batch is priced at the sum of its calls' provider parts plus one settlement fee, in its 402;
 * paid, it is settled once, the provider hears one batch, and the answers come back in order
@@ -43,10 +44,12 @@ from tests.support.paid_fixtures import (
     Reply,
     balance_body,
 )
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream, static
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402")
+redis_url = on_redis_and_cluster()
 
 RPC = "/v1/x402/solana/mainnet/provider_a/rpc"
 ENDPOINT = "solana.mainnet.provider_a.rpc"

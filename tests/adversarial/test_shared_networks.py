@@ -44,9 +44,14 @@ from tests.support.paid_fixtures import (
     assert_answered,
     assert_challenge,
     balance_body,
+    paid_gateways_on_the_store,
 )
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import set_token_account
 from tests.support.upstream import static
+
+redis_url = on_redis_and_cluster()
+start_paid_gateway = paid_gateways_on_the_store()
 
 FAILED_FEES = 'x402_fee_payer_fees_lamports_total{outcome="failed"}'
 HELD_BACK_IN_FLIGHT = 'x402_settlements_held_back_total{reason="in_flight"}'

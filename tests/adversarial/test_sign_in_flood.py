@@ -4,7 +4,8 @@ store for the nonce's lifetime (about 223,000 keys at steady state).
 
 Every sign-in-only route now declares a per-IP and a per-wallet limit (routes.yaml; the loader
 refuses one without), the IP's bucket charged first. The whole gateway is served (hypercorn on
-loopback) with credit on, over a real Redis of the test's own (flushed), at a low per-IP limit:
+loopback) with credit on, over a real Redis of the test's own (flushed: single-node, then a
+3-master Redis Cluster), at a low per-IP limit:
 
 * a flood of throwaway-wallet sign-ins from one IP: exactly the per-IP limit answered, every
   other one 429 ``credits:ip`` with ``Retry-After``, and the store keeps a nonce and a wallet
@@ -20,7 +21,6 @@ from typing import Any
 
 import aiohttp
 import pytest_asyncio
-import redis.asyncio as aioredis
 from solders.keypair import Keypair
 
 from client.siwx_signer import sign_in
@@ -30,7 +30,11 @@ from tests.support.adversarial_credit import BALANCES, credit_env, started_provi
 from tests.support.adversarial_paid import via
 from tests.support.gateway_server import RunningGateway, run_gateway
 from tests.support.paid_fixtures import Reply
+from tests.support.redis_cluster import raw_client
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
+
+redis_url = on_redis_and_cluster()
 
 PER_IP = 20
 PER_WALLET = 5
@@ -72,7 +76,7 @@ async def balance(http: aiohttp.ClientSession, url: str, wallet: Keypair, ip: st
 
 
 async def store_keys(redis_url: str, pattern: str) -> int:
-    client = aioredis.Redis.from_url(redis_url)
+    client = raw_client(redis_url)  # a cluster's client scans every node
     try:
         return len([key async for key in client.scan_iter(match=pattern, count=1000)])
     finally:

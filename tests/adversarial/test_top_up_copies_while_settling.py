@@ -1,17 +1,17 @@
 """Attack (or an impatient client): copies of a top-up sent while its first copy is settling.
 
-The gateway is served (hypercorn on loopback) with credit on, over a real Redis, settling with
-its own fee payer on a LiteSVM chain that confirms a landed transaction only 0.4 s later, as a
-real cluster does, one settlement of a client IP in flight at a time
-(``X402_MAX_SETTLEMENTS_IN_FLIGHT=1``). Another top-up from the same IP settles first, so the
-first copy of the payment claims it, writes its intent and then waits for the IP's place; the
-identical copies sent meanwhile reconcile that intent and wait for the same place. Whichever
-gets it first lands the payment, and the internal facilitator answers the others
-``duplicate_settlement``: so the copy that holds the claim often hears the duplicate of a copy's
-settlement. It must never answer ``settlement_failed`` (which invites the client to pay again
-for a payment that settled). One answer is given (to the identical copies that ask after it went
-out, again), every other copy is refused as ``payment_already_used``, the wallet is credited
-once and one transfer lands.
+The gateway is served (hypercorn on loopback) with credit on, over a real Redis (single-node,
+then a 3-master Redis Cluster), settling with its own fee payer on a LiteSVM chain that confirms
+a landed transaction only 0.4 s later, as a real Solana cluster does, one settlement of a client
+IP in flight at a time (``X402_MAX_SETTLEMENTS_IN_FLIGHT=1``). Another top-up from the same IP
+settles first, so the first copy of the payment claims it, writes its intent and then waits for
+the IP's place; the identical copies sent meanwhile reconcile that intent and wait for the same
+place. Whichever gets it first lands the payment, and the internal facilitator answers the
+others ``duplicate_settlement``: so the copy that holds the claim often hears the duplicate of a
+copy's settlement. It must never answer ``settlement_failed`` (which invites the client to pay
+again for a payment that settled). One answer is given (to the identical copies that ask after
+it went out, again), every other copy is refused as ``payment_already_used``, the wallet is
+credited once and one transfer lands.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from tests.support.adversarial_credit import (
 )
 from tests.support.adversarial_paid import Money, another_client_signature
 from tests.support.paid_fixtures import PaidGateway, Reply, assert_challenge
+from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream
 
@@ -39,6 +40,8 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402"),
 ]
+
+redis_url = on_redis_and_cluster()
 
 CONFIRM_DELAY_S = 0.4
 FIRST_AFTER_S = 0.05

@@ -4,12 +4,13 @@ included (and, for a client that looks for credit first, the sign-in that found 
 answered with a credential the gateway admits is not an unpaid challenge: its count is handed
 back, with the credit probe that came before it.
 
-The whole gateway is served (hypercorn on loopback) with credit on, over a real Redis, settling
-with its own fee payer on a LiteSVM chain, at low limits: 40 challenges a minute per IP, 8 calls
-a second per wallet and 16 per RPC scope. From one client IP (forwarded by a trusted proxy), for
-five seconds, each agent at 4 calls a second, within its own limits (60 402s and 20 probes, twice
-the challenge limit; a 402 counts until its payment arrives, and on a loaded machine the agents
-can be seconds behind their 402s):
+The whole gateway is served (hypercorn on loopback) with credit on, over a real Redis
+(single-node, then a 3-master Redis Cluster), settling with its own fee payer on a LiteSVM
+chain, at low limits: 40 challenges a minute per IP, 8 calls a second per wallet and 16 per RPC
+scope. From one client IP (forwarded by a trusted proxy), for five seconds, each agent at 4
+calls a second, within its own limits (60 402s and 20 probes, twice the challenge limit; a 402
+counts until its payment arrives, and on a loaded machine the agents can be seconds behind their
+402s):
 
 * an agent paying per call with the reference x402 client, on provider_a's getBalance;
 * an agent paying per call with the reference client and its sign-in hook, whose wallet has no
@@ -36,12 +37,12 @@ import aiohttp
 import pytest
 from solders.keypair import Keypair
 
-from gateway.store.redis import RedisStore
 from tests.support.adversarial_credit import CALL_CREDIT, credit_env, credit_of, fund
 from tests.support.adversarial_paid import Money, funded_wallet, via
 from tests.support.cdp_facilitator import close_sdk_rpc_clients
 from tests.support.gateway_server import run_gateway
 from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PRICE_INTERNAL, balance_body
+from tests.support.redis_fixtures import on_redis_and_cluster, store_at
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream
 
@@ -49,6 +50,8 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.filterwarnings("ignore::DeprecationWarning:x402", "ignore::FutureWarning:x402"),
 ]
+
+redis_url = on_redis_and_cluster()
 
 CHALLENGES_PER_MINUTE = 40
 WALLET_RPS = 8
@@ -124,7 +127,7 @@ async def test_agents_on_one_ip_sustain_their_own_limits_and_a_non_payer_is_stil
     prober, prober_ata = funded_wallet(chain, FUNDED)
     # Served in this process, beside three reference clients signing at full speed: on a loaded
     # machine they hold the event loop for seconds, past a store's default 2 s timeout.
-    store = RedisStore(redis_url, timeout_s=LOADED_TIMEOUT_S)
+    store = store_at(redis_url, LOADED_TIMEOUT_S)
     try:
         async with run_gateway(env, store=store) as gateway:
             await fund(store, credit_wallet, FUNDED)

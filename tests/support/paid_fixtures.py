@@ -379,6 +379,25 @@ async def start_paid_gateway(
         yield start
 
 
+def paid_gateways_on_the_store() -> Any:
+    """A module's ``start_paid_gateway`` whose gateways keep their state in ``clean_redis_url``
+    (``start_paid_gateway = paid_gateways_on_the_store()`` in the module, beside
+    ``redis_url = on_redis_and_cluster()``): the claims, replays, limits and fee guard its attacks
+    aim at live in the store replicas share, single-node or cluster, not in one process's memory.
+    A test's own ``STATE_STORE_REST_URL`` or ``store`` still wins."""
+
+    @pytest_asyncio.fixture(loop_scope="session", name="start_paid_gateway")
+    async def on_the_store(start_paid_gateway: StartPaidGateway, clean_redis_url: str) -> StartPaidGateway:
+        async def start(*, env: Mapping[str, str] | None = None, **options: Any) -> PaidGateway:
+            return await start_paid_gateway(
+                env={"STATE_STORE_REST_URL": clean_redis_url, **(env or {})}, **options
+            )
+
+        return start
+
+    return on_the_store
+
+
 @pytest_asyncio.fixture(loop_scope="session")
 async def paid(start_paid_gateway: StartPaidGateway) -> PaidGateway:
     """The everyday paid gateway: fake CDP facilitator (StaticBackend), memory store."""

@@ -170,6 +170,22 @@ def flush(url: str) -> None:
             client.flushall()
 
 
+def keys_matching(url: str, pattern: str) -> list[str]:
+    """The keys matching ``pattern`` in the store at ``url``: its database, or every node of a
+    cluster (SCAN, not KEYS: one node answers KEYS for its own slots only)."""
+    if not url.startswith(CLUSTER_SCHEMES):
+        with redis.Redis.from_url(url, decode_responses=True) as client:
+            return list(client.scan_iter(match=pattern, count=1000))
+    nodes, username, password, _ = parse_cluster_url(url)
+    found: list[str] = []
+    for host, port in nodes:
+        with redis.Redis(
+            host=host, port=port, username=username, password=password, decode_responses=True
+        ) as client:
+            found += client.scan_iter(match=pattern, count=1000)
+    return found
+
+
 def move_slot(cluster: RedisCluster, slot: int) -> None:
     """Reshard ``slot`` to the next master, keys and all, as ``redis-cli --cluster reshard``
     does: importing and migrating marks, MIGRATE of its keys, then every node told its owner."""

@@ -20,6 +20,7 @@ import pytest_asyncio
 
 from gateway.facilitators.local import LocalFacilitator
 from gateway.methods.exact.confirmations import PollSchedule
+from gateway.store import Store
 from gateway.store.memory import MemoryStore
 from gateway.x402.types import SOLANA_MAINNET, PaymentRequirements
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, setup_usdc_chain
@@ -80,7 +81,7 @@ async def make_local_facilitator(solana_rpc_server: LiteSvmRpcServer) -> AsyncIt
     """Factory: ``make(chain, store=..., **LocalFacilitator kwargs)``; all closed afterwards."""
     made: list[LocalFacilitator] = []
 
-    def make(chain: UsdcChain, store: MemoryStore | None = None, **kwargs: Any) -> LocalFacilitator:
+    def make(chain: UsdcChain, store: Store | None = None, **kwargs: Any) -> LocalFacilitator:
         options: dict[str, Any] = {
             "mainnet_rpc_url": solana_rpc_server.url,
             "poll_schedule": PollSchedule(first_s=0.005, max_s=0.01, min_gap_s=0.002),
