@@ -547,6 +547,11 @@ def cmd_store(args: argparse.Namespace) -> int:
             f"credit: {moved.lapse_times} lapse times kept beside their balances, {moved.lapsed} "
             f"wallets' lapsed credit moved to their own keys, {moved.sessions_ended} credit sessions ended"
         )
+    if done.settling:
+        print(
+            f"{done.settling} payments of the release before were settling when it stopped: their "
+            "write-ahead intents stay under the old names (reconcile them from the logs and the ledger)"
+        )
     for old in done.kept:
         print(f"kept {old}: its new name was written already", file=sys.stderr)
     return 1 if done.kept else 0

@@ -260,11 +260,28 @@ def test_the_release_befores_shared_credit_keys_are_no_family_any_more() -> None
         ("{x402gw}:usage:getSlot:paid", "{x402gw:usage:getSlot:paid}"),
         ("{x402gw}:rlw:challenge:ip:1.2.3.4:7", "{x402gw:rlw:challenge:ip:1.2.3.4:7}"),
         ("{x402gw}:credit-sweep", "{x402gw:credit-sweep}"),
-        ("x402gw:credit:W1", "{x402gw}:credit:W1"),
-        ("{x402gw}:credit:W1", None),
+        ("x402gw:credit:W1", "x402gw.credit:{w:W1}"),
+        ("{x402gw}:credit:W1", "x402gw.credit:{w:W1}"),
+        ("{x402gw}:credit-holds:W1", "x402gw.credit-holds:{w:W1}"),
+        ("{x402gw}:credit-holds:W1:taken:t1", "x402gw.credit-holds:{w:W1}:taken:t1"),
+        ("{x402gw}:credit-call:W1:n0nce", "x402gw.credit-call:{w:W1}:n0nce"),
+        ("{x402gw}:fee-guard:cooling:ip:1.2.3.4", "x402gw.fee-guard:cooling:{ip:1.2.3.4}"),
+        ("{x402gw}:fee-guard:in-flight:account:A", "x402gw.fee-guard:in-flight:{acct:A}"),
+        ("{x402gw}:fee-guard:funds:A", "x402gw.fee-guard:funds:{acct:A}"),
+        ("{x402gw}:fee-guard:counted:client:S", "x402gw.fee-guard:counted:{client:S}"),
+        ("{x402gw}:svm:settle:" + DIGEST, f"x402gw.svm:settle:{{p:{DIGEST}}}"),
+        ("x402:svm:settle:" + DIGEST + ":done", f"x402gw.svm:settle:{{p:{DIGEST}}}:done"),
+        ("{x402gw}:siwx:n0nce", None),
+        ("{x402gw}:pay:" + DIGEST, None),
+        ("{x402gw}:credit-lapses", None),
         ("{x402gw:usage:getSlot:paid}", None),
         ("another-app:usage:x", None),
     ],
 )
 def test_a_key_an_earlier_release_wrote_has_its_current_name(old: str, new: str | None) -> None:
     assert keys.current_name(old) == new
+
+
+def test_a_sign_in_nonce_is_named_after_the_wallet_its_value_names() -> None:
+    assert keys.current_name("{x402gw}:siwx:n0nce", "W1") == "x402gw.siwx:{w:W1}:n0nce"
+    assert keys.current_name("x402gw:siwx:n0nce", "W1") == "x402gw.siwx:{w:W1}:n0nce"

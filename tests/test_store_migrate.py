@@ -24,6 +24,8 @@ from tests.support.redis_cluster import raw_client
 WALLET = "Wa11et1111111111111111111111111111111111111"
 OLD = "x402gw:"
 """How the release before the tag spelled the gateway's root (what the migration finds)."""
+ONE = "{x402gw}:"
+"""How the release that kept every key on one slot spelled it."""
 
 
 @pytest.fixture
@@ -69,7 +71,8 @@ async def test_old_keys_are_renamed_with_their_values_and_lifetimes_and_credit_s
     assert await raw.get(keys.usage("getSlot", "settled")) == "40"
     assert 0 < await raw.pttl(keys.limit_window("challenge:ip", "203.0.113.7", 9)) <= 60_000
     assert await raw.get(keys.credit_balance("Other1")) == "9"
-    assert await raw.get(keys.delivery("ab" * 32)) == "answer"
+    # A payment's keys do not say its payer: left under the one-slot name, to expire.
+    assert 0 < await raw.pttl(f"{ONE}delivered:{'ab' * 32}") <= 600_000
     assert await raw.get(keys.settlement("cd" * 32)) == "record"
     assert 3_500_000 < await raw.pttl(keys.credit_balance(WALLET)) <= 3_600_000
     store = open_store(url, token)
@@ -135,11 +138,11 @@ async def _write_one_slot_release_credit(raw: Any, now_ms: int) -> None:
     """What the release before per-wallet credit left: the lapse index as the only record of when
     a balance lapses, one hash of what top-ups found lapsed, one shared ledger mark, and sessions
     named by their token's digest alone."""
-    await raw.set(keys.credit_balance(WALLET), "5000", px=3_600_000)
+    await raw.set(f"{ONE}credit:{WALLET}", "5000", px=3_600_000)
     await raw.zadd(keys.credit_lapses(), {WALLET: now_ms + 3_000_000, "Gone1": now_ms - 5})
     await raw.hset(keys.LEGACY_CREDIT_LAPSED, mapping={"Lapsed1": "700", WALLET: "30"})
     await raw.set(keys.LEGACY_LEDGER_MARK, "41")
-    await raw.hset(f"{keys.CREDIT_SESSION}{'ee' * 32}", mapping={"wallet": WALLET, "cap": "9", "spent": "0"})
+    await raw.hset(f"{ONE}credit-session:{'ee' * 32}", mapping={"wallet": WALLET, "cap": "9", "spent": "0"})
     await raw.hset(
         keys.credit_session(WALLET, "ff" * 32), mapping={"wallet": WALLET, "cap": "9", "spent": "0"}
     )
@@ -154,7 +157,7 @@ async def _assert_credit_brought_to_each_wallet(url: str, token: str | None, raw
         "30",
     )
     assert not await raw.exists(keys.LEGACY_CREDIT_LAPSED) and not await raw.exists(keys.LEGACY_LEDGER_MARK)
-    assert not await raw.exists(f"{keys.CREDIT_SESSION}{'ee' * 32}")  # ended: no token to name it anew
+    assert not await raw.exists(f"{ONE}credit-session:{'ee' * 32}")  # ended: no token to name it anew
     assert await raw.exists(keys.credit_session(WALLET, "ff" * 32))
     store = open_store(url, token)
     try:
@@ -212,5 +215,68 @@ async def test_on_a_cluster_the_one_slot_releases_credit_is_brought_to_each_wall
         assert done.credit == CreditMigrated(lapse_times=1, lapsed=2, sessions_ended=1)
         assert again.credit == CreditMigrated()
         await _assert_credit_brought_to_each_wallet(clean_cluster_url, None, raw, now_ms)
+    finally:
+        await raw.aclose()
+
+
+async def _write_one_slot_release_tagged_state(raw: Any) -> None:
+    """What the release that kept every key on one slot left of the families now on a wallet's,
+    an IP's, a token account's or a payment's tag, and a payment, which stays."""
+    await raw.set(f"{ONE}siwx:n0nce", WALLET, px=300_000)
+    await raw.hset(f"{ONE}credit-holds:{WALLET}", mapping={"call": "10 99999999999999999"})
+    await raw.set(f"{ONE}credit-holds:{WALLET}:taken:t1", "1", px=60_000)
+    await raw.set(f"{ONE}credit-call:{WALLET}:n0nce", "answered", px=600_000)
+    await raw.set(f"{ONE}fee-guard:cooling:ip:203.0.113.7", "1", px=600_000)
+    await raw.set(f"{ONE}fee-guard:settled:owner:{WALLET}", "3", px=600_000)
+    await raw.hset(f"{ONE}fee-guard:funds:Acct1", mapping={"t": "5 99999999999999999"})
+    await raw.set(f"{ONE}fee-guard:counted:payer:Sig1", "1", px=600_000)
+    await raw.set(f"{ONE}svm:settle:{'cd' * 32}", "record", px=900_000)
+    await raw.set(f"{ONE}svm:settle:{'cd' * 32}:done", "Sig1", px=900_000)
+    await raw.set(f"{ONE}pay:{'ab' * 32}", "claimant", px=900_000)
+    await raw.set(f"{ONE}pending:{'ab' * 32}", '{"fingerprint":"f","claimant":"c"}', px=900_000)
+    await raw.set(f"{ONE}pending:{'ef' * 32}", "", px=900_000)  # closed
+
+
+async def _assert_tagged_state_moved(raw: Any) -> None:
+    assert await raw.get(keys.sign_in_nonce(WALLET, "n0nce")) == WALLET
+    assert 0 < await raw.pttl(keys.sign_in_nonce(WALLET, "n0nce")) <= 300_000
+    assert await raw.hgetall(keys.credit_holds(WALLET)) == {"call": "10 99999999999999999"}
+    assert await raw.get(keys.credit_holds(WALLET) + ":taken:t1") == "1"
+    assert await raw.get(keys.credit_call(WALLET, "n0nce")) == "answered"
+    assert await raw.get(keys.fee_guard_cooldown("ip", "203.0.113.7")) == "1"
+    assert await raw.get(keys.fee_guard_record("owner", WALLET)) == "3"
+    assert await raw.hgetall(keys.fee_guard_funds("Acct1")) == {"t": "5 99999999999999999"}
+    assert await raw.get(keys.fee_guard_counted("payer", "Sig1")) == "1"
+    assert await raw.get(keys.settlement("cd" * 32)) == "record"
+    assert await raw.get(keys.settlement_reported(keys.settlement("cd" * 32))) == "Sig1"
+    assert await raw.get(f"{ONE}pay:{'ab' * 32}") == "claimant"  # its payer is not in its name
+    assert await raw.get(f"{ONE}siwx:n0nce") is None
+
+
+@pytest.mark.parametrize("backend", ["redis", "upstash"])
+async def test_the_one_slot_releases_keys_move_to_their_wallets_ips_accounts_and_payments_tags(
+    backend: str, raw: aioredis.Redis, clean_redis_url: str, upstash_url_and_token: tuple[str, str]
+) -> None:
+    await _write_one_slot_release_tagged_state(raw)
+    url, token = upstash_url_and_token if backend == "upstash" else (clean_redis_url, None)
+
+    done = await migrate_keys(url, token)
+
+    assert (done.renamed, done.kept, done.settling) == (10, [], 1)
+    await _assert_tagged_state_moved(raw)
+    assert (await migrate_keys(url, token)).renamed == 0
+
+
+async def test_on_a_cluster_the_one_slot_releases_keys_move_to_their_tags(clean_cluster_url: str) -> None:
+    """Copied across slots (value and lifetime kept), then deleted from the one slot."""
+    raw = raw_client(clean_cluster_url)
+    try:
+        await _write_one_slot_release_tagged_state(raw)
+
+        done = await migrate_keys(clean_cluster_url, None)
+
+        assert (done.renamed, done.kept, done.settling) == (10, [], 1)
+        await _assert_tagged_state_moved(raw)
+        assert (await migrate_keys(clean_cluster_url, None)).renamed == 0
     finally:
         await raw.aclose()

@@ -104,7 +104,26 @@ they were spelled under the one-slot root by the release before (``{x402gw}:usag
 untagged one before it (``x402gw:usage:...``)."""
 SPREAD_RENAMED: Final = tuple(_GATEWAY + family + "*" for family in SPREAD_FAMILIES)
 """SCAN patterns matching the spread families' keys under the one-slot root (all on its slot)."""
-RENAMED: Final = (*(root + "*" for root in LEGACY_ROOTS), *SPREAD_RENAMED)
+SHARDED_FAMILIES: Final = (
+    "credit:",
+    "credit-holds:",
+    "credit-call:",
+    "fee-guard:",
+    "svm:settle:",
+    "siwx:",
+)
+"""The families the release that kept every key on one slot named under it (``{x402gw}:credit:W``)
+that are now named on their wallet's, IP's, token account's or payment's tag, and can be renamed:
+their name (or, for a sign-in nonce, its value: the wallet) says which. Its payments, identifiers
+and buckets cannot (their payer or subject is not in the name); they expire within 15 minutes."""
+SHARDED_RENAMED: Final = tuple(_GATEWAY + family + "*" for family in SHARDED_FAMILIES)
+"""SCAN patterns matching those keys under the one-slot root (all on its slot)."""
+ONE_SLOT_RENAMED: Final = (*SPREAD_RENAMED, *SHARDED_RENAMED)
+ONE_SLOT_INTENTS: Final = _GATEWAY + "pending:*"
+"""SCAN pattern of the one-slot release's write-ahead intents (``gateway.store.migrate`` reports
+the open ones: they cannot be named anew)."""
+"""Every key the one-slot release left that has a name now (on a cluster: all on its slot)."""
+RENAMED: Final = (*(root + "*" for root in LEGACY_ROOTS), *ONE_SLOT_RENAMED)
 """SCAN patterns matching every key an earlier release named otherwise (:func:`current_name`)."""
 
 PAYMENT_CLAIM: Final = _SHARDED + "pay:"
@@ -154,16 +173,46 @@ def _spread(key: str) -> str:
     return key + "}"
 
 
-def current_name(old: str) -> str | None:
+def current_name(old: str, value: str | None = None) -> str | None:
     """The name a key written by an earlier release has now (``gateway.store.migrate``), or None
-    when it has kept its name or is no gateway key."""
+    when it has kept its name, is no gateway key, or cannot be named anew (a sign-in nonce
+    without its ``value``, the wallet; a payment, whose payer its name does not say)."""
     for old_root, root in LEGACY_ROOTS.items():
         if old.startswith(old_root):
-            return current_name(root + old.removeprefix(old_root)) or root + old.removeprefix(old_root)
+            rest = old.removeprefix(old_root)
+            return current_name(root + rest, value) or root + rest
     rest = old.removeprefix(_GATEWAY)
-    if rest != old and rest.startswith(SPREAD_FAMILIES):
+    if rest == old:
+        return None
+    if rest.startswith(SPREAD_FAMILIES):
         return _spread(_SPREAD + rest)
-    return None
+    return _sharded_name(rest, value)
+
+
+def _sharded_name(rest: str, value: str | None) -> str | None:
+    """The tagged name of a one-slot key (``rest``: its name after the root), if it has one."""
+    family, _, args = rest.partition(":")
+    first, _, tail = args.partition(":")
+    if family == "credit":
+        return credit_balance(args)
+    if family == "credit-holds":
+        return credit_holds(first) + (":" + tail if tail else "")  # a taken mark keeps its tail
+    if family == "credit-call" and tail:
+        return credit_call(first, tail)
+    if family == "siwx":
+        return None if not value else sign_in_nonce(value, args)
+    if family == "svm" and first == "settle":
+        digest = tail.removesuffix(_REPORTED_TAIL)
+        return settlement(digest) if digest == tail else settlement_reported(settlement(digest))
+    if family != "fee-guard" or not tail:
+        return None
+    guard = {"settled": fee_guard_record, "cooling": fee_guard_cooldown, "in-flight": fee_guard_in_flight}
+    kind, _, party = tail.partition(":")
+    if first in guard and party:
+        return guard[first](kind, party)
+    if first == "funds":
+        return fee_guard_funds(tail)
+    return fee_guard_counted(kind, party) if first == "counted" and party else None
 
 
 def wallet_tag(wallet: str) -> str:

@@ -1,15 +1,18 @@
 """``x402-gateway store migrate-keys``: bring a store's state under the current key names.
 
-The release that gave every gateway key its hash tag (``gateway.store.keys``) reads no key under
-the old untagged root, and the one that spread the families touched alone over the slots (usage
-counters, limit windows, ...) reads none of theirs under the one-slot root. With a ledger,
-start-up restores the credit owed from it; without one, this renames every old key to its new
-name once, before the new release starts (``docs/store.md``). ``RENAMENX`` keeps each key's
-value and time to live, and never overwrites a key the new release wrote already (that one is
-kept and the old one reported). A cluster refuses a rename across slots, and only the release
-that kept every key on one slot ran on one: there each old key of a spread family is copied
-(``DUMP``/``RESTORE``: value and time to live kept, an existing key never replaced) and then
-deleted.
+Each release that renamed keys reads none under their old names: the one that gave every gateway
+key its hash tag (``gateway.store.keys``), the one that spread the families touched alone over
+the slots (usage counters, limit windows, ...), and the one that named each wallet's, client
+IP's, token account's and payment's keys on a tag of their own (credit, holds, calls, sign-in
+nonces, the fee guard's records, the internal facilitator's settlements). With a ledger, start-up
+restores the credit owed from it; without one, this renames every old key that can be named anew
+to its new name once, before the new release starts (``docs/store.md``). ``RENAMENX`` keeps each
+key's value and time to live, and never overwrites a key the new release wrote already (that one
+is kept and the old one reported). A cluster refuses a rename across slots, and only the release
+that kept every key on one slot ran on one: there each old key is copied (``DUMP``/``RESTORE``:
+value and time to live kept, an existing key never replaced) and then deleted. A payment's keys,
+its identifier and the rate-limit buckets of that release do not say whose they are: they stay
+and expire (within 15 minutes); its write-ahead intents still open are counted and reported.
 
 Then the credit is brought to one wallet's keys (:func:`migrate_credit`, through the store's own
 scripts, each on one wallet's keys or on the lapse index alone, so it runs on every backend): each
@@ -95,6 +98,11 @@ class Migrated(msgspec.Struct, frozen=True):
     renamed: int
     kept: list[str]
     credit: CreditMigrated | None = None
+    settling: int = 0
+    """Write-ahead intents of payments still settling that the release before left (a replica
+    that died mid-settle): their payer is not in their name, so they stay where the new release
+    does not read them; a retry of such a payment is refused as used (its settle finds the
+    transaction settled). Report them, to reconcile by hand from the logs and the ledger."""
 
 
 def _name(found: object) -> str:
@@ -103,8 +111,17 @@ def _name(found: object) -> str:
 
 def _legacy_session(name: str) -> bool:
     """A session key of the release before, named by its token's digest alone."""
-    rest = name.removeprefix(keys.CREDIT_SESSION)
-    return rest != name and ":" not in rest
+    return name.startswith(keys.LEGACY_CREDIT_SESSIONS.removesuffix("*"))
+
+
+NONCES: tuple[str, ...] = tuple(p.removesuffix("*") for p in keys.SHARDED_RENAMED if p.endswith("siwx:*"))
+"""The one-slot sign-in nonces: named anew after their value, the wallet that signed in."""
+
+
+async def _current_name(client: Any, name: str) -> str | None:
+    """``name``'s current name (reading its value when the name alone does not say it)."""
+    value = await client.get(name) if name.startswith(NONCES) else None
+    return keys.current_name(name, None if value is None else _name(value))
 
 
 async def migrate_credit(store: Store, sessions_ended: int = 0) -> CreditMigrated:
@@ -148,7 +165,7 @@ async def migrate_client(client: Any) -> Migrated:
             cursor, found = await client.scan(cursor, match=pattern, count=SCAN_COUNT)
             for old in found:
                 name = _name(old)
-                new = keys.current_name(name)
+                new = await _current_name(client, name)
                 if new is None:
                     continue
                 if await client.renamenx(name, new):
@@ -166,18 +183,26 @@ async def migrate_client(client: Any) -> Migrated:
         if int(cursor) == 0:
             break
     await client.delete(keys.LEGACY_LEDGER_MARK)
-    return Migrated(renamed, kept, CreditMigrated(sessions_ended=ended))
+    settling, cursor = 0, 0
+    while True:
+        cursor, found = await client.scan(cursor, match=keys.ONE_SLOT_INTENTS, count=SCAN_COUNT)
+        for name in map(_name, found):
+            settling += bool(await client.get(name))
+        if int(cursor) == 0:
+            break
+    return Migrated(renamed, kept, CreditMigrated(sessions_ended=ended), settling)
 
 
 async def migrate_cluster(client: Any) -> Migrated:
-    """Move every key of a spread family that ``client`` (redis-py's ``RedisCluster``, raw
-    replies) holds under the one-slot root to its current name. Those keys all sit on the one
-    slot's node, so only that node is scanned. A copy whose delete was lost (the command ended
+    """Move every key that ``client`` (redis-py's ``RedisCluster``, raw replies) holds under the
+    one-slot root and that has a name now (a spread family's, or one now on its wallet's, IP's,
+    account's or payment's tag) to that name. Those keys all sit on the one slot's node, so only
+    that node is scanned. A copy whose delete was lost (the command ended
     part-way) is found again by the next run, and reported as kept."""
     renamed, kept = 0, []
     await client.initialize()  # learn the slots
     node = client.get_node_from_key(keys.credit_lapses())  # the one slot's node
-    for pattern in keys.SPREAD_RENAMED:
+    for pattern in keys.ONE_SLOT_RENAMED:
         cursor: Any = 0
         while True:
             cursors, found = await client.execute_command(
@@ -186,7 +211,7 @@ async def migrate_cluster(client: Any) -> Migrated:
             cursor = cursors[node.name]  # redis-py answers a SCAN's cursor by node
             for old in found:
                 name = _name(old)
-                new = keys.current_name(name)
+                new = await _current_name(client, name)
                 dumped = await client.dump(name)
                 if new is None or dumped is None:
                     continue
@@ -214,7 +239,17 @@ async def migrate_cluster(client: Any) -> Migrated:
         if int(cursor) == 0:
             break
     await client.delete(keys.LEGACY_LEDGER_MARK)
-    return Migrated(renamed, kept, CreditMigrated(sessions_ended=ended))
+    settling, cursor = 0, 0
+    while True:
+        cursors, found = await client.execute_command(
+            "SCAN", cursor, "MATCH", keys.ONE_SLOT_INTENTS, "COUNT", SCAN_COUNT, target_nodes=node
+        )
+        cursor = cursors[node.name]
+        for name in map(_name, found):
+            settling += bool(await client.get(name))
+        if int(cursor) == 0:
+            break
+    return Migrated(renamed, kept, CreditMigrated(sessions_ended=ended), settling)
 
 
 async def migrate_keys(url: str, token: str | None, timeout_s: float = 30.0) -> Migrated:
