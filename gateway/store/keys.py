@@ -1,77 +1,78 @@
 """Every key the gateway keeps in the shared store, spelled here and nowhere else.
 
-Every key a script reads or writes with others begins ``{x402gw}:``: the braces make ``x402gw``
-its hash tag, so on a Redis Cluster all of them hash to one slot and every script, which reads
-and writes several of them in one atomic step, runs on one node as it does on a single Redis
-(``docs/store.md``: the invariants, the cost, and what is left to shard). The gateway's own state
-is right under it; the internal facilitator's settlement records under ``{x402gw}:svm:`` (named
-after the exact-SVM scheme it settles; it reads them in one step with the fee guard's keys). The
-families only ever touched one key at a time, or in batches of independent keys, are each key
-its own tag, whole: ``{x402gw:usage:getSlot:paid}``, so they spread over a cluster's slots. No family's
+A Redis Cluster runs a script only over keys of one slot, the slot of their hash tag (the text
+in a key's first braces). So each key is named after whose it is, and what one script touches
+shares that tag (``docs/store.md``: the steps of a request, the invariants across slots, the
+capacity): ``x402gw.<family>:{<tag>}...``, the tag a wallet's (``w:``: its payments as payer,
+identifiers, nonces, calls, credit, sessions, own buckets, fee-guard records as a payer owner),
+a client IP's (``ip:``: its own buckets and fee-guard records), a shared budget's (``rl:``: the
+budget, every share of it and their contention marks), a token account's (``acct:``) or a
+payment's (``p:``: the internal facilitator's settlement and its report). The keys shared by
+everyone (the lapse index, the ledger check, the facilitators' marks) are under ``{x402gw}:``,
+touched in steps of their own; the families only ever touched one key at a time, or in batches
+of independent keys, are each key its own tag, whole: ``{x402gw:usage:getSlot:paid}``. The tag
+comes before any argument, so braces in an argument never move a key off its tag. No family's
 head is the start of another's, so no two families can share a key; the one exception is a
 settlement's ``:done`` marker, told apart from the settlement by its tail behind a fixed-length
 digest (``tests/test_store_keys.py`` checks both).
 
 A key's name is part of the store's format: replicas of two releases that name a family
 differently do not see each other's claims, buckets or credit (a payment claimed under the old
-name could be claimed again under the new). The release that added the hash tag therefore
-needs the upgrade ``docs/store.md`` describes, not a rolling deploy.
+name could be claimed again under the new). A release that renames keys therefore needs the
+upgrade ``docs/store.md`` describes, not a rolling deploy; ``current_name`` maps each old name
+to its new one where the name (or the value) says whose it is.
 
-Under ``{x402gw}:``, the gateway's own state. Each per-wallet key (``{wallet}`` in its name: the
-balance, holds, lapse time, lapsed credit, ledger mark, calls and sessions) is a function of its
-wallet, and no script that touches one touches another wallet's keys or a key shared by all
-wallets (the lapse index has steps of its own): a tag per wallet is a change of these functions
-alone (``docs/store.md``).
+Under ``x402gw.``, on the tag named (``{w}``: a wallet's; ``{ip}``, ``{rl}``, ``{acct}``, ``{p}``):
 
-===================  ===============================  ==========================  ==========================
-function             key                              value                       lives
-===================  ===============================  ==========================  ==========================
-payment_claim        pay:{payment key}                claimant: {route} {random}  15 min, or until refused
-pending_settlement   pending:{payment key}            write-ahead intent (JSON)   15 min; closed at delivery
-delivery             delivered:{payment key}          delivered request, answer   10 min
-payment_id           pid:{identifier}                 request fingerprint (JSON)  10 min
-sign_in_nonce        siwx:{nonce}                     the signed-in wallet        while the nonce verifies
-rate_bucket          rl:{scope}[:{wallet or ip}]      GCRA arrival time           till the bucket refills
-rate_contention      rl-contended:{share scope}       subjects refused -> when    a period of the budget
-fee_guard_record     fee-guard:settled:{kind}:{id}    settlements landed          10 min
-fee_guard_cooldown   fee-guard:cooling:{kind}:{id}    1                           10 min
-fee_guard_in_flight  fee-guard:in-flight:{kind}:{id}  holds: token -> 1           each hold's TTL
-fee_guard_funds      fee-guard:funds:{account}        holds: token -> amount      each hold's TTL
-fee_guard_counted    fee-guard:counted:{side}:{sig}   1: its outcome was counted  30 min
-facilitator_down     facilitator-down:{name}          1 while down                30 s
-credit_balance       credit:{wallet}                  micro-USDC (counter)        lapse + grace after top-up
-credit_holds         credit-holds:{wallet}            holds: token -> amount      each hold's TTL
-credit_lapse         credit-lapse:{wallet}            when it lapses (Unix ms)    as the balance
-credit_lapsed        credit-lapsed:{wallet}           lapsed credit (counter)     till the sweeper counts it
-ledger_mark          ledger-mark:{wallet}             newest top-up's journal id  as the balance
-credit_call          credit-call:{wallet}:{call id}   call, its answer (JSON)     hold's TTL, then sign-in's
-credit_session       credit-session:{wallet}:{dgst}   wallet, cap, spent (hash)   the session's lifetime
-credit_lapses        credit-lapses                    wallet -> lapse time (ms)   till the sweeper drops it
-ledger_checked       ledger-checked                   1: checked against ledger   ten years
-===================  ===============================  ==========================  ==========================
+===================  =================================  ==========================  ==========================
+function             key                                value                       lives
+===================  =================================  ==========================  ==========================
+payment_claim        pay:{w}:{payment key}              claimant: {route} {random}  15 min, or until refused
+pending_settlement   pending:{w}:{payment key}          write-ahead intent (JSON)   15 min; closed at delivery
+delivery             delivered:{w}:{payment key}        delivered request, answer   10 min
+payment_id           pid:{w}:{identifier}               request fingerprint (JSON)  10 min
+sign_in_nonce        siwx:{w}:{nonce}                   the signed-in wallet        while the nonce verifies
+rate_bucket          rl:{rl|w|ip}[:{scope}[:{subj}]]    GCRA arrival time            till the bucket refills
+rate_contention      rl-contended:{rl}:{share scope}    subjects refused -> when    a period of the budget
+fee_guard_record     fee-guard:settled:{w|ip|acct}      settlements landed          10 min
+fee_guard_cooldown   fee-guard:cooling:{w|ip|acct}      1                           10 min
+fee_guard_in_flight  fee-guard:in-flight:{w|ip|acct}    holds: token -> 1           each hold's TTL
+fee_guard_funds      fee-guard:funds:{acct}             holds: token -> amount      each hold's TTL
+fee_guard_counted    fee-guard:counted:{side:sig}       1: its outcome was counted  30 min
+credit_balance       credit:{w}                         micro-USDC (counter)        lapse + grace after top-up
+credit_holds         credit-holds:{w}                   holds: token -> amount      each hold's TTL
+credit_lapse         credit-lapse:{w}                   when it lapses (Unix ms)    as the balance
+credit_lapsed        credit-lapsed:{w}                  lapsed credit (counter)     till the sweeper counts it
+ledger_mark          ledger-mark:{w}                    newest top-up's journal id  as the balance
+credit_call          credit-call:{w}:{call id}          call, its answer (JSON)     hold's TTL, then sign-in's
+credit_session       credit-session:{w}:{digest}        wallet, cap, spent (hash)   the session's lifetime
+settlement           svm:settle:{p}                     settlement record (JSON)    15 min
+settlement_reported  svm:settle:{p}:done                its signature               15 min
+===================  =================================  ==========================  ==========================
 
-Under ``{x402gw}:svm:``, the internal facilitator's:
+Under ``{x402gw}:``, shared by everyone:
 
-===================  ===============================  ==========================  ==========================
-function             key                              value                       lives
-===================  ===============================  ==========================  ==========================
-settlement           settle:{hash}                    settlement record (JSON)    15 min
-settlement_reported  settle:{hash}:done               its signature               15 min
-===================  ===============================  ==========================  ==========================
+===================  =================================  ==========================  ==========================
+function             key                                value                       lives
+===================  =================================  ==========================  ==========================
+facilitator_down     facilitator-down:{name}            1 while down                30 s
+credit_lapses        credit-lapses                      wallet -> lapse time (ms)   till the sweeper drops it
+ledger_checked       ledger-checked                     1: checked against ledger   ten years
+===================  =================================  ==========================  ==========================
 
 Each ``{x402gw:<key>}``, its own tag whole (so the keys spread over a cluster's slots):
 
-===================  ===============================  ==========================  ==========================
-function             key                              value                       lives
-===================  ===============================  ==========================  ==========================
-limit_window         rlw:{scope}:{subject}:{n}        admissions (counter)        two windows + 1 s
-usage                usage:{route}:{outcome}          requests (counter)          forever
-fee_payer            fee-payer:{network}:{url}        the advertised fee payer    30 days
-credit_sweep         credit-sweep                     the sweeping replica        one sweep, 60 s at most
-ledger_restore       ledger-restore                   the restoring replica       one restore, 60 s at most
-===================  ===============================  ==========================  ==========================
+===================  =================================  ==========================  ==========================
+function             key                                value                       lives
+===================  =================================  ==========================  ==========================
+limit_window         rlw:{scope}:{subject}:{n}          admissions (counter)        two windows + 1 s
+usage                usage:{route}:{outcome}            requests (counter)          forever
+fee_payer            fee-payer:{network}:{url}          the advertised fee payer    30 days
+credit_sweep         credit-sweep                       the sweeping replica        one sweep, 60 s at most
+ledger_restore       ledger-restore                     the restoring replica       one restore, 60 s at most
+===================  =================================  ==========================  ==========================
 
-``{payment key}`` and ``{hash}`` are the same hex SHA-256 of a transaction's message.
+``{payment key}`` and the settlement's ``{p}`` are the same hex SHA-256 of a transaction's message.
 The TTLs are set by the writers (named in each function's docstring); this table says how long
 each lives with the defaults.
 """
