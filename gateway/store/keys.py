@@ -32,7 +32,7 @@ pending_settlement   pending:{w}:{payment key}          write-ahead intent (JSON
 delivery             delivered:{w}:{payment key}        delivered request, answer   10 min
 payment_id           pid:{w}:{identifier}               request fingerprint (JSON)  10 min
 sign_in_nonce        siwx:{w}:{nonce}                   the signed-in wallet        while the nonce verifies
-rate_bucket          rl:{rl|w|ip}[:{scope}[:{subj}]]    GCRA arrival time            till the bucket refills
+rate_bucket          rl:{rl|w|ip}[:{scope}[:{subj}]]    GCRA arrival time           till the bucket refills
 rate_contention      rl-contended:{rl}:{share scope}    subjects refused -> when    a period of the budget
 fee_guard_record     fee-guard:settled:{w|ip|acct}      settlements landed          10 min
 fee_guard_cooldown   fee-guard:cooling:{w|ip|acct}      1                           10 min
