@@ -577,8 +577,9 @@ def report(bench: Bench, routes: int) -> str:
         "/verify round trip: the gateway makes two of those (verify, settle) besides the provider call. "
         "The peer SDK guards a minimal aiohttp JSON-RPC proxy. The `I-O floor` rows "
         "(`bench.apps:io_floor_app()`) make only the round trips a paid request needs (verify, "
-        "provider, settle, and on Redis the gateway's five store commands in four round trips) with the same libraries "
-        "and no checks: what they add is the least a gateway built on them can add on this machine.",
+        "provider, settle, and on Redis the gateway's five store commands in four round trips) with "
+        "the same libraries and no checks: what they add is the least a gateway built on them can add "
+        "on this machine.",
         "",
         *table(bench, "paid", "direct to provider"),
         "",
