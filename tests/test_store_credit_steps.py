@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
 from redis.crc import key_slot
 
 from gateway.store import (
@@ -52,38 +50,13 @@ from gateway.store.credit import (
     take_credit,
     wallet_lapse_from_reply,
 )
-from gateway.store.memory import MemoryStore
-from gateway.store.redis import RedisStore
-from gateway.store.upstash import UpstashStore
+from tests import test_store_contract as contract
 from tests.support.polling import read_until
 
 INDEX = "{t}credit:lapses"
 
 
-@pytest.fixture(autouse=True)
-def _upstash_server_started(upstash_url_and_token: tuple[str, str]) -> None:
-    """Start the session's Upstash REST server as an ordinary fixture dependency (see
-    tests/test_store_contract.py)."""
-
-
-@pytest_asyncio.fixture(params=["memory", "redis", "upstash", "cluster"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    if request.param == "cluster":
-        opened: Store = open_store(request.getfixturevalue("clean_cluster_url"), None)
-    else:
-        redis_url: str = request.getfixturevalue("clean_redis_url")
-        opened = (
-            RedisStore(redis_url)
-            if request.param == "redis"
-            else UpstashStore(*request.getfixturevalue("upstash_url_and_token"))
-        )
-    try:
-        yield opened
-    finally:
-        await opened.close()
+make_store, store, upstash_started = contract.make_store, contract.store, contract._upstash_server_started
 
 
 def account(wallet: str) -> CreditAccount:

@@ -28,6 +28,7 @@ wallets open new ones.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -153,103 +154,87 @@ async def migrate_credit(store: Store, sessions_ended: int = 0) -> CreditMigrate
     return CreditMigrated(lapse_times, lapsed, sessions_ended)
 
 
+async def _names(client: Any, pattern: str, node: Any = None) -> AsyncIterator[str]:
+    """The names of ``client``'s keys matching ``pattern`` (on a cluster, those of ``node``)."""
+    cursor: Any = 0
+    while True:
+        if node is None:
+            cursor, found = await client.scan(cursor, match=pattern, count=SCAN_COUNT)
+        else:
+            cursors, found = await client.execute_command(
+                "SCAN", cursor, "MATCH", pattern, "COUNT", SCAN_COUNT, target_nodes=node
+            )
+            cursor = cursors[node.name]  # redis-py answers a SCAN's cursor by node
+        for old in found:
+            yield _name(old)
+        if int(cursor) == 0:
+            return
+
+
+async def _renamed(client: Any, name: str, new: str) -> bool | None:
+    """``RENAMENX``: True when renamed, False when ``new`` exists (kept)."""
+    return bool(await client.renamenx(name, new))
+
+
+async def _copied(client: Any, name: str, new: str) -> bool | None:
+    """Across a cluster's slots: ``DUMP``, ``RESTORE`` (value and lifetime kept, never replacing
+    a key), then ``DEL``. True when moved, False when ``new`` exists (kept), None when gone."""
+    dumped = await client.dump(name)
+    if dumped is None:
+        return None
+    ttl_ms = max(int(await client.pttl(name)), 0)
+    try:
+        await client.restore(new, ttl_ms, dumped)
+    except Exception as exc:
+        if "BUSYKEY" not in str(exc):
+            raise
+        return False
+    await client.delete(name)
+    return True
+
+
+Move = Callable[[Any, str, str], Awaitable[bool | None]]
+
+
+async def _migrate(client: Any, patterns: Sequence[str], move: Move, node: Any = None) -> Migrated:
+    """Move every key matching ``patterns`` that has a name now to it; end the old sessions,
+    delete the old shared mark, count the open intents left behind."""
+    renamed, kept = 0, []
+    for pattern in patterns:
+        async for name in _names(client, pattern, node):
+            new = await _current_name(client, name)
+            moved = None if new is None else await move(client, name, new)
+            if moved is not None:
+                renamed += moved
+                kept += [] if moved else [name]
+    ended = 0
+    async for name in _names(client, keys.LEGACY_CREDIT_SESSIONS, node):
+        if _legacy_session(name):
+            ended += int(await client.delete(name))
+    await client.delete(keys.LEGACY_LEDGER_MARK)
+    settling = 0
+    async for name in _names(client, keys.ONE_SLOT_INTENTS, node):
+        settling += bool(await client.get(name))
+    return Migrated(renamed, kept, CreditMigrated(sessions_ended=ended), settling)
+
+
 async def migrate_client(client: Any) -> Migrated:
     """Rename every gateway key of ``client``'s database (redis-py's or upstash-redis's client:
-    the same two commands) that an earlier release named otherwise to its current name
-    (:func:`gateway.store.keys.current_name`): everything under the untagged roots, and the
-    spread families under the one-slot root."""
-    renamed, kept = 0, []
-    for pattern in keys.RENAMED:
-        cursor: Any = 0
-        while True:
-            cursor, found = await client.scan(cursor, match=pattern, count=SCAN_COUNT)
-            for old in found:
-                name = _name(old)
-                new = await _current_name(client, name)
-                if new is None:
-                    continue
-                if await client.renamenx(name, new):
-                    renamed += 1
-                else:
-                    kept.append(name)
-            if int(cursor) == 0:
-                break
-    ended, cursor = 0, 0
-    while True:
-        cursor, found = await client.scan(cursor, match=keys.LEGACY_CREDIT_SESSIONS, count=SCAN_COUNT)
-        for name in map(_name, found):
-            if _legacy_session(name):
-                ended += int(await client.delete(name))
-        if int(cursor) == 0:
-            break
-    await client.delete(keys.LEGACY_LEDGER_MARK)
-    settling, cursor = 0, 0
-    while True:
-        cursor, found = await client.scan(cursor, match=keys.ONE_SLOT_INTENTS, count=SCAN_COUNT)
-        for name in map(_name, found):
-            settling += bool(await client.get(name))
-        if int(cursor) == 0:
-            break
-    return Migrated(renamed, kept, CreditMigrated(sessions_ended=ended), settling)
+    the same commands) that an earlier release named otherwise to its current name
+    (:func:`gateway.store.keys.current_name`): everything under the untagged roots, and under the
+    one-slot root the spread families and the keys now on their own tags."""
+    return await _migrate(client, keys.RENAMED, _renamed)
 
 
 async def migrate_cluster(client: Any) -> Migrated:
     """Move every key that ``client`` (redis-py's ``RedisCluster``, raw replies) holds under the
     one-slot root and that has a name now (a spread family's, or one now on its wallet's, IP's,
     account's or payment's tag) to that name. Those keys all sit on the one slot's node, so only
-    that node is scanned. A copy whose delete was lost (the command ended
-    part-way) is found again by the next run, and reported as kept."""
-    renamed, kept = 0, []
+    that node is scanned. A copy whose delete was lost (the command ended part-way) is found
+    again by the next run, and reported as kept."""
     await client.initialize()  # learn the slots
     node = client.get_node_from_key(keys.credit_lapses())  # the one slot's node
-    for pattern in keys.ONE_SLOT_RENAMED:
-        cursor: Any = 0
-        while True:
-            cursors, found = await client.execute_command(
-                "SCAN", cursor, "MATCH", pattern, "COUNT", SCAN_COUNT, target_nodes=node
-            )
-            cursor = cursors[node.name]  # redis-py answers a SCAN's cursor by node
-            for old in found:
-                name = _name(old)
-                new = await _current_name(client, name)
-                dumped = await client.dump(name)
-                if new is None or dumped is None:
-                    continue
-                ttl_ms = max(int(await client.pttl(name)), 0)
-                try:
-                    await client.restore(new, ttl_ms, dumped)
-                except Exception as exc:
-                    if "BUSYKEY" not in str(exc):
-                        raise
-                    kept.append(name)
-                    continue
-                await client.delete(name)
-                renamed += 1
-            if int(cursor) == 0:
-                break
-    ended, cursor = 0, 0
-    while True:
-        cursors, found = await client.execute_command(
-            "SCAN", cursor, "MATCH", keys.LEGACY_CREDIT_SESSIONS, "COUNT", SCAN_COUNT, target_nodes=node
-        )
-        cursor = cursors[node.name]
-        for name in map(_name, found):
-            if _legacy_session(name):
-                ended += int(await client.delete(name))
-        if int(cursor) == 0:
-            break
-    await client.delete(keys.LEGACY_LEDGER_MARK)
-    settling, cursor = 0, 0
-    while True:
-        cursors, found = await client.execute_command(
-            "SCAN", cursor, "MATCH", keys.ONE_SLOT_INTENTS, "COUNT", SCAN_COUNT, target_nodes=node
-        )
-        cursor = cursors[node.name]
-        for name in map(_name, found):
-            settling += bool(await client.get(name))
-        if int(cursor) == 0:
-            break
-    return Migrated(renamed, kept, CreditMigrated(sessions_ended=ended), settling)
+    return await _migrate(client, keys.ONE_SLOT_RENAMED, _copied, node)
 
 
 async def migrate_keys(url: str, token: str | None, timeout_s: float = 30.0) -> Migrated:

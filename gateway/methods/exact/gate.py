@@ -122,26 +122,11 @@ class PaymentGate:
         # Our own fee payer would settle: a client IP cooling down after a settlement of its
         # failed on chain is refused before it costs anything.
         blockers = [Party("ip", client_ip).cooldown_key] if option.settling.ours else []
-        attempt = await self.ledger.claim(
-            candidate.payer,
-            candidate.key,
-            self.route_name,
-            candidate.payment_id,
-            candidate.fingerprint,
-            plan.buckets,
-            blockers,
-        )
+        attempt = await self._claim(candidate, plan.buckets, blockers)
         if attempt.blocked and await self._vouched(candidate.payer, client_ip):
             # Another wallet of this IP failed; this payer's own record vouches for it (nothing
             # was charged by the blocked attempt, so it is simply made again without the IP's).
-            attempt = await self.ledger.claim(
-                candidate.payer,
-                candidate.key,
-                self.route_name,
-                candidate.payment_id,
-                candidate.fingerprint,
-                plan.buckets,
-            )
+            attempt = await self._claim(candidate, plan.buckets)
         if attempt.payment_id is not None and attempt.payment_id.fingerprint != candidate.fingerprint:
             return Conflict("payment identifier was used with another payment or request")
         # A used payment is refused from the store, before any shared bucket or the facilitator
@@ -184,6 +169,19 @@ class PaymentGate:
             await self._release(attempt, candidate.payer, plan.shared, plan.refusal_debts)
             return refused
         return Paid(_paid(candidate, payload, requirements, client_ip), candidate.body)
+
+    async def _claim(
+        self, candidate: Candidate, buckets: Sequence[Bucket], blockers: Sequence[str] = ()
+    ) -> ClaimAttempt:
+        return await self.ledger.claim(
+            candidate.payer,
+            candidate.key,
+            self.route_name,
+            candidate.payment_id,
+            candidate.fingerprint,
+            buckets,
+            blockers,
+        )
 
     async def _vouched(self, payer: str, client_ip: str) -> bool:
         """The payer has a record of its own and is not cooling down: its IP's cool-down (set by
