@@ -124,13 +124,22 @@ def _spend_app(
     return MethodDispatcher({"POST": (paid.route, access)}, "POST, OPTIONS"), paid, book
 
 
-@pytest_asyncio.fixture(params=["memory", "redis", "cluster"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+@pytest_asyncio.fixture(params=["memory", "redis", "upstash", "cluster"])
+async def store(
+    request: pytest.FixtureRequest, upstash_url_and_token: tuple[str, str]
+) -> AsyncIterator[Store]:
+    """Each store backend; the Upstash front is a direct dependency, started before any test's
+    event loop runs (pulled lazily, its set-up could land inside it)."""
     if request.param == "memory":
         yield MemoryStore()
         return
-    url = request.getfixturevalue("clean_cluster_url" if request.param == "cluster" else "clean_redis_url")
-    redis = open_store(url, None)
+    if request.param == "upstash":
+        request.getfixturevalue("clean_redis_url")  # the server behind it, flushed
+        url, token = upstash_url_and_token
+    else:
+        server = "clean_cluster_url" if request.param == "cluster" else "clean_redis_url"
+        url, token = request.getfixturevalue(server), None
+    redis = open_store(url, token)
     try:
         yield redis
     finally:
