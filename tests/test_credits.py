@@ -30,7 +30,6 @@ from gateway.methods.sign_in import SignInGate
 from gateway.routing.routes import RateLimitSpec, RouteSpec
 from gateway.store import Entry, Store, keys, open_store
 from gateway.store.claims import claim_then_put
-from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from gateway.web.asgi import ASGIApp, Receive, Scope, Send, send_bytes
 from gateway.web.context import request_context
@@ -53,6 +52,7 @@ from tests.support.inprocess import (
     settled,
 )
 from tests.support.polling import read_until
+from tests.support.redis_fixtures import STORE_KINDS, fresh_store
 from tests.support.redis_server import RedisServer
 
 TOP_UP = 1_000_000
@@ -124,26 +124,15 @@ def _spend_app(
     return MethodDispatcher({"POST": (paid.route, access)}, "POST, OPTIONS"), paid, book
 
 
-@pytest_asyncio.fixture(params=["memory", "redis", "upstash", "cluster"])
+@pytest_asyncio.fixture(params=STORE_KINDS)
 async def store(
     request: pytest.FixtureRequest, upstash_url_and_token: tuple[str, str]
 ) -> AsyncIterator[Store]:
-    """Each store backend; the Upstash front is a direct dependency, started before any test's
-    event loop runs (pulled lazily, its set-up could land inside it)."""
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    if request.param == "upstash":
-        request.getfixturevalue("clean_redis_url")  # the server behind it, flushed
-        url, token = upstash_url_and_token
-    else:
-        server = "clean_cluster_url" if request.param == "cluster" else "clean_redis_url"
-        url, token = request.getfixturevalue(server), None
-    redis = open_store(url, token)
+    opened = fresh_store(request, request.param, upstash_url_and_token)
     try:
-        yield redis
+        yield opened
     finally:
-        await redis.close()
+        await opened.close()
 
 
 def _required(answer: Any) -> dict[str, Any]:

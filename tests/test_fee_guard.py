@@ -21,11 +21,11 @@ from client.svm_payer import (
 from gateway.facilitators.local import LocalFacilitator
 from gateway.methods.exact.fee_guard import FeeGuard, Party
 from gateway.outbound.solana_rpc import SolanaRpc
-from gateway.store import Store, open_store
-from gateway.store.memory import MemoryStore
+from gateway.store import Store
 from gateway.x402.types import PaymentPayload, PaymentRequirements, SettleResponse
 from tests.support.adversarial_paid import drain_transaction
 from tests.support.paid_processes import eventually
+from tests.support.redis_fixtures import STORE_KINDS, fresh_store
 from tests.support.solana_fixtures import MakeFacilitator, exact_requirements
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_token_account
 
@@ -33,14 +33,12 @@ AMOUNT = 10_000
 FEE = 2 * 5_000  # two signatures; the builder's priority fee rounds to 0 lamports
 
 
-@pytest.fixture(params=["memory", "redis", "cluster"])
-async def guard_store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    """The guard's state on the in-process store, on Redis and on a Redis Cluster (the ones
-    replicas share)."""
-    if request.param == "memory":
-        store: Store = MemoryStore()
-    else:
-        store = open_store(request.getfixturevalue(f"clean_{request.param}_url"), None)
+@pytest.fixture(params=STORE_KINDS)
+async def guard_store(
+    request: pytest.FixtureRequest, upstash_url_and_token: tuple[str, str]
+) -> AsyncIterator[Store]:
+    """The guard's state on every backend: the in-process store and the ones replicas share."""
+    store = fresh_store(request, request.param, upstash_url_and_token)
     yield store
     await store.close()
 

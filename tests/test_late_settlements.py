@@ -19,12 +19,12 @@ from client.svm_payer import MintInfo, build_exact_transaction, build_payment_pa
 from gateway.facilitators.local import LocalFacilitator
 from gateway.methods.exact.fee_guard import FeeGuard, Party, Standing
 from gateway.outbound.solana_rpc import SolanaRpc
-from gateway.store import Store, keys, open_store
-from gateway.store.memory import MemoryStore
+from gateway.store import Store, keys
 from gateway.x402.svm import decode_transaction, payment_key
 from gateway.x402.types import PaymentPayload, PaymentRequirements
 from tests.support.adversarial_paid import drain_transaction
 from tests.support.paid_processes import eventually
+from tests.support.redis_fixtures import STORE_KINDS, fresh_store
 from tests.support.solana_fixtures import MakeFacilitator, exact_requirements
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_token_account
 
@@ -34,12 +34,11 @@ WAIT_S = 0.3
 LANDS_AFTER_S = 0.6
 
 
-@pytest.fixture(params=["memory", "redis", "cluster"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        found: Store = MemoryStore()
-    else:
-        found = open_store(request.getfixturevalue(f"clean_{request.param}_url"), None)
+@pytest.fixture(params=STORE_KINDS)
+async def store(
+    request: pytest.FixtureRequest, upstash_url_and_token: tuple[str, str]
+) -> AsyncIterator[Store]:
+    found = fresh_store(request, request.param, upstash_url_and_token)
     yield found
     await found.close()
 

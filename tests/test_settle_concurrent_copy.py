@@ -45,7 +45,7 @@ from gateway.methods.results import (
     Replay,
 )
 from gateway.routing.pricing import FacilitatorFee
-from gateway.store import Script, Store, keys, open_store
+from gateway.store import Script, Store, keys
 from gateway.store.memory import MemoryStore
 from gateway.x402 import svm
 from gateway.x402.headers import encode_header
@@ -64,6 +64,7 @@ from tests.support.inprocess import (
     settle_refused,
     settled,
 )
+from tests.support.redis_fixtures import STORE_KINDS, fresh_store
 from tests.test_credits import store
 
 __all__ = ["store"]  # the memory, Redis and cluster store, as the credit tests run on all three
@@ -101,12 +102,11 @@ class OneMessageFacilitator(RecordingFacilitator):
         return settled(LANDED)
 
 
-@pytest_asyncio.fixture(params=["memory", "redis", "cluster"])
-async def route(request: pytest.FixtureRequest) -> AsyncIterator[PaidRoute]:
-    if request.param == "memory":
-        yield paid_route(MemoryStore(), facilitator=OneMessageFacilitator)
-        return
-    store = open_store(request.getfixturevalue(f"clean_{request.param}_url"), None)
+@pytest_asyncio.fixture(params=STORE_KINDS)
+async def route(
+    request: pytest.FixtureRequest, upstash_url_and_token: tuple[str, str]
+) -> AsyncIterator[PaidRoute]:
+    store = fresh_store(request, request.param, upstash_url_and_token)
     try:
         yield paid_route(store, facilitator=OneMessageFacilitator)
     finally:

@@ -119,3 +119,26 @@ async def clean_store(clean_redis_url: str) -> AsyncIterator[Store]:
     store = open_store(clean_redis_url, None)
     yield store
     await store.close()
+
+
+STORE_KINDS = ("memory", "redis", "upstash", "cluster")
+"""Every backend a store's money behaviour is tested on."""
+
+
+def fresh_store(request: pytest.FixtureRequest, kind: str, upstash: tuple[str, str] | None = None) -> Store:
+    """A store of ``kind`` with nothing in it, for one test: the server behind it flushed
+    (Upstash's is the session's Redis). ``upstash`` is the ``upstash_url_and_token`` fixture,
+    taken by the caller as a direct dependency: pulled lazily from inside an async fixture, its
+    set-up would land in the running event loop."""
+    if kind == "memory":
+        from gateway.store.memory import MemoryStore
+
+        return MemoryStore()
+    if kind == "cluster":
+        return open_store(request.getfixturevalue("clean_cluster_url"), None)
+    url = request.getfixturevalue("clean_redis_url")
+    if kind == "upstash":
+        if upstash is None:
+            raise ValueError("an Upstash store needs the upstash_url_and_token fixture")
+        return open_store(*upstash)
+    return open_store(url, None)

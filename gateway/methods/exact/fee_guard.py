@@ -186,15 +186,27 @@ class FeeGuard:
         while True:
             if standing.cooling is not None:
                 return Turn("cooling_down")
-            hold = await funds() if funds is not None else None
-            if funds is not None and hold is None:
-                return Turn("insufficient_funds")
-            if await self.enter(token, standing, parties, hold):
-                return Turn("admitted", hold)
+            if await self.enter(token, standing, parties):
+                if funds is None:
+                    return Turn("admitted")
+                turn = await self._fund(token, parties, funds)
+                if turn is not None:
+                    return turn
             if time.monotonic() >= deadline:
                 return Turn("in_flight")
             await asyncio.sleep(WAIT_POLL_S)
             standing = await self.standing(parties, voucher=voucher)
+
+    async def _fund(self, token: str, parties: Sequence[Party], funds: Funds) -> Turn | None:
+        """With the parties' places held: the balance read now, the amount held against it. Read
+        only once the places are held, it shows the transfers of every settlement of theirs that
+        held them before and left (landed or failed), never a balance read before one of them
+        landed. None (the places given back) while other settlements in flight hold the funds."""
+        held = await funds()
+        if held is not None and await hold(self.store, [held], token, self.hold_ttl_ms):
+            return Turn("admitted", held)
+        await self.leave(token, parties)
+        return Turn("insufficient_funds") if held is None else None
 
     async def leave(self, token: str, parties: Sequence[Party], funds: Hold | None = None) -> None:
         held = [p.in_flight_key for p in parties] + ([funds.key] if funds is not None else [])
