@@ -133,7 +133,9 @@ async def test_the_drain_race_costs_the_fee_payer_one_failed_settlement_in_two_r
     facilitator = make_local_facilitator(chain, store=guard_store)
     owner = Keypair()
     chain.svm.airdrop(owner.pubkey(), 1_000_000_000)  # pays its own drain's fee
-    solana_rpc_server.land_delay_s = 0.3  # broadcast now, landed a moment later, as on a cluster
+    # Broadcast now, landed a moment later, as on a cluster: wide enough for our checks, which read
+    # the funds once the place is held, to see them still there on a loaded machine.
+    solana_rpc_server.land_delay_s = 1.0
     rpc = SolanaRpc(solana_rpc_server.url)
     before = chain.lamports(chain.fee_payer.pubkey())
     failed_on_chain = 0
