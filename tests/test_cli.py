@@ -1,4 +1,7 @@
-"""``x402-gateway check | routes | serve`` as subprocesses: reports, start-up, shutdown, and log lines."""
+"""``x402-gateway check | routes | serve`` as processes of their own: reports, start-up, shutdown, and
+log lines. Short commands run forked from the CLI's fork server (``run_cli``); one ``check`` and
+one ``routes`` go through the console script in a fresh interpreter (``run_script``), as do every
+``serve`` and the closed-pipe tests, which are about the process itself."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import pytest
 from solders.keypair import Keypair
 
 from tests.support import gateway_process
-from tests.support.gateway_process import clean_env, run_cli, serve
+from tests.support.gateway_process import clean_env, run_cli, run_script, serve
 from tests.support.ports import free_port
 
 PAY_TO = str(Keypair().pubkey())
@@ -211,7 +214,7 @@ def test_caps_an_external_facilitator_pays_for_are_not_the_operators_to_cover() 
 
 
 def test_check_with_good_config_prints_the_report_and_route_table() -> None:
-    result = run_cli({"GATEWAY_BASE_URL": "https://gw.example", **SECRET_ENV}, "check")
+    result = run_script({"GATEWAY_BASE_URL": "https://gw.example", **SECRET_ENV}, "check")
 
     assert result.returncode == 0, result.stderr
     assert "base URL:     https://gw.example" in result.stdout
@@ -291,7 +294,7 @@ def test_check_lists_environment_and_route_table_problems_together(tmp_path: Any
 
 
 def test_routes_prints_the_whole_expanded_table_without_any_environment() -> None:
-    result = run_cli({}, "routes")
+    result = run_script({}, "routes")
 
     assert result.returncode == 0, result.stderr
     table = _table(result.stdout)

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO
 
+from tests.support.cli_fork import run_forked
 from tests.support.ports import PORT_TAKEN, START_ATTEMPTS, free_port
 
 
@@ -38,7 +39,15 @@ def clean_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def run_cli(env: Mapping[str, str], *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """Run one short command (``check``, ``routes``, a refused ``serve``) to completion."""
+    """Run one short command (``check``, ``routes``, ``pay``, a refused ``serve``) to completion,
+    in a process forked from one that imported the CLI already (``tests/support/cli_fork.py``):
+    its own environment, streams and exit status, without a Python start and its imports."""
+    return run_forked([command()[0], *args], clean_env(env), timeout=timeout, base_env=clean_env({}))
+
+
+def run_script(env: Mapping[str, str], *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """``run_cli`` through the console script in a fresh interpreter: for the tests that prove
+    the entry point itself (each command family keeps one)."""
     return subprocess.run(
         [*command(), *args], env=clean_env(env), capture_output=True, text=True, timeout=timeout, check=False
     )

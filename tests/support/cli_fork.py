@@ -1,0 +1,286 @@
+"""Short ``x402-gateway`` commands run as real processes forked from one that imported the CLI
+already: a command's process costs its own work, not a Python start and some 0.4 s of imports.
+
+A fresh interpreter spends about 0.4 s of CPU importing the gateway, aiohttp and solders before
+``check`` or ``pay`` does anything; the suite runs a few hundred such commands. Here one server
+per test process (``python -m tests.support.cli_fork``, started on first use with the clean
+environment every command gets) imports them once and forks a child per command. The child is
+a process of its own, as a fresh one would be: the command's environment exactly (nothing of
+the server's), its arguments, working directory and three standard streams, Python's default
+signal dispositions, ``atexit`` run and the streams flushed at exit, and the exit status a
+fresh interpreter would give (``sys.exit``'s rules, 1 with a traceback on an exception).
+
+What only a fresh interpreter shows stays on one: the console script itself (its entry point,
+``python -m``), a stream closed under the command, a signal to a serving process. Those tests
+call ``run_script`` (``tests/support/gateway_process.py``), and every command family keeps one
+that does.
+
+Protocol, one Unix-socket connection per command: the client sends one JSON line (argv, env,
+cwd) with its stdin, stdout and stderr as passed descriptors; the server answers with the
+child's pid, then, when the child ended, its wait status. The server forks only while it has no
+thread, ends when its stdin closes (the test process ended), and never runs a command itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+PRELOADED = (
+    "gateway.cli",
+    "gateway.config",
+    "gateway.routing.routes",
+    "gateway.ledger.commands",
+    "gateway.sandbox.faucet",
+    "client.pay",
+    "client.credits",
+    "aiohttp",
+    "asyncpg",
+    "solders.keypair",
+    "solders.transaction",
+)
+"""What the commands run here import (lazily, inside ``main``): imported once, by the server."""
+
+MAX_REQUEST = 1 << 20
+
+
+# --- the server -------------------------------------------------------------------------------
+
+
+def _serve(path: str) -> None:
+    for name in PRELOADED:
+        __import__(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(sys.stdin, selectors.EVENT_READ, "parent")
+    print("ready", flush=True)
+    while True:
+        for key, _ in selector.select():
+            if key.data == "parent":
+                if not os.read(sys.stdin.fileno(), 1024):
+                    return  # the test process ended
+            elif key.data == "accept":
+                connection, _ = listener.accept()
+                started = _fork(connection, listener, selector)
+                if started is not None:
+                    selector.register(started[0], selectors.EVENT_READ, (connection, started[1]))
+            else:
+                pidfd = key.fileobj
+                connection, pid = key.data
+                selector.unregister(pidfd)
+                os.close(pidfd)  # type: ignore[arg-type]
+                _, status = os.waitpid(pid, 0)
+                with contextlib.suppress(OSError):
+                    connection.sendall(f"{status}\n".encode())
+                connection.close()
+
+
+def _fork(
+    connection: socket.socket, listener: socket.socket, selector: selectors.BaseSelector
+) -> tuple[int, int] | None:
+    """Read one request and fork its child; its pidfd and pid (None: a broken request)."""
+    try:
+        message, fds, _, _ = socket.recv_fds(connection, MAX_REQUEST, 3)
+        request = json.loads(message)
+    except (OSError, ValueError):
+        connection.close()
+        return None
+    if len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        connection.close()
+        return None
+    assert threading.active_count() == 1, "a thread in the fork server: forking would be unsafe"
+    pid = os.fork()
+    if pid == 0:
+        selector.close()
+        listener.close()
+        connection.close()
+        _run_child(request, fds)  # never returns
+    for fd in fds:
+        os.close(fd)
+    connection.sendall(f"{pid}\n".encode())
+    return os.pidfd_open(pid), pid
+
+
+def _run_child(request: dict[str, object], fds: list[int]) -> None:
+    """In the child: become the command's process, run ``main`` as the console script does, exit
+    as a fresh interpreter would."""
+    code = 1
+    try:
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(str(request["cwd"]))
+        env = request["env"]
+        assert isinstance(env, dict)
+        os.environ.clear()
+        os.environ.update(env)
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _standard_streams(unbuffered=bool(env.get("PYTHONUNBUFFERED")))
+        argv = request["argv"]
+        assert isinstance(argv, list)
+        sys.argv = [str(arg) for arg in argv]
+        from gateway.cli import main
+
+        code = _exit_code(main())
+    except SystemExit as exit_:
+        code = _exit_code(exit_.code)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                code = 120  # as Python's own exit does when the final flush fails
+        os._exit(code)
+
+
+def _standard_streams(*, unbuffered: bool) -> None:
+    """New ``sys.stdin``, ``stdout`` and ``stderr`` on descriptors 0-2, as a fresh interpreter
+    makes them (the server's encoding and error handlers: it started with the commands' locale)."""
+    made = []
+    for fd, mode, old in ((0, "rb", sys.stdin), (1, "wb", sys.stdout), (2, "wb", sys.stderr)):
+        raw = io.FileIO(fd, mode, closefd=False)
+        buffered: io.RawIOBase | io.BufferedIOBase
+        if fd == 0:
+            buffered = io.BufferedReader(raw)
+        elif unbuffered:
+            buffered = raw
+        else:
+            buffered = io.BufferedWriter(raw)
+        made.append(
+            io.TextIOWrapper(
+                buffered,
+                encoding=old.encoding,
+                errors=old.errors,
+                line_buffering=fd == 2 and not unbuffered,
+                write_through=unbuffered or fd == 2,
+            )
+        )
+    sys.stdin, sys.stdout, sys.stderr = made
+    for name, stream in zip(("__stdin__", "__stdout__", "__stderr__"), made, strict=True):
+        setattr(sys, name, stream)
+
+
+def _exit_code(code: object) -> int:
+    """``sys.exit(code)``'s status: None 0, an int itself, anything else printed and 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+# --- the client -------------------------------------------------------------------------------
+
+
+class _Server:
+    """This process's fork server, started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._path = ""
+
+    def path(self, env: Mapping[str, str]) -> str:
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                folder = tempfile.mkdtemp(prefix="cli-fork-")
+                self._path = os.path.join(folder, "s")
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "tests.support.cli_fork", self._path],
+                    env=dict(env),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    cwd=str(Path(__file__).resolve().parents[2]),
+                )
+                assert self._process.stdout is not None
+                ready = self._process.stdout.readline()
+                if ready != b"ready\n":
+                    raise RuntimeError(f"the CLI fork server did not start: {ready!r}")
+                atexit.register(self.stop)
+            return self._path
+
+    def stop(self) -> None:
+        """End the server (it exits when its stdin closes) and reap it, with the commands' CPU."""
+        with self._lock:
+            process, self._process = self._process, None
+        if process is not None and process.stdin is not None:
+            process.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+
+
+_SERVER = _Server()
+
+
+def stop_server() -> None:
+    """End this process's fork server, if it started (at the end of the session: an xdist worker
+    may leave without running ``atexit``)."""
+    _SERVER.stop()
+
+
+def run_forked(
+    argv: Sequence[str], env: Mapping[str, str], *, timeout: float, base_env: Mapping[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)`` for an
+    ``x402-gateway`` command, its process forked from the server (started with ``base_env``)."""
+    path = _SERVER.path(base_env)
+    with (
+        tempfile.TemporaryFile() as stdout,
+        tempfile.TemporaryFile() as stderr,
+        open(os.devnull, "rb") as stdin,
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection,
+    ):
+        connection.connect(path)
+        request = {"argv": list(argv), "env": dict(env), "cwd": os.getcwd()}
+        socket.send_fds(
+            connection, [json.dumps(request).encode()], [stdin.fileno(), stdout.fileno(), stderr.fileno()]
+        )
+        reader = connection.makefile("rb")
+        pid = int(reader.readline())
+        connection.settimeout(timeout)
+        try:
+            status = int(reader.readline())
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            raise subprocess.TimeoutExpired(list(argv), timeout) from None
+        returncode = os.waitstatus_to_exitcode(status)
+        outputs = []
+        for stream in (stdout, stderr):
+            stream.seek(0)
+            outputs.append(_text(stream.read()))
+    return subprocess.CompletedProcess(list(argv), returncode, outputs[0], outputs[1])
+
+
+def _text(data: bytes) -> str:
+    """As ``subprocess.run(text=True)`` decodes (the locale's encoding, universal newlines)."""
+    return io.TextIOWrapper(io.BytesIO(data)).read()
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])
