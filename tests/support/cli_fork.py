@@ -28,6 +28,7 @@ import contextlib
 import io
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -55,6 +57,7 @@ PRELOADED = (
 """What the commands run here import (lazily, inside ``main``): imported once, by the server."""
 
 MAX_REQUEST = 1 << 20
+MAX_FD = 65536
 
 
 # --- the server -------------------------------------------------------------------------------
@@ -124,9 +127,11 @@ def _run_child(request: dict[str, object], fds: list[int]) -> None:
     as a fresh interpreter would."""
     code = 1
     try:
+        if request.get("new_session"):
+            os.setsid()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
-            os.close(fd)
+        os.closerange(3, MAX_FD)  # as Popen's close_fds: nothing of the server's, nor other commands'
         os.chdir(str(request["cwd"]))
         env = request["env"]
         assert isinstance(env, dict)
@@ -243,33 +248,105 @@ def stop_server() -> None:
     _SERVER.stop()
 
 
+class ForkedProcess:
+    """A command's forked process, as much of ``subprocess.Popen`` as the tests use: ``pid``,
+    ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``. Its exit
+    status comes from the fork server (its parent) over the command's connection."""
+
+    def __init__(self, args: list[str], connection: socket.socket) -> None:
+        self.args = args
+        self.returncode: int | None = None
+        self._connection = connection
+        self._buffer = b""
+        self._lock = threading.Lock()
+        line = self._line(30)
+        if line is None:
+            connection.close()
+            raise RuntimeError("the CLI fork server did not fork")
+        self.pid = int(line)
+
+    def _line(self, timeout: float | None) -> bytes | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self._connection], [], [], left)
+            if not ready:
+                return None
+            chunk = self._connection.recv(4096)
+            if not chunk:
+                raise RuntimeError("the CLI fork server went away")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self._lock:
+            if self.returncode is None:
+                line = self._line(timeout)
+                if line is None:
+                    raise subprocess.TimeoutExpired(self.args, timeout or 0)
+                self.returncode = os.waitstatus_to_exitcode(int(line))
+                self._connection.close()
+            return self.returncode
+
+    def poll(self) -> int | None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self.wait(0)
+        return None
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def start_forked(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    streams: tuple[int, int, int],
+    *,
+    base_env: Mapping[str, str],
+    new_session: bool = False,
+) -> ForkedProcess:
+    """``subprocess.Popen(argv, env=env, stdin/stdout/stderr=streams, start_new_session=...)``
+    for an ``x402-gateway`` command, its process forked from the server (started with
+    ``base_env``)."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(_SERVER.path(base_env))
+        request = {"argv": list(argv), "env": dict(env), "cwd": os.getcwd(), "new_session": new_session}
+        socket.send_fds(connection, [json.dumps(request).encode()], list(streams))
+        return ForkedProcess(list(argv), connection)
+    except BaseException:
+        connection.close()
+        raise
+
+
 def run_forked(
     argv: Sequence[str], env: Mapping[str, str], *, timeout: float, base_env: Mapping[str, str]
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)`` for an
     ``x402-gateway`` command, its process forked from the server (started with ``base_env``)."""
-    path = _SERVER.path(base_env)
     with (
         tempfile.TemporaryFile() as stdout,
         tempfile.TemporaryFile() as stderr,
         open(os.devnull, "rb") as stdin,
-        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection,
     ):
-        connection.connect(path)
-        request = {"argv": list(argv), "env": dict(env), "cwd": os.getcwd()}
-        socket.send_fds(
-            connection, [json.dumps(request).encode()], [stdin.fileno(), stdout.fileno(), stderr.fileno()]
+        process = start_forked(
+            argv, env, (stdin.fileno(), stdout.fileno(), stderr.fileno()), base_env=base_env
         )
-        reader = connection.makefile("rb")
-        pid = int(reader.readline())
-        connection.settimeout(timeout)
         try:
-            status = int(reader.readline())
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            returncode = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
             raise subprocess.TimeoutExpired(list(argv), timeout) from None
-        returncode = os.waitstatus_to_exitcode(status)
         outputs = []
         for stream in (stdout, stderr):
             stream.seek(0)
