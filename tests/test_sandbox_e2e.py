@@ -41,8 +41,9 @@ ROOT_URL = "http://127.0.0.1"
 
 @pytest.fixture
 def sandbox() -> Iterator[Sandbox]:
-    """A sandbox of the test's own: it pays from the demo wallet, or stops the sandbox."""
-    with run_sandbox() as running:
+    """A sandbox of the test's own: it pays from the demo wallet, or stops the sandbox. Through
+    the console script, as a user starts it (the other sandboxes here are forked)."""
+    with run_sandbox(script=True) as running:
         yield running
 
 
