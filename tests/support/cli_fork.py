@@ -1,19 +1,25 @@
-"""Short ``x402-gateway`` commands run as real processes forked from one that imported the CLI
-already: a command's process costs its own work, not a Python start and some 0.4 s of imports.
+"""``x402-gateway`` commands (short ones, ``serve``, ``sandbox``) run as real processes forked
+from one that imported the CLI already: a process costs its own work, not a Python start and
+some 0.4 s of imports.
 
 A fresh interpreter spends about 0.4 s of CPU importing the gateway, aiohttp and solders before
-``check`` or ``pay`` does anything; the suite runs a few hundred such commands. Here one server
-per test process (``python -m tests.support.cli_fork``, started on first use with the clean
-environment every command gets) imports them once and forks a child per command. The child is
-a process of its own, as a fresh one would be: the command's environment exactly (nothing of
-the server's), its arguments, working directory and three standard streams, Python's default
-signal dispositions, ``atexit`` run and the streams flushed at exit, and the exit status a
-fresh interpreter would give (``sys.exit``'s rules, 1 with a traceback on an exception).
+``check`` or ``pay`` does anything; the suite runs a few hundred commands and a hundred-odd
+gateways. Here one server per test process (``python -m tests.support.cli_fork``, started on
+first use with the clean environment every command gets) imports them once and forks a child
+per command. The child is a process of its own, as a fresh one would be: the command's
+environment exactly (nothing of the server's), its arguments, working directory and three
+standard streams (no other descriptor), a session of its own when asked (as
+``start_new_session``), Python's default signal dispositions, ``atexit`` run and the streams
+flushed at exit, and the exit status a fresh interpreter would give (``sys.exit``'s rules, 1
+with a traceback on an exception). ``serve``'s hypercorn workers are spawned as always, fresh.
 
-What only a fresh interpreter shows stays on one: the console script itself (its entry point,
-``python -m``), a stream closed under the command, a signal to a serving process. Those tests
-call ``run_script`` (``tests/support/gateway_process.py``), and every command family keeps one
-that does.
+What only a fresh interpreter shows stays on one: the console script itself (its entry point),
+a stream closed under the command. Those tests call ``run_script``, ``serve(script=True)`` or
+``run_sandbox(script=True)``, and every command family keeps one that does.
+
+Where the platform cannot (no ``fork``, pidfds or descriptor passing), or a command's
+environment sets what the interpreter reads only as it starts (``LANG``, a ``PYTHON*`` variable,
+``forkable``), the command runs through the console script instead.
 
 Protocol, one Unix-socket connection per command: the client sends one JSON line (argv, env,
 cwd) with its stdin, stdout and stderr as passed descriptors; the server answers with the
@@ -62,6 +68,19 @@ PRELOADED = (
 
 MAX_REQUEST = 1 << 20
 MAX_FD = 65536
+STARTUP_VARIABLES = ("LANG", "LC_ALL", "LC_CTYPE")
+"""Read by the interpreter as it starts (with every ``PYTHON*`` but ``PYTHONUNBUFFERED``, which
+the child's streams follow): a command whose value differs from the server's needs a fresh one."""
+
+
+def forkable(env: Mapping[str, str], base_env: Mapping[str, str]) -> bool:
+    """Whether a command with ``env`` can fork from a server started with ``base_env``: the
+    platform can (``fork``, pidfds, descriptor passing), and nothing the interpreter reads only
+    as it starts differs."""
+    if not (hasattr(os, "fork") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")):
+        return False
+    names = {n for n in (*env, *base_env) if n.startswith("PYTHON") or n in STARTUP_VARIABLES}
+    return all(env.get(n) == base_env.get(n) for n in names - {"PYTHONUNBUFFERED"})
 
 
 # --- the server -------------------------------------------------------------------------------

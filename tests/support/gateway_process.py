@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO
 
-from tests.support.cli_fork import ForkedProcess, run_forked, start_forked
+from tests.support.cli_fork import ForkedProcess, forkable, run_forked, start_forked
 from tests.support.ports import PORT_TAKEN, START_ATTEMPTS, free_port
 
 
@@ -42,6 +42,8 @@ def run_cli(env: Mapping[str, str], *args: str, timeout: float = 30) -> subproce
     """Run one short command (``check``, ``routes``, ``pay``, a refused ``serve``) to completion,
     in a process forked from one that imported the CLI already (``tests/support/cli_fork.py``):
     its own environment, streams and exit status, without a Python start and its imports."""
+    if not forkable(clean_env(env), clean_env({})):
+        return run_script(env, *args, timeout=timeout)
     return run_forked([command()[0], *args], clean_env(env), timeout=timeout, base_env=clean_env({}))
 
 
@@ -130,7 +132,7 @@ def serve(
             argv = ["serve", "--host", "127.0.0.1", "--port", str(port), *args]
             process_env = clean_env({"GATEWAY_BASE_URL": url, **env})
             process: subprocess.Popen[bytes] | ForkedProcess
-            if script:
+            if script or not forkable(process_env, clean_env({})):
                 process = subprocess.Popen(
                     [*command(), *argv],
                     env=process_env,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tests.support.cli_fork import ForkedProcess, start_forked
+from tests.support.cli_fork import ForkedProcess, forkable, start_forked
 from tests.support.gateway_process import clean_env, command, kill_group, read_output
 from tests.support.ports import PORT_TAKEN, START_ATTEMPTS, free_port
 
@@ -89,7 +89,7 @@ def _start(
         stream.truncate()
     argv = ["sandbox", *(("--port", str(port)) if port_flag else ()), *args]
     process: subprocess.Popen[bytes] | ForkedProcess
-    if script:
+    if script or not forkable(clean_env(env), clean_env({})):
         process = subprocess.Popen(
             [*command(), *argv], env=clean_env(env), stdout=stdout, stderr=stderr, start_new_session=True
         )
