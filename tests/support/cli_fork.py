@@ -55,6 +55,8 @@ PRELOADED = (
     "gateway.sandbox.faucet",
     "gateway.sandbox.run",
     "gateway.app",
+    "gateway.mcp.endpoint",
+    "hypercorn.asyncio",
     "hypercorn.config",
     "hypercorn.run",
     "client.pay",
