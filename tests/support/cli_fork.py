@@ -384,5 +384,38 @@ def _text(data: bytes) -> str:
     return io.TextIOWrapper(io.BytesIO(data)).read()
 
 
+def launcher(base_env: Mapping[str, str]) -> list[str]:
+    """The command line of a launcher (this file, run by path: it imports only the standard
+    library) that has the command appended to it forked from this process's server, started
+    with ``base_env``; for a program that starts the command itself (an MCP client over stdio)."""
+    return [sys.executable, str(Path(__file__).resolve()), "--exec", _SERVER.path(base_env)]
+
+
+def _launch(path: str, argv: list[str]) -> None:
+    """The launcher: ``argv`` forked from the server at ``path`` with this process's streams,
+    environment and working directory; the signals its parent sends passed on; ends as the
+    command ended (by the same signal, when a signal ended it)."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.connect(path)
+    request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "new_session": False}
+    socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
+    process = ForkedProcess(argv, connection)
+
+    def pass_on(signum: int, _: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signum)  # not send_signal: wait() holds its lock meanwhile
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, pass_on)
+    code = process.wait()
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    if sys.argv[1] == "--exec":
+        _launch(sys.argv[2], sys.argv[3:])
+    else:
+        _serve(sys.argv[1])

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO
 
-from tests.support.cli_fork import ForkedProcess, forkable, run_forked, start_forked
+from tests.support.cli_fork import ForkedProcess, forkable, launcher, run_forked, start_forked
 from tests.support.ports import PORT_TAKEN, START_ATTEMPTS, free_port
 
 
@@ -28,6 +28,16 @@ def command() -> list[str]:
     """The installed console script, else the same entry point through this interpreter."""
     script = shutil.which("x402-gateway")
     return [script] if script else [sys.executable, "-m", "gateway.cli"]
+
+
+def launched_command(env: Mapping[str, str]) -> list[str]:
+    """``command()`` for a program that starts the command itself with ``clean_env(env)`` (an
+    MCP client over stdio): a launcher that has it forked from the fork server on the launcher's
+    own streams, passing signals on (``tests/support/cli_fork.py``); the console script where
+    the command could not fork."""
+    if not forkable(clean_env(env), clean_env({})):
+        return command()
+    return [*launcher(clean_env({})), command()[0]]
 
 
 def clean_env(env: Mapping[str, str]) -> dict[str, str]:
