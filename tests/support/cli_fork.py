@@ -143,7 +143,8 @@ def _fork(
         _run_child(request, fds)  # never returns
     for fd in fds:
         os.close(fd)
-    connection.sendall(f"{pid}\n".encode())
+    with contextlib.suppress(OSError):  # a client gone meanwhile: its child is still reaped
+        connection.sendall(f"{pid}\n".encode())
     return os.pidfd_open(pid), pid
 
 
