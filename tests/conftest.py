@@ -28,6 +28,7 @@ import pytest
 from xdist import plugin as xdist_plugin
 
 from tests.support.assert_rewrite import rewrite_for_workers
+from tests.support.cli_fork import stop_server
 
 pytest_plugins = [
     "tests.support.redis_fixtures",
@@ -60,6 +61,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish() -> None:
     for thread in _rewriting:
         thread.join()
+    stop_server()  # the CLI's fork server (tests/support/cli_fork.py), if this process started it
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:

@@ -1,4 +1,7 @@
-"""``x402-gateway check | routes | serve`` as subprocesses: reports, start-up, shutdown, and log lines."""
+"""``x402-gateway check | routes | serve`` as processes of their own: reports, start-up, shutdown, and
+log lines. Short commands run forked from the CLI's fork server (``run_cli``); one ``check`` and
+one ``routes`` go through the console script in a fresh interpreter (``run_script``), as do the
+``serve`` tests (``script=True``) and the closed-pipe tests, which are about the process itself."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import pytest
 from solders.keypair import Keypair
 
 from tests.support import gateway_process
-from tests.support.gateway_process import clean_env, run_cli, serve
+from tests.support.gateway_process import clean_env, run_cli, run_script, serve
 from tests.support.ports import free_port
 
 PAY_TO = str(Keypair().pubkey())
@@ -211,7 +214,7 @@ def test_caps_an_external_facilitator_pays_for_are_not_the_operators_to_cover() 
 
 
 def test_check_with_good_config_prints_the_report_and_route_table() -> None:
-    result = run_cli({"GATEWAY_BASE_URL": "https://gw.example", **SECRET_ENV}, "check")
+    result = run_script({"GATEWAY_BASE_URL": "https://gw.example", **SECRET_ENV}, "check")
 
     assert result.returncode == 0, result.stderr
     assert "base URL:     https://gw.example" in result.stdout
@@ -291,7 +294,7 @@ def test_check_lists_environment_and_route_table_problems_together(tmp_path: Any
 
 
 def test_routes_prints_the_whole_expanded_table_without_any_environment() -> None:
-    result = run_cli({}, "routes")
+    result = run_script({}, "routes")
 
     assert result.returncode == 0, result.stderr
     table = _table(result.stdout)
@@ -370,7 +373,7 @@ def test_help_texts_describe_every_option_without_markup() -> None:
 def test_serve_with_every_group_off_warns_of_each_answers_the_public_routes_and_stops_on_sigterm() -> None:
     """One process for both halves: what it serves, and what it said at start-up (it is never
     ready, having nothing to sell)."""
-    with serve(SERVICE_ONLY) as gateway:
+    with serve(SERVICE_ONLY, script=True) as gateway:
         health = _request(f"{gateway.url}/healthz")
         catalog = _request(f"{gateway.url}/v1/catalog")
         preflight = _request(f"{gateway.url}/v1/catalog", "OPTIONS")
@@ -412,7 +415,7 @@ def test_serve_with_every_group_off_warns_of_each_answers_the_public_routes_and_
 
 
 def test_serve_says_ready_once_it_can_sell() -> None:
-    with serve({**SECRET_ENV, "ROUTE_GROUPS": "tokens"}) as gateway:
+    with serve({**SECRET_ENV, "ROUTE_GROUPS": "tokens"}, script=True) as gateway:
         _request(f"{gateway.url}/healthz")
         gateway.terminate()
         messages = [line["msg"] for line in _json_lines(gateway.stdout())]
@@ -477,7 +480,7 @@ def test_serve_logs_one_json_line_per_request_and_never_a_secret() -> None:
     env = {**SECRET_ENV, "FACILITATOR_WALLET_BASE58": wallet, "FACILITATOR_API_KEY_SECRET": cdp_secret}
     env["LOG_CHALLENGES"] = "all"  # the two 402 challenges too (by default they are counted instead)
 
-    with serve(env) as gateway:
+    with serve(env, script=True) as gateway:
         statuses = [_request(f"{gateway.url}{path}", method)[0] for method, path, _ in REQUESTS]
         paid = _request(f"{gateway.url}/v1/x402/solana/mainnet/provider_a/rpc/getBalance", "POST", b"{}")[0]
         assert gateway.terminate() == 0

@@ -367,7 +367,7 @@ async def _snippets_of(url: str, path: str) -> dict[str, str]:
 def test_the_pay_and_python_snippets_pay_the_sandbox_as_pasted(tmp_path: Path) -> None:
     """Copied from the sandbox's own /docs and run with the banner's export line: each pays the
     route's price once."""
-    with run_sandbox() as sandbox:
+    with run_sandbox(script=True) as sandbox:
         snippets = asyncio.run(_snippets_of(sandbox.url, GET_BALANCE))
         price = _sandbox_price(sandbox.url)
         before = sandbox_usdc(sandbox, sandbox.wallet)

@@ -24,7 +24,7 @@ from gateway.ledger.entries import Entry, SettledPayment
 from gateway.ledger.reconcile import Difference, reconcile
 from gateway.outbound.solana_rpc import SolanaRpc
 from tests.support.adversarial_credit import TOP_UP_1_CREDIT
-from tests.support.gateway_process import run_cli
+from tests.support.gateway_process import run_cli, run_script
 from tests.support.ledger_served import (
     LedgerGateway,
     settle_activity,
@@ -279,8 +279,8 @@ async def test_an_unreachable_node_or_database_exits_3_without_a_traceback(ledge
         "--usdc-mint",
         str(ledger.chain.mint),
     ]
-    no_node = await asyncio.to_thread(
-        run_cli, {}, *base, "--rpc", "http://127.0.0.1:9", "--database", ledger.journal_url
+    no_node = await asyncio.to_thread(  # through the console script: the entry point itself
+        run_script, {}, *base, "--rpc", "http://127.0.0.1:9", "--database", ledger.journal_url
     )
     no_database = await asyncio.to_thread(
         run_cli, {}, *base, "--rpc", ledger.rpc.url, "--database", "postgresql://u:secret@127.0.0.1:9/none"

@@ -21,7 +21,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from prometheus_client import REGISTRY
 from solders.keypair import Keypair
 
-from tests.support.gateway_process import clean_env, command, run_cli
+from tests.support.gateway_process import clean_env, launched_command, run_cli
 from tests.support.mcp_client import (
     BALANCE_META,
     GET_BALANCE_CREDIT,
@@ -61,8 +61,9 @@ def key_file(tmp_path: Path, keypair: Keypair) -> Path:
 
 @asynccontextmanager
 async def bridge(paid: PaidGateway, wallet: Path, *options: str) -> AsyncIterator[ClientSession]:
-    """``x402-gateway mcp`` on ``paid``, as an MCP client starts it, initialized."""
-    [program, *args] = command()
+    """``x402-gateway mcp`` on ``paid``, as an MCP client starts it, initialized. Forked from the
+    fork server through its launcher (tests/test_sandbox_mcp.py starts the console script)."""
+    [program, *args] = launched_command({})
     params = StdioServerParameters(
         command=program,
         args=[*args, "mcp", "--gateway", paid.url, "--keypair", str(wallet), "--rpc", paid.rpc.url, *options],

@@ -176,7 +176,7 @@ def _pays_the_sandbox(command: list[str], example: str) -> None:
     """Run ``command`` (the example) against a fresh sandbox with nothing but the variables of
     the banner's ``export`` line, which must set every one the example reads; it must pay
     exactly once."""
-    with run_sandbox() as sandbox:
+    with run_sandbox(script=True) as sandbox:
         price = _price(sandbox, sandbox.wallet)
         before = (_usdc_of(sandbox, sandbox.wallet), _usdc_of(sandbox, sandbox.pay_to))
         assert sandbox.exports == {
@@ -213,7 +213,7 @@ def _credit_price(sandbox: Sandbox) -> int:
 def _buys_credit_and_calls_on_it(command: list[str], example: str) -> None:
     """Run the credit example against a fresh sandbox: one top-up moves its USDC, the four calls
     after it (two signing in, two on a credit session) none, each printing the credit it left."""
-    with run_sandbox() as sandbox:
+    with run_sandbox(script=True) as sandbox:
         assert _variables_read(example) == set(sandbox.exports)
         price = _credit_price(sandbox)
         before = (_usdc_of(sandbox, sandbox.wallet), _usdc_of(sandbox, sandbox.pay_to))
@@ -345,7 +345,7 @@ def test_the_quick_start_and_credit_shell_blocks_run_as_pasted_against_the_sandb
     placeholders = set(re.findall(r"<[^>]+>", quick))
     assert placeholders <= set(BANNER_PLACEHOLDERS), placeholders - set(BANNER_PLACEHOLDERS)
     assert not re.search(r"<[a-zA-Z][^>]*>", credit), "the credit block runs after the export line alone"
-    with run_sandbox() as sandbox:
+    with run_sandbox(script=True) as sandbox:
         exported = re.search(r"^export (.*)$", quick, re.M)
         assert exported and set(re.findall(r"(\w+)=", exported[1])) == set(sandbox.exports)
         price, credit_price = _price(sandbox, sandbox.wallet), _credit_price(sandbox)

@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from solders.token.associated import get_associated_token_address
 from client.pay import usdc_text
 from gateway import cli
 from gateway.x402.types import USDC_MAINNET_MINT
-from tests.support.gateway_process import clean_env, command, kill_group, read_output, run_cli
+from tests.support.gateway_process import clean_env, command, kill_group, read_output, run_cli, run_script
 from tests.support.ports import free_port
 from tests.support.sandbox_process import Sandbox, banner_value, run_sandbox
 
@@ -41,8 +41,9 @@ ROOT_URL = "http://127.0.0.1"
 
 @pytest.fixture
 def sandbox() -> Iterator[Sandbox]:
-    """A sandbox of the test's own: it pays from the demo wallet, or stops the sandbox."""
-    with run_sandbox() as running:
+    """A sandbox of the test's own: it pays from the demo wallet, or stops the sandbox. Through
+    the console script, as a user starts it (the other sandboxes here are forked)."""
+    with run_sandbox(script=True) as running:
         yield running
 
 
@@ -82,13 +83,19 @@ def _advertised_price(url: str, method: str, data: str | None) -> int:
 
 
 def _pay(
-    sandbox: Sandbox, method: str, url: str, data: str | None, key_file: Path | None = None
+    sandbox: Sandbox,
+    method: str,
+    url: str,
+    data: str | None,
+    key_file: Path | None = None,
+    run: Callable[..., subprocess.CompletedProcess[str]] = run_cli,
 ) -> subprocess.CompletedProcess[str]:
+    """``x402-gateway pay``, forked (``run_cli``), or through the console script (``run_script``)."""
     key = str(key_file or sandbox.key_file)
-    args = [*command(), "pay", method, url, "--keypair", key, "--rpc", sandbox.rpc_url]
+    args = ["pay", method, url, "--keypair", key, "--rpc", sandbox.rpc_url]
     if data is not None:
         args += ["--data", data]
-    return subprocess.run(args, env=clean_env({}), capture_output=True, text=True, timeout=30, check=False)
+    return run({}, *args)
 
 
 def test_sandbox_pay_moves_exactly_the_advertised_prices(sandbox: Sandbox) -> None:
@@ -115,7 +122,7 @@ def test_sandbox_pay_moves_exactly_the_advertised_prices(sandbox: Sandbox) -> No
     wallet_before, pay_to_before = _usdc(sandbox, sandbox.wallet), _usdc(sandbox, sandbox.pay_to)
 
     for (method, url, data, expected), price in zip(calls, prices, strict=True):
-        done = _pay(sandbox, method, url, data)
+        done = _pay(sandbox, method, url, data, run=run_script)  # the entry point, as pasted
         assert done.returncode == 0, f"{url}: {done.stderr}"
         body = json.loads(done.stdout)
         assert expected in json.dumps(body)
@@ -154,21 +161,20 @@ def test_pay_exits_non_zero_with_one_line_reason_when_the_wallet_holds_no_usdc(
     assert _usdc(sandbox, sandbox.wallet) == wallet_before
 
 
-def _balance(sandbox: Sandbox, wallet: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*command(), "balance", wallet, "--rpc", sandbox.rpc_url, *extra],
-        env=clean_env({}),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+def _balance(
+    sandbox: Sandbox, wallet: str, *extra: str, run: Callable[..., subprocess.CompletedProcess[str]] = run_cli
+) -> subprocess.CompletedProcess[str]:
+    """``x402-gateway balance``, forked (``run_cli``), or through the console script (``run_script``)."""
+    return run({}, "balance", wallet, "--rpc", sandbox.rpc_url, *extra)
 
 
-def _run_printed(sandbox: Sandbox, line: list[str]) -> subprocess.CompletedProcess[str]:
-    """One command as the banner printed it (``x402-gateway`` is the installed entry point)."""
+def _run_printed(
+    sandbox: Sandbox, line: list[str], run: Callable[..., subprocess.CompletedProcess[str]] = run_cli
+) -> subprocess.CompletedProcess[str]:
+    """One command as the banner printed it (``x402-gateway`` is the installed entry point:
+    ``run_script`` runs it, ``run_cli`` forks the same command)."""
     assert line[0] == "x402-gateway"
-    return run_cli({}, *line[1:])
+    return run({}, *line[1:])
 
 
 def test_state_dir_keeps_the_wallet_balances_and_ports_so_printed_commands_work_after_a_restart(
@@ -239,7 +245,7 @@ def test_credit_bought_in_the_sandbox_is_spent_without_a_transaction_and_kept_ac
         assert balance == ["x402-gateway", "credits", first.url, "--keypair", str(first.key_file)]
         start = _usdc(first, first.wallet)
 
-        bought = _run_printed(first, top_up)
+        bought = _run_printed(first, top_up, run_script)
         spent = _run_printed(first, on_credit)
         after = (_usdc(first, first.wallet), _usdc(first, first.pay_to))
         first.process.send_signal(signal.SIGTERM)
@@ -399,7 +405,7 @@ def test_balance_prints_usdc_and_sol_of_any_wallet_on_the_sandbox_chain(idle_san
     sandbox = idle_sandbox
     assert banner_value(sandbox.banner, "facilitator") == "internal,"
     fee_payer = sandbox.banner.split("fee payer ", 1)[1].split()[0]
-    shown = json.loads(_balance(sandbox, fee_payer, "--json").stdout)
+    shown = json.loads(_balance(sandbox, fee_payer, "--json", run=run_script).stdout)
     assert shown["ok"] is True and shown["usdc"] == 0 and shown["lamports"] == 100 * 10**9
     stranger = str(Keypair().pubkey())
     text = _balance(sandbox, stranger).stdout
@@ -447,7 +453,7 @@ def test_sandbox_fund_gives_a_wallet_of_your_own_usdc_and_sol_to_pay_with(
     key_file.write_text(json.dumps(list(bytes(key))))
     wallet = str(key.pubkey())
 
-    funded = _run_printed(sandbox, _fund_line(sandbox, wallet))
+    funded = _run_printed(sandbox, _fund_line(sandbox, wallet), run_script)
     again = run_cli({}, "sandbox", "fund", wallet, "--usdc", "0.5", "--sol", "0", "--rpc", sandbox.rpc_url)
 
     assert funded.returncode == 0, funded.stderr

@@ -141,6 +141,9 @@ def test_sales_top_ups_and_credit_are_journaled_and_kept_across_a_restart(workdi
         pid = _server_pid(url)
         top_up, on_credit, _ = first.credit_commands
         _run(first.commands[1])  # a paid call, settled on chain: a sale
+        # A sale is journaled once settled, after its answer: in the journal before the top-up
+        # only when the top-up waits for it (a pay command can be back in milliseconds).
+        _journal_when(url, first.wallet, 1)
         assert "paid 1.00 USDC" in _run(top_up).stderr
         assert "0.999995 USDC of credit left" in _run(on_credit).stderr
         entries, owed = _journal_when(url, first.wallet, 3)

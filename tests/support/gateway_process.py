@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO
 
+from tests.support.cli_fork import ForkedProcess, forkable, launcher, run_forked, start_forked
 from tests.support.ports import PORT_TAKEN, START_ATTEMPTS, free_port
 
 
@@ -27,6 +28,16 @@ def command() -> list[str]:
     """The installed console script, else the same entry point through this interpreter."""
     script = shutil.which("x402-gateway")
     return [script] if script else [sys.executable, "-m", "gateway.cli"]
+
+
+def launched_command(env: Mapping[str, str]) -> list[str]:
+    """``command()`` for a program that starts the command itself with ``clean_env(env)`` (an
+    MCP client over stdio): a launcher that has it forked from the fork server on the launcher's
+    own streams, passing signals on (``tests/support/cli_fork.py``); the console script where
+    the command could not fork."""
+    if not forkable(clean_env(env), clean_env({})):
+        return command()
+    return [*launcher(clean_env({})), command()[0]]
 
 
 def clean_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -38,7 +49,17 @@ def clean_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def run_cli(env: Mapping[str, str], *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """Run one short command (``check``, ``routes``, a refused ``serve``) to completion."""
+    """Run one short command (``check``, ``routes``, ``pay``, a refused ``serve``) to completion,
+    in a process forked from one that imported the CLI already (``tests/support/cli_fork.py``):
+    its own environment, streams and exit status, without a Python start and its imports."""
+    if not forkable(clean_env(env), clean_env({})):
+        return run_script(env, *args, timeout=timeout)
+    return run_forked([command()[0], *args], clean_env(env), timeout=timeout, base_env=clean_env({}))
+
+
+def run_script(env: Mapping[str, str], *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """``run_cli`` through the console script in a fresh interpreter: for the tests that prove
+    the entry point itself (each command family keeps one)."""
     return subprocess.run(
         [*command(), *args], env=clean_env(env), capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -46,7 +67,7 @@ def run_cli(env: Mapping[str, str], *args: str, timeout: float = 30) -> subproce
 
 @dataclass
 class GatewayProcess:
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedProcess
     url: str
     port: int
     _stdout: IO[bytes]
@@ -71,7 +92,7 @@ def read_output(stream: IO[bytes]) -> str:
     return os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", errors="replace")
 
 
-def kill_group(process: subprocess.Popen[bytes], grace_s: float = 10) -> None:
+def kill_group(process: subprocess.Popen[bytes] | ForkedProcess, grace_s: float = 10) -> None:
     """Stop a process started in its own session and everything it spawned: SIGTERM to the
     group (so it can clean up), then SIGKILL to whatever lingers after ``grace_s``."""
     if process.poll() is None:
@@ -86,7 +107,7 @@ def kill_group(process: subprocess.Popen[bytes], grace_s: float = 10) -> None:
 
 
 def _wait_until_serving(
-    process: subprocess.Popen[bytes], port: int, stderr: IO[bytes], timeout: float
+    process: subprocess.Popen[bytes] | ForkedProcess, port: int, stderr: IO[bytes], timeout: float
 ) -> None:
     """Until hypercorn says it runs on ``port``: that line proves this process bound the port,
     where a TCP connect could reach another server that took the port first."""
@@ -102,9 +123,14 @@ def _wait_until_serving(
 
 
 @contextmanager
-def serve(env: Mapping[str, str], *args: str, timeout: float = 20) -> Iterator[GatewayProcess]:
+def serve(
+    env: Mapping[str, str], *args: str, timeout: float = 20, script: bool = False
+) -> Iterator[GatewayProcess]:
     """``x402-gateway serve --host 127.0.0.1 --port <free>`` with ``env``; killed on exit if still up.
 
+    The serving process is forked from the CLI's fork server (``tests/support/cli_fork.py``): a
+    process of its own, in a session of its own, whose hypercorn workers start as they always do;
+    ``script=True`` runs the console script in a fresh interpreter instead (the entry point).
     GATEWAY_BASE_URL defaults to the bound address. A start that fails because another process
     took the free port first is tried again on a fresh one. No request is made (and logged)
     before the test's own.
@@ -113,13 +139,23 @@ def serve(env: Mapping[str, str], *args: str, timeout: float = 20) -> Iterator[G
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-            process = subprocess.Popen(
-                [*command(), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
-                env=clean_env({"GATEWAY_BASE_URL": url, **env}),
-                stdout=stdout,
-                stderr=stderr,
-                start_new_session=True,
-            )
+            argv = ["serve", "--host", "127.0.0.1", "--port", str(port), *args]
+            process_env = clean_env({"GATEWAY_BASE_URL": url, **env})
+            process: subprocess.Popen[bytes] | ForkedProcess
+            if script or not forkable(process_env, clean_env({})):
+                process = subprocess.Popen(
+                    [*command(), *argv],
+                    env=process_env,
+                    stdout=stdout,
+                    stderr=stderr,
+                    start_new_session=True,
+                )
+            else:
+                with open(os.devnull, "rb") as stdin:
+                    streams = (stdin.fileno(), stdout.fileno(), stderr.fileno())
+                    process = start_forked(
+                        [command()[0], *argv], process_env, streams, base_env=clean_env({}), new_session=True
+                    )
             try:
                 try:
                     _wait_until_serving(process, port, stderr, timeout)

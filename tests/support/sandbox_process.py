@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from tests.support.cli_fork import ForkedProcess, forkable, start_forked
 from tests.support.gateway_process import clean_env, command, kill_group, read_output
 from tests.support.ports import PORT_TAKEN, START_ATTEMPTS, free_port
 
@@ -24,7 +26,7 @@ STARTUP_TIMEOUT_S = 15.0
 
 @dataclass
 class Sandbox:
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedProcess
     url: str
     rpc_url: str
     wallet: str
@@ -79,18 +81,24 @@ def _start(
     stderr: IO[bytes],
     env: Mapping[str, str],
     port_flag: bool,
-) -> subprocess.Popen[bytes]:
+    script: bool,
+) -> subprocess.Popen[bytes] | ForkedProcess:
     """Start the sandbox and wait until its banner is out and it answers; raises if it exits."""
     for stream in (stdout, stderr):
         stream.seek(0)
         stream.truncate()
-    process = subprocess.Popen(
-        [*command(), "sandbox", *(("--port", str(port)) if port_flag else ()), *args],
-        env=clean_env(env),
-        stdout=stdout,
-        stderr=stderr,
-        start_new_session=True,
-    )
+    argv = ["sandbox", *(("--port", str(port)) if port_flag else ()), *args]
+    process: subprocess.Popen[bytes] | ForkedProcess
+    if script or not forkable(clean_env(env), clean_env({})):
+        process = subprocess.Popen(
+            [*command(), *argv], env=clean_env(env), stdout=stdout, stderr=stderr, start_new_session=True
+        )
+    else:
+        with open(os.devnull, "rb") as stdin:
+            streams = (stdin.fileno(), stdout.fileno(), stderr.fileno())
+            process = start_forked(
+                [command()[0], *argv], clean_env(env), streams, base_env=clean_env({}), new_session=True
+            )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while READY_LINE not in read_output(stdout) or _status(url + "/healthz") != 200:
@@ -105,9 +113,16 @@ def _start(
 
 @contextmanager
 def run_sandbox(
-    *args: str, port: int | None = None, env: Mapping[str, str] = {}, port_flag: bool = True
+    *args: str,
+    port: int | None = None,
+    env: Mapping[str, str] = {},
+    port_flag: bool = True,
+    script: bool = False,
 ) -> Iterator[Sandbox]:
     """``x402-gateway sandbox --port <free> *args`` until ready; stopped (SIGTERM first) on exit.
+
+    Forked from the CLI's fork server (``tests/support/cli_fork.py``), in a session of its own;
+    ``script=True`` runs the console script in a fresh interpreter (the entry point, as pasted).
 
     ``port_flag=False`` leaves ``--port`` out: the sandbox takes the port its ``--state-dir``
     kept, which the caller passes as ``port``. A free port can be taken by another process
@@ -119,7 +134,7 @@ def run_sandbox(
         for attempt in range(START_ATTEMPTS):
             chosen = port or free_port()
             try:
-                process = _start(args, chosen, stdout, stderr, env, port_flag)
+                process = _start(args, chosen, stdout, stderr, env, port_flag, script)
                 break
             except RuntimeError as failed:
                 if PORT_TAKEN not in str(failed) or attempt == START_ATTEMPTS - 1:
