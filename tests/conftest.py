@@ -65,9 +65,11 @@ def pytest_sessionfinish() -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """Two workers more than cores (``--maxprocesses`` caps it): most of the suite waits on
+    timers, sockets and processes, and the extra workers run tests in those waits."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # set by hand: xdist's own hook takes it as it is
-    return int(xdist_plugin.pytest_xdist_auto_num_workers(config)) + 1
+    return int(xdist_plugin.pytest_xdist_auto_num_workers(config)) + 2
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
