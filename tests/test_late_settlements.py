@@ -2,8 +2,8 @@
 expires, on the internal facilitator against LiteSVM, with its state on memory, on Redis and on
 a 3-master Redis Cluster (the stores replicas share): a late failure cools the payer owner and
 its token account down and wipes the owner's record, as a failure found in time does; a late
-outcome is counted once however many settles and follow-ups hear of it. The chain lands 0.6 s
-after broadcast and the wait is 0.3 s: as a Solana cluster landing 35 s after a 30 s wait."""
+outcome is counted once however many settles and follow-ups hear of it. The chain lands 1.5 s
+after broadcast and the wait is 0.3 s: as a Solana cluster landing after a settle gave up waiting."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_tok
 AMOUNT = 10_000
 FEE = 2 * 5_000  # two signatures; the builder's priority fee rounds to 0 lamports
 WAIT_S = 0.3
-LANDS_AFTER_S = 0.6
+LANDS_AFTER_S = 1.5
+"""Past the 0.3 s wait, and wide enough that a settle's checks on a loaded machine (places, the
+balance, preflight) still see the funds a drain sent just before takes: it lands this long after."""
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -96,7 +98,7 @@ async def test_a_failure_after_the_wait_cools_the_payer_down_and_wipes_its_recor
     assert answer.transaction == solana_rpc_server.sent[-1]
     assert await store.get(me.cooldown_key) is None
     assert not await guard.enter("early", Standing(None, {}), [me])  # its place is still held
-    # It lands and fails 0.3 s later: the follow-up counts it as a failure in time is counted.
+    # It lands and fails later: the follow-up counts it as a failure in time is counted.
     cooling = Party("account", str(source))
     await _eventually_stored(store, me.cooldown_key)
     assert await store.get(cooling.cooldown_key) == "1"
