@@ -45,6 +45,7 @@ async def _write_old_release_state(raw: aioredis.Redis) -> None:
     await raw.set(f"{OLD}rl:das:203.0.113.7", "1", px=60_000)
     await raw.set(f"x402:svm:settle:{'cd' * 32}", "record", px=900_000)
     await raw.set(f"{OLD}usage:getSlot:paid", "41")
+    await raw.set(f"{OLD}siwx:n1", WALLET, px=300_000)  # a nonce: named after the wallet it holds
 
 
 async def _write_one_slot_release_state(raw: aioredis.Redis) -> None:
@@ -64,8 +65,9 @@ async def test_old_keys_are_renamed_with_their_values_and_lifetimes_and_credit_s
 
     done = await migrate_keys(url, token)
 
-    assert (done.renamed, done.kept) == (8, [])
+    assert (done.renamed, done.kept) == (9, [])
     assert await raw.keys(f"{OLD}*") == [] and await raw.keys("x402:svm:*") == []
+    assert await raw.get(keys.sign_in_nonce(WALLET, "n1")) == WALLET
     assert await raw.keys("{x402gw}:usage:*") == [] and await raw.keys("{x402gw}:rlw:*") == []
     assert await raw.get(keys.usage("getSlot", "paid")) == "41"
     assert await raw.get(keys.usage("getSlot", "settled")) == "40"

@@ -120,6 +120,9 @@ and buckets cannot (their payer or subject is not in the name); they expire with
 SHARDED_RENAMED: Final = tuple(_GATEWAY + family + "*" for family in SHARDED_FAMILIES)
 """SCAN patterns matching those keys under the one-slot root (all on its slot)."""
 ONE_SLOT_RENAMED: Final = (*SPREAD_RENAMED, *SHARDED_RENAMED)
+OLD_NONCES: Final = tuple(root + "siwx:" for root in ("x402gw:", _GATEWAY))
+"""The heads of sign-in nonces of the untagged and the one-slot releases: named anew after their
+value, the wallet that signed in (:func:`current_name`)."""
 ONE_SLOT_INTENTS: Final = _GATEWAY + "pending:*"
 """SCAN pattern of the one-slot release's write-ahead intents (``gateway.store.migrate`` reports
 the open ones: they cannot be named anew)."""

@@ -115,13 +115,9 @@ def _legacy_session(name: str) -> bool:
     return name.startswith(keys.LEGACY_CREDIT_SESSIONS.removesuffix("*"))
 
 
-NONCES: tuple[str, ...] = tuple(p.removesuffix("*") for p in keys.SHARDED_RENAMED if p.endswith("siwx:*"))
-"""The one-slot sign-in nonces: named anew after their value, the wallet that signed in."""
-
-
 async def _current_name(client: Any, name: str) -> str | None:
     """``name``'s current name (reading its value when the name alone does not say it)."""
-    value = await client.get(name) if name.startswith(NONCES) else None
+    value = await client.get(name) if name.startswith(keys.OLD_NONCES) else None
     return keys.current_name(name, None if value is None else _name(value))
 
 
