@@ -21,40 +21,25 @@ from gateway.config import Settings
 from gateway.methods.credit.book import CreditBook, credit_account
 from gateway.methods.credit.lapse import CreditSweeper
 from gateway.services import Services
-from gateway.store import Entry, Store, keys, open_store
+from gateway.store import Entry, Store, keys
 from gateway.store.claims import CLAIM_THEN_PUT_SCRIPT, claim_then_put, claim_then_put_call, release
 from gateway.store.credit import credit_state, due_lapses, lapse_credit, register_credits
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
-from gateway.store.upstash import UpstashStore
 from gateway.telemetry.logs import LOGGER_NAME
 from tests.support.log_capture import captured_log_lines
 from tests.support.polling import read_until
+from tests.support.redis_fixtures import STORE_KINDS, fresh_store
 
 LAPSE_MS = 300
 PAST_THE_LAPSE_S = 0.45
 
 
-@pytest.fixture(autouse=True)
-def _upstash_server_started(upstash_url_and_token: tuple[str, str]) -> None:
-    """Start the session's Upstash REST server as an ordinary fixture dependency (see
-    tests/test_store_contract.py)."""
-
-
-@pytest_asyncio.fixture(params=["memory", "redis", "upstash", "cluster"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    if request.param == "cluster":
-        opened: Store = open_store(request.getfixturevalue("clean_cluster_url"), None)
-    else:
-        redis_url: str = request.getfixturevalue("clean_redis_url")
-        opened = (
-            RedisStore(redis_url)
-            if request.param == "redis"
-            else UpstashStore(*request.getfixturevalue("upstash_url_and_token"))
-        )
+@pytest_asyncio.fixture(params=STORE_KINDS)
+async def store(
+    request: pytest.FixtureRequest, upstash_url_and_token: tuple[str, str]
+) -> AsyncIterator[Store]:
+    opened = fresh_store(request, request.param, upstash_url_and_token)
     try:
         yield opened
     finally:

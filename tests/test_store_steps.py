@@ -11,19 +11,18 @@ Redis, Upstash and the 3-master cluster, whose slots the tags below spread over.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import cast
 
 import pytest
 from redis.crc import key_slot
 
+from bench.store_ops import Counted
 from gateway.store import (
     Bucket,
     CreditHoldOrder,
     CreditSessionSpend,
     Entry,
     Hold,
-    Script,
     SessionSpent,
     Store,
     StoreUnavailable,
@@ -224,34 +223,16 @@ async def test_a_session_spend_refused_on_another_tag_gives_its_hold_and_cap_bac
     assert whole.outcome is SessionSpent.SPENT and whole.spent == 50  # the whole cap again
 
 
-class Trips:
-    """The store, counting what it is sent: commands, and round trips (each time it goes from
-    nothing in flight to something: commands sent at once are one trip)."""
-
-    def __init__(self, store: Store) -> None:
-        self.store, self.timeout_s = store, store.timeout_s
-        self.commands = self.trips = self._in_flight = 0
-
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[str]) -> object:
-        self.commands += 1
-        self.trips += self._in_flight == 0
-        self._in_flight += 1
-        try:
-            return await self.store.run(script, keys, args)
-        finally:
-            self._in_flight -= 1
-
-
 async def test_the_own_steps_go_at_once_and_each_budget_after_them(store: Store) -> None:
     """A request on a wallet, an IP and a budget: two round trips of three commands, the latency
     of one more trip than a single script, not of one per tag."""
-    counted = Trips(store)
+    counted = Counted(store)
     buckets = [own(WALLET, "w", 5), own(CLIENT, "ip", 5), budget(limit=5)]
 
     found = await check_then_limit(cast(Store, counted), [f"{WALLET}claim"], buckets, [claim(WALLET)])
 
     assert found.written and (counted.trips, counted.commands) == (2, 3)
-    again = Trips(store)
+    again = Counted(store)
     replay = await check_then_limit(cast(Store, again), [f"{WALLET}claim"], buckets, [claim(WALLET)])
     assert not replay.written and replay.values == ["me"]
     # Found by the wallet's step: the IP's charge is handed back, the budget never asked.
