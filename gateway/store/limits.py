@@ -253,6 +253,8 @@ class _Step:
     hold: CreditHoldOrder | None
     shared: bool
     own: OwnStep | None = None
+    call: tuple[list[str], list[str]] = ([], [])
+    """The script's KEYS and ARGV (an own step makes its own)."""
 
 
 def _steps(
@@ -284,24 +286,18 @@ def _steps(
                 raise ValueError("an own step takes no checked key, put nor shared bucket of its tag")
             steps.append(_Step((), tuple(taken), (), None, False, own))
             continue
-        step = _Step(tuple(at), tuple(taken), tuple(written), hold if tag == hold_tag else None, shared)
-        step_keys, _ = _call(step, keys, buckets)
-        one_tag(step_keys, "a check-then-limit step")
-        steps.append(step)
+        step_hold = hold if tag == hold_tag else None
+        named = [keys[i] for i in at], [buckets[j] for j in taken]
+        call = check_then_limit_call(*named, written, hold=step_hold)
+        one_tag(call[0], "a check-then-limit step")
+        steps.append(_Step(tuple(at), tuple(taken), tuple(written), step_hold, shared, call=call))
     return steps
-
-
-def _call(step: _Step, keys: Sequence[str], buckets: Sequence[Bucket]) -> tuple[list[str], list[str]]:
-    return check_then_limit_call(
-        [keys[i] for i in step.keys], [buckets[j] for j in step.buckets], step.puts, hold=step.hold
-    )
 
 
 async def _run_step(store: Store, step: _Step, keys: Sequence[str], buckets: Sequence[Bucket]) -> Lookup:
     if step.own is not None:
         return await step.own.run(store, [buckets[j] for j in step.buckets])
-    script_keys, args = _call(step, keys, buckets)
-    reply = await store.run(CHECK_THEN_LIMIT_SCRIPT, script_keys, args)
+    reply = await store.run(CHECK_THEN_LIMIT_SCRIPT, *step.call)
     return lookup_from_reply([keys[i] for i in step.keys], reply, step.hold is not None)
 
 
