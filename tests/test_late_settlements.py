@@ -31,9 +31,9 @@ from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_tok
 AMOUNT = 10_000
 FEE = 2 * 5_000  # two signatures; the builder's priority fee rounds to 0 lamports
 WAIT_S = 0.3
-LANDS_AFTER_S = 1.5
-"""Past the 0.3 s wait, and wide enough that a settle's checks on a loaded machine (places, the
-balance, preflight) still see the funds a drain sent just before takes: it lands this long after."""
+"""The broadcaster's confirmation wait; the chain holds each landing until the test has seen it
+pass (``hold_landing``), so a settle's checks (places, the balance, preflight) still see the funds
+a drain sent just before takes, however loaded the machine."""
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -81,7 +81,7 @@ async def test_a_failure_after_the_wait_cools_the_payer_down_and_wipes_its_recor
     guard = FeeGuard(store)
     me = Party("owner", str(owner.pubkey()))
     await guard.landed([me])  # a record, earned before
-    solana_rpc_server.land_delay_s = LANDS_AFTER_S
+    solana_rpc_server.hold_landing = True
     payment, source = _payment(chain, req, owner, AMOUNT)
     fee_payer = chain.fee_payer.pubkey()
     before, failed_before = chain.lamports(fee_payer), _fees("failed")
@@ -98,6 +98,7 @@ async def test_a_failure_after_the_wait_cools_the_payer_down_and_wipes_its_recor
     assert answer.transaction == solana_rpc_server.sent[-1]
     assert await store.get(me.cooldown_key) is None
     assert not await guard.enter("early", Standing(None, {}), [me])  # its place is still held
+    solana_rpc_server.land_held()
     # It lands and fails later: the follow-up counts it as a failure in time is counted.
     cooling = Party("account", str(source))
     await _eventually_stored(store, me.cooldown_key)
@@ -126,15 +127,17 @@ async def test_a_late_landing_is_counted_once_by_the_follow_up_and_a_reconciling
     req = exact_requirements(chain, amount=str(AMOUNT))
     broadcaster = _late(make_local_facilitator, chain, store)
     other_replica = _late(make_local_facilitator, chain, store, wait_s=5.0)
-    solana_rpc_server.land_delay_s = LANDS_AFTER_S
+    solana_rpc_server.hold_landing = True
     payment, _ = _payment(chain, req, chain.payer, AMOUNT)
     me = Party("owner", str(chain.payer.pubkey()))
     landed_before = _fees("landed")
 
     first = asyncio.create_task(broadcaster.settle(payment, req))
     await eventually(lambda: len(solana_rpc_server.sent) == 1, what="the broadcast")
-    reconciled = await other_replica.settle(payment, req)  # hears the landing in its own wait
+    retried = asyncio.create_task(other_replica.settle(payment, req))
     pending = await first
+    solana_rpc_server.land_held()  # after the broadcaster's wait, within the other's
+    reconciled = await retried  # hears the landing in its own wait
 
     assert pending.errorReason == "settlement_pending"
     assert reconciled.success is True and reconciled.transaction == pending.transaction
@@ -173,7 +176,7 @@ async def test_a_late_failure_whose_follow_up_died_is_counted_by_a_retry_on_anot
     other_replica = _late(make_local_facilitator, chain, store, wait_s=5.0)
     owner = Keypair()
     chain.svm.airdrop(owner.pubkey(), 1_000_000_000)
-    solana_rpc_server.land_delay_s = LANDS_AFTER_S
+    solana_rpc_server.hold_landing = True
     payment, source = _payment(chain, req, owner, AMOUNT)
     me, account = Party("owner", str(owner.pubkey())), Party("account", str(source))
     rpc = SolanaRpc(solana_rpc_server.url)
@@ -188,6 +191,7 @@ async def test_a_late_failure_whose_follow_up_died_is_counted_by_a_retry_on_anot
     pending = await broadcaster.settle(payment, req)
     assert pending.errorReason == "settlement_pending"
     await broadcaster.close()  # its process dies: its follow-up is lost
+    solana_rpc_server.land_held()
     # The client's retries, on two other replicas at once: both hear the failure.
     retried = await asyncio.gather(other_replica.settle(payment, req), third_replica.settle(payment, req))
 

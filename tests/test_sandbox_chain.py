@@ -52,6 +52,38 @@ def test_landed_payments_are_listed_and_readable() -> None:
     assert tx["meta"]["err"] is None and tx["transaction"][1] == "base64"
 
 
+def test_held_landings_wait_unexecuted_until_released_then_land_in_the_order_sent() -> None:
+    chain = setup_usdc_chain()
+    server = LiteSvmRpcServer(svm=chain.svm, hold_landing=True)
+    server.watch(*chain.addresses)
+    requirements = PaymentRequirements(
+        scheme="exact",
+        network=SOLANA_MAINNET,
+        amount="600",
+        asset=str(chain.mint),
+        payTo=str(chain.pay_to),
+        maxTimeoutSeconds=60,
+        extra={"feePayer": str(chain.fee_payer.pubkey())},
+    )
+    mint = MintInfo(str(chain.mint), 6)
+    balance = chain.balance(chain.payer_ata)
+    sent: list[str] = []
+    for _ in range(2):  # distinct transactions over one blockhash (each its own priority fee)
+        tx = build_exact_transaction(requirements, chain.payer, mint, chain.blockhash)
+        signed = encode_transaction(sign_as_fee_payer(tx, chain.fee_payer))
+        sent.append(_call(server, "sendTransaction", [signed, {"encoding": "base64"}]))
+
+    statuses = _call(server, "getSignatureStatuses", [sent])
+    assert statuses["value"] == [None, None] and chain.balance(chain.payer_ata) == balance
+    server.land_held()
+
+    landed = _call(server, "getSignatureStatuses", [sent])["value"]
+    assert [s["err"] for s in landed] == [None, None]
+    assert landed[0]["slot"] <= landed[1]["slot"]
+    assert chain.balance(chain.payer_ata) == balance - 1200
+    assert server.hold_landing is False
+
+
 def test_a_blockhash_is_valid_until_the_chain_expires_it() -> None:
     chain = setup_usdc_chain()
     server = LiteSvmRpcServer(svm=chain.svm)

@@ -20,7 +20,9 @@ Knobs: ``confirm_delay_s`` (a landed transaction reports ``processed`` for that 
 ``confirmed``, as a real cluster confirms some hundreds of milliseconds after landing; the
 sandbox's ``--confirm-delay-ms``), ``land_delay_s`` (a broadcast transaction passes preflight
 against the state of the moment and executes that much later, in the order sent, as on a real
-cluster, where another transaction may land in between), ``hold_confirmations`` (transactions
+cluster, where another transaction may land in between), ``hold_landing`` (a broadcast
+transaction waits, unexecuted, until :meth:`LiteSvmRpcServer.land_held`: "later" without a
+clock, for a test that must be sure a wait passed first), ``hold_confirmations`` (transactions
 execute at once but their status stays ``processed`` until released), ``calls`` (a counter per
 method) and ``sent`` (every signature accepted by sendTransaction, in order).
 """
@@ -158,6 +160,7 @@ class LiteSvmRpcServer:
     host: str = "127.0.0.1"
     port: int = 0
     hold_confirmations: bool = False
+    hold_landing: bool = False
     confirm_delay_s: float = 0.0
     land_delay_s: float = 0.0
     calls: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -226,7 +229,7 @@ class LiteSvmRpcServer:
             self._landing.clear()
             self._known.clear()
             self._history.clear()
-            self.hold_confirmations = False
+            self.hold_confirmations = self.hold_landing = False
             self.confirm_delay_s = self.land_delay_s = 0.0
             self.calls.clear()
             self.sent.clear()
@@ -242,6 +245,14 @@ class LiteSvmRpcServer:
         with self._lock:
             self.hold_confirmations = False
             self._held.clear()
+
+    def land_held(self) -> None:
+        """Execute every transaction held by ``hold_landing``, in the order sent, and land the
+        next ones at once again."""
+        with self._lock:
+            self.hold_landing = False
+            while self._landing:
+                self._land(self._landing.popleft())
 
     # --- dispatch -----------------------------------------------------------------------
 
@@ -416,14 +427,16 @@ class LiteSvmRpcServer:
                 )
         signature = tx.signatures[0]
         self.sent.append(str(signature))
-        if self.land_delay_s > 0:
-            with self._lock:
+        with self._lock:  # checked and queued at once: a concurrent land_held sees it or not
+            held, timed = self.hold_landing, self.land_delay_s > 0
+            if held or timed:
                 self._landing.append(tx)
+        if not (held or timed):
+            self._land(tx)
+        elif not held:
             timer = threading.Timer(self.land_delay_s, self._land_next)
             timer.daemon = True
             timer.start()
-        else:
-            self._land(tx)
         return self._json(SendTransactionResp(signature))
 
     def _land_next(self) -> None:

@@ -49,9 +49,6 @@ redis_url = on_redis_and_cluster()
 
 ATTACKER_IP = "203.0.113.77"
 WAIT_S = "0.3"
-LANDS_AFTER_S = 1.5
-"""Past the gateway's 0.3 s wait, and wide enough that its checks on a loaded machine still see
-the funds the drain sent just before takes."""
 ATTEMPTS_AFTER = 6
 """Attempts after the late failure: an hour of the old rate's failures, one a cool-down apart."""
 
@@ -98,8 +95,9 @@ async def test_a_settlement_failing_after_the_wait_cools_its_parties_down_and_co
     assert_answered(await _pay(paid, _sign(paid, requirements, resource, owner, funded)))
     assert await store.get(me.record_key) == "1"
 
-    # Then the chain lands 1.5 s after broadcast, past the gateway's 0.3 s wait.
-    paid.rpc.land_delay_s = LANDS_AFTER_S
+    # Then the chain lands only once the gateway's 0.3 s wait has passed (held until then, so
+    # its checks see the funds the drain sent just before takes, however loaded the machine).
+    paid.rpc.hold_landing = True
     fee_payer = paid.chain.fee_payer.pubkey()
     before = paid.chain.lamports(fee_payer)
     sent_before = len(paid.rpc.sent)
@@ -121,6 +119,7 @@ async def test_a_settlement_failing_after_the_wait_cools_its_parties_down_and_co
     assert pending.error_code == "settlement_pending"
     assert len(paid.rpc.sent) == sent_before + 2  # the drain and the settlement
     assert await store.get(me.cooldown_key) is None
+    paid.rpc.land_held()
     # It lands and fails: the follow-up cools the owner, its account and the IP down.
     await _eventually_stored(store, me.cooldown_key)
     for cooling in (me, Party("account", str(account)), ip):
@@ -179,11 +178,12 @@ async def test_a_settlement_landing_after_the_wait_is_delivered_on_retry_and_cou
         paid.chain.svm, payer.pubkey(), paid.chain.mint, price, address=Keypair().pubkey()
     )
     me, ip = Party("owner", str(payer.pubkey())), Party("ip", ATTACKER_IP)
-    paid.rpc.land_delay_s = LANDS_AFTER_S
+    paid.rpc.hold_landing = True  # until the gateway's wait has passed
     payment = _sign(paid, requirements, resource, payer, source)
 
     pending = await _pay(paid, payment, request_id=9)
     assert pending.status == 503 and pending.error_code == "settlement_pending", pending.body
+    paid.rpc.land_held()
     # It lands (and confirms) after the wait: the follow-ups count it for the payer and the IP.
     await _eventually_stored(store, me.record_key)
     await _eventually_stored(store, ip.record_key)
