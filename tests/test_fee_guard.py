@@ -69,7 +69,9 @@ async def test_twelve_at_once_from_a_wallet_that_affords_one_land_one_transactio
 ) -> None:
     chain = make_usdc_chain(payer_amount=AMOUNT)
     req = exact_requirements(chain, amount=str(AMOUNT))
-    facilitator = make_local_facilitator(chain, store=guard_store, payer_wait_s=3.0)
+    # Eleven wait their turn behind the one that lands, then each reads the balance in turn: wide
+    # enough for the last of them on a loaded machine (a wait that passes answers settlement_pending).
+    facilitator = make_local_facilitator(chain, store=guard_store, payer_wait_s=20.0)
     before = chain.lamports(chain.fee_payer.pubkey())
 
     outcomes = await _settle_all(facilitator, req, [_payment(chain, req) for _ in range(12)])
@@ -133,9 +135,6 @@ async def test_the_drain_race_costs_the_fee_payer_one_failed_settlement_in_two_r
     facilitator = make_local_facilitator(chain, store=guard_store)
     owner = Keypair()
     chain.svm.airdrop(owner.pubkey(), 1_000_000_000)  # pays its own drain's fee
-    # Broadcast now, landed a moment later, as on a cluster: wide enough for our checks, which read
-    # the funds once the place is held, to see them still there on a loaded machine.
-    solana_rpc_server.land_delay_s = 1.0
     rpc = SolanaRpc(solana_rpc_server.url)
     before = chain.lamports(chain.fee_payer.pubkey())
     failed_on_chain = 0
@@ -146,9 +145,19 @@ async def test_the_drain_race_costs_the_fee_payer_one_failed_settlement_in_two_r
                 for _ in range(10)
             ]
             payments = [_payment(chain, req, owner, source) for source in accounts]
-            # The drain goes out first and lands while our checks still see the funds.
+            # The drain goes out first and lands only after a settlement went out (or none will):
+            # our checks, which read the funds once the place is held, still see them, as on a
+            # cluster where a broadcast lands a moment later, however loaded the machine.
+            solana_rpc_server.hold_landing = True
             await rpc.send_transaction(drain_transaction(chain, owner, accounts, AMOUNT), skip_preflight=True)
-            outcomes = await _settle_all(facilitator, req, payments)
+            drained = len(solana_rpc_server.sent)
+            settling = asyncio.ensure_future(_settle_all(facilitator, req, payments))
+            await eventually(
+                lambda: settling.done() or len(solana_rpc_server.sent) > drained,  # noqa: B023
+                what="a settlement broadcast, or every one refused",
+            )
+            solana_rpc_server.land_held()
+            outcomes = await settling
             failed_on_chain += sum(o.errorReason == "transaction_failed" for o in outcomes)
             assert _successes(outcomes) == 0
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from typing import Any
 
 import pytest
@@ -52,10 +53,8 @@ def test_landed_payments_are_listed_and_readable() -> None:
     assert tx["meta"]["err"] is None and tx["transaction"][1] == "base64"
 
 
-def test_held_landings_wait_unexecuted_until_released_then_land_in_the_order_sent() -> None:
-    chain = setup_usdc_chain()
-    server = LiteSvmRpcServer(svm=chain.svm, hold_landing=True)
-    server.watch(*chain.addresses)
+def _send_payments(chain: UsdcChain, server: LiteSvmRpcServer, count: int) -> list[str]:
+    """``count`` distinct payments of 600 from the chain's payer, broadcast; their signatures."""
     requirements = PaymentRequirements(
         scheme="exact",
         network=SOLANA_MAINNET,
@@ -66,12 +65,19 @@ def test_held_landings_wait_unexecuted_until_released_then_land_in_the_order_sen
         extra={"feePayer": str(chain.fee_payer.pubkey())},
     )
     mint = MintInfo(str(chain.mint), 6)
-    balance = chain.balance(chain.payer_ata)
     sent: list[str] = []
-    for _ in range(2):  # distinct transactions over one blockhash (each its own priority fee)
+    for _ in range(count):  # distinct transactions over one blockhash (each its own priority fee)
         tx = build_exact_transaction(requirements, chain.payer, mint, chain.blockhash)
         signed = encode_transaction(sign_as_fee_payer(tx, chain.fee_payer))
         sent.append(_call(server, "sendTransaction", [signed, {"encoding": "base64"}]))
+    return sent
+
+
+def test_held_landings_wait_unexecuted_until_released_then_land_in_the_order_sent() -> None:
+    chain = setup_usdc_chain()
+    server = LiteSvmRpcServer(svm=chain.svm, hold_landing=True)
+    balance = chain.balance(chain.payer_ata)
+    sent = _send_payments(chain, server, 2)
 
     statuses = _call(server, "getSignatureStatuses", [sent])
     assert statuses["value"] == [None, None] and chain.balance(chain.payer_ata) == balance
@@ -82,6 +88,22 @@ def test_held_landings_wait_unexecuted_until_released_then_land_in_the_order_sen
     assert landed[0]["slot"] <= landed[1]["slot"]
     assert chain.balance(chain.payer_ata) == balance - 1200
     assert server.hold_landing is False
+
+
+def test_a_delayed_landing_of_the_chain_served_before_lands_nothing_of_the_next() -> None:
+    first = setup_usdc_chain()
+    server = LiteSvmRpcServer(svm=first.svm, land_delay_s=0.05)
+    _send_payments(first, server, 1)
+    second = setup_usdc_chain()
+    server.use(second.svm)  # the next test's chain, its first timer still running
+    server.hold_landing = True
+    (held,) = _send_payments(second, server, 1)
+
+    time.sleep(0.3)  # the first chain's timer has fired by now
+
+    assert _call(server, "getSignatureStatuses", [[held]])["value"] == [None]
+    server.land_held()
+    assert _call(server, "getSignatureStatuses", [[held]])["value"][0]["err"] is None
 
 
 def test_a_blockhash_is_valid_until_the_chain_expires_it() -> None:

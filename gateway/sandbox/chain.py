@@ -171,7 +171,10 @@ class LiteSvmRpcServer:
         self._lock = threading.RLock()
         self._landed: dict[str, _Landed] = {}
         self._held: set[str] = set()
-        self._landing: collections.deque[VersionedTransaction] = collections.deque()
+        # Broadcast, not yet executed, in the order sent: (number sent, held, transaction).
+        self._landing: collections.deque[tuple[int, bool, VersionedTransaction]] = collections.deque()
+        self._broadcasts = 0
+        self._chain_number = 0  # changed by use(): a timer of the chain before lands nothing here
         self._known: dict[Pubkey, None] = {}  # insertion-ordered set
         self._history: dict[Pubkey, list[str]] = {}  # address -> signatures, oldest first
         self._httpd: _RpcHttpServer | None = None
@@ -227,6 +230,7 @@ class LiteSvmRpcServer:
             self._landed.clear()
             self._held.clear()
             self._landing.clear()
+            self._chain_number += 1
             self._known.clear()
             self._history.clear()
             self.hold_confirmations = self.hold_landing = False
@@ -252,7 +256,7 @@ class LiteSvmRpcServer:
         with self._lock:
             self.hold_landing = False
             while self._landing:
-                self._land(self._landing.popleft())
+                self._land(self._landing.popleft()[2])
 
     # --- dispatch -----------------------------------------------------------------------
 
@@ -428,24 +432,29 @@ class LiteSvmRpcServer:
         signature = tx.signatures[0]
         self.sent.append(str(signature))
         with self._lock:  # checked and queued at once: a concurrent land_held sees it or not
-            held, timed = self.hold_landing, self.land_delay_s > 0
-            if held or timed:
-                self._landing.append(tx)
-        if not (held or timed):
-            self._land(tx)
-        elif not held:
-            timer = threading.Timer(self.land_delay_s, self._land_next)
-            timer.daemon = True
-            timer.start()
+            held, delay = self.hold_landing, self.land_delay_s
+            if not (held or delay > 0):
+                self._land(tx)
+                return self._json(SendTransactionResp(signature))
+            self._broadcasts += 1
+            self._landing.append((self._broadcasts, held, tx))
+            if not held:
+                timer = threading.Timer(delay, self._land_until, (self._chain_number, self._broadcasts))
+                timer.daemon = True
+                timer.start()
         return self._json(SendTransactionResp(signature))
 
-    def _land_next(self) -> None:
-        """Land the oldest transaction waiting to: each broadcast starts one timer, and whichever
-        fires first lands the first one sent (its time is up too, every wait being the same), so
-        transactions land in the order they were sent however the timer threads are scheduled."""
+    def _land_until(self, chain_number: int, number: int) -> None:
+        """A delayed transaction's time is up: land it, after those sent before it that still wait
+        (their time is up too, unless a delay was shortened since), so transactions land in the
+        order they were sent however the timer threads are scheduled. Held ones stay (and so do
+        those sent after them), and a timer of the chain served before :meth:`use` lands nothing.
+        """
         with self._lock:
-            if self._landing:
-                self._land(self._landing.popleft())
+            if chain_number != self._chain_number:
+                return
+            while self._landing and self._landing[0][0] <= number and not self._landing[0][1]:
+                self._land(self._landing.popleft()[2])
 
     def _land(self, tx: VersionedTransaction) -> None:
         """Execute ``tx`` now and record it (a failed one too: its fee is charged all the same)."""
