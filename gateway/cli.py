@@ -250,7 +250,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = Config()
     config.application_path = "gateway.entry:app_from_env()"
     config.bind = [f"{args.host}:{settings.port}"]
-    config.workers = args.workers
+    # One worker serves in this very process (hypercorn's workers=0): a spawned child would only
+    # add a second interpreter's start-up and imports, and a supervisor passing signals on.
+    config.workers = args.workers if args.workers > 1 else 0
     config.graceful_timeout = args.graceful_timeout
     config.accesslog = None
     config.errorlog = "-"

@@ -1,5 +1,6 @@
 """/metrics under ``serve --workers 2``: every worker's requests, payments and earnings are counted
-(multiprocess mode), and only the (route, outcome) series a route can have are listed."""
+(multiprocess mode), and only the (route, outcome) series a route can have are listed. One
+worker serves in the ``serve`` process itself."""
 
 from __future__ import annotations
 
@@ -47,6 +48,14 @@ def _sample(text: str, series: str) -> float:
 def _health_pids(gateway: GatewayProcess) -> set[int]:
     lines = [json.loads(line) for line in gateway.stdout().splitlines() if line.startswith("{")]
     return {line["pid"] for line in lines if line.get("route") == "health"}
+
+
+async def test_one_worker_serves_in_the_serve_process_itself_and_stops_on_sigterm() -> None:
+    with serve({"ROUTE_GROUPS": "none"}) as gateway:
+        async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/healthz") as reply:
+            assert reply.status == 200
+        assert _health_pids(gateway) == {gateway.process.pid}  # no second interpreter
+        assert gateway.terminate() == 0
 
 
 async def test_metrics_with_two_workers_count_the_requests_of_both(clean_redis_url: str) -> None:

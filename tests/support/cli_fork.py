@@ -11,7 +11,8 @@ environment exactly (nothing of the server's), its arguments, working directory 
 standard streams (no other descriptor), a session of its own when asked (as
 ``start_new_session``), Python's default signal dispositions, ``atexit`` run and the streams
 flushed at exit, and the exit status a fresh interpreter would give (``sys.exit``'s rules, 1
-with a traceback on an exception). ``serve``'s hypercorn workers are spawned as always, fresh.
+with a traceback on an exception). ``serve`` with one worker serves in the child itself (as it
+does anywhere); more workers are spawned by hypercorn as always, fresh.
 
 What only a fresh interpreter shows stays on one: the console script itself (its entry point),
 a stream closed under the command. Those tests call ``run_script``, ``serve(script=True)`` or
