@@ -54,6 +54,10 @@ async def test_one_worker_serves_in_the_serve_process_itself_and_stops_on_sigter
     with serve({"ROUTE_GROUPS": "none"}) as gateway:
         async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/healthz") as reply:
             assert reply.status == 200
+        for _ in range(100):  # its log line follows the answer: read until it is there (bounded)
+            if _health_pids(gateway):
+                break
+            await asyncio.sleep(0.05)
         assert _health_pids(gateway) == {gateway.process.pid}  # no second interpreter
         assert gateway.terminate() == 0
 
