@@ -26,39 +26,12 @@ def _call(server: LiteSvmRpcServer, method: str, params: Any) -> Any:
     return answer["result"]
 
 
-def _paid_chain() -> tuple[UsdcChain, LiteSvmRpcServer, str]:
-    chain = setup_usdc_chain()
-    server = LiteSvmRpcServer(svm=chain.svm, extra_methods=das_methods())
-    server.watch(*chain.addresses)
+def _send_payments(chain: UsdcChain, server: LiteSvmRpcServer, count: int, amount: int = 600) -> list[str]:
+    """``count`` distinct payments of ``amount`` from the chain's payer, broadcast; their signatures."""
     requirements = PaymentRequirements(
         scheme="exact",
         network=SOLANA_MAINNET,
-        amount="1005",
-        asset=str(chain.mint),
-        payTo=str(chain.pay_to),
-        maxTimeoutSeconds=60,
-        extra={"feePayer": str(chain.fee_payer.pubkey())},
-    )
-    tx = build_exact_transaction(requirements, chain.payer, MintInfo(str(chain.mint), 6), chain.blockhash)
-    signed = encode_transaction(sign_as_fee_payer(tx, chain.fee_payer))
-    signature: str = _call(server, "sendTransaction", [signed, {"encoding": "base64"}])
-    return chain, server, signature
-
-
-def test_landed_payments_are_listed_and_readable() -> None:
-    chain, server, signature = _paid_chain()
-    listed = _call(server, "getSignaturesForAddress", [str(chain.payer.pubkey()), {"limit": 5}])
-    assert [s["signature"] for s in listed] == [signature]
-    tx = _call(server, "getTransaction", [signature, {"encoding": "base64"}])
-    assert tx["meta"]["err"] is None and tx["transaction"][1] == "base64"
-
-
-def _send_payments(chain: UsdcChain, server: LiteSvmRpcServer, count: int) -> list[str]:
-    """``count`` distinct payments of 600 from the chain's payer, broadcast; their signatures."""
-    requirements = PaymentRequirements(
-        scheme="exact",
-        network=SOLANA_MAINNET,
-        amount="600",
+        amount=str(amount),
         asset=str(chain.mint),
         payTo=str(chain.pay_to),
         maxTimeoutSeconds=60,
@@ -71,6 +44,22 @@ def _send_payments(chain: UsdcChain, server: LiteSvmRpcServer, count: int) -> li
         signed = encode_transaction(sign_as_fee_payer(tx, chain.fee_payer))
         sent.append(_call(server, "sendTransaction", [signed, {"encoding": "base64"}]))
     return sent
+
+
+def _paid_chain() -> tuple[UsdcChain, LiteSvmRpcServer, str]:
+    chain = setup_usdc_chain()
+    server = LiteSvmRpcServer(svm=chain.svm, extra_methods=das_methods())
+    server.watch(*chain.addresses)
+    (signature,) = _send_payments(chain, server, 1, amount=1005)
+    return chain, server, signature
+
+
+def test_landed_payments_are_listed_and_readable() -> None:
+    chain, server, signature = _paid_chain()
+    listed = _call(server, "getSignaturesForAddress", [str(chain.payer.pubkey()), {"limit": 5}])
+    assert [s["signature"] for s in listed] == [signature]
+    tx = _call(server, "getTransaction", [signature, {"encoding": "base64"}])
+    assert tx["meta"]["err"] is None and tx["transaction"][1] == "base64"
 
 
 def test_held_landings_wait_unexecuted_until_released_then_land_in_the_order_sent() -> None:
