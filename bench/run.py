@@ -165,7 +165,8 @@ def rss_kib(pid: int) -> int:
 
 def mounted_routes(env: dict[str, str]) -> int:
     from gateway.config import load_settings
-    from gateway.routing.routes import load_routes, named_limits, plan_routes
+    from gateway.routing.plan import plan_routes
+    from gateway.routing.routes import load_routes, named_limits
 
     settings = load_settings(env)
     mounted, _ = plan_routes(load_routes(settings.routes_file, named_limits(settings)), settings)

@@ -45,13 +45,13 @@ from gateway.methods.credit.sessions import CreditSessions
 from gateway.methods.registry import METHODS, PaymentMethod
 from gateway.methods.seam import RouteMethod, credential_headers
 from gateway.outbound.client import UpstreamClient
+from gateway.routing.plan import plan_routes
 from gateway.routing.pricing import credit_terms
 from gateway.routing.routes import (
     RouteSpec,
     load_routes,
     named_limits,
     payment_methods,
-    plan_routes,
     sells_anything,
 )
 from gateway.routing.vocabulary import ACCESS_MODES

@@ -15,16 +15,15 @@ from typing import Any, NoReturn
 
 from gateway.config import INTERNAL, ConfigError, Settings, read_settings, startup_notes
 from gateway.pipes import guarded_streams
+from gateway.routing.plan import RoutePlan, route_plan
 from gateway.routing.pricing import FacilitatorFee, facilitator_fee, route_price
 from gateway.routing.routes import (
     RateLimitSpec,
-    RoutePlan,
     RoutesError,
     RouteSpec,
     credit_price,
     load_routes,
     named_limits,
-    route_plan,
 )
 from gateway.routing.settlement_cost import worst_case_lamports
 from gateway.routing.vocabulary import CREDIT_METHOD

@@ -2,7 +2,7 @@
 
 This module checks each value; which variables are *required* depends on the route groups the
 operator serves (``ROUTE_GROUPS``, default: every group of routes.yaml), and
-``gateway.routing.routes.route_plan`` adds a problem for each one a served group lacks.
+``gateway.routing.plan.route_plan`` adds a problem for each one a served group lacks.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ import pytest_asyncio
 import yaml
 
 from gateway.config import PACKAGED_ROUTES_FILE, ConfigError, load_settings
-from gateway.routing.routes import load_routes, named_limits, plan_routes
+from gateway.routing.plan import plan_routes
+from gateway.routing.routes import load_routes, named_limits
 from tests.support.gateway_server import FULL_ENV, RunningGateway, run_gateway
 
 PROVIDER_C_URL = "http://127.0.0.1:9/c/?api-key=LEAK-C"

@@ -23,7 +23,8 @@ from gateway.config import (
     load_settings,
     startup_notes,
 )
-from gateway.routing.routes import RoutePlan, load_routes, named_limits, plan_routes, route_plan
+from gateway.routing.plan import RoutePlan, plan_routes, route_plan
+from gateway.routing.routes import load_routes, named_limits
 from gateway.x402.types import USDC_MAINNET_MINT
 
 BASE = {"GATEWAY_BASE_URL": "https://gateway.example.com"}

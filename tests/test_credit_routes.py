@@ -20,7 +20,8 @@ from solders.keypair import Keypair
 
 from client.siwx_signer import sign_in
 from gateway.config import PACKAGED_ROUTES_FILE, ConfigError, Settings, load_settings
-from gateway.routing.routes import load_routes, named_limits, plan_routes
+from gateway.routing.plan import plan_routes
+from gateway.routing.routes import load_routes, named_limits
 from tests.support.gateway_server import FULL_ENV, RunningGateway, run_gateway
 
 BALANCE = "/v1/x402/solana/mainnet/provider_a/rpc/getBalance"

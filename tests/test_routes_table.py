@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.config import PACKAGED_ROUTES_FILE, Settings
+from gateway.routing.plan import route_plan
 from gateway.routing.pricing import FacilitatorFee, RoutePrice, route_price
 from gateway.routing.routes import (
     InternalSettlement,
@@ -19,7 +20,6 @@ from gateway.routing.routes import (
     named_limits,
     parse_routes,
     payment_methods,
-    route_plan,
 )
 from gateway.routing.vocabulary import HANDLERS
 from gateway.x402.challenge import ExactChallenge

@@ -12,7 +12,8 @@ import pytest
 
 from gateway.config import load_settings
 from gateway.methods.credit.book import CreditBook, credit_account
-from gateway.routing.routes import load_routes, named_limits, route_plan
+from gateway.routing.plan import route_plan
+from gateway.routing.routes import load_routes, named_limits
 from gateway.sandbox.credit import CreditKeepingStore, keep_credit, load_credit, unjournaled_credit
 from gateway.sandbox.ports import PortChoice, check_free
 from gateway.sandbox.state import (
