@@ -272,18 +272,10 @@ class LocalFacilitator:
         except RpcUnavailable as exc:
             raise FacilitatorUnavailable(f"Solana RPC unavailable: {exc}") from None
         except RpcResponseError as exc:
-            return VerifyResponse(
-                isValid=False,
-                invalidReason=Reason.SIMULATION_FAILED.value,
-                invalidMessage=f"simulation refused: {exc.rpc_message}",
-                payer=check.payer,
-            )
+            return check.refused(Reason.SIMULATION_FAILED, f"simulation refused: {exc.rpc_message}")
         if result.err is not None:
-            return VerifyResponse(
-                isValid=False,
-                invalidReason=Reason.SIMULATION_FAILED.value,
-                invalidMessage=f"simulation failed: {_encoder.encode(result.err).decode()}",
-                payer=check.payer,
+            return check.refused(
+                Reason.SIMULATION_FAILED, f"simulation failed: {_encoder.encode(result.err).decode()}"
             )
         return VerifyResponse(isValid=True, payer=check.payer)
 
@@ -300,19 +292,11 @@ class LocalFacilitator:
         standing = await self._guard.standing(_parties(check), also=[key])
         record = _decode_record(standing.found[0])
         if record is not None:
-            return VerifyResponse(
-                isValid=False,
-                invalidReason=Reason.DUPLICATE_SETTLEMENT.value,
-                invalidMessage=f"this payment was already submitted ({record.state})",
-                payer=check.payer,
+            return check.refused(
+                Reason.DUPLICATE_SETTLEMENT, f"this payment was already submitted ({record.state})"
             )
         if standing.cooling is not None:
-            return VerifyResponse(
-                isValid=False,
-                invalidReason=Reason.INVALID_TRANSACTION_STATE.value,
-                invalidMessage=_COOLING,
-                payer=check.payer,
-            )
+            return check.refused(Reason.INVALID_TRANSACTION_STATE, _COOLING)
         return await self._simulate(check, requirements)
 
     # --- settle ---------------------------------------------------------------------------

@@ -148,8 +148,13 @@ class ExactCheck(msgspec.Struct, frozen=True):
     def verify_response(self) -> VerifyResponse:
         if self.reason is None:
             return VerifyResponse(isValid=True, payer=self.payer)
+        return self.refused(self.reason, self.message)
+
+    def refused(self, reason: Reason, message: str | None) -> VerifyResponse:
+        """The verify answer refusing this payment for ``reason``: a check made after the rules
+        (the store, a simulation) refuses it as a rule would, naming the same payer."""
         return VerifyResponse(
-            isValid=False, invalidReason=self.reason.value, invalidMessage=self.message, payer=self.payer
+            isValid=False, invalidReason=reason.value, invalidMessage=message, payer=self.payer
         )
 
 
