@@ -155,6 +155,7 @@ async def test_the_drain_race_costs_the_fee_payer_one_failed_settlement_in_two_r
             await eventually(
                 lambda: settling.done() or len(solana_rpc_server.sent) > drained,  # noqa: B023
                 what="a settlement broadcast, or every one refused",
+                timeout_s=30,
             )
             solana_rpc_server.land_held()
             outcomes = await settling

@@ -5,10 +5,11 @@ the same moment, one transaction of its own that empties those accounts. On a re
 broadcast lands a slot or more after the node's preflight, so every check (verify's simulation,
 settle's simulation, the preflight) passes before the drain lands, and every settlement that
 is broadcast fails on chain at the fee payer's expense. Mounted against the gateway settling
-with its own wallet (``FACILITATOR_URL=internal``) on LiteSVM, whose transactions land 300 ms
-after their preflight, for two rounds: the fee guard lets a stranger have one settlement in
-flight and cools the owner, its accounts and its IP down after it fails, so the fee payer loses
-one settlement's fee in all (the stated bound: two).
+with its own wallet (``FACILITATOR_URL=internal``) on LiteSVM, which holds the drain (and what
+follows it) unexecuted until a settlement was broadcast or every request was refused, for two
+rounds: the fee guard lets a stranger have one settlement in flight and cools the owner, its
+accounts and its IP down after it fails, so the fee payer loses one settlement's fee in all (the
+stated bound: two).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tests.support.paid_fixtures import (
     balance_body,
     paid_gateways_on_the_store,
 )
+from tests.support.paid_processes import eventually
 from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import set_token_account
 
@@ -63,13 +65,24 @@ async def _round(paid: PaidGateway, rpc: SolanaRpc, owner: Keypair) -> list[Repl
         )
         for account in accounts
     ]
+    # The drain goes out first and lands only once a settlement went out (or none will): every
+    # check sees the funds still there, as on a cluster, however loaded the machine.
+    paid.rpc.hold_landing = True
     await rpc.send_transaction(drain_transaction(paid.chain, owner, accounts, price), skip_preflight=True)
+    drained = len(paid.rpc.sent)
 
     async def pay(n: int, payment: PaymentPayload) -> Reply:
         headers = {"payment-signature": encode_header(payment), **via(ATTACKER_IP)}
         return await paid.post(GET_BALANCE, balance_body(request_id=n), headers)
 
-    return list(await asyncio.gather(*(pay(n, p) for n, p in enumerate(payments))))
+    paying = asyncio.ensure_future(asyncio.gather(*(pay(n, p) for n, p in enumerate(payments))))
+    await eventually(
+        lambda: paying.done() or len(paid.rpc.sent) > drained,
+        what="a settlement broadcast, or every request refused",
+        timeout_s=30,
+    )
+    paid.rpc.land_held()
+    return list(await paying)
 
 
 async def test_the_drain_race_costs_the_fee_payer_at_most_two_failed_settlements(
@@ -78,7 +91,6 @@ async def test_the_drain_race_costs_the_fee_payer_at_most_two_failed_settlements
     paid = await start_paid_gateway(internal=True, env={"TRUSTED_PROXIES": "127.0.0.1"})
     owner = Keypair()
     paid.chain.svm.airdrop(owner.pubkey(), 1_000_000_000)  # pays its own drains' fees
-    paid.rpc.land_delay_s = 1.0  # lands after our checks read the funds, even on a loaded machine
     fee_payer = paid.chain.fee_payer.pubkey()
     before = paid.chain.lamports(fee_payer)
     failed_fees_before = _metric(await paid.get("/metrics"), FAILED_FEES)
