@@ -56,18 +56,24 @@ def _subject(spec: RateLimitSpec, wallet: str | None, ip: str | None) -> str | N
     return None
 
 
-def _bucket_key(spec: RateLimitSpec, wallet: str | None, ip: str | None, budgets: Mapping[str, str]) -> str:
-    """A client's own bucket lives on its slot, a share of a budget on the budget's (decided with
-    it in one step), a budget on its own."""
-    budget = spec.share_of if spec.share_of in budgets else None
-    return keys.rate_bucket(spec.scope, _subject(spec, wallet, ip), budget)
-
-
-def _share(spec: RateLimitSpec, budgets: Mapping[str, str]) -> Share | None:
-    """A share of one of the request's shared budgets binds only while others wait for it."""
-    if spec.share_of is None or spec.share_of not in budgets:
-        return None
-    return Share(budgets[spec.share_of], keys.rate_contention(spec.scope, spec.share_of))
+def _bucket(
+    spec: RateLimitSpec, wallet: str | None, ip: str | None, budgets: Mapping[str, str], guard: bool
+) -> Bucket:
+    """The store bucket of ``spec`` for this client. A share of one of the request's shared
+    budgets binds only while others wait for it, and lives on the budget's slot (decided with it
+    in one step); a client's own bucket lives on its slot, a budget on its own."""
+    share = None
+    if spec.share_of is not None and spec.share_of in budgets:
+        share = Share(budgets[spec.share_of], keys.rate_contention(spec.scope, spec.share_of))
+    key = keys.rate_bucket(spec.scope, _subject(spec, wallet, ip), None if share is None else spec.share_of)
+    return Bucket(
+        key,
+        spec.limit,
+        spec.period_ms,
+        guard=guard,
+        share=share,
+        shared=spec.per == "scope" or share is not None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,15 +175,7 @@ class RateLimiter:
         first, last = len(own), len(own) + len(guards)
         budgets = {spec.scope: keys.rate_bucket(spec.scope) for spec in shared}
         buckets = tuple(
-            Bucket(
-                _bucket_key(spec, wallet, ip, budgets),
-                spec.limit,
-                spec.period_ms,
-                guard=first <= i < last,
-                share=_share(spec, budgets),
-                shared=spec.per == "scope" or _share(spec, budgets) is not None,
-            )
-            for i, spec in enumerate(ordered)
+            _bucket(spec, wallet, ip, budgets, guard=first <= i < last) for i, spec in enumerate(ordered)
         )
         return BucketPlan(ordered, buckets)
 
