@@ -135,4 +135,4 @@ def test_the_hold_goes_last_in_the_script_call() -> None:
     keys, args = check_then_limit_call(["k"], [Bucket("b", 2, 1_000)], claim("k"), hold=hold)
 
     assert keys == ["k", "b", "k", SPEND.balance, SPEND.holds, SPEND.lapse]
-    assert args == ["1", "1", "", "1", "2", "1000", "0", "wallet", "60000", SPEND.wallet, "tok", "7", "5000"]
+    assert args == ["1", "1", "", "1", "2", "1000", "0", "wallet", "60000", "tok", "7", "5000"]

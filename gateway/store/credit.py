@@ -49,7 +49,7 @@ CREDIT_STATE_SCRIPT = Script(
     + """
 local now = now_us()
 local held = credit_holds(KEYS[2], nil, now, false)
-local balance, left = live_balance(KEYS[1], KEYS[3], ARGV[1], now_ms(now))
+local balance, left = live_balance(KEYS[1], KEYS[3], now_ms(now))
 return {balance, held, left, now}
 """
 )
@@ -65,7 +65,7 @@ return 1
 """)
 
 
-# KEYS: the session, the balance, its hold set, the lapse index, then the buckets. ARGV: wallet,
+# KEYS: the session, the balance, its hold set, its lapse time, then the buckets. ARGV: wallet,
 # token, amount, the hold's ttl_ms, then limit, period_ms and guard (1 or 0) per bucket. Reply:
 # {'unknown'} (no live session for this wallet), {'cap', cap, spent}, {'uncovered'},
 # {'limited', retry_after_ms per bucket taken}, or {'spent', the decisions (0s), the credit state
@@ -80,7 +80,7 @@ if session[1] ~= wallet or not session[2] or not session[3] then return {'unknow
 if tonumber(session[2]) - tonumber(session[3]) < amount then return {'cap', session[2], session[3]} end
 local clock = now_us()
 local others = credit_holds(KEYS[3], token, clock, true)
-local balance, left = live_balance(KEYS[2], KEYS[4], wallet, now_ms(clock))
+local balance, left = live_balance(KEYS[2], KEYS[4], now_ms(clock))
 if tonumber(balance) - others < amount then return {'uncovered'} end
 local waits = {}
 for j = 1, #KEYS - 4 do
@@ -118,30 +118,30 @@ return session
 """)
 
 
-# ARGV: wallet, token, amount, the deadline on the store's clock (µs; empty: none), then value and
+# ARGV: token, amount, the deadline on the store's clock (µs; empty: none), then value and
 # ttl_ms per entry to keep. Reply: the credit state after the take, nil when nothing was taken, or
 # 'late' past the deadline. KEYS[4]: the token's taken mark, set while its hold would have lived;
 # KEYS[5...]: the entries written with the take (a call's answer), and only with it.
 TAKE_CREDIT_SCRIPT = Script(
     CREDIT_PRELUDE
     + """
-local token, amount = ARGV[2], tonumber(ARGV[3])
+local token, amount = ARGV[1], tonumber(ARGV[2])
 local now = now_us()
-if ARGV[4] ~= '' and now > tonumber(ARGV[4]) then return 'late' end
+if ARGV[3] ~= '' and now > tonumber(ARGV[3]) then return 'late' end
 local others, own = credit_holds(KEYS[2], token, now, true)
 if not own and redis.call('EXISTS', KEYS[4]) == 1 then return false end
-local balance, left = live_balance(KEYS[1], KEYS[3], ARGV[1], now_ms(now))
+local balance, left = live_balance(KEYS[1], KEYS[3], now_ms(now))
 if tonumber(balance) - others < amount then return false end
 if own then
   redis.call('SET', KEYS[4], '1', 'PX', math.max(1, math.floor((tonumber(own) - now) / 1000)))
   redis.call('HDEL', KEYS[2], token)
 end
 if amount > 0 then
-  redis.call('DECRBY', KEYS[1], ARGV[3])
+  redis.call('DECRBY', KEYS[1], ARGV[2])
   balance = redis.call('GET', KEYS[1])
 end
 for i = 5, #KEYS do
-  redis.call('SET', KEYS[i], ARGV[2 * i - 5], 'PX', ARGV[2 * i - 4])
+  redis.call('SET', KEYS[i], ARGV[2 * i - 6], 'PX', ARGV[2 * i - 5])
 end
 return {balance, others, left, now}
 """
@@ -292,7 +292,7 @@ def take_credit_call(
     """KEYS and ARGV of the take-credit script (ValueError on an amount it cannot keep)."""
     deadline = "" if not_after_us is None else str(not_after_us)
     script_keys = [*credit_keys(account), taken_mark(account, token), *(entry.key for entry in keep)]
-    args = [account.wallet, token, str(checked_amount(amount)), deadline]
+    args = [token, str(checked_amount(amount)), deadline]
     for entry in keep:
         args += [entry.value, str(checked_ttl(entry.ttl_ms))]
     return script_keys, args
@@ -453,7 +453,7 @@ async def credit_state(store: Store, account: CreditAccount) -> CreditState:
     """In one round trip: the balance (0 past its lapse time), the sum of the live holds and
     the time left until the balance lapses."""
     return credit_state_from_reply(
-        await store.run(CREDIT_STATE_SCRIPT, credit_keys(account), [account.wallet])
+        await store.run(CREDIT_STATE_SCRIPT, credit_keys(account), [])
     )
 
 

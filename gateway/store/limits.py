@@ -47,11 +47,11 @@ return 1
 
 
 # KEYS: the n checked keys, then the m buckets, then the puts, then (with a credit hold) the
-# balance, its hold set and the lapse index, then the contention mark of each share bucket, in
+# balance, its hold set and its lapse time, then the contention mark of each share bucket, in
 # bucket order. ARGV: n, m, now in microseconds or "" (only the differential test against
 # the reference GCRA passes a clock: the gateway always uses the server's), '1' with a credit hold
 # else '', then limit, period_ms and kind per bucket (1: guard, 0: plain, 's<j>': a share of
-# bucket j), then value and ttl_ms per put, then (with a hold) wallet, token, amount and ttl_ms.
+# bucket j), then value and ttl_ms per put, then (with a hold) token, amount and ttl_ms.
 # Reply: {values (nil where absent), retry_after_ms per bucket taken (0: allowed), 1 if the puts
 # were written (and the hold made) else 0, and with a hold made the credit state after it}. The
 # credit is checked before any bucket, so a wallet whose credit does not cover the hold spends
@@ -115,12 +115,12 @@ if ordered then
   last_put = #KEYS - s - 3
   hold_at = 5 + 3 * m + 2 * (last_put - n - m)
   local clock = now_us()
-  local others = credit_holds(KEYS[last_put + 2], ARGV[hold_at + 1], clock, true)
-  local balance, left = live_balance(KEYS[last_put + 1], KEYS[last_put + 3], ARGV[hold_at], now_ms(clock))
-  local amount = tonumber(ARGV[hold_at + 2])
+  local others = credit_holds(KEYS[last_put + 2], ARGV[hold_at], clock, true)
+  local balance, left = live_balance(KEYS[last_put + 1], KEYS[last_put + 3], now_ms(clock))
+  local amount = tonumber(ARGV[hold_at + 1])
   if tonumber(balance) - others < amount then return {values, waits, 0} end
   held = {balance, others + amount, left, clock}
-  expires = string.format('%d', clock + tonumber(ARGV[hold_at + 3]) * 1000)
+  expires = string.format('%d', clock + tonumber(ARGV[hold_at + 2]) * 1000)
 end
 if m > 0 then
   local now = tonumber(ARGV[3]) or now_us()
@@ -151,8 +151,8 @@ for k = n + m + 1, last_put do
   redis.call('SET', KEYS[k], ARGV[arg], 'PX', ARGV[arg + 1])
 end
 if not held then return {values, waits, 1} end
-local holds, ttl = KEYS[last_put + 2], tonumber(ARGV[hold_at + 3])
-redis.call('HSET', holds, ARGV[hold_at + 1], ARGV[hold_at + 2] .. ' ' .. expires)
+local holds, ttl = KEYS[last_put + 2], tonumber(ARGV[hold_at + 2])
+redis.call('HSET', holds, ARGV[hold_at], ARGV[hold_at + 1] .. ' ' .. expires)
 if redis.call('PTTL', holds) < ttl then redis.call('PEXPIRE', holds, ttl) end
 return {values, waits, 1, held}
 """
@@ -182,7 +182,7 @@ def check_then_limit_call(
     script_keys = [*keys, *(bucket.key for bucket in buckets), *(entry.key for entry in puts)]
     if hold is not None:
         script_keys += credit_keys(hold.account)
-        args += [hold.account.wallet, hold.token, str(hold.amount), str(hold.ttl_ms)]
+        args += [hold.token, str(hold.amount), str(hold.ttl_ms)]
     return [*script_keys, *marks], args
 
 

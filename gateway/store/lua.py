@@ -72,9 +72,8 @@ LAPSE_PRELUDE = (
     + """
 local function now_ms(now) return math.floor(now / 1000) end
 -- The balance as spendable at at_ms (its text: exact past 2^53) and the ms left until it lapses:
--- nothing once its lapse time has passed, whether or not the sweeper has lapsed it yet. The
--- third argument (the wallet) is not read: the lapse key is the wallet's own.
-local function live_balance(balance_key, lapse_key, _, at_ms)
+-- nothing once its lapse time has passed, whether or not the sweeper has lapsed it yet.
+local function live_balance(balance_key, lapse_key, at_ms)
   local lapse = redis.call('GET', lapse_key)
   local left = lapse and tonumber(lapse) - at_ms
   if left and left <= 0 then return '0', 0 end
@@ -98,9 +97,9 @@ end
 
 # A credit's holds are hold sets like the hold script's (so ``unhold`` drops them too): field
 # ``token``, valued "amount expires_us"; a taken hold leaves a key of its own (see the take). Every
-# credit script takes KEYS balance, hold set, lapse time (one wallet's keys) and ARGV[1] the
-# wallet, and answers {balance (its text: exact past 2^53; '0' past its lapse time), the live
-# holds, the ms left until it lapses}.
+# credit script takes KEYS balance, hold set, lapse time (one wallet's keys) and answers
+# {balance (its text: exact past 2^53; '0' past its lapse time), the live holds, the ms left
+# until it lapses}.
 CREDIT_PRELUDE = (
     LAPSE_PRELUDE
     + """
