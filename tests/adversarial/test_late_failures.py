@@ -71,16 +71,23 @@ async def _pay(paid: PaidGateway, payment: PaymentPayload, request_id: int | Non
     return await paid.post(GET_BALANCE, body, headers)
 
 
-async def test_a_settlement_failing_after_the_wait_cools_its_parties_down_and_costs_one_fee(
-    start_paid_gateway: StartPaidGateway, clean_store: Store
-) -> None:
-    store = clean_store
+async def _waiting_gateway(start_paid_gateway: StartPaidGateway, store: Store) -> PaidGateway:
+    """A gateway settling with its own fee payer on ``store``, waiting ``WAIT_S`` for a
+    confirmation, its provider answering."""
     paid = await start_paid_gateway(
         internal=True,
         env={"TRUSTED_PROXIES": "127.0.0.1", "X402_SETTLEMENT_CONFIRM_SECONDS": WAIT_S},
         store=store,
     )
     paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    return paid
+
+
+async def test_a_settlement_failing_after_the_wait_cools_its_parties_down_and_costs_one_fee(
+    start_paid_gateway: StartPaidGateway, clean_store: Store
+) -> None:
+    store = clean_store
+    paid = await _waiting_gateway(start_paid_gateway, store)
     requirements, resource = await paid.requirements()
     price = int(requirements.amount)
     owner = Keypair()
@@ -165,12 +172,7 @@ async def test_a_settlement_landing_after_the_wait_is_delivered_on_retry_and_cou
     start_paid_gateway: StartPaidGateway, clean_store: Store
 ) -> None:
     store = clean_store  # the store replicas share
-    paid = await start_paid_gateway(
-        internal=True,
-        env={"TRUSTED_PROXIES": "127.0.0.1", "X402_SETTLEMENT_CONFIRM_SECONDS": WAIT_S},
-        store=store,
-    )
-    paid.upstream.responder = static(200, PROVIDER_ANSWER)
+    paid = await _waiting_gateway(start_paid_gateway, store)
     requirements, resource = await paid.requirements()
     price = int(requirements.amount)
     payer = Keypair()
