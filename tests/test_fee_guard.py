@@ -23,7 +23,7 @@ from gateway.methods.exact.fee_guard import FeeGuard, Party
 from gateway.outbound.solana_rpc import SolanaRpc
 from gateway.store import Store
 from gateway.x402.types import PaymentPayload, PaymentRequirements, SettleResponse
-from tests.support.adversarial_paid import drain_transaction
+from tests.support.adversarial_paid import drain_transaction, settled_after_held_drain
 from tests.support.paid_processes import eventually
 from tests.support.redis_fixtures import STORE_KINDS, fresh_store
 from tests.support.solana_fixtures import MakeFacilitator, exact_requirements
@@ -151,14 +151,8 @@ async def test_the_drain_race_costs_the_fee_payer_one_failed_settlement_in_two_r
             solana_rpc_server.hold_landing = True
             await rpc.send_transaction(drain_transaction(chain, owner, accounts, AMOUNT), skip_preflight=True)
             drained = len(solana_rpc_server.sent)
-            settling = asyncio.ensure_future(_settle_all(facilitator, req, payments))
-            await eventually(
-                lambda: settling.done() or len(solana_rpc_server.sent) > drained,  # noqa: B023
-                what="a settlement broadcast, or every one refused",
-                timeout_s=30,
-            )
-            solana_rpc_server.land_held()
-            outcomes = await settling
+            settling = _settle_all(facilitator, req, payments)
+            outcomes = await settled_after_held_drain(solana_rpc_server, drained, settling)
             failed_on_chain += sum(o.errorReason == "transaction_failed" for o in outcomes)
             assert _successes(outcomes) == 0
     finally:

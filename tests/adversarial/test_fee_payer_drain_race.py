@@ -26,7 +26,12 @@ from client.svm_payer import (
 from gateway.outbound.solana_rpc import SolanaRpc
 from gateway.x402.headers import encode_header
 from gateway.x402.types import PaymentPayload
-from tests.support.adversarial_paid import ONE_SETTLEMENT_FEE, drain_transaction, via
+from tests.support.adversarial_paid import (
+    ONE_SETTLEMENT_FEE,
+    drain_transaction,
+    settled_after_held_drain,
+    via,
+)
 from tests.support.paid_fixtures import (
     GET_BALANCE,
     PaidGateway,
@@ -35,7 +40,6 @@ from tests.support.paid_fixtures import (
     balance_body,
     paid_gateways_on_the_store,
 )
-from tests.support.paid_processes import eventually
 from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import set_token_account
 
@@ -75,14 +79,8 @@ async def _round(paid: PaidGateway, rpc: SolanaRpc, owner: Keypair) -> list[Repl
         headers = {"payment-signature": encode_header(payment), **via(ATTACKER_IP)}
         return await paid.post(GET_BALANCE, balance_body(request_id=n), headers)
 
-    paying = asyncio.ensure_future(asyncio.gather(*(pay(n, p) for n, p in enumerate(payments))))
-    await eventually(
-        lambda: paying.done() or len(paid.rpc.sent) > drained,
-        what="a settlement broadcast, or every request refused",
-        timeout_s=30,
-    )
-    paid.rpc.land_held()
-    return list(await paying)
+    paying = asyncio.gather(*(pay(n, p) for n, p in enumerate(payments)))
+    return list(await settled_after_held_drain(paid.rpc, drained, paying))
 
 
 async def test_the_drain_race_costs_the_fee_payer_at_most_two_failed_settlements(

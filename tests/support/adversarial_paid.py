@@ -13,11 +13,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import os
 import threading
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 from nacl import bindings as sodium
@@ -34,7 +37,10 @@ from client.svm_payer import transfer_checked_instruction
 from gateway.x402.svm import decode_transaction, encode_transaction
 from gateway.x402.types import SOLANA_MAINNET, PaymentPayload
 from tests.support.cdp_facilitator import ReferenceBackend
+from tests.support.paid_processes import eventually
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_token_account
+
+T = TypeVar("T")
 
 CLIENT_SLOT = 1
 """The client's signature slot in an exact payment (slot 0 is the fee payer's)."""
@@ -104,6 +110,21 @@ def drain_transaction(chain: UsdcChain, owner: Keypair, accounts: list[Pubkey], 
     ]
     message = MessageV0.try_compile(owner.pubkey(), instructions, [], chain.blockhash)
     return base64.b64encode(bytes(VersionedTransaction(message, [owner]))).decode()
+
+
+async def settled_after_held_drain(rpc: LiteSvmRpcServer, drained: int, settling: Awaitable[T]) -> T:
+    """``settling``'s outcome, the chain's held drain (sent as its ``drained``-th broadcast, under
+    ``hold_landing``) landed once a settlement went out after it, or once ``settling`` ended with
+    none: every check before saw the funds still there, as on a cluster, however loaded the
+    machine, and the settlement lands after the drain."""
+    running = asyncio.ensure_future(settling)
+    await eventually(
+        lambda: running.done() or len(rpc.sent) > drained,
+        what="a settlement broadcast, or every one refused",
+        timeout_s=30,
+    )
+    rpc.land_held()
+    return await running
 
 
 def funded_wallet(chain: UsdcChain, micro_usdc: int = 1_000_000) -> tuple[Keypair, Pubkey]:
