@@ -19,7 +19,7 @@ import yaml
 from solders.pubkey import Pubkey
 
 from gateway.routing import yaml_document
-from gateway.store import STORE_URL_PROBLEM, known_store_url, shared_store_url
+from gateway.store import STORE_TIMEOUT_S, STORE_URL_PROBLEM, known_store_url, shared_store_url
 from gateway.telemetry.redact import Secret
 from gateway.x402.svm import DEFAULT_MAX_COMPUTE_UNIT_LIMIT, DEFAULT_MAX_COMPUTE_UNIT_PRICE, ExactPolicy
 from gateway.x402.types import USDC_MAINNET_MINT
@@ -52,7 +52,7 @@ GATEWAY_VARIABLES: tuple[str, ...] = (
     "CLIENT_BODY_TIMEOUT_SECONDS", "X402_MAX_COMPUTE_UNIT_LIMIT", "X402_MAX_COMPUTE_UNIT_PRICE",
     "FACILITATOR_SETTLEMENT_FEE_MICRO_USDC", "CREDITS_ENABLED", "CREDIT_LAPSE_DAYS", "LEDGER_DATABASE_URL",
     "CLIENT_IPV6_PREFIX_LENGTH", "RPC_BATCH_MAX_ITEMS", "FACILITATOR_DOWN_SECONDS",
-    "FACILITATOR_PROBE_SECONDS",
+    "FACILITATOR_PROBE_SECONDS", "STATE_STORE_TIMEOUT_SECONDS",
 )  # fmt: skip
 WIDEST_TRUSTED_NETWORK = 256
 """A trusted network wider than this (an IPv4 /24) is likely a subnet or a pod CIDR, not a proxy's
@@ -140,6 +140,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     asset_api_key: Secret = Secret("")
     store_url: Secret = Secret("")
     store_token: Secret = Secret("")
+    store_timeout_s: float = STORE_TIMEOUT_S
+    """``STATE_STORE_TIMEOUT_SECONDS``: how long one call to the shared store may take; past it the
+    request fails closed (503 ``store_unavailable``, nothing charged)."""
     ledger_url: Secret = Secret("")
     """``LEDGER_DATABASE_URL``: the PostgreSQL the ledger of record (every sale and credit
     movement) is written to; empty: no ledger."""
@@ -507,6 +510,7 @@ def read_settings(env: Mapping[str, str]) -> tuple[Settings, list[str]]:
         store_url=Secret(_store_url(r)),
         ledger_url=Secret(_ledger_url(r)),
         store_token=Secret(r.text("STATE_STORE_REST_TOKEN")),
+        store_timeout_s=r.number("STATE_STORE_TIMEOUT_SECONDS", STORE_TIMEOUT_S, 0.1, 30.0),
         internal_secret=Secret(r.text("INTERNAL_SETTLEMENT_SECRET")),
         facilitator_wallet=Secret(r.text("FACILITATOR_WALLET_BASE58")),
         siwx_secret=Secret(r.text("SIWX_SECRET")),

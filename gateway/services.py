@@ -82,7 +82,9 @@ class Services:
         self.store = (
             store
             if store is not None
-            else open_store(settings.store_url.reveal(), settings.store_token.reveal())
+            else open_store(
+                settings.store_url.reveal(), settings.store_token.reveal(), timeout_s=settings.store_timeout_s
+            )
         )
         limit, period_ms = named_limits(settings)["challenge"]
         challenge_limit = SyncedWindowLimit(

@@ -142,6 +142,7 @@ def test_base_url_loses_its_trailing_slash() -> None:
         ("RATE_LIMIT_TOKENS_PER_MINUTE", "11", "rate_limit_tokens_per_minute", 11),
         ("RATE_LIMIT_CHALLENGE_PER_MINUTE", "99", "rate_limit_challenge_per_minute", 99),
         ("UPSTREAM_TIMEOUT_SECONDS", "2.5", "upstream_timeout_s", 2.5),
+        ("STATE_STORE_TIMEOUT_SECONDS", "7.5", "store_timeout_s", 7.5),
         ("MAX_BODY_BYTES", "4096", "max_body_bytes", 4096),
         ("RPC_BATCH_MAX_ITEMS", "5", "rpc_batch_max_items", 5),
         ("LOG_LEVEL", "debug", "log_level", "DEBUG"),
@@ -317,9 +318,11 @@ def test_a_down_mark_that_lapses_before_the_next_probe_has_answered_is_refused(d
         ("FACILITATOR_DOWN_SECONDS", "0.5"),
         ("FACILITATOR_DOWN_SECONDS", "3601"),
         ("FACILITATOR_PROBE_SECONDS", "0.1"),
+        ("STATE_STORE_TIMEOUT_SECONDS", "0.05"),
+        ("STATE_STORE_TIMEOUT_SECONDS", "31"),
     ],
 )
-def test_facilitator_health_periods_out_of_range_are_a_config_error(variable: str, value: str) -> None:
+def test_timing_settings_out_of_range_are_a_config_error(variable: str, value: str) -> None:
     assert any(p.startswith(f"{variable} must be between") for p in _problems({**BASE, variable: value}))
 
 

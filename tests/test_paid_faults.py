@@ -543,6 +543,39 @@ async def test_paid_rpc_store_down_is_503_and_calls_nothing(
     assert paid.verify_calls() == paid.settle_calls() == paid.upstream_calls == 0
 
 
+async def test_paid_rpc_store_that_hangs_is_503_within_the_store_timeout_and_calls_nothing(
+    start_paid_gateway: StartPaidGateway,
+) -> None:
+    """A store that accepts the connection and never answers: the request fails closed after
+    ``STATE_STORE_TIMEOUT_SECONDS`` (0.3 s here), not the 2 s default, and nothing is charged."""
+    hung: list[asyncio.StreamWriter] = []
+
+    async def accept_and_stay_silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hung.append(writer)
+
+    silent = await asyncio.start_server(accept_and_stay_silent, "127.0.0.1", 0)
+    url = f"redis://127.0.0.1:{silent.sockets[0].getsockname()[1]}/0"
+    try:
+        env = {"STATE_STORE_REST_URL": url, "STATE_STORE_TIMEOUT_SECONDS": "0.3"}
+        paid = await start_paid_gateway(env=env)
+        payment = await paid.payment()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        reply = await paid.pay(GET_BALANCE, balance_body(), payment)
+        waited = loop.time() - started
+    finally:
+        for writer in hung:
+            writer.close()
+        silent.close()
+        await silent.wait_closed()
+
+    assert reply.status == 503 and reply.error_code == "store_unavailable", reply.body
+    assert "127.0.0.1" not in reply.body.decode()
+    assert paid.verify_calls() == paid.settle_calls() == paid.upstream_calls == 0
+    # At least the configured 0.3 s, and well short of the 2 s default (a loaded machine adds a second).
+    assert 0.3 <= waited < 1.9, waited
+
+
 @ON_REDIS_ONLY
 async def test_paid_rpc_store_refusing_the_claim_is_503_before_verify_and_calls_nothing(
     start_paid_gateway: StartPaidGateway, private_redis: RedisServer, usdc_chain: UsdcChain

@@ -5,6 +5,7 @@ import circle.
 """
 
 from gateway.store.base import (
+    STORE_TIMEOUT_S,
     Bucket,
     Credit,
     CreditAccount,
@@ -28,6 +29,7 @@ from gateway.store.base import (
 from gateway.store.cluster import CLUSTER_SCHEMES, parse_cluster_url
 
 __all__ = [
+    "STORE_TIMEOUT_S",
     "Bucket",
     "Credit",
     "CreditAccount",
@@ -77,12 +79,13 @@ def shared_store_url(url: str) -> bool:
     return bool(url) and not url.startswith(MEMORY_SCHEME)
 
 
-def open_store(url: str | None, token: str | None) -> Store:
+def open_store(url: str | None, token: str | None, *, timeout_s: float = STORE_TIMEOUT_S) -> Store:
     """Pick the backend by the scheme of ``STATE_STORE_REST_URL``.
 
     ``https://`` / ``http://``: Upstash REST; ``redis://`` / ``rediss://``: Redis protocol;
     ``redis+cluster://`` / ``rediss+cluster://``: a Redis Cluster, by its startup nodes; unset or
-    ``memory://``: the in-process store (one process only).
+    ``memory://``: the in-process store (one process only). ``timeout_s`` bounds each call to a
+    shared store; the in-process one never waits.
     """
     if not url or not shared_store_url(url):
         from gateway.store.memory import MemoryStore
@@ -91,13 +94,13 @@ def open_store(url: str | None, token: str | None) -> Store:
     if url.startswith(CLUSTER_SCHEMES):
         from gateway.store.cluster import RedisClusterStore
 
-        return RedisClusterStore(url)
+        return RedisClusterStore(url, timeout_s=timeout_s)
     if url.startswith(REDIS_SCHEMES):
         from gateway.store.redis import RedisStore
 
-        return RedisStore(url)
+        return RedisStore(url, timeout_s=timeout_s)
     if url.startswith(UPSTASH_SCHEMES):
         from gateway.store.upstash import UpstashStore
 
-        return UpstashStore(url, token or "")
+        return UpstashStore(url, token or "", timeout_s=timeout_s)
     raise ValueError(STORE_URL_PROBLEM)

@@ -101,6 +101,11 @@ class Bucket(msgspec.Struct, frozen=True):
     the client's own buckets, so a client over its own limit never spends what others share."""
 
 
+STORE_TIMEOUT_S = 2.0
+"""How long one store call may take before it is StoreUnavailable (``STATE_STORE_TIMEOUT_SECONDS``):
+a request then fails closed with 503 ``store_unavailable`` instead of waiting on a hung store."""
+
+
 MAX_CONTENDERS = 2
 """Distinct subjects a contention mark keeps: the latest refused one and, if that is the asking
 subject itself, the latest other, which is all "another subject was refused" needs."""

@@ -21,7 +21,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ClusterDownError, ConnectionError, SlotNotCoveredError
 
-from gateway.store.base import StoreUnavailable
+from gateway.store.base import STORE_TIMEOUT_S, StoreUnavailable
 from gateway.store.lua import counters_from_reply
 from gateway.store.redis import MAX_CONNECTIONS, RedisStore
 
@@ -77,7 +77,9 @@ class RedisClusterStore(RedisStore):
 
     atomic_batches = False
 
-    def __init__(self, url: str, *, timeout_s: float = 2.0, max_connections: int = MAX_CONNECTIONS) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float = STORE_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS
+    ) -> None:
         nodes, username, password, tls = parse_cluster_url(url)
         client = _Cluster(
             startup_nodes=[ClusterNode(host, port) for host, port in nodes],

@@ -257,7 +257,7 @@ async def migrate_keys(url: str, token: str | None, timeout_s: float = 30.0) -> 
         upstash = False
     else:
         raise ValueError("only a Redis (redis://, rediss://), a cluster or Upstash store can be migrated")
-    store = open_store(url, token)
+    store = open_store(url, token, timeout_s=timeout_s)
     try:
         async with asyncio.timeout(timeout_s * 10):
             if url.startswith(CLUSTER_SCHEMES):

@@ -18,7 +18,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from gateway.store.base import Script, StoreUnavailable
+from gateway.store.base import STORE_TIMEOUT_S, Script, StoreUnavailable
 from gateway.store.lua import counters_from_reply, text_from_reply, totals_from_replies
 
 T = TypeVar("T")
@@ -38,7 +38,7 @@ class RedisStore:
         self,
         url: str,
         *,
-        timeout_s: float = 2.0,
+        timeout_s: float = STORE_TIMEOUT_S,
         health_check_interval_s: int = 15,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from upstash_redis.asyncio import Redis
 from upstash_redis.errors import UpstashError
 
-from gateway.store.base import Script, StoreUnavailable
+from gateway.store.base import STORE_TIMEOUT_S, Script, StoreUnavailable
 from gateway.store.lua import counters_from_reply, text_from_reply, totals_from_replies
 
 T = TypeVar("T")
@@ -23,7 +23,7 @@ T = TypeVar("T")
 class UpstashStore:
     """Store over ``upstash_redis.asyncio``; one HTTP connection pool per process."""
 
-    def __init__(self, url: str, token: str, *, timeout_s: float = 2.0) -> None:
+    def __init__(self, url: str, token: str, *, timeout_s: float = STORE_TIMEOUT_S) -> None:
         self._redis = Redis(url, token, rest_retries=0, allow_telemetry=False)
         self._timeout_s = timeout_s
         self.timeout_s: float | None = timeout_s
