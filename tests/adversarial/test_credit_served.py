@@ -57,6 +57,10 @@ redis_url = on_redis_and_cluster()
 
 UPSTREAM_TIMEOUT_S = 1.5
 """Long enough for 100 calls at once on a loaded 2-core runner (0.5 s timed one out in CI)."""
+STORE_TIMEOUT_S = 10.0
+"""The gateway's store calls wait behind 100 calls at once in the test's own event loop: the 2 s
+default can run out on a loaded machine, and the call then fails closed (503), one answer short.
+What these tests decide is who is served, not how long the store may take."""
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
@@ -64,10 +68,11 @@ async def served(
     chain_rpc: tuple[UsdcChain, LiteSvmRpcServer], provider: Upstream, redis_url: str
 ) -> AsyncIterator[PaidGateway]:
     chain, rpc = chain_rpc
-    timeout = str(UPSTREAM_TIMEOUT_S)
-    async with served_credit_gateway(
-        chain, rpc, provider, redis_url, UPSTREAM_TIMEOUT_SECONDS=timeout
-    ) as gateway:
+    timeouts = {
+        "UPSTREAM_TIMEOUT_SECONDS": str(UPSTREAM_TIMEOUT_S),
+        "STATE_STORE_TIMEOUT_SECONDS": str(STORE_TIMEOUT_S),
+    }
+    async with served_credit_gateway(chain, rpc, provider, redis_url, **timeouts) as gateway:
         yield gateway
 
 
