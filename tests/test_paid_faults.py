@@ -543,6 +543,7 @@ async def test_paid_rpc_store_down_is_503_and_calls_nothing(
     assert paid.verify_calls() == paid.settle_calls() == paid.upstream_calls == 0
 
 
+@ON_REDIS_ONLY
 async def test_paid_rpc_store_that_hangs_is_503_within_the_store_timeout_and_calls_nothing(
     start_paid_gateway: StartPaidGateway,
 ) -> None:
