@@ -101,7 +101,8 @@ async def test_a_failure_after_the_wait_cools_the_payer_down_and_wipes_its_recor
     solana_rpc_server.land_held()
     # It lands and fails later: the follow-up counts it as a failure in time is counted.
     cooling = Party("account", str(source))
-    await _eventually_stored(store, me.cooldown_key)
+    for party in (me, cooling):  # on a cluster each party's keys are a step of their own
+        await _eventually_stored(store, party.cooldown_key)
     assert await store.get(cooling.cooldown_key) == "1"
     assert await store.get(me.record_key) == "0"  # its record is wiped
     assert before - chain.lamports(fee_payer) == FEE

@@ -127,9 +127,11 @@ async def test_a_settlement_failing_after_the_wait_cools_its_parties_down_and_co
     assert len(paid.rpc.sent) == sent_before + 2  # the drain and the settlement
     assert await store.get(me.cooldown_key) is None
     paid.rpc.land_held()
-    # It lands and fails: the follow-up cools the owner, its account and the IP down.
-    await _eventually_stored(store, me.cooldown_key)
+    # It lands and fails: the follow-ups cool the owner, its account and the IP down. Two of them,
+    # each in its own time: the facilitator's counts the payer's side (owner, account), the
+    # gateway's the client's (the IP).
     for cooling in (me, Party("account", str(account)), ip):
+        await _eventually_stored(store, cooling.cooldown_key)
         assert await store.get(cooling.cooldown_key) == "1", cooling
     assert await store.get(me.record_key) == "0"  # the record it paid for is wiped
     assert before - paid.chain.lamports(fee_payer) == ONE_SETTLEMENT_FEE
