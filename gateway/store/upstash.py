@@ -25,7 +25,6 @@ class UpstashStore:
 
     def __init__(self, url: str, token: str, *, timeout_s: float = STORE_TIMEOUT_S) -> None:
         self._redis = Redis(url, token, rest_retries=0, allow_telemetry=False)
-        self._timeout_s = timeout_s
         self.timeout_s: float | None = timeout_s
 
     async def _call(self, awaitable: Awaitable[T]) -> T:
@@ -35,7 +34,7 @@ class UpstashStore:
         keys in a malformed answer), so anything but cancellation counts as unavailable.
         """
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(self.timeout_s):
                 return await awaitable
         except UpstashError as exc:
             # The server's own error text ("ERR ...", "Unauthorized") names no secret.
