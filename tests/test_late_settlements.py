@@ -8,7 +8,7 @@ after broadcast and the wait is 0.3 s: as a Solana cluster landing after a settl
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from prometheus_client import REGISTRY
@@ -23,7 +23,7 @@ from gateway.store import Store, keys
 from gateway.x402.svm import decode_transaction, payment_key
 from gateway.x402.types import PaymentPayload, PaymentRequirements
 from tests.support.adversarial_paid import drain_transaction
-from tests.support.paid_processes import eventually
+from tests.support.paid_processes import eventually, eventually_async, stored_eventually
 from tests.support.redis_fixtures import STORE_KINDS, fresh_store
 from tests.support.solana_fixtures import MakeFacilitator, exact_requirements
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain, set_token_account
@@ -102,7 +102,7 @@ async def test_a_failure_after_the_wait_cools_the_payer_down_and_wipes_its_recor
     # It lands and fails later: the follow-up counts it as a failure in time is counted.
     cooling = Party("account", str(source))
     for party in (me, cooling):  # on a cluster each party's keys are a step of their own
-        await _eventually_stored(store, party.cooldown_key)
+        await stored_eventually(store, party.cooldown_key)
     assert await store.get(cooling.cooldown_key) == "1"
     assert await store.get(me.record_key) == "0"  # its record is wiped
     assert before - chain.lamports(fee_payer) == FEE
@@ -147,22 +147,6 @@ async def test_a_late_landing_is_counted_once_by_the_follow_up_and_a_reconciling
     assert await store.get(me.record_key) == "1"  # counted once
     assert _fees("landed") - landed_before in (FEE, FEE + 1)
     assert len(solana_rpc_server.sent) == 1
-
-
-async def eventually_async(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 5.0) -> None:
-    """Wait (without blocking the loop) until ``check()`` answers true."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        await asyncio.sleep(0.02)
-
-
-async def _eventually_stored(store: Store, key: str) -> None:
-    async def found() -> bool:
-        return await store.get(key) is not None
-
-    await eventually_async(found, what=f"{key} written")
 
 
 async def test_a_late_failure_whose_follow_up_died_is_counted_by_a_retry_on_another_replica(

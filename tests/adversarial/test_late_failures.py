@@ -18,7 +18,6 @@ the store replicas share: single-node Redis, then a 3-master Redis Cluster.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 
 from solders.keypair import Keypair
@@ -41,6 +40,7 @@ from tests.support.paid_fixtures import (
     assert_challenge,
     balance_body,
 )
+from tests.support.paid_processes import stored_eventually
 from tests.support.redis_fixtures import on_redis_and_cluster
 from tests.support.solana_rpc_server import set_token_account
 from tests.support.upstream import static
@@ -131,7 +131,7 @@ async def test_a_settlement_failing_after_the_wait_cools_its_parties_down_and_co
     # each in its own time: the facilitator's counts the payer's side (owner, account), the
     # gateway's the client's (the IP).
     for cooling in (me, Party("account", str(account)), ip):
-        await _eventually_stored(store, cooling.cooldown_key)
+        await stored_eventually(store, cooling.cooldown_key)
         assert await store.get(cooling.cooldown_key) == "1", cooling
     assert await store.get(me.record_key) == "0"  # the record it paid for is wiped
     assert before - paid.chain.lamports(fee_payer) == ONE_SETTLEMENT_FEE
@@ -162,14 +162,6 @@ async def test_a_settlement_failing_after_the_wait_cools_its_parties_down_and_co
     assert await store.get(me.record_key) == "0"
 
 
-async def _eventually_stored(store: Store, key: str, timeout_s: float = 5.0) -> None:
-    """Wait (without blocking the loop) until ``key`` is written."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while await store.get(key) is None:
-        assert asyncio.get_running_loop().time() < deadline, f"{key} not written within {timeout_s} s"
-        await asyncio.sleep(0.02)
-
-
 async def test_a_settlement_landing_after_the_wait_is_delivered_on_retry_and_counted_once(
     start_paid_gateway: StartPaidGateway, clean_store: Store
 ) -> None:
@@ -189,8 +181,8 @@ async def test_a_settlement_landing_after_the_wait_is_delivered_on_retry_and_cou
     assert pending.status == 503 and pending.error_code == "settlement_pending", pending.body
     paid.rpc.land_held()
     # It lands (and confirms) after the wait: the follow-ups count it for the payer and the IP.
-    await _eventually_stored(store, me.record_key)
-    await _eventually_stored(store, ip.record_key)
+    await stored_eventually(store, me.record_key)
+    await stored_eventually(store, ip.record_key)
     retry = await _pay(paid, payment, request_id=9)  # the identical request reconciles it
 
     assert_answered(retry, paid.rpc.sent[-1])

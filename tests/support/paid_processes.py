@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +25,7 @@ import aiohttp
 import msgspec
 
 from client.svm_payer import MintInfo, build_exact_transaction, build_payment_payload
+from gateway.store import Store
 from gateway.x402.headers import encode_header
 from gateway.x402.types import PaymentPayload, PaymentRequirements, ResourceInfo
 from tests.support.cdp_facilitator import CdpFacilitatorServer
@@ -152,3 +153,21 @@ async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0, what
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not happen within {timeout_s} s")
         await asyncio.sleep(0.01)
+
+
+async def eventually_async(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 5.0) -> None:
+    """Wait (without blocking the loop) until ``check()`` answers true."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s} s")
+        await asyncio.sleep(0.02)
+
+
+async def stored_eventually(store: Store, key: str, timeout_s: float = 5.0) -> None:
+    """Wait until ``key`` is written (a follow-up's, which runs in its own time)."""
+
+    async def found() -> bool:
+        return await store.get(key) is not None
+
+    await eventually_async(found, what=f"{key} written", timeout_s=timeout_s)
