@@ -22,7 +22,7 @@ from tests.support.facilitator_fixtures import StartFacilitator
 from tests.support.gateway_process import GatewayProcess, serve
 from tests.support.metrics_text import Series, earnings_series
 from tests.support.paid_fixtures import GET_BALANCE, GET_BALANCE_PROVIDER_PRICE, balance_body
-from tests.support.paid_processes import Replica, paid_processes
+from tests.support.paid_processes import Replica, eventually, paid_processes
 from tests.support.solana_rpc_server import LiteSvmRpcServer, UsdcChain
 from tests.support.upstream import Upstream, static
 
@@ -54,10 +54,8 @@ async def test_one_worker_serves_in_the_serve_process_itself_and_stops_on_sigter
     with serve({"ROUTE_GROUPS": "none"}) as gateway:
         async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/healthz") as reply:
             assert reply.status == 200
-        for _ in range(100):  # its log line follows the answer: read until it is there (bounded)
-            if _health_pids(gateway):
-                break
-            await asyncio.sleep(0.05)
+        # Its log line follows the answer: read until it is there.
+        await eventually(lambda: bool(_health_pids(gateway)), what="the health request's log line")
         assert _health_pids(gateway) == {gateway.process.pid}  # no second interpreter
         assert gateway.terminate() == 0
 
